@@ -1,0 +1,324 @@
+/*
+ * ptc.h - parallelizable tensor collections: schema, config, layout, plan.
+ *
+ * ptc is the pure core of mlfs. It reads schema.json, config.json and
+ * cluster.json, computes where every partition of every tensor lives under a
+ * parallel layout (Megatron rank order, pipeline stages, tensor-parallel
+ * slices with padding and fused chunks), and computes the plan that turns
+ * one layout into another with the least data movement.
+ *
+ * It does no I/O, starts no threads and keeps no globals: every function is
+ * safe to call from any thread on distinct objects, and on the same object
+ * from several threads when the object is only read.
+ *
+ * Errors: functions return 0 or a negative errno. Parse and validation
+ * errors also fill a caller-owned struct ptc_error with one line naming the
+ * file, the field and the reason, e.g.
+ *   schema.json: tensors[3].split.dim = 2 is out of range for shape [64, 64]
+ */
+#ifndef MLFS_PTC_H
+#define MLFS_PTC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#define PTC_MAX_DIMS 8
+#define PTC_ERROR_MAX 512
+
+/* A caller-owned error message; text is "" when there is no error. */
+struct ptc_error {
+	char text[PTC_ERROR_MAX];
+};
+
+/* ---------------------------------------------------------------- dtypes */
+
+enum ptc_dtype {
+	PTC_FLOAT64,
+	PTC_FLOAT32,
+	PTC_FLOAT16,
+	PTC_BFLOAT16,
+	PTC_INT64,
+	PTC_INT32,
+	PTC_INT16,
+	PTC_INT8,
+	PTC_UINT8,
+	PTC_BOOL,
+	PTC_FLOAT8_E4M3FN,
+	PTC_FLOAT8_E5M2,
+	PTC_DTYPE_COUNT
+};
+
+/* Bytes per element of @dt. */
+size_t ptc_dtype_size(enum ptc_dtype dt);
+/* Schema name of @dt ("bfloat16"). */
+const char *ptc_dtype_name(enum ptc_dtype dt);
+/* NumPy descr used in .npy headers ("<f4"; bfloat16 is "<u2", fp8 "|u1"). */
+const char *ptc_dtype_npy_descr(enum ptc_dtype dt);
+/* Parses a schema dtype name. Returns 0, or -EINVAL for an unknown name. */
+int ptc_dtype_parse(const char *name, enum ptc_dtype *out);
+
+/* ---------------------------------------------------------------- schema */
+
+enum ptc_place {
+	PTC_PLACE_LAYER, /* a {L} tensor: the stage holding its layer */
+	PTC_PLACE_FIRST, /* stage 0 */
+	PTC_PLACE_LAST,  /* stage pp-1 */
+	PTC_PLACE_ALL,   /* every stage */
+};
+
+/* One tensor of the schema, with {L} already expanded. */
+struct ptc_tensor {
+	char *name;        /* expanded name, e.g. "layers/3/attn/qkv/weight" */
+	enum ptc_dtype dtype;
+	int ndim;
+	int64_t shape[PTC_MAX_DIMS];
+	int split_dim;     /* -1 when replicated on every TP rank */
+	int nchunks;       /* >= 1 when split */
+	int64_t *chunks;   /* nchunks sizes along split_dim, summing to shape[split_dim] */
+	int64_t pad_multiple; /* 0 when unpadded */
+	enum ptc_place place;
+	int layer;         /* for PTC_PLACE_LAYER, else -1 */
+	int tied;          /* index of the tensor this one copies, or -1 */
+	int source;        /* index in the schema file's "tensors" array */
+};
+
+/* One state root ("model", "optim/exp_avg"); every state holds every tensor. */
+struct ptc_state {
+	char *name;
+	int has_dtype;        /* when set, dtype overrides every tensor's dtype */
+	enum ptc_dtype dtype;
+};
+
+struct ptc_schema {
+	char *model;
+	int num_layers;
+	int nstates;
+	struct ptc_state *states;
+	int ntensors;
+	struct ptc_tensor *tensors; /* template order, layers expanded in order */
+};
+
+/*
+ * Parses and validates a schema. @name is the file name used in messages.
+ * On success returns 0 and *out owns a new schema (ptc_schema_free).
+ * On error returns -EINVAL (-ENOMEM) and fills @err.
+ */
+int ptc_schema_parse(const json_t *root, const char *name, struct ptc_schema **out,
+		     struct ptc_error *err);
+/* Same from text of @len bytes; JSON syntax errors name line and column. */
+int ptc_schema_parse_text(const char *text, size_t len, const char *name,
+			  struct ptc_schema **out, struct ptc_error *err);
+void ptc_schema_free(struct ptc_schema *s);
+/* Index of the tensor named @name, or -1. */
+int ptc_schema_find(const struct ptc_schema *s, const char *name);
+/* Index of the state named @name, or -1. */
+int ptc_schema_find_state(const struct ptc_schema *s, const char *name);
+/* The dtype tensor @t has in state @st. */
+enum ptc_dtype ptc_schema_dtype(const struct ptc_schema *s, int st, int t);
+/* The tensor whose data tensor @t holds: its tie target, or itself. */
+static inline int ptc_schema_logical(const struct ptc_schema *s, int t)
+{
+	return s->tensors[t].tied >= 0 ? s->tensors[t].tied : t;
+}
+
+/* Schema generators for common models. Return a new JSON object or NULL
+ * with @err filled when the arguments are invalid. */
+struct ptc_gen_args {
+	int layers, hidden, heads, kv_heads, vocab, ffn, seq;
+	bool tied;
+	enum ptc_dtype dtype;
+};
+json_t *ptc_gen_megatron_gpt(const struct ptc_gen_args *a, struct ptc_error *err);
+json_t *ptc_gen_llama(const struct ptc_gen_args *a, struct ptc_error *err);
+
+/* --------------------------------------------------------- cluster/config */
+
+struct ptc_node {
+	char *id;
+	char *addr; /* "host:port", may be NULL */
+	int devices;
+};
+
+struct ptc_cluster {
+	int nnodes;
+	struct ptc_node *nodes;
+	char *token_file; /* may be NULL */
+};
+
+int ptc_cluster_parse(const json_t *root, const char *name, struct ptc_cluster **out,
+		      struct ptc_error *err);
+int ptc_cluster_parse_text(const char *text, size_t len, const char *name,
+			   struct ptc_cluster **out, struct ptc_error *err);
+/* A cluster of @nnodes nodes named @ids with @devices devices each. */
+struct ptc_cluster *ptc_cluster_new_uniform(int nnodes, char *const *ids, int devices);
+void ptc_cluster_free(struct ptc_cluster *c);
+/* Index of node @id, or -1. */
+int ptc_cluster_find(const struct ptc_cluster *c, const char *id);
+
+struct ptc_config {
+	int64_t version;
+	int tp, pp, dp;
+	int nnodes;
+	char **nodes;
+	int replicas;
+	bool has_dataset;
+	char *dataset_index;
+	uint64_t dataset_seed;
+	int64_t dataset_global_batch;
+	bool dataset_shuffle; /* default true */
+};
+
+/* Parses config syntax and ranges; fitting it to a cluster and schema is
+ * ptc_layout_init's job. Same error conventions as ptc_schema_parse. */
+int ptc_config_parse(const json_t *root, const char *name, struct ptc_config **out,
+		     struct ptc_error *err);
+int ptc_config_parse_text(const char *text, size_t len, const char *name,
+			  struct ptc_config **out, struct ptc_error *err);
+void ptc_config_free(struct ptc_config *c);
+/* Serializes @c back to JSON (new reference). */
+json_t *ptc_config_to_json(const struct ptc_config *c);
+
+/* ---------------------------------------------------------------- layout */
+
+struct ptc_rank {
+	int t, d, p;            /* Megatron coordinates */
+	int node;               /* index in the cluster */
+	int device;             /* device index on that node */
+	int layer_begin, layer_end; /* [begin, end) schema layers of stage p */
+};
+
+/* A layout: schema + config placed on a cluster. Borrows all three. */
+struct ptc_layout {
+	const struct ptc_schema *schema;
+	const struct ptc_config *config;
+	const struct ptc_cluster *cluster;
+	int tp, pp, dp, world;
+	struct ptc_rank *ranks; /* world entries */
+	int *node_first_rank;   /* per cluster node: first rank, or -1 */
+	int *node_nranks;       /* per cluster node: ranks hosted (consecutive) */
+	const char *name;       /* file name for messages */
+};
+
+/*
+ * Places @config on @cluster for @schema. Fails with -EINVAL and @err when
+ * the layout does not fit (unknown or repeated node, too few devices, more
+ * stages than layers, a TP degree larger than a chunk it must split).
+ * @name is the config's file name for messages. Release with
+ * ptc_layout_release.
+ */
+int ptc_layout_init(struct ptc_layout *l, const struct ptc_schema *schema,
+		    const struct ptc_config *config, const struct ptc_cluster *cluster,
+		    const char *name, struct ptc_error *err);
+void ptc_layout_release(struct ptc_layout *l);
+
+/* Rank of coordinates (t, d, p). */
+static inline int ptc_layout_rank(const struct ptc_layout *l, int t, int d, int p)
+{
+	return p * l->tp * l->dp + d * l->tp + t;
+}
+
+/* Whether pipeline stage @p holds tensor @t. */
+bool ptc_layout_stage_holds(const struct ptc_layout *l, int p, int t);
+/* Whether rank @r holds tensor @t. */
+bool ptc_layout_holds(const struct ptc_layout *l, int r, int t);
+
+/*
+ * A partition's geometry along the tensor's split dimension: a list of
+ * segments in local order. A logical segment holds global rows
+ * [global, global + len); a padding segment (global = -1) holds zeros.
+ * Replicated tensors are one logical segment of one "row" covering all.
+ */
+#define PTC_MAX_SEGS 64
+struct ptc_seg {
+	int64_t local, global, len;
+};
+struct ptc_slice {
+	int nsegs;
+	int64_t rows;   /* local size along the split dim */
+	struct ptc_seg segs[PTC_MAX_SEGS];
+};
+
+/* Slice of tensor @t for TP rank @tpr of @tp. */
+void ptc_slice_compute(const struct ptc_tensor *t, int tp, int tpr, struct ptc_slice *out);
+/* Row geometry: the partition is outer blocks of rows x row_elems elements. */
+void ptc_tensor_geometry(const struct ptc_tensor *t, int64_t *outer, int64_t *row_elems);
+/* Shape of the partition of tensor @t held by TP rank @tpr of @tp; returns ndim. */
+int ptc_partition_shape(const struct ptc_tensor *t, int tp, int tpr, int64_t *shape);
+/* Element count of that partition. */
+int64_t ptc_partition_elems(const struct ptc_tensor *t, int tp, int tpr);
+
+/* ------------------------------------------------------------------ plan */
+
+enum ptc_op_kind {
+	PTC_OP_REUSE, /* the whole partition equals old partition src: share it */
+	PTC_OP_COPY,  /* copy rows from an old partition on the same node */
+	PTC_OP_FETCH, /* fetch rows from an old partition on another node */
+	PTC_OP_DUP,   /* copy rows from a new partition of this node (after phase 0) */
+	PTC_OP_ZERO,  /* zero-fill padding rows */
+};
+
+/*
+ * One operation. Rows are along the tensor's split dimension (for a
+ * replicated tensor, row 0 is the whole tensor); a row range is "outer"
+ * strided blocks of row_elems elements (ptc_tensor_geometry).
+ * Phase 0 ops read only the old layout; phase 1 (DUP) ops read new
+ * partitions filled in phase 0.
+ */
+struct ptc_op {
+	uint8_t kind;
+	uint8_t phase;
+	uint16_t state;
+	int32_t tensor;     /* destination tensor */
+	int32_t dst_rank;   /* new layout rank */
+	int32_t dst_node;   /* cluster node index */
+	int32_t src_rank;   /* old rank (REUSE, COPY, FETCH), new rank (DUP), -1 (ZERO) */
+	int32_t src_node;   /* cluster node of the source, -1 for ZERO */
+	int32_t src_tensor; /* source tensor (differs from tensor across a tie) */
+	int64_t dst_row, src_row, rows;
+	int64_t bytes;
+};
+
+struct ptc_node_stats {
+	int64_t bytes_in;     /* fetched by this node */
+	int64_t bytes_out;    /* served by this node to others */
+	int64_t bytes_local;  /* copied in memory on this node (COPY + DUP) */
+	int64_t bytes_reused; /* partitions shared without copying */
+	int64_t bytes_zero;   /* padding zero-filled */
+	int64_t bytes_total;  /* new-layout bytes hosted on this node */
+};
+
+struct ptc_plan {
+	size_t nops;
+	struct ptc_op *ops;   /* sorted by dst_node, phase, dst_rank, state, tensor, dst_row */
+	int nnodes;           /* cluster nodes */
+	size_t *node_first_op; /* nnodes + 1 offsets into ops, per dst_node */
+	struct ptc_node_stats *per_node;
+	int64_t bytes_total, bytes_reused, bytes_local, bytes_network, bytes_zero;
+	int64_t lower_bound_network; /* missing logical bytes per node, summed */
+};
+
+/*
+ * Computes the plan from layout @from to layout @to (same schema and
+ * cluster). @down lists cluster node indices (ndown entries) that cannot
+ * serve: they are never sources and must not host ranks of @to.
+ * Deterministic: the same inputs give the same plan on every node.
+ * Returns 0 and *out (ptc_plan_free), -EINVAL with @err naming the
+ * tensors that have no surviving copy or the down node that @to uses,
+ * or -ENOMEM.
+ */
+int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to,
+		     const int *down, int ndown, struct ptc_plan **out, struct ptc_error *err);
+void ptc_plan_free(struct ptc_plan *p);
+const char *ptc_op_kind_name(enum ptc_op_kind k);
+/* The plan as JSON: figures, per_node and (when @with_ops) operations. */
+json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from,
+			 const struct ptc_layout *to, bool with_ops);
+
+/* Formats into @err (printf-style); returns -EINVAL for `return ptc_errorf(...)`. */
+int ptc_errorf(struct ptc_error *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+#endif

@@ -1,0 +1,309 @@
+/*
+ * ptc_config.c - config.json and cluster.json: parse and check ranges.
+ *
+ * Whether a config fits a cluster and a schema is checked by
+ * ptc_layout_init; here only syntax, types and ranges.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ptc/ptc_i.h"
+
+static const char *const config_keys[] = {"version", "tp", "pp", "dp", "nodes", "replicas",
+					  "dataset", NULL};
+static const char *const dataset_keys[] = {"index", "seed", "global_batch", "shuffle", NULL};
+static const char *const cluster_keys[] = {"nodes", "token_file", NULL};
+static const char *const node_keys[] = {"id", "addr", "devices", NULL};
+
+#define MAX_DEGREE 65536
+
+static bool id_valid(const char *s)
+{
+	return ptc_path_valid(s, false) && !strchr(s, '/') && strlen(s) <= 64;
+}
+
+void ptc_config_free(struct ptc_config *c)
+{
+	if (!c)
+		return;
+	for (int i = 0; i < c->nnodes; i++)
+		free(c->nodes[i]);
+	free(c->nodes);
+	free(c->dataset_index);
+	free(c);
+}
+
+static int parse_dataset(struct ptc_config *c, const json_t *ds, const char *file,
+			 struct ptc_error *err)
+{
+	int64_t v;
+	int rc;
+
+	if (!json_is_object(ds))
+		return ptc_errorf(err, "%s: \"dataset\" must be an object", file);
+	if (ptc_json_known(ds, dataset_keys, file, "dataset", err))
+		return -EINVAL;
+	json_t *idx = json_object_get(ds, "index");
+	if (!json_is_string(idx) || !*json_string_value(idx))
+		return ptc_errorf(err, "%s: dataset.index must be a non-empty URI string", file);
+	if (!(c->dataset_index = strdup(json_string_value(idx))))
+		return -ENOMEM;
+	rc = ptc_json_int(ds, "seed", false, 0, INT64_MAX, &v, file, "dataset", err);
+	if (rc < 0)
+		return rc;
+	c->dataset_seed = rc == 0 ? (uint64_t)v : 0;
+	if (ptc_json_int(ds, "global_batch", true, 1, 1 << 30, &c->dataset_global_batch, file,
+			 "dataset", err))
+		return -EINVAL;
+	json_t *sh = json_object_get(ds, "shuffle");
+	if (sh && !json_is_boolean(sh))
+		return ptc_errorf(err, "%s: dataset.shuffle must be true or false", file);
+	c->dataset_shuffle = sh ? json_is_true(sh) : true;
+	c->has_dataset = true;
+	return 0;
+}
+
+int ptc_config_parse(const json_t *root, const char *file, struct ptc_config **out,
+		     struct ptc_error *err)
+{
+	struct ptc_config *c;
+	int64_t v;
+	int rc;
+
+	*out = NULL;
+	if (!json_is_object(root))
+		return ptc_errorf(err, "%s: must be a JSON object", file);
+	if (ptc_json_known(root, config_keys, file, "", err))
+		return -EINVAL;
+	if (!(c = calloc(1, sizeof(*c))))
+		return -ENOMEM;
+	rc = -EINVAL;
+	if (ptc_json_int(root, "version", true, 0, INT64_MAX, &c->version, file, "", err))
+		goto err_free;
+	if (ptc_json_int(root, "tp", true, 1, MAX_DEGREE, &v, file, "", err))
+		goto err_free;
+	c->tp = (int)v;
+	if (ptc_json_int(root, "pp", true, 1, MAX_DEGREE, &v, file, "", err))
+		goto err_free;
+	c->pp = (int)v;
+	if (ptc_json_int(root, "dp", true, 1, MAX_DEGREE, &v, file, "", err))
+		goto err_free;
+	c->dp = (int)v;
+	if ((int64_t)c->tp * c->pp * c->dp > MAX_DEGREE) {
+		ptc_errorf(err, "%s: tp * pp * dp = %" PRId64 " exceeds %d ranks", file,
+			   (int64_t)c->tp * c->pp * c->dp, MAX_DEGREE);
+		goto err_free;
+	}
+	v = 0;
+	if (ptc_json_int(root, "replicas", false, 0, 1, &v, file, "", err) < 0)
+		goto err_free;
+	c->replicas = (int)v;
+
+	json_t *nodes = json_object_get(root, "nodes");
+	if (!json_is_array(nodes) || json_array_size(nodes) == 0 ||
+	    json_array_size(nodes) > MAX_DEGREE) {
+		ptc_errorf(err, "%s: \"nodes\" must be a non-empty array of node ids", file);
+		goto err_free;
+	}
+	rc = -ENOMEM;
+	if (!(c->nodes = calloc(json_array_size(nodes), sizeof(char *))))
+		goto err_free;
+	for (size_t i = 0; i < json_array_size(nodes); i++) {
+		json_t *n = json_array_get(nodes, i);
+		rc = -EINVAL;
+		if (!json_is_string(n) || !id_valid(json_string_value(n))) {
+			ptc_errorf(err, "%s: nodes[%zu] is not a valid node id", file, i);
+			goto err_free;
+		}
+		for (int j = 0; j < c->nnodes; j++) {
+			if (strcmp(c->nodes[j], json_string_value(n)) == 0) {
+				ptc_errorf(err, "%s: nodes[%zu] = \"%s\" is listed twice", file, i,
+					   c->nodes[j]);
+				goto err_free;
+			}
+		}
+		rc = -ENOMEM;
+		if (!(c->nodes[c->nnodes] = strdup(json_string_value(n))))
+			goto err_free;
+		c->nnodes++;
+	}
+	json_t *ds = json_object_get(root, "dataset");
+	if (ds && (rc = parse_dataset(c, ds, file, err)))
+		goto err_free;
+	*out = c;
+	return 0;
+
+err_free:
+	ptc_config_free(c);
+	return rc;
+}
+
+int ptc_config_parse_text(const char *text, size_t len, const char *file,
+			  struct ptc_config **out, struct ptc_error *err)
+{
+	json_t *root = ptc_json_load(text, len, file, err);
+	if (!root) {
+		*out = NULL;
+		return -EINVAL;
+	}
+	int rc = ptc_config_parse(root, file, out, err);
+	json_decref(root);
+	return rc;
+}
+
+json_t *ptc_config_to_json(const struct ptc_config *c)
+{
+	json_t *o = json_object(), *nodes = json_array();
+
+	for (int i = 0; i < c->nnodes; i++)
+		json_array_append_new(nodes, json_string(c->nodes[i]));
+	json_object_set_new(o, "version", json_integer(c->version));
+	json_object_set_new(o, "tp", json_integer(c->tp));
+	json_object_set_new(o, "pp", json_integer(c->pp));
+	json_object_set_new(o, "dp", json_integer(c->dp));
+	json_object_set_new(o, "nodes", nodes);
+	if (c->replicas)
+		json_object_set_new(o, "replicas", json_integer(c->replicas));
+	if (c->has_dataset) {
+		json_t *ds = json_object();
+		json_object_set_new(ds, "index", json_string(c->dataset_index));
+		json_object_set_new(ds, "seed", json_integer((json_int_t)c->dataset_seed));
+		json_object_set_new(ds, "global_batch", json_integer(c->dataset_global_batch));
+		json_object_set_new(ds, "shuffle", json_boolean(c->dataset_shuffle));
+		json_object_set_new(o, "dataset", ds);
+	}
+	return o;
+}
+
+/* ---------------------------------------------------------------- cluster */
+
+void ptc_cluster_free(struct ptc_cluster *c)
+{
+	if (!c)
+		return;
+	for (int i = 0; i < c->nnodes; i++) {
+		free(c->nodes[i].id);
+		free(c->nodes[i].addr);
+	}
+	free(c->nodes);
+	free(c->token_file);
+	free(c);
+}
+
+int ptc_cluster_find(const struct ptc_cluster *c, const char *id)
+{
+	for (int i = 0; i < c->nnodes; i++)
+		if (strcmp(c->nodes[i].id, id) == 0)
+			return i;
+	return -1;
+}
+
+struct ptc_cluster *ptc_cluster_new_uniform(int nnodes, char *const *ids, int devices)
+{
+	struct ptc_cluster *c = calloc(1, sizeof(*c));
+
+	if (!c || !(c->nodes = calloc((size_t)nnodes, sizeof(*c->nodes))))
+		goto err_free;
+	for (; c->nnodes < nnodes; c->nnodes++) {
+		c->nodes[c->nnodes].devices = devices;
+		if (!(c->nodes[c->nnodes].id = strdup(ids[c->nnodes])))
+			goto err_free;
+	}
+	return c;
+
+err_free:
+	ptc_cluster_free(c);
+	return NULL;
+}
+
+int ptc_cluster_parse(const json_t *root, const char *file, struct ptc_cluster **out,
+		      struct ptc_error *err)
+{
+	struct ptc_cluster *c;
+	int rc = -EINVAL;
+
+	*out = NULL;
+	if (!json_is_object(root))
+		return ptc_errorf(err, "%s: must be a JSON object", file);
+	if (ptc_json_known(root, cluster_keys, file, "", err))
+		return -EINVAL;
+	json_t *nodes = json_object_get(root, "nodes");
+	if (!json_is_array(nodes) || json_array_size(nodes) == 0 ||
+	    json_array_size(nodes) > MAX_DEGREE)
+		return ptc_errorf(err, "%s: \"nodes\" must be a non-empty array", file);
+	if (!(c = calloc(1, sizeof(*c))) ||
+	    !(c->nodes = calloc(json_array_size(nodes), sizeof(*c->nodes)))) {
+		free(c);
+		return -ENOMEM;
+	}
+	json_t *tok = json_object_get(root, "token_file");
+	if (tok && (!json_is_string(tok) || !*json_string_value(tok))) {
+		ptc_errorf(err, "%s: \"token_file\" must be a non-empty path", file);
+		goto err_free;
+	}
+	if (tok && !(c->token_file = strdup(json_string_value(tok)))) {
+		rc = -ENOMEM;
+		goto err_free;
+	}
+	for (size_t i = 0; i < json_array_size(nodes); i++) {
+		json_t *n = json_array_get(nodes, i);
+		struct ptc_node *nd = &c->nodes[i];
+		char where[32];
+		int64_t dev;
+
+		snprintf(where, sizeof(where), "nodes[%zu]", i);
+		if (!json_is_object(n)) {
+			ptc_errorf(err, "%s: %s must be an object", file, where);
+			goto err_free;
+		}
+		if (ptc_json_known(n, node_keys, file, where, err))
+			goto err_free;
+		json_t *id = json_object_get(n, "id"), *addr = json_object_get(n, "addr");
+		if (!json_is_string(id) || !id_valid(json_string_value(id))) {
+			ptc_errorf(err, "%s: %s.id must be a node id of [A-Za-z0-9_.-]", file, where);
+			goto err_free;
+		}
+		if (ptc_cluster_find(c, json_string_value(id)) >= 0) {
+			ptc_errorf(err, "%s: %s.id = \"%s\" is listed twice", file, where,
+				   json_string_value(id));
+			goto err_free;
+		}
+		if (addr && (!json_is_string(addr) || !strchr(json_string_value(addr), ':'))) {
+			ptc_errorf(err, "%s: %s.addr must be \"host:port\"", file, where);
+			goto err_free;
+		}
+		if (ptc_json_int(n, "devices", true, 1, 4096, &dev, file, where, err))
+			goto err_free;
+		nd->devices = (int)dev;
+		rc = -ENOMEM;
+		if (!(nd->id = strdup(json_string_value(id))) ||
+		    (addr && !(nd->addr = strdup(json_string_value(addr))))) {
+			c->nnodes++;
+			goto err_free;
+		}
+		c->nnodes++;
+		rc = -EINVAL;
+	}
+	*out = c;
+	return 0;
+
+err_free:
+	ptc_cluster_free(c);
+	return rc;
+}
+
+int ptc_cluster_parse_text(const char *text, size_t len, const char *file,
+			   struct ptc_cluster **out, struct ptc_error *err)
+{
+	json_t *root = ptc_json_load(text, len, file, err);
+	if (!root) {
+		*out = NULL;
+		return -EINVAL;
+	}
+	int rc = ptc_cluster_parse(root, file, out, err);
+	json_decref(root);
+	return rc;
+}

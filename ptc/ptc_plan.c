@@ -1,0 +1,715 @@
+/*
+ * ptc_plan.c - the plan: how to build layout `to` from layout `from`.
+ *
+ * DESIGN
+ * Every tensor is cut only along its split dim, so a box is a row range
+ * [lo, hi) of the logical tensor (a replicated tensor is one row). Tensors
+ * are handled in tie groups: a tensor and the tensors tied to it hold the
+ * same logical data, so any of their old partitions can serve any of their
+ * new ones.
+ *
+ * For each group and each destination node N (ranks in order):
+ *  1. a new partition whose slice equals an old partition's on N is REUSEd
+ *     (shared, not copied);
+ *  2. otherwise each logical row range is COPYed from an old partition on N
+ *     when one holds it (the one reaching furthest, to keep ops few);
+ *  3. rows no old partition on N holds are "missing": the first rank of N
+ *     that needs them FETCHes them from a surviving remote holder, and later
+ *     ranks of N DUP them from that rank's new partition (phase 1), so each
+ *     missing row crosses the network once per node;
+ *  4. padding rows are ZEROed.
+ * Remote sources are chosen per state and per piece as the candidate node
+ * that has served the fewest bytes so far (ties: lowest node index), which
+ * spreads reads of replicated data over every holder, deterministically.
+ *
+ * Invariants checked by the tests: applying the ops reproduces the new
+ * layout exactly; per node, total = reused + local + network + zero;
+ * network bytes equal the lower bound (missing logical rows per node).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ptc/ptc_i.h"
+
+struct holder {
+	int node, rank, t, tensor;
+};
+
+/* An old logical segment, for finding which old TP rank holds a row. */
+struct rowseg {
+	int64_t global, len, local;
+	int t;
+};
+
+struct cand {
+	int node, rank, tensor;
+};
+
+/* Rows fetched into node N for the current group. */
+struct fetched {
+	int64_t lo, hi, row;
+	int rank, tensor;
+};
+
+struct ivl {
+	int64_t lo, hi;
+};
+
+struct ctx {
+	const struct ptc_layout *from, *to;
+	const struct ptc_schema *s;
+	const bool *down;
+	struct ptc_op *ops;
+	size_t nops, cap;
+	struct ptc_node_stats *stats;
+	int64_t lower_bound;
+
+	/* per tie group */
+	int group[8], ngroup;
+	int64_t row_bytes[64]; /* per state */
+	struct ptc_slice *old_sl, *new_sl;
+	struct holder *hold;
+	size_t nhold, caphold;
+	struct rowseg *rmap;
+	int nrmap;
+	struct cand *cand;
+	int *cand_off;
+	struct fetched *fet;
+	size_t nfet, capfet;
+	struct ivl *need, *have;
+	size_t capneed, caphave;
+
+	bool *failed; /* per tensor */
+	int nfailed;
+	struct ptc_error *err;
+};
+
+const char *ptc_op_kind_name(enum ptc_op_kind k)
+{
+	static const char *const names[] = {"reuse", "copy", "fetch", "dup", "zero"};
+	return k <= PTC_OP_ZERO ? names[k] : "?";
+}
+
+void ptc_plan_free(struct ptc_plan *p)
+{
+	if (!p)
+		return;
+	free(p->ops);
+	free(p->node_first_op);
+	free(p->per_node);
+	free(p);
+}
+
+static int grow(void **buf, size_t *cap, size_t need, size_t elem)
+{
+	if (need <= *cap)
+		return 0;
+	size_t n = *cap ? *cap : 64;
+	while (n < need)
+		n *= 2;
+	void *p = realloc(*buf, n * elem);
+	if (!p)
+		return -ENOMEM;
+	*buf = p;
+	*cap = n;
+	return 0;
+}
+
+/* Appends one op per state with @rows rows; FETCH picks a source per state. */
+static int emit(struct ctx *c, const struct ptc_op *tmpl, const struct cand *cands, int ncand)
+{
+	int nst = c->s->nstates;
+
+	if (grow((void **)&c->ops, &c->cap, c->nops + (size_t)nst, sizeof(*c->ops)))
+		return -ENOMEM;
+	for (int st = 0; st < nst; st++) {
+		struct ptc_op *op = &c->ops[c->nops++];
+		*op = *tmpl;
+		op->state = (uint16_t)st;
+		op->bytes = tmpl->rows * c->row_bytes[st];
+		struct ptc_node_stats *dst = &c->stats[op->dst_node];
+		switch (op->kind) {
+		case PTC_OP_REUSE:
+			dst->bytes_reused += op->bytes;
+			break;
+		case PTC_OP_COPY:
+		case PTC_OP_DUP:
+			dst->bytes_local += op->bytes;
+			break;
+		case PTC_OP_ZERO:
+			dst->bytes_zero += op->bytes;
+			break;
+		case PTC_OP_FETCH: {
+			const struct cand *best = &cands[0];
+			for (int i = 1; i < ncand; i++)
+				if (c->stats[cands[i].node].bytes_out <
+				    c->stats[best->node].bytes_out)
+					best = &cands[i];
+			op->src_node = best->node;
+			op->src_rank = best->rank;
+			op->src_tensor = best->tensor;
+			dst->bytes_in += op->bytes;
+			c->stats[best->node].bytes_out += op->bytes;
+			break;
+		}
+		}
+		dst->bytes_total += op->bytes;
+	}
+	return 0;
+}
+
+static int cmp_holder(const void *a, const void *b)
+{
+	const struct holder *x = a, *y = b;
+	if (x->node != y->node)
+		return x->node < y->node ? -1 : 1;
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	return (x->tensor > y->tensor) - (x->tensor < y->tensor);
+}
+
+static int cmp_rowseg(const void *a, const void *b)
+{
+	const struct rowseg *x = a, *y = b;
+	return (x->global > y->global) - (x->global < y->global);
+}
+
+static bool slice_equal(const struct ptc_slice *a, const struct ptc_slice *b)
+{
+	return a->rows == b->rows && a->nsegs == b->nsegs &&
+	       memcmp(a->segs, b->segs, (size_t)a->nsegs * sizeof(a->segs[0])) == 0;
+}
+
+/* Builds the old-layout index of the current group: holders sorted by node,
+ * the row map and the surviving candidates per old TP rank. */
+static int index_group(struct ctx *c)
+{
+	const struct ptc_layout *f = c->from;
+	const struct ptc_tensor *t0 = &c->s->tensors[c->group[0]];
+
+	for (int t = 0; t < f->tp; t++)
+		ptc_slice_compute(t0, f->tp, t, &c->old_sl[t]);
+	for (int t = 0; t < c->to->tp; t++)
+		ptc_slice_compute(t0, c->to->tp, t, &c->new_sl[t]);
+
+	c->nrmap = 0;
+	for (int t = 0; t < f->tp; t++)
+		for (int i = 0; i < c->old_sl[t].nsegs; i++) {
+			const struct ptc_seg *sg = &c->old_sl[t].segs[i];
+			if (sg->global >= 0)
+				c->rmap[c->nrmap++] =
+					(struct rowseg){sg->global, sg->len, sg->local, t};
+		}
+	qsort(c->rmap, (size_t)c->nrmap, sizeof(*c->rmap), cmp_rowseg);
+
+	c->nhold = 0;
+	for (int g = 0; g < c->ngroup; g++)
+		for (int p = 0; p < f->pp; p++) {
+			if (!ptc_layout_stage_holds(f, p, c->group[g]))
+				continue;
+			size_t need = c->nhold + (size_t)f->tp * (size_t)f->dp;
+			if (grow((void **)&c->hold, &c->caphold, need, sizeof(*c->hold)))
+				return -ENOMEM;
+			for (int r = p * f->tp * f->dp; r < (p + 1) * f->tp * f->dp; r++)
+				c->hold[c->nhold++] = (struct holder){f->ranks[r].node, r,
+								      f->ranks[r].t, c->group[g]};
+		}
+	qsort(c->hold, c->nhold, sizeof(*c->hold), cmp_holder);
+
+	/* Candidates per old TP rank: the first holder on each surviving node. */
+	int n = 0;
+	for (int t = 0; t < f->tp; t++) {
+		c->cand_off[t] = n;
+		int last = -1;
+		for (size_t i = 0; i < c->nhold; i++) {
+			const struct holder *h = &c->hold[i];
+			if (h->t != t || h->node == last || c->down[h->node])
+				continue;
+			c->cand[n++] = (struct cand){h->node, h->rank, h->tensor};
+			last = h->node;
+		}
+	}
+	c->cand_off[f->tp] = n;
+	return 0;
+}
+
+/* The old holders on @node: [*lo, *hi) of c->hold. */
+static void local_holders(const struct ctx *c, int node, size_t *lo, size_t *hi)
+{
+	size_t a = 0, b = c->nhold;
+	while (a < b) {
+		size_t m = (a + b) / 2;
+		if (c->hold[m].node < node)
+			a = m + 1;
+		else
+			b = m;
+	}
+	*lo = a;
+	while (a < c->nhold && c->hold[a].node == node)
+		a++;
+	*hi = a;
+}
+
+/* Index in rmap of the old segment holding row @x (rows are all covered). */
+static int rmap_find(const struct ctx *c, int64_t x)
+{
+	int a = 0, b = c->nrmap;
+	while (b - a > 1) {
+		int m = (a + b) / 2;
+		if (c->rmap[m].global <= x)
+			a = m;
+		else
+			b = m;
+	}
+	return a;
+}
+
+/* Remembers that @tensor has rows no surviving node holds. */
+static void note_failure(struct ctx *c, int tensor)
+{
+	const char *name = c->s->tensors[tensor].name;
+	size_t n = strlen(c->err->text);
+
+	if (c->failed[tensor])
+		return;
+	c->failed[tensor] = true;
+	if (c->nfailed == 0)
+		snprintf(c->err->text, sizeof(c->err->text), "no surviving copy of \"%s\"", name);
+	else if (c->nfailed < 8)
+		snprintf(c->err->text + n, sizeof(c->err->text) - n, ", \"%s\"", name);
+	c->nfailed++;
+}
+
+/* FETCHes missing rows [lo, hi) into (rank, tensor) at local row @row,
+ * one op per old segment crossed, and remembers them for DUPs. */
+static int fetch(struct ctx *c, int node, int rank, int tensor, int64_t lo, int64_t hi,
+		 int64_t row)
+{
+	if (grow((void **)&c->fet, &c->capfet, c->nfet + 1, sizeof(*c->fet)))
+		return -ENOMEM;
+	c->fet[c->nfet++] = (struct fetched){lo, hi, row, rank, tensor};
+	for (int64_t x = lo; x < hi;) {
+		const struct rowseg *rs = &c->rmap[rmap_find(c, x)];
+		int64_t end = rs->global + rs->len < hi ? rs->global + rs->len : hi;
+		int nc = c->cand_off[rs->t + 1] - c->cand_off[rs->t];
+		if (nc == 0) {
+			note_failure(c, tensor);
+		} else {
+			struct ptc_op op = {.kind = PTC_OP_FETCH, .tensor = tensor,
+					    .dst_rank = rank, .dst_node = node,
+					    .dst_row = row + (x - lo),
+					    .src_row = rs->local + (x - rs->global),
+					    .rows = end - x};
+			if (emit(c, &op, &c->cand[c->cand_off[rs->t]], nc))
+				return -ENOMEM;
+		}
+		x = end;
+	}
+	return 0;
+}
+
+/* Missing rows [lo, hi) for (rank, tensor) at local row @row: DUP what this
+ * node already fetched, FETCH the rest. */
+static int missing(struct ctx *c, int node, int rank, int tensor, int64_t lo, int64_t hi,
+		   int64_t row)
+{
+	for (int64_t x = lo; x < hi;) {
+		int64_t next = hi;
+		const struct fetched *hit = NULL;
+		for (size_t i = 0; i < c->nfet; i++) {
+			const struct fetched *f = &c->fet[i];
+			if (f->lo <= x && x < f->hi) {
+				hit = f;
+				break;
+			}
+			if (f->lo > x && f->lo < next)
+				next = f->lo;
+		}
+		if (hit) {
+			int64_t end = hit->hi < hi ? hit->hi : hi;
+			struct ptc_op op = {.kind = PTC_OP_DUP, .phase = 1, .tensor = tensor,
+					    .dst_rank = rank, .dst_node = node,
+					    .src_rank = hit->rank, .src_node = node,
+					    .src_tensor = hit->tensor, .dst_row = row + (x - lo),
+					    .src_row = hit->row + (x - hit->lo), .rows = end - x};
+			if (emit(c, &op, NULL, 0))
+				return -ENOMEM;
+			x = end;
+		} else {
+			if (fetch(c, node, rank, tensor, x, next, row + (x - lo)))
+				return -ENOMEM;
+			x = next;
+		}
+	}
+	return 0;
+}
+
+/* Builds logical rows [g, g + len) of (rank, tensor) at local row @row. */
+static int build_rows(struct ctx *c, int node, size_t hlo, size_t hhi, int rank, int tensor,
+		      int64_t g, int64_t len, int64_t row)
+{
+	for (int64_t x = g; x < g + len;) {
+		const struct holder *best = NULL;
+		const struct ptc_seg *bseg = NULL;
+		int64_t next = g + len;
+		for (size_t h = hlo; h < hhi; h++) {
+			const struct ptc_slice *sl = &c->old_sl[c->hold[h].t];
+			for (int i = 0; i < sl->nsegs; i++) {
+				const struct ptc_seg *sg = &sl->segs[i];
+				if (sg->global < 0)
+					continue;
+				if (sg->global <= x && x < sg->global + sg->len) {
+					if (!bseg || sg->global + sg->len > bseg->global + bseg->len) {
+						best = &c->hold[h];
+						bseg = sg;
+					}
+				} else if (sg->global > x && sg->global < next) {
+					next = sg->global;
+				}
+			}
+		}
+		if (bseg) {
+			int64_t end = bseg->global + bseg->len;
+			end = end < g + len ? end : g + len;
+			struct ptc_op op = {.kind = PTC_OP_COPY, .tensor = tensor, .dst_rank = rank,
+					    .dst_node = node, .src_rank = best->rank,
+					    .src_node = node, .src_tensor = best->tensor,
+					    .dst_row = row + (x - g),
+					    .src_row = bseg->local + (x - bseg->global),
+					    .rows = end - x};
+			if (emit(c, &op, NULL, 0))
+				return -ENOMEM;
+			x = end;
+		} else {
+			if (missing(c, node, rank, tensor, x, next, row + (x - g)))
+				return -ENOMEM;
+			x = next;
+		}
+	}
+	return 0;
+}
+
+/* Builds the new partition of @tensor on @rank (hosted on @node). */
+static int build_partition(struct ctx *c, int node, size_t hlo, size_t hhi, int rank,
+			   int tensor)
+{
+	const struct ptc_slice *ns = &c->new_sl[c->to->ranks[rank].t];
+
+	for (size_t h = hlo; h < hhi; h++) {
+		if (slice_equal(&c->old_sl[c->hold[h].t], ns)) {
+			struct ptc_op op = {.kind = PTC_OP_REUSE, .tensor = tensor,
+					    .dst_rank = rank, .dst_node = node,
+					    .src_rank = c->hold[h].rank, .src_node = node,
+					    .src_tensor = c->hold[h].tensor, .rows = ns->rows};
+			return emit(c, &op, NULL, 0);
+		}
+	}
+	for (int i = 0; i < ns->nsegs; i++) {
+		const struct ptc_seg *sg = &ns->segs[i];
+		if (sg->global < 0) {
+			struct ptc_op op = {.kind = PTC_OP_ZERO, .tensor = tensor, .dst_rank = rank,
+					    .dst_node = node, .src_rank = -1, .src_node = -1,
+					    .src_tensor = -1, .dst_row = sg->local,
+					    .rows = sg->len};
+			if (emit(c, &op, NULL, 0))
+				return -ENOMEM;
+		} else if (build_rows(c, node, hlo, hhi, rank, tensor, sg->global, sg->len,
+				      sg->local)) {
+			return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
+static int cmp_ivl(const void *a, const void *b)
+{
+	const struct ivl *x = a, *y = b;
+	return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+/* Sorts and merges @n intervals in place; returns the new count. */
+static size_t ivl_union(struct ivl *v, size_t n)
+{
+	size_t m = 0;
+	qsort(v, n, sizeof(*v), cmp_ivl);
+	for (size_t i = 0; i < n; i++) {
+		if (m && v[i].lo <= v[m - 1].hi) {
+			if (v[i].hi > v[m - 1].hi)
+				v[m - 1].hi = v[i].hi;
+		} else {
+			v[m++] = v[i];
+		}
+	}
+	return m;
+}
+
+/* Adds to c->lower_bound the logical rows new ranks [r0, r1) of @node need
+ * for the group that no old partition on the node holds. */
+static int lower_bound(struct ctx *c, int r0, int r1, size_t hlo, size_t hhi)
+{
+	size_t nn = 0, nh = 0, need = ((size_t)(r1 - r0) * (size_t)c->ngroup + (hhi - hlo)) *
+				      PTC_MAX_SEGS;
+	if (grow((void **)&c->need, &c->capneed, need, sizeof(struct ivl)) ||
+	    grow((void **)&c->have, &c->caphave, need, sizeof(struct ivl)))
+		return -ENOMEM;
+	for (int r = r0; r < r1; r++)
+		for (int g = 0; g < c->ngroup; g++) {
+			if (!ptc_layout_holds(c->to, r, c->group[g]))
+				continue;
+			const struct ptc_slice *sl = &c->new_sl[c->to->ranks[r].t];
+			for (int i = 0; i < sl->nsegs; i++)
+				if (sl->segs[i].global >= 0)
+					c->need[nn++] = (struct ivl){
+						sl->segs[i].global,
+						sl->segs[i].global + sl->segs[i].len};
+		}
+	for (size_t h = hlo; h < hhi; h++) {
+		const struct ptc_slice *sl = &c->old_sl[c->hold[h].t];
+		for (int i = 0; i < sl->nsegs; i++)
+			if (sl->segs[i].global >= 0)
+				c->have[nh++] = (struct ivl){sl->segs[i].global,
+							     sl->segs[i].global + sl->segs[i].len};
+	}
+	nn = ivl_union(c->need, nn);
+	nh = ivl_union(c->have, nh);
+	int64_t rows = 0;
+	for (size_t i = 0, j = 0; i < nn; i++) {
+		int64_t lo = c->need[i].lo;
+		for (; j < nh && c->have[j].hi <= lo; j++)
+			;
+		for (size_t k = j; k < nh && c->have[k].lo < c->need[i].hi; k++) {
+			if (c->have[k].lo > lo)
+				rows += c->have[k].lo - lo;
+			if (c->have[k].hi > lo)
+				lo = c->have[k].hi;
+		}
+		if (lo < c->need[i].hi)
+			rows += c->need[i].hi - lo;
+	}
+	for (int st = 0; st < c->s->nstates; st++)
+		c->lower_bound += rows * c->row_bytes[st];
+	return 0;
+}
+
+/* Plans one tie group: every new partition of its tensors, node by node. */
+static int plan_group(struct ctx *c)
+{
+	const struct ptc_layout *to = c->to;
+	const struct ptc_tensor *t0 = &c->s->tensors[c->group[0]];
+	int64_t outer, row_elems;
+	int rc;
+
+	ptc_tensor_geometry(t0, &outer, &row_elems);
+	for (int st = 0; st < c->s->nstates; st++)
+		c->row_bytes[st] = outer * row_elems *
+				   (int64_t)ptc_dtype_size(ptc_schema_dtype(c->s, st, c->group[0]));
+	if ((rc = index_group(c)))
+		return rc;
+
+	for (int node = 0; node < to->cluster->nnodes; node++) {
+		int r0 = to->node_first_rank[node], r1 = r0 + to->node_nranks[node];
+		size_t hlo, hhi;
+		if (r0 < 0)
+			continue;
+		local_holders(c, node, &hlo, &hhi);
+		c->nfet = 0;
+		for (int r = r0; r < r1; r++)
+			for (int g = 0; g < c->ngroup; g++)
+				if (ptc_layout_holds(to, r, c->group[g]) &&
+				    (rc = build_partition(c, node, hlo, hhi, r, c->group[g])))
+					return rc;
+		if ((rc = lower_bound(c, r0, r1, hlo, hhi)))
+			return rc;
+	}
+	return 0;
+}
+
+static int cmp_op(const void *a, const void *b)
+{
+	const struct ptc_op *x = a, *y = b;
+#define CMP(f)                                                                                    \
+	if (x->f != y->f)                                                                         \
+		return x->f < y->f ? -1 : 1;
+	CMP(dst_node) CMP(phase) CMP(dst_rank) CMP(state) CMP(tensor) CMP(dst_row)
+#undef CMP
+	return 0;
+}
+
+static int check_inputs(const struct ptc_layout *from, const struct ptc_layout *to,
+			const bool *down, struct ptc_error *err)
+{
+	if (from->schema != to->schema || from->cluster != to->cluster)
+		return ptc_errorf(err, "plan: both layouts must share one schema and cluster");
+	if (from->schema->nstates > 64)
+		return ptc_errorf(err, "plan: more than 64 states");
+	for (int n = 0; n < to->cluster->nnodes; n++)
+		if (down[n] && to->node_nranks[n] > 0)
+			return ptc_errorf(err, "%s: node \"%s\" is down but hosts ranks", to->name,
+					  to->cluster->nodes[n].id);
+	return 0;
+}
+
+static int plan_all(struct ctx *c)
+{
+	const struct ptc_schema *s = c->s;
+	int maxtp = c->from->tp > c->to->tp ? c->from->tp : c->to->tp;
+	size_t segs = (size_t)c->from->tp * PTC_MAX_SEGS;
+	int rc;
+
+	c->old_sl = malloc((size_t)c->from->tp * sizeof(*c->old_sl));
+	c->new_sl = malloc((size_t)c->to->tp * sizeof(*c->new_sl));
+	c->rmap = malloc(segs * sizeof(*c->rmap));
+	c->cand_off = malloc(((size_t)maxtp + 1) * sizeof(int));
+	c->cand = malloc((size_t)c->from->world * sizeof(*c->cand));
+	c->failed = calloc((size_t)s->ntensors, sizeof(bool));
+	if (!c->old_sl || !c->new_sl || !c->rmap || !c->cand_off || !c->cand || !c->failed)
+		return -ENOMEM;
+
+	for (int i = 0; i < s->ntensors; i++) {
+		if (s->tensors[i].tied >= 0)
+			continue;
+		c->ngroup = 0;
+		c->group[c->ngroup++] = i;
+		for (int j = 0; j < s->ntensors && c->ngroup < 8; j++)
+			if (s->tensors[j].tied == i)
+				c->group[c->ngroup++] = j;
+		if ((rc = plan_group(c)))
+			return rc;
+	}
+	return 0;
+}
+
+int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to,
+		     const int *down, int ndown, struct ptc_plan **out, struct ptc_error *err)
+{
+	struct ptc_error scratch;
+	struct ctx c = {.from = from, .to = to, .s = from->schema, .err = err ? err : &scratch};
+	int nnodes = from->cluster->nnodes;
+	bool *isdown = calloc((size_t)nnodes, sizeof(bool));
+	struct ptc_plan *p = calloc(1, sizeof(*p));
+	int rc = -ENOMEM;
+
+	*out = NULL;
+	c.err->text[0] = '\0';
+	c.stats = calloc((size_t)nnodes, sizeof(*c.stats));
+	if (!isdown || !p || !c.stats)
+		goto out;
+	for (int i = 0; i < ndown; i++) {
+		if (down[i] < 0 || down[i] >= nnodes) {
+			rc = ptc_errorf(c.err, "plan: down node index %d is out of range", down[i]);
+			goto out;
+		}
+		isdown[down[i]] = true;
+	}
+	c.down = isdown;
+	if ((rc = check_inputs(from, to, isdown, c.err)))
+		goto out;
+	if ((rc = plan_all(&c)))
+		goto out;
+	if (c.nfailed) {
+		size_t n = strlen(c.err->text);
+		if (c.nfailed > 8)
+			snprintf(c.err->text + n, sizeof(c.err->text) - n, " and %d more tensors",
+				 c.nfailed - 8);
+		rc = -EINVAL;
+		goto out;
+	}
+
+	qsort(c.ops, c.nops, sizeof(*c.ops), cmp_op);
+	rc = -ENOMEM;
+	if (!(p->node_first_op = calloc((size_t)nnodes + 1, sizeof(size_t))))
+		goto out;
+	for (size_t i = 0; i < c.nops; i++)
+		p->node_first_op[c.ops[i].dst_node + 1]++;
+	for (int n = 0; n < nnodes; n++) {
+		p->node_first_op[n + 1] += p->node_first_op[n];
+		struct ptc_node_stats *st = &c.stats[n];
+		p->bytes_total += st->bytes_total;
+		p->bytes_reused += st->bytes_reused;
+		p->bytes_local += st->bytes_local;
+		p->bytes_network += st->bytes_in;
+		p->bytes_zero += st->bytes_zero;
+	}
+	p->ops = c.ops;
+	p->nops = c.nops;
+	p->nnodes = nnodes;
+	p->per_node = c.stats;
+	p->lower_bound_network = c.lower_bound;
+	c.ops = NULL;
+	c.stats = NULL;
+	*out = p;
+	p = NULL;
+	rc = 0;
+out:
+	free(c.old_sl);
+	free(c.new_sl);
+	free(c.rmap);
+	free(c.cand);
+	free(c.cand_off);
+	free(c.hold);
+	free(c.fet);
+	free(c.need);
+	free(c.have);
+	free(c.failed);
+	free(c.ops);
+	free(c.stats);
+	free(isdown);
+	ptc_plan_free(p);
+	return rc;
+}
+
+json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from,
+			 const struct ptc_layout *to, bool with_ops)
+{
+	const struct ptc_schema *s = to->schema;
+	json_t *o = json_object(), *nodes = json_object();
+
+	json_object_set_new(o, "from_version", json_integer(from->config->version));
+	json_object_set_new(o, "to_version", json_integer(to->config->version));
+	json_object_set_new(o, "bytes_total", json_integer(p->bytes_total));
+	json_object_set_new(o, "bytes_reused", json_integer(p->bytes_reused));
+	json_object_set_new(o, "bytes_local", json_integer(p->bytes_local));
+	json_object_set_new(o, "bytes_network", json_integer(p->bytes_network));
+	json_object_set_new(o, "bytes_zero", json_integer(p->bytes_zero));
+	json_object_set_new(o, "lower_bound_network", json_integer(p->lower_bound_network));
+	json_object_set_new(o, "num_operations", json_integer((json_int_t)p->nops));
+	for (int n = 0; n < p->nnodes; n++) {
+		const struct ptc_node_stats *st = &p->per_node[n];
+		json_object_set_new(
+			nodes, to->cluster->nodes[n].id,
+			json_pack("{sIsIsIsIsIsI}", "bytes_in", (json_int_t)st->bytes_in, "bytes_out",
+				  (json_int_t)st->bytes_out, "bytes_local",
+				  (json_int_t)st->bytes_local, "bytes_reused",
+				  (json_int_t)st->bytes_reused, "bytes_zero",
+				  (json_int_t)st->bytes_zero, "bytes_total",
+				  (json_int_t)st->bytes_total));
+	}
+	json_object_set_new(o, "per_node", nodes);
+	if (!with_ops)
+		return o;
+	json_t *ops = json_array();
+	for (size_t i = 0; i < p->nops; i++) {
+		const struct ptc_op *op = &p->ops[i];
+		json_t *j = json_pack("{sssisssssssisIsIsI}", "op", ptc_op_kind_name(op->kind),
+				      "phase", op->phase, "node",
+				      to->cluster->nodes[op->dst_node].id, "state",
+				      s->states[op->state].name, "tensor",
+				      s->tensors[op->tensor].name, "rank", op->dst_rank, "row",
+				      (json_int_t)op->dst_row, "rows", (json_int_t)op->rows, "bytes",
+				      (json_int_t)op->bytes);
+		if (op->src_rank >= 0) {
+			json_object_set_new(j, "src_node",
+					    json_string(to->cluster->nodes[op->src_node].id));
+			json_object_set_new(j, "src_rank", json_integer(op->src_rank));
+			json_object_set_new(j, "src_tensor",
+					    json_string(s->tensors[op->src_tensor].name));
+			json_object_set_new(j, "src_row", json_integer(op->src_row));
+		}
+		json_array_append_new(ops, j);
+	}
+	json_object_set_new(o, "operations", ops);
+	return o;
+}

@@ -1,0 +1,40 @@
+/*
+ * mlfs_main.c - the `mlfs` command: dispatches subcommands.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/tools.h"
+
+static const struct {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+	const char *usage;
+} cmds[] = {
+	{"plan", cmd_plan,
+	 "plan --schema S --from A.json --to B.json [--cluster C] [--down ID,...] [--json]"},
+	{"schema", cmd_schema,
+	 "schema megatron-gpt|llama --layers N --hidden H --heads A --vocab V [--ffn F]\n"
+	 "               [--kv-heads G] [--seq S] [--tied] [--dtype D]"},
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage:\n");
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+		fprintf(f, "  mlfs %s\n", cmds[i].usage);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+		usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? 2 : 0;
+	}
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+		if (strcmp(argv[1], cmds[i].name) == 0)
+			return cmds[i].fn(argc - 1, argv + 1);
+	fprintf(stderr, "mlfs: unknown command \"%s\"\n", argv[1]);
+	usage(stderr);
+	return 2;
+}

@@ -1,0 +1,329 @@
+/*
+ * mlfs_plan.c - `mlfs plan` and `mlfs schema`: the planner without a daemon.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ptc/ptc.h"
+#include "tools/tools.h"
+
+char *tools_read_file(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	size_t cap = 0, n = 0;
+
+	if (!f) {
+		fprintf(stderr, "mlfs: %s: %s\n", path, strerror(errno));
+		return NULL;
+	}
+	for (;;) {
+		if (n + 4096 + 1 > cap) {
+			cap = cap ? cap * 2 : 65536;
+			char *p = realloc(buf, cap);
+			if (!p) {
+				fprintf(stderr, "mlfs: %s: out of memory\n", path);
+				goto err_close;
+			}
+			buf = p;
+		}
+		size_t got = fread(buf + n, 1, cap - n - 1, f);
+		n += got;
+		if (got == 0)
+			break;
+	}
+	if (ferror(f)) {
+		fprintf(stderr, "mlfs: %s: read error\n", path);
+		goto err_close;
+	}
+	fclose(f);
+	buf[n] = '\0';
+	*len = n;
+	return buf;
+
+err_close:
+	free(buf);
+	fclose(f);
+	return NULL;
+}
+
+/* Human-readable byte count. */
+static const char *human(int64_t b, char *buf, size_t n)
+{
+	const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+	double v = (double)b;
+	int u = 0;
+
+	while (v >= 1024 && u < 5) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, n, "%" PRId64 " B", b);
+	else
+		snprintf(buf, n, "%.1f %s", v, units[u]);
+	return buf;
+}
+
+struct plan_inputs {
+	struct ptc_schema *schema;
+	struct ptc_config *from, *to;
+	struct ptc_cluster *cluster;
+};
+
+static void inputs_release(struct plan_inputs *in)
+{
+	ptc_schema_free(in->schema);
+	ptc_config_free(in->from);
+	ptc_config_free(in->to);
+	ptc_cluster_free(in->cluster);
+}
+
+/* A cluster of every node the two configs name, 8 devices each. */
+static struct ptc_cluster *default_cluster(const struct ptc_config *a,
+					   const struct ptc_config *b)
+{
+	char **ids = calloc((size_t)(a->nnodes + b->nnodes), sizeof(char *));
+	int n = 0;
+
+	if (!ids)
+		return NULL;
+	for (int k = 0; k < 2; k++) {
+		const struct ptc_config *c = k ? b : a;
+		for (int i = 0; i < c->nnodes; i++) {
+			int j = 0;
+			while (j < n && strcmp(ids[j], c->nodes[i]) != 0)
+				j++;
+			if (j == n)
+				ids[n++] = c->nodes[i];
+		}
+	}
+	struct ptc_cluster *cl = ptc_cluster_new_uniform(n, ids, 8);
+	fprintf(stderr, "mlfs plan: no --cluster given: assuming 8 devices on each of");
+	for (int i = 0; i < n; i++)
+		fprintf(stderr, "%s %s", i ? "," : "", ids[i]);
+	fprintf(stderr, "\n");
+	free(ids);
+	return cl;
+}
+
+typedef int (*parse_fn)(const char *, size_t, const char *, void **, struct ptc_error *);
+
+static int load(const char *path, parse_fn fn, void **out)
+{
+	struct ptc_error err = {""};
+	size_t len;
+	char *text = tools_read_file(path, &len);
+
+	if (!text)
+		return -1;
+	int rc = fn(text, len, path, out, &err);
+	free(text);
+	if (rc) {
+		fprintf(stderr, "mlfs: %s\n", rc == -ENOMEM ? "out of memory" : err.text);
+		return -1;
+	}
+	return 0;
+}
+
+static int load_inputs(struct plan_inputs *in, const char *schema, const char *from,
+		       const char *to, const char *cluster)
+{
+	if (load(schema, (parse_fn)ptc_schema_parse_text, (void **)&in->schema) ||
+	    load(from, (parse_fn)ptc_config_parse_text, (void **)&in->from) ||
+	    load(to, (parse_fn)ptc_config_parse_text, (void **)&in->to))
+		return -1;
+	if (cluster)
+		return load(cluster, (parse_fn)ptc_cluster_parse_text, (void **)&in->cluster);
+	in->cluster = default_cluster(in->from, in->to);
+	return in->cluster ? 0 : -1;
+}
+
+/* Parses "--down a,b" into cluster node indices. */
+static int parse_down(const struct ptc_cluster *cl, char *list, int *down, int *ndown)
+{
+	for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+		int n = ptc_cluster_find(cl, tok);
+		if (n < 0) {
+			fprintf(stderr, "mlfs plan: --down: node \"%s\" is not in the cluster\n",
+				tok);
+			return -1;
+		}
+		down[(*ndown)++] = n;
+	}
+	return 0;
+}
+
+static void print_summary(const struct ptc_plan *p, const struct ptc_layout *a,
+			  const struct ptc_layout *b)
+{
+	const struct ptc_schema *s = a->schema;
+	size_t kinds[5] = {0};
+	char h[6][32];
+
+	printf("plan v%" PRId64 " -> v%" PRId64 ": tp%d pp%d dp%d -> tp%d pp%d dp%d\n",
+	       a->config->version, b->config->version, a->tp, a->pp, a->dp, b->tp, b->pp, b->dp);
+	printf("schema \"%s\": %d tensors x %d states\n\n", s->model, s->ntensors, s->nstates);
+	printf("%-12s %12s %12s %12s %12s %12s %12s\n", "node", "total", "reused", "local",
+	       "fetched", "served", "zero");
+	for (int n = 0; n < p->nnodes; n++) {
+		const struct ptc_node_stats *st = &p->per_node[n];
+		if (!st->bytes_total && !st->bytes_out)
+			continue;
+		printf("%-12s %12s %12s %12s %12s %12s %12s\n", a->cluster->nodes[n].id,
+		       human(st->bytes_total, h[0], 32), human(st->bytes_reused, h[1], 32),
+		       human(st->bytes_local, h[2], 32), human(st->bytes_in, h[3], 32),
+		       human(st->bytes_out, h[4], 32), human(st->bytes_zero, h[5], 32));
+	}
+	printf("%-12s %12s %12s %12s %12s %12s %12s\n\n", "all", human(p->bytes_total, h[0], 32),
+	       human(p->bytes_reused, h[1], 32), human(p->bytes_local, h[2], 32),
+	       human(p->bytes_network, h[3], 32), human(p->bytes_network, h[4], 32),
+	       human(p->bytes_zero, h[5], 32));
+	for (size_t i = 0; i < p->nops; i++)
+		kinds[p->ops[i].kind]++;
+	printf("network: %" PRId64 " bytes; lower bound %" PRId64 " bytes\n", p->bytes_network,
+	       p->lower_bound_network);
+	printf("operations: %zu (reuse %zu, copy %zu, fetch %zu, dup %zu, zero %zu)\n", p->nops,
+	       kinds[PTC_OP_REUSE], kinds[PTC_OP_COPY], kinds[PTC_OP_FETCH], kinds[PTC_OP_DUP],
+	       kinds[PTC_OP_ZERO]);
+}
+
+int cmd_plan(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"schema", required_argument, NULL, 's'}, {"from", required_argument, NULL, 'f'},
+		{"to", required_argument, NULL, 't'},     {"cluster", required_argument, NULL, 'c'},
+		{"down", required_argument, NULL, 'd'},   {"json", no_argument, NULL, 'j'},
+		{NULL, 0, NULL, 0}};
+	const char *schema = NULL, *from = NULL, *to = NULL, *cluster = NULL;
+	char *downlist = NULL;
+	bool json = false;
+	int c, rc = 1;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 's': schema = optarg; break;
+		case 'f': from = optarg; break;
+		case 't': to = optarg; break;
+		case 'c': cluster = optarg; break;
+		case 'd': downlist = optarg; break;
+		case 'j': json = true; break;
+		default: return 2;
+		}
+	}
+	if (!schema || !from || !to || optind != argc) {
+		fprintf(stderr, "usage: mlfs plan --schema S --from A.json --to B.json "
+				"[--cluster C] [--down ID,...] [--json]\n");
+		return 2;
+	}
+
+	struct plan_inputs in = {0};
+	struct ptc_layout la, lb;
+	struct ptc_error err = {""};
+	struct ptc_plan *plan = NULL;
+	int *down = NULL, ndown = 0;
+
+	if (load_inputs(&in, schema, from, to, cluster))
+		goto out;
+	if (ptc_layout_init(&la, in.schema, in.from, in.cluster, from, &err)) {
+		fprintf(stderr, "mlfs: %s\n", err.text);
+		goto out;
+	}
+	if (ptc_layout_init(&lb, in.schema, in.to, in.cluster, to, &err)) {
+		fprintf(stderr, "mlfs: %s\n", err.text);
+		goto out_la;
+	}
+	if (!(down = calloc((size_t)in.cluster->nnodes + 1, sizeof(int))))
+		goto out_lb;
+	if (downlist && parse_down(in.cluster, downlist, down, &ndown))
+		goto out_lb;
+	int prc = ptc_plan_compute(&la, &lb, down, ndown, &plan, &err);
+	if (prc) {
+		fprintf(stderr, "mlfs plan: %s\n", prc == -ENOMEM ? "out of memory" : err.text);
+		goto out_lb;
+	}
+	if (json) {
+		json_t *j = ptc_plan_to_json(plan, &la, &lb, true);
+		if (!j || json_dumpf(j, stdout, JSON_INDENT(1) | JSON_COMPACT) != 0) {
+			fprintf(stderr, "mlfs plan: cannot write JSON\n");
+			json_decref(j);
+			goto out_lb;
+		}
+		printf("\n");
+		json_decref(j);
+	} else {
+		print_summary(plan, &la, &lb);
+	}
+	rc = 0;
+out_lb:
+	ptc_layout_release(&lb);
+out_la:
+	ptc_layout_release(&la);
+out:
+	ptc_plan_free(plan);
+	free(down);
+	inputs_release(&in);
+	return rc;
+}
+
+int cmd_schema(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"layers", required_argument, NULL, 'l'}, {"hidden", required_argument, NULL, 'h'},
+		{"heads", required_argument, NULL, 'a'},  {"kv-heads", required_argument, NULL, 'g'},
+		{"vocab", required_argument, NULL, 'v'},  {"ffn", required_argument, NULL, 'f'},
+		{"seq", required_argument, NULL, 's'},    {"tied", no_argument, NULL, 't'},
+		{"dtype", required_argument, NULL, 'd'},  {NULL, 0, NULL, 0}};
+	struct ptc_gen_args a = {.dtype = PTC_BFLOAT16};
+	struct ptc_error err = {""};
+	int c;
+
+	if (argc < 2 || (strcmp(argv[1], "megatron-gpt") != 0 && strcmp(argv[1], "llama") != 0)) {
+		fprintf(stderr, "usage: mlfs schema megatron-gpt|llama --layers N --hidden H "
+				"--heads A --vocab V [--ffn F] [--kv-heads G] [--seq S] [--tied] "
+				"[--dtype D]\n");
+		return 2;
+	}
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		char *end = NULL;
+		long v = optarg ? strtol(optarg, &end, 10) : 0;
+		if (optarg && c != 'd' && (*optarg == '\0' || *end != '\0' || v < 0 || v > 1 << 30)) {
+			fprintf(stderr, "mlfs schema: \"%s\" is not a count\n", optarg);
+			return 2;
+		}
+		switch (c) {
+		case 'l': a.layers = (int)v; break;
+		case 'h': a.hidden = (int)v; break;
+		case 'a': a.heads = (int)v; break;
+		case 'g': a.kv_heads = (int)v; break;
+		case 'v': a.vocab = (int)v; break;
+		case 'f': a.ffn = (int)v; break;
+		case 's': a.seq = (int)v; break;
+		case 't': a.tied = true; break;
+		case 'd':
+			if (ptc_dtype_parse(optarg, &a.dtype)) {
+				fprintf(stderr, "mlfs schema: --dtype \"%s\" is not a known dtype\n",
+					optarg);
+				return 2;
+			}
+			break;
+		default: return 2;
+		}
+	}
+	json_t *j = strcmp(argv[1], "llama") == 0 ? ptc_gen_llama(&a, &err)
+						   : ptc_gen_megatron_gpt(&a, &err);
+	if (!j) {
+		fprintf(stderr, "mlfs schema: %s\n", err.text);
+		return 1;
+	}
+	json_dumpf(j, stdout, JSON_INDENT(2));
+	printf("\n");
+	json_decref(j);
+	return 0;
+}
