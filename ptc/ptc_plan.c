@@ -195,8 +195,11 @@ static int index_group(struct ctx *c)
 	for (int t = 0; t < c->to->tp; t++)
 		ptc_slice_compute(t0, c->to->tp, t, &c->new_sl[t]);
 
+	/* A replicated tensor is the same on every TP rank: index all its
+	 * holders as TP rank 0 so that every one of them is a candidate. */
+	bool replicated = t0->split_dim < 0;
 	c->nrmap = 0;
-	for (int t = 0; t < f->tp; t++)
+	for (int t = 0; t < (replicated ? 1 : f->tp); t++)
 		for (int i = 0; i < c->old_sl[t].nsegs; i++) {
 			const struct ptc_seg *sg = &c->old_sl[t].segs[i];
 			if (sg->global >= 0)
@@ -214,8 +217,9 @@ static int index_group(struct ctx *c)
 			if (grow((void **)&c->hold, &c->caphold, need, sizeof(*c->hold)))
 				return -ENOMEM;
 			for (int r = p * f->tp * f->dp; r < (p + 1) * f->tp * f->dp; r++)
-				c->hold[c->nhold++] = (struct holder){f->ranks[r].node, r,
-								      f->ranks[r].t, c->group[g]};
+				c->hold[c->nhold++] = (struct holder){
+					f->ranks[r].node, r, replicated ? 0 : f->ranks[r].t,
+					c->group[g]};
 		}
 	qsort(c->hold, c->nhold, sizeof(*c->hold), cmp_holder);
 

@@ -1,0 +1,727 @@
+/*
+ * test_plan.c - property test of the plan over random schemas and layouts.
+ *
+ * For each random (schema, cluster, config A, config B, down nodes):
+ *  - lays out synthetic data per A (every byte a function of state, logical
+ *    tensor and global element), applies the plan's ops in memory and checks
+ *    every new partition equals the data laid out per B (zero padding);
+ *  - checks every destination row is written exactly once, sources are where
+ *    the op says, COPY/DUP stay on the node and FETCH never reads a down node;
+ *  - checks network bytes equal a lower bound computed here row by row, and
+ *    that unchanged partitions are reused, never copied;
+ *  - checks balance: every serving node had served no more than any other
+ *    candidate before its last piece;
+ *  - checks determinism (a second plan is identical) and failure awareness
+ *    (the plan fails iff some needed row has no surviving holder, and then
+ *    names a tensor that lacks one).
+ * The row maps, stage placement and lower bound are written here
+ * independently of ptc's.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ptc/ptc.h"
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return rng_state;
+}
+
+static int rndi(int lo, int hi) /* inclusive */
+{
+	return lo + (int)(rnd() % (uint64_t)(hi - lo + 1));
+}
+
+static uint8_t data_byte(int st, int logical, int64_t elem, int b)
+{
+	uint64_t h = (uint64_t)st * 0x9E3779B97F4A7C15ull ^ (uint64_t)logical * 0xC2B2AE3D27D4EB4Full ^
+		     (uint64_t)elem * 0x165667B19E3779F9ull ^ (uint64_t)b;
+	h ^= h >> 29;
+	h *= 0xBF58476D1CE4E5B9ull;
+	h ^= h >> 32;
+	return (uint8_t)h;
+}
+
+/* ------------------------------------------------ independent layout model */
+
+/* Global row (or -1 for padding) of each local row of TP rank t. */
+static int64_t *rowmap(const struct ptc_tensor *t, int tp, int tr, int64_t *nrows)
+{
+	int64_t *m, n;
+
+	if (t->split_dim < 0) {
+		m = malloc(sizeof(int64_t));
+		m[0] = 0;
+		*nrows = 1;
+		return m;
+	}
+	n = t->shape[t->split_dim];
+	if (t->pad_multiple) {
+		int64_t q = t->pad_multiple * tp, padded = (n + q - 1) / q * q, per = padded / tp;
+		m = malloc((size_t)per * sizeof(int64_t));
+		for (int64_t i = 0; i < per; i++)
+			m[i] = tr * per + i < n ? tr * per + i : -1;
+		*nrows = per;
+		return m;
+	}
+	m = malloc((size_t)n * sizeof(int64_t));
+	int64_t k = 0, base = 0;
+	for (int c = 0; c < t->nchunks; c++) {
+		int64_t cn = t->chunks[c];
+		for (int64_t g = base + tr * cn / tp; g < base + (tr + 1) * cn / tp; g++)
+			m[k++] = g;
+		base += cn;
+	}
+	*nrows = k;
+	return m;
+}
+
+static bool holds(const struct ptc_layout *l, int r, int ti)
+{
+	const struct ptc_tensor *t = &l->schema->tensors[ti];
+	int p = (r / l->tp) / l->dp, L = l->schema->num_layers;
+
+	if (t->tied >= 0)
+		return l->pp > 1 && p == l->pp - 1;
+	if (t->layer >= 0) {
+		for (int q = 0; q < l->pp; q++)
+			if (t->layer >= q * L / l->pp && t->layer < (q + 1) * L / l->pp)
+				return q == p;
+		return false;
+	}
+	if (t->place == PTC_PLACE_FIRST)
+		return p == 0;
+	if (t->place == PTC_PLACE_LAST)
+		return p == l->pp - 1;
+	return true;
+}
+
+static int node_of(const struct ptc_layout *l, int r)
+{
+	int left = r;
+	for (int i = 0; i < l->config->nnodes; i++) {
+		int n = ptc_cluster_find(l->cluster, l->config->nodes[i]);
+		if (left < l->cluster->nodes[n].devices)
+			return n;
+		left -= l->cluster->nodes[n].devices;
+	}
+	return -1;
+}
+
+/* Partition buffers of one layout: [rank][state][tensor]. */
+struct world {
+	const struct ptc_layout *l;
+	int ns, nt;
+	uint8_t **buf;
+	int64_t *rows;
+	int64_t **map;
+};
+
+static size_t widx(const struct world *w, int r, int st, int t)
+{
+	return ((size_t)r * (size_t)w->ns + (size_t)st) * (size_t)w->nt + (size_t)t;
+}
+
+static int64_t esize(const struct ptc_schema *s, int st, int t)
+{
+	return (int64_t)ptc_dtype_size(ptc_schema_dtype(s, st, t));
+}
+
+static void world_init(struct world *w, const struct ptc_layout *l, bool fill)
+{
+	const struct ptc_schema *s = l->schema;
+	size_t n = (size_t)l->world * (size_t)s->nstates * (size_t)s->ntensors;
+
+	w->l = l;
+	w->ns = s->nstates;
+	w->nt = s->ntensors;
+	w->buf = calloc(n, sizeof(*w->buf));
+	w->rows = calloc(n, sizeof(*w->rows));
+	w->map = calloc(n, sizeof(*w->map));
+	for (int r = 0; r < l->world; r++)
+		for (int t = 0; t < s->ntensors; t++) {
+			if (!holds(l, r, t))
+				continue;
+			const struct ptc_tensor *T = &s->tensors[t];
+			int logical = T->tied >= 0 ? T->tied : t;
+			int64_t outer, rowel, nrows, N;
+			ptc_tensor_geometry(T, &outer, &rowel);
+			N = T->split_dim < 0 ? 1 : T->shape[T->split_dim];
+			for (int st = 0; st < s->nstates; st++) {
+				size_t i = widx(w, r, st, t);
+				int64_t es = esize(s, st, t);
+				w->map[i] = rowmap(T, l->tp, r % l->tp, &nrows);
+				w->rows[i] = nrows;
+				size_t bytes = (size_t)(outer * nrows * rowel * es);
+				w->buf[i] = malloc(bytes ? bytes : 1);
+				memset(w->buf[i], fill ? 0xAA : 0x55, bytes);
+				if (!fill)
+					continue;
+				for (int64_t o = 0; o < outer; o++)
+					for (int64_t lr = 0; lr < nrows; lr++) {
+						int64_t g = w->map[i][lr];
+						if (g < 0)
+							continue;
+						for (int64_t e = 0; e < rowel; e++)
+							for (int b = 0; b < es; b++)
+								w->buf[i][((o * nrows + lr) * rowel + e) * es + b] =
+									data_byte(st, logical,
+										  (o * N + g) * rowel + e, b);
+					}
+			}
+		}
+}
+
+static void world_free(struct world *w)
+{
+	size_t n = (size_t)w->l->world * (size_t)w->ns * (size_t)w->nt;
+	for (size_t i = 0; i < n; i++) {
+		free(w->buf[i]);
+		free(w->map[i]);
+	}
+	free(w->buf);
+	free(w->rows);
+	free(w->map);
+}
+
+/* Copies rows between two partitions of one tensor geometry. */
+static void copy_rows(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t *src,
+		      int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer, int64_t rowb)
+{
+	for (int64_t o = 0; o < outer; o++)
+		memcpy(dst + (o * dst_rows + dst_row) * rowb, src + (o * src_rows + src_row) * rowb,
+		       (size_t)(rows * rowb));
+}
+
+/* -------------------------------------------------------------- the check */
+
+struct scenario {
+	struct ptc_schema *schema;
+	struct ptc_cluster *cluster;
+	struct ptc_config *a, *b;
+	struct ptc_layout la, lb;
+	int down[16], ndown;
+	bool isdown[16];
+};
+
+/* Independent: logical rows every node needs that it lacks, in bytes; and
+ * whether any needed row has no surviving holder. */
+static int64_t lower_bound(const struct scenario *sc, bool *unsourced)
+{
+	const struct ptc_schema *s = sc->schema;
+	int64_t total = 0;
+	*unsourced = false;
+
+	for (int L = 0; L < s->ntensors; L++) {
+		if (s->tensors[L].tied >= 0)
+			continue;
+		const struct ptc_tensor *T = &s->tensors[L];
+		int64_t N = T->split_dim < 0 ? 1 : T->shape[T->split_dim], outer, rowel;
+		ptc_tensor_geometry(T, &outer, &rowel);
+		bool *alive = calloc((size_t)N, 1);
+		for (int r = 0; r < sc->la.world; r++)
+			for (int t = 0; t < s->ntensors; t++) {
+				if ((t != L && s->tensors[t].tied != L) || !holds(&sc->la, r, t) ||
+				    sc->isdown[node_of(&sc->la, r)])
+					continue;
+				int64_t nr, *m = rowmap(&s->tensors[t], sc->la.tp, r % sc->la.tp, &nr);
+				for (int64_t i = 0; i < nr; i++)
+					if (m[i] >= 0)
+						alive[m[i]] = true;
+				free(m);
+			}
+		for (int n = 0; n < sc->cluster->nnodes; n++) {
+			bool *need = calloc((size_t)N, 1), *have = calloc((size_t)N, 1);
+			for (int k = 0; k < 2; k++) {
+				const struct ptc_layout *l = k ? &sc->lb : &sc->la;
+				for (int r = 0; r < l->world; r++) {
+					if (node_of(l, r) != n)
+						continue;
+					for (int t = 0; t < s->ntensors; t++) {
+						if ((t != L && s->tensors[t].tied != L) || !holds(l, r, t))
+							continue;
+						int64_t nr, *m = rowmap(&s->tensors[t], l->tp, r % l->tp, &nr);
+						for (int64_t i = 0; i < nr; i++)
+							if (m[i] >= 0)
+								(k ? need : have)[m[i]] = true;
+						free(m);
+					}
+				}
+			}
+			for (int64_t g = 0; g < N; g++) {
+				if (!need[g] || have[g])
+					continue;
+				if (!alive[g])
+					*unsourced = true;
+				for (int st = 0; st < s->nstates; st++)
+					total += outer * rowel * esize(s, st, L);
+			}
+			free(need);
+			free(have);
+		}
+		free(alive);
+	}
+	return total;
+}
+
+static bool same_map(const int64_t *a, int64_t na, const int64_t *b, int64_t nb)
+{
+	return na == nb && memcmp(a, b, (size_t)na * sizeof(int64_t)) == 0;
+}
+
+static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
+{
+	const struct ptc_schema *s = sc->schema;
+	struct world old, neu;
+	size_t n;
+
+	world_init(&old, &sc->la, true);
+	world_init(&neu, &sc->lb, false);
+	n = (size_t)sc->lb.world * (size_t)s->nstates * (size_t)s->ntensors;
+	int64_t **cover = calloc(n, sizeof(*cover));
+	bool *reused = calloc(n, sizeof(bool));
+	for (size_t i = 0; i < n; i++)
+		if (neu.buf[i])
+			cover[i] = calloc((size_t)neu.rows[i], sizeof(int64_t));
+
+	int64_t node_out[16] = {0}, node_in[16] = {0};
+	for (size_t k = 0; k < p->nops; k++) {
+		const struct ptc_op *op = &p->ops[k];
+		assert_true(op->dst_rank >= 0 && op->dst_rank < sc->lb.world);
+		assert_int_equal(op->dst_node, node_of(&sc->lb, op->dst_rank));
+		assert_true(k == 0 || op->dst_node >= p->ops[k - 1].dst_node);
+		assert_true(p->node_first_op[op->dst_node] <= k &&
+			    k < p->node_first_op[op->dst_node + 1]);
+		size_t di = widx(&neu, op->dst_rank, op->state, op->tensor);
+		assert_non_null(neu.buf[di]);
+		const struct ptc_tensor *T = &s->tensors[op->tensor];
+		int64_t outer, rowel;
+		ptc_tensor_geometry(T, &outer, &rowel);
+		int64_t rowb = rowel * esize(s, op->state, op->tensor);
+		assert_true(op->dst_row >= 0 && op->rows > 0 && op->dst_row + op->rows <= neu.rows[di]);
+		assert_int_equal(op->bytes, op->rows * outer * rowb);
+		for (int64_t r = op->dst_row; r < op->dst_row + op->rows; r++)
+			cover[di][r]++;
+		reused[di] = op->kind == PTC_OP_REUSE;
+		if (op->kind == PTC_OP_ZERO) {
+			for (int64_t r = op->dst_row; r < op->dst_row + op->rows; r++)
+				assert_int_equal(neu.map[di][r], -1);
+			uint8_t *z = calloc((size_t)(op->rows * rowb), 1);
+			for (int64_t o = 0; o < outer; o++)
+				memcpy(neu.buf[di] + (o * neu.rows[di] + op->dst_row) * rowb, z,
+				       (size_t)(op->rows * rowb));
+			free(z);
+			continue;
+		}
+		int logical = T->tied >= 0 ? T->tied : op->tensor;
+		int slogical = s->tensors[op->src_tensor].tied >= 0 ? s->tensors[op->src_tensor].tied
+								     : op->src_tensor;
+		assert_int_equal(logical, slogical);
+		const struct world *src = op->kind == PTC_OP_DUP ? &neu : &old;
+		const struct ptc_layout *sl = op->kind == PTC_OP_DUP ? &sc->lb : &sc->la;
+		assert_true(op->src_rank >= 0 && op->src_rank < sl->world);
+		assert_int_equal(op->src_node, node_of(sl, op->src_rank));
+		size_t si = widx(src, op->src_rank, op->state, op->src_tensor);
+		assert_non_null(src->buf[si]);
+		assert_true(op->src_row >= 0 && op->src_row + op->rows <= src->rows[si]);
+		switch (op->kind) {
+		case PTC_OP_REUSE:
+			assert_int_equal(op->dst_row, 0);
+			assert_int_equal(op->rows, neu.rows[di]);
+			assert_true(same_map(neu.map[di], neu.rows[di], src->map[si], src->rows[si]));
+			/* fall through */
+		case PTC_OP_COPY:
+			assert_int_equal(op->phase, 0);
+			assert_int_equal(op->src_node, op->dst_node);
+			break;
+		case PTC_OP_FETCH:
+			assert_int_equal(op->phase, 0);
+			assert_int_not_equal(op->src_node, op->dst_node);
+			assert_false(sc->isdown[op->src_node]);
+			node_out[op->src_node] += op->bytes;
+			node_in[op->dst_node] += op->bytes;
+			break;
+		case PTC_OP_DUP:
+			assert_int_equal(op->phase, 1);
+			assert_int_equal(op->src_node, op->dst_node);
+			break;
+		default:
+			fail();
+		}
+		for (int64_t r = 0; r < op->rows && op->kind != PTC_OP_REUSE; r++)
+			assert_true(src->map[si][op->src_row + r] >= 0 &&
+				    src->map[si][op->src_row + r] == neu.map[di][op->dst_row + r]);
+		copy_rows(neu.buf[di], neu.rows[di], op->dst_row, src->buf[si], src->rows[si],
+			  op->src_row, op->rows, outer, rowb);
+	}
+
+	/* Exact: every row written once, every byte as laid out per B. */
+	struct world want;
+	world_init(&want, &sc->lb, true);
+	int64_t total = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!neu.buf[i])
+			continue;
+		int t = (int)(i % (size_t)s->ntensors), st = (int)(i / (size_t)s->ntensors) % s->nstates;
+		int64_t outer, rowel;
+		ptc_tensor_geometry(&s->tensors[t], &outer, &rowel);
+		int64_t rowb = rowel * esize(s, st, t), bytes = outer * neu.rows[i] * rowb;
+		total += bytes;
+		for (int64_t r = 0; r < neu.rows[i]; r++) {
+			assert_int_equal(cover[i][r], 1);
+			/* Re-sliced padding is zero; a reused partition keeps its bytes. */
+			if (want.map[i][r] < 0 && !reused[i])
+				for (int64_t o = 0; o < outer; o++)
+					for (int64_t b = 0; b < rowb; b++)
+						want.buf[i][(o * neu.rows[i] + r) * rowb + b] = 0;
+		}
+		assert_memory_equal(neu.buf[i], want.buf[i], (size_t)bytes);
+		free(cover[i]);
+	}
+	free(cover);
+	free(reused);
+	assert_int_equal(total, p->bytes_total);
+
+	/* Figures add up; network equals the lower bound; reuse where possible. */
+	bool unsourced;
+	assert_int_equal(p->bytes_network, lower_bound(sc, &unsourced));
+	assert_false(unsourced);
+	assert_int_equal(p->lower_bound_network, p->bytes_network);
+	assert_int_equal(p->bytes_total,
+			 p->bytes_reused + p->bytes_local + p->bytes_network + p->bytes_zero);
+	for (int k = 0; k < p->nnodes; k++) {
+		const struct ptc_node_stats *st = &p->per_node[k];
+		assert_int_equal(st->bytes_total, st->bytes_reused + st->bytes_local + st->bytes_in +
+							  st->bytes_zero);
+		assert_int_equal(st->bytes_in, node_in[k]);
+		assert_int_equal(st->bytes_out, node_out[k]);
+	}
+	for (size_t k = 0; k < p->nops; k++) {
+		const struct ptc_op *op = &p->ops[k];
+		if (op->kind == PTC_OP_REUSE || op->dst_row != 0)
+			continue;
+		size_t di = widx(&neu, op->dst_rank, op->state, op->tensor);
+		for (int r = 0; r < sc->la.world; r++) {
+			if (node_of(&sc->la, r) != op->dst_node)
+				continue;
+			for (int t = 0; t < s->ntensors; t++) {
+				size_t si = widx(&old, r, op->state, t);
+				int lt = s->tensors[t].tied >= 0 ? s->tensors[t].tied : t;
+				int ld = s->tensors[op->tensor].tied >= 0 ? s->tensors[op->tensor].tied
+									  : op->tensor;
+				if (old.buf[si] && lt == ld)
+					assert_false(same_map(neu.map[di], neu.rows[di], old.map[si],
+							      old.rows[si]));
+			}
+		}
+	}
+
+	/* Balance: each serving node's last piece went to it while it had served
+	 * no more than any other candidate; checked on the final figures. */
+	for (int x = 0; x < p->nnodes; x++) {
+		if (!node_out[x])
+			continue;
+		bool ok = false;
+		for (size_t k = 0; k < p->nops && !ok; k++) {
+			const struct ptc_op *op = &p->ops[k];
+			if (op->kind != PTC_OP_FETCH || op->src_node != x)
+				continue;
+			bool fine = true;
+			int64_t g0 = old.map[widx(&old, op->src_rank, op->state, op->src_tensor)][op->src_row];
+			int slog = s->tensors[op->src_tensor].tied >= 0 ? s->tensors[op->src_tensor].tied
+								       : op->src_tensor;
+			for (int r = 0; r < sc->la.world && fine; r++) {
+				int y = node_of(&sc->la, r);
+				if (y == x || y == op->dst_node || sc->isdown[y])
+					continue;
+				for (int t = 0; t < s->ntensors; t++) {
+					size_t si = widx(&old, r, op->state, t);
+					int lt = s->tensors[t].tied >= 0 ? s->tensors[t].tied : t;
+					if (!old.buf[si] || lt != slog)
+						continue;
+					for (int64_t i = 0; i < old.rows[si]; i++)
+						if (old.map[si][i] == g0 &&
+						    node_out[x] - op->bytes > node_out[y])
+							fine = false;
+				}
+			}
+			ok = fine;
+		}
+		assert_true(ok);
+	}
+	world_free(&want);
+	world_free(&old);
+	world_free(&neu);
+}
+
+/* ------------------------------------------------------- random scenarios */
+
+static json_t *random_schema(void)
+{
+	static const char *dts[] = {"float64", "float32", "bfloat16", "int8", "int32", "uint8"};
+	json_t *root = json_object(), *tensors = json_array(), *states = json_object();
+	int layers = rndi(1, 6), ntmpl = rndi(1, 5);
+
+	json_object_set_new(root, "num_layers", json_integer(layers));
+	int nst = rndi(1, 3);
+	json_object_set_new(states, "model", json_object());
+	if (nst > 1)
+		json_object_set_new(states, "optim/m",
+				    json_pack("{ss}", "dtype", dts[rndi(0, 5)]));
+	if (nst > 2)
+		json_object_set_new(states, "optim/v", json_pack("{ss}", "dtype", "float32"));
+	json_object_set_new(root, "states", states);
+	int tie_target = -1;
+	for (int i = 0; i < ntmpl; i++) {
+		json_t *t = json_object(), *shape = json_array();
+		int nd = rndi(0, 3);
+		char name[32];
+		int kind = rndi(0, 9);
+		snprintf(name, sizeof(name), kind < 6 ? "l/{L}/t%d" : "t%d", i);
+		json_object_set_new(t, "name", json_string(name));
+		json_object_set_new(t, "dtype", json_string(dts[rndi(0, 5)]));
+		int64_t dims[3];
+		for (int d = 0; d < nd; d++) {
+			dims[d] = rndi(1, 12);
+			json_array_append_new(shape, json_integer(dims[d]));
+		}
+		json_object_set_new(t, "shape", shape);
+		if (nd > 0 && rndi(0, 3) > 0) {
+			int dim = rndi(0, nd - 1);
+			json_t *split = json_pack("{si}", "dim", dim);
+			int how = rndi(0, 3);
+			if (how == 1 && dims[dim] % 2 == 0) {
+				json_object_set_new(split, "chunks", json_integer(2));
+			} else if (how == 2 && dims[dim] >= 3) {
+				int64_t a = rndi(1, (int)dims[dim] - 2), b = rndi(1, (int)(dims[dim] - a - 1));
+				json_object_set_new(split, "chunks",
+						    json_pack("[III]", a, b, dims[dim] - a - b));
+			} else if (how == 3) {
+				json_object_set_new(split, "pad_multiple", json_integer(rndi(1, 4)));
+			}
+			json_object_set_new(t, "split", split);
+		}
+		if (kind >= 6)
+			json_object_set_new(t, "place",
+					    json_string(kind == 6 ? "first" : kind == 7 ? "last" : "all"));
+		if (kind == 6 && tie_target < 0)
+			tie_target = i;
+		json_array_append_new(tensors, t);
+	}
+	if (tie_target >= 0 && rndi(0, 1)) {
+		json_t *t = json_deep_copy(json_array_get(tensors, (size_t)tie_target));
+		char name[32];
+		snprintf(name, sizeof(name), "t%d/tied", tie_target);
+		json_object_set_new(t, "name", json_string(name));
+		json_object_set_new(t, "place", json_string("last"));
+		json_object_set_new(t, "tied", json_string(json_string_value(
+					      json_object_get(json_array_get(tensors, (size_t)tie_target),
+							      "name"))));
+		json_array_append_new(tensors, t);
+	}
+	json_object_set_new(root, "tensors", tensors);
+	return root;
+}
+
+static struct ptc_config *random_config(const struct ptc_cluster *cl, int64_t version)
+{
+	int n = rndi(1, cl->nnodes), order[16];
+	json_t *nodes = json_array();
+
+	for (int i = 0; i < cl->nnodes; i++)
+		order[i] = i;
+	for (int i = cl->nnodes - 1; i > 0; i--) {
+		int j = rndi(0, i), x = order[i];
+		order[i] = order[j];
+		order[j] = x;
+	}
+	int devices = 0;
+	for (int i = 0; i < n; i++) {
+		json_array_append_new(nodes, json_string(cl->nodes[order[i]].id));
+		devices += cl->nodes[order[i]].devices;
+	}
+	int tp = rndi(1, 4), pp = rndi(1, 3), dp = rndi(1, 3);
+	while (tp * pp * dp > devices) {
+		if (dp > 1)
+			dp--;
+		else if (pp > 1)
+			pp--;
+		else
+			tp--;
+	}
+	json_t *j = json_pack("{sIsisisiso}", "version", (json_int_t)version, "tp", tp, "pp", pp,
+			      "dp", dp, "nodes", nodes);
+	struct ptc_config *c = NULL;
+	struct ptc_error err;
+	assert_int_equal(ptc_config_parse(j, "config.json", &c, &err), 0);
+	json_decref(j);
+	return c;
+}
+
+static bool make_scenario(struct scenario *sc)
+{
+	struct ptc_error err;
+	json_t *js = random_schema();
+	int rc = ptc_schema_parse(js, "schema.json", &sc->schema, &err);
+	json_decref(js);
+	assert_int_equal(rc, 0);
+
+	char *ids[8], buf[8][16];
+	int nn = rndi(1, 5);
+	for (int i = 0; i < nn; i++) {
+		snprintf(buf[i], sizeof(buf[i]), "n%d", i);
+		ids[i] = buf[i];
+	}
+	sc->cluster = ptc_cluster_new_uniform(nn, ids, 1);
+	for (int i = 0; i < nn; i++)
+		sc->cluster->nodes[i].devices = rndi(1, 4);
+	sc->a = random_config(sc->cluster, 1);
+	sc->b = random_config(sc->cluster, 2);
+	if (ptc_layout_init(&sc->la, sc->schema, sc->a, sc->cluster, "a.json", &err))
+		return false;
+	if (ptc_layout_init(&sc->lb, sc->schema, sc->b, sc->cluster, "b.json", &err)) {
+		ptc_layout_release(&sc->la);
+		return false;
+	}
+	sc->ndown = 0;
+	memset(sc->isdown, 0, sizeof(sc->isdown));
+	if (rndi(0, 2) == 0)
+		for (int i = 0; i < nn; i++)
+			if (sc->lb.node_nranks[i] == 0 && rndi(0, 1)) {
+				sc->down[sc->ndown++] = i;
+				sc->isdown[i] = true;
+			}
+	return true;
+}
+
+static void free_scenario(struct scenario *sc)
+{
+	ptc_layout_release(&sc->la);
+	ptc_layout_release(&sc->lb);
+	ptc_config_free(sc->a);
+	ptc_config_free(sc->b);
+	ptc_cluster_free(sc->cluster);
+	ptc_schema_free(sc->schema);
+}
+
+static void test_random_plans(void **state)
+{
+	(void)state;
+	const char *env = getenv("PTC_PROP_CASES");
+	int cases = env ? atoi(env) : 3000, planned = 0, failed = 0, fetched = 0;
+
+	rng_state = 0x1234567887654321ull;
+	for (int c = 0; planned + failed < cases && c < 10 * cases; c++) {
+		struct scenario sc = {0};
+		struct ptc_plan *p = NULL, *q = NULL;
+		struct ptc_error err;
+		if (!make_scenario(&sc)) {
+			ptc_config_free(sc.a);
+			ptc_config_free(sc.b);
+			ptc_cluster_free(sc.cluster);
+			ptc_schema_free(sc.schema);
+			continue;
+		}
+		bool unsourced;
+		lower_bound(&sc, &unsourced);
+		int rc = ptc_plan_compute(&sc.la, &sc.lb, sc.down, sc.ndown, &p, &err);
+		if (unsourced) {
+			assert_int_equal(rc, -EINVAL);
+			assert_non_null(strstr(err.text, "no surviving copy of \""));
+			failed++;
+		} else {
+			if (rc)
+				fail_msg("case %d: %s", c, err.text);
+			check_plan(&sc, p);
+			assert_int_equal(ptc_plan_compute(&sc.la, &sc.lb, sc.down, sc.ndown, &q, &err),
+					 0);
+			assert_int_equal(p->nops, q->nops);
+			assert_memory_equal(p->ops, q->ops, p->nops * sizeof(*p->ops));
+			assert_memory_equal(p->per_node, q->per_node,
+					    (size_t)p->nnodes * sizeof(*p->per_node));
+			planned++;
+			fetched += p->bytes_network > 0;
+		}
+		ptc_plan_free(p);
+		ptc_plan_free(q);
+		free_scenario(&sc);
+	}
+	printf("plan property: %d plans checked (%d with network traffic), %d correctly refused\n",
+	       planned, fetched, failed);
+	assert_true(planned + failed == cases && failed > 0 && fetched > cases / 4);
+}
+
+/* A fixed case with a known answer: the README example. */
+static void test_readme_example(void **state)
+{
+	(void)state;
+	static const char schema[] =
+		"{\"num_layers\": 4, \"tensors\": ["
+		"{\"name\": \"emb\", \"dtype\": \"bfloat16\", \"shape\": [1000, 64],"
+		" \"split\": {\"dim\": 0, \"pad_multiple\": 128}, \"place\": \"first\"},"
+		"{\"name\": \"layers/{L}/w\", \"dtype\": \"float32\", \"shape\": [64, 64],"
+		" \"split\": {\"dim\": 0}}]}";
+	struct scenario sc = {0};
+	struct ptc_error err;
+	struct ptc_plan *p;
+	char *ids[] = {"n0", "n1"};
+
+	assert_int_equal(ptc_schema_parse_text(schema, sizeof(schema) - 1, "s", &sc.schema, &err), 0);
+	sc.cluster = ptc_cluster_new_uniform(2, ids, 4);
+	static const char a[] = "{\"version\":1,\"tp\":2,\"pp\":2,\"dp\":2,\"nodes\":[\"n0\",\"n1\"]}";
+	static const char b[] = "{\"version\":2,\"tp\":4,\"pp\":1,\"dp\":2,\"nodes\":[\"n0\",\"n1\"]}";
+	assert_int_equal(ptc_config_parse_text(a, sizeof(a) - 1, "a", &sc.a, &err), 0);
+	assert_int_equal(ptc_config_parse_text(b, sizeof(b) - 1, "b", &sc.b, &err), 0);
+	assert_int_equal(ptc_layout_init(&sc.la, sc.schema, sc.a, sc.cluster, "a", &err), 0);
+	assert_int_equal(ptc_layout_init(&sc.lb, sc.schema, sc.b, sc.cluster, "b", &err), 0);
+	assert_int_equal(ptc_plan_compute(&sc.la, &sc.lb, NULL, 0, &p, &err), 0);
+	/* Old: n0 holds stage 0 (emb, layers 0-1), n1 stage 1 (layers 2-3).
+	 * New: each node holds everything once per DP replica (4 ranks, tp4).
+	 * n0 lacks layers 2,3: 2 * 64*64*4 bytes; n1 lacks emb and layers 0,1. */
+	assert_int_equal(p->per_node[0].bytes_in, 2 * 64 * 64 * 4);
+	assert_int_equal(p->per_node[1].bytes_in, 2 * 64 * 64 * 4 + 1000 * 64 * 2);
+	/* emb padded to 1024 rows: 24 zero rows per node (on TP rank 3). */
+	assert_int_equal(p->per_node[0].bytes_zero, 24 * 64 * 2);
+	check_plan(&sc, p);
+	ptc_plan_free(p);
+
+	/* n1 down: layers 2-3 only lived there. */
+	int down[] = {1};
+	char *ids1[] = {"n0"};
+	struct ptc_config *c1;
+	static const char c[] = "{\"version\":3,\"tp\":2,\"pp\":1,\"dp\":1,\"nodes\":[\"n0\"]}";
+	struct ptc_layout l1;
+	(void)ids1;
+	assert_int_equal(ptc_config_parse_text(c, sizeof(c) - 1, "c.json", &c1, &err), 0);
+	assert_int_equal(ptc_layout_init(&l1, sc.schema, c1, sc.cluster, "c.json", &err), 0);
+	assert_int_equal(ptc_plan_compute(&sc.la, &l1, down, 1, &p, &err), -EINVAL);
+	assert_string_equal(err.text, "no surviving copy of \"layers/2/w\", \"layers/3/w\"");
+	/* A config that places ranks on a down node is refused. */
+	assert_int_equal(ptc_plan_compute(&sc.la, &sc.lb, down, 1, &p, &err), -EINVAL);
+	assert_string_equal(err.text, "b: node \"n1\" is down but hosts ranks");
+	ptc_layout_release(&l1);
+	ptc_config_free(c1);
+	free_scenario(&sc);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_readme_example),
+		cmocka_unit_test(test_random_plans),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
