@@ -616,7 +616,7 @@ int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to,
 	if (c.nfailed) {
 		size_t n = strlen(c.err->text);
 		if (c.nfailed > 8)
-			snprintf(c.err->text + n, sizeof(c.err->text) - n, " and %d more tensors",
+			snprintf(c.err->text + n, sizeof(c.err->text) - n, " and %d more",
 				 c.nfailed - 8);
 		rc = -EINVAL;
 		goto out;

@@ -1,0 +1,193 @@
+"""`mlfs plan` and `mlfs schema` as a user runs them: figures, JSON, errors."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLE, run_mlfs
+
+
+def plan_json(*extra):
+    p = run_mlfs("plan", "--schema", EXAMPLE / "schema.json",
+                 "--from", EXAMPLE / "config-tp2pp2dp2.json",
+                 "--to", EXAMPLE / "config-tp4pp1dp2.json",
+                 "--cluster", EXAMPLE / "cluster.json", "--json", *extra)
+    return json.loads(p.stdout)
+
+
+def test_readme_example_figures():
+    j = plan_json()
+    # 19 tensors x 3 states; state dtypes: model per tensor, optim float32.
+    assert j["bytes_total"] == (j["bytes_reused"] + j["bytes_local"] + j["bytes_network"]
+                                + j["bytes_zero"])
+    assert j["bytes_network"] == j["lower_bound_network"]
+    # Old: n0 = stage 0 (embedding, layers 0-1), n1 = stage 1 (layers 2-3, final_norm,
+    # output tied to the embedding). New: tp4 pp1 dp2, one full replica per node.
+    # n0 must fetch layers 2-3 and final_norm; n1 layers 0-1 (it has the embedding
+    # through the tied output layer).
+    layer = (192 * 64 + 64 * 64 + 64 + 512 * 64)  # elements per layer
+    per_state = {"model": 2, "optim/exp_avg": 4, "optim/exp_avg_sq": 4}
+    n0_in = sum(b * (2 * layer + 64) for b in per_state.values())
+    # final_norm is float32 in model state.
+    n0_in += 64 * (4 - 2)
+    n1_in = sum(b * 2 * layer for b in per_state.values())
+    assert j["per_node"]["n0"]["bytes_in"] == n0_in
+    assert j["per_node"]["n1"]["bytes_in"] == n1_in
+    assert j["per_node"]["n0"]["bytes_out"] == n1_in
+    assert j["per_node"]["n1"]["bytes_out"] == n0_in
+    kinds = {op["op"] for op in j["operations"]}
+    assert kinds <= {"reuse", "copy", "fetch", "dup", "zero"}
+    # every fetch crosses nodes; every copy stays on its node
+    for op in j["operations"]:
+        if op["op"] == "fetch":
+            assert op["src_node"] != op["node"]
+        if op["op"] in ("copy", "dup", "reuse"):
+            assert op["src_node"] == op["node"]
+
+
+def test_summary_is_readable():
+    p = run_mlfs("plan", "--schema", EXAMPLE / "schema.json",
+                 "--from", EXAMPLE / "config-tp2pp2dp2.json",
+                 "--to", EXAMPLE / "config-tp4pp1dp2.json", "--cluster", EXAMPLE / "cluster.json")
+    assert "plan v1 -> v2: tp2 pp2 dp2 -> tp4 pp1 dp2" in p.stdout
+    assert "lower bound" in p.stdout and "n0" in p.stdout and "n1" in p.stdout
+
+
+def test_default_cluster_is_said(write_json):
+    p = run_mlfs("plan", "--schema", EXAMPLE / "schema.json",
+                 "--from", EXAMPLE / "config-tp2pp2dp2.json",
+                 "--to", EXAMPLE / "config-tp4pp1dp2.json")
+    assert "assuming 8 devices on each of n0, n1" in p.stderr
+
+
+def test_down_node_without_replica_fails_naming_tensors(write_json):
+    to = write_json("to.json", {"version": 2, "tp": 2, "pp": 1, "dp": 1, "nodes": ["n0"]})
+    p = run_mlfs("plan", "--schema", EXAMPLE / "schema.json",
+                 "--from", EXAMPLE / "config-tp2pp2dp2.json", "--to", to,
+                 "--cluster", EXAMPLE / "cluster.json", "--down", "n1", check=False)
+    assert p.returncode == 1
+    assert 'no surviving copy of "layers/2/attn/qkv/weight"' in p.stderr
+    assert p.stdout == ""
+
+
+def test_down_node_with_replica_succeeds(write_json):
+    # dp2 across the two nodes: each node holds a full replica.
+    a = write_json("a.json", {"version": 1, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n0", "n1"]})
+    b = write_json("b.json", {"version": 2, "tp": 4, "pp": 1, "dp": 1, "nodes": ["n0"]})
+    p = run_mlfs("plan", "--schema", EXAMPLE / "schema.json", "--from", a, "--to", b,
+                 "--cluster", EXAMPLE / "cluster.json", "--down", "n1", "--json")
+    j = json.loads(p.stdout)
+    assert j["bytes_network"] == 0 and j["per_node"]["n1"]["bytes_out"] == 0
+
+
+@pytest.mark.parametrize("conf,msg", [
+    ({"version": 2, "tp": 3, "pp": 1, "dp": 4, "nodes": ["n0", "n1"]},
+     "tp * pp * dp = 12 ranks exceed the 8 devices of its 2 nodes"),
+    ({"version": 2, "tp": 1, "pp": 1, "dp": 1, "nodes": ["n7"]},
+     'nodes[0] = "n7" is not in the cluster'),
+    ({"version": 2, "tp": 1, "pp": 8, "dp": 1, "nodes": ["n0", "n1"]},
+     '"pp" = 8 exceeds the 4 layers of the schema'),
+    ({"version": 2, "tp": 0, "pp": 1, "dp": 1, "nodes": ["n0"]},
+     '"tp" = 0 is out of range'),
+    ('{"version": 2, "tp": 1,', "invalid JSON at line 1"),
+])
+def test_bad_config_exits_nonzero_with_message(write_json, conf, msg):
+    to = write_json("bad.json", conf)
+    p = run_mlfs("plan", "--schema", EXAMPLE / "schema.json",
+                 "--from", EXAMPLE / "config-tp2pp2dp2.json", "--to", to,
+                 "--cluster", EXAMPLE / "cluster.json", check=False)
+    assert p.returncode == 1
+    assert msg in p.stderr, p.stderr
+    assert str(to) in p.stderr
+
+
+def test_missing_file_and_usage():
+    p = run_mlfs("plan", "--schema", "/nonexistent.json", "--from", "a", "--to", "b",
+                 check=False)
+    assert p.returncode == 1 and "/nonexistent.json: No such file" in p.stderr
+    p = run_mlfs("plan", "--schema", "x", check=False)
+    assert p.returncode == 2 and "usage: mlfs plan" in p.stderr
+    p = run_mlfs("frobnicate", check=False)
+    assert p.returncode == 2 and 'unknown command "frobnicate"' in p.stderr
+
+
+def test_schema_generators_feed_the_planner(tmp_path, write_json):
+    p = run_mlfs("schema", "llama", "--layers", 4, "--hidden", 256, "--heads", 8,
+                 "--kv-heads", 2, "--vocab", 1000, "--tied")
+    s = json.loads(p.stdout)
+    qkv = next(t for t in s["tensors"] if t["name"].endswith("query_key_value/weight"))
+    assert qkv["shape"] == [256 + 2 * 2 * 32, 256]
+    assert qkv["split"]["chunks"] == [256, 64, 64]
+    path = write_json("llama.json", p.stdout)
+    a = write_json("a.json", {"version": 1, "tp": 2, "pp": 2, "dp": 1, "nodes": ["n0"]})
+    b = write_json("b.json", {"version": 2, "tp": 1, "pp": 1, "dp": 2, "nodes": ["n0"]})
+    j = json.loads(run_mlfs("plan", "--schema", path, "--from", a, "--to", b, "--json").stdout)
+    assert j["bytes_network"] == 0 and j["lower_bound_network"] == 0
+    # tp2 -> tp1 merges: everything is copied locally, nothing reused except
+    # replicated norms that stayed on their rank's node.
+    assert j["bytes_local"] > 0
+    p = run_mlfs("schema", "megatron-gpt", "--layers", 2, "--hidden", 64, "--heads", 5,
+                 "--vocab", 100, check=False)
+    assert p.returncode == 1 and '"--heads" = 5 does not divide "--hidden" = 64' in p.stderr
+
+
+def test_plan_json_reproduces_layout_with_numpy(write_json):
+    """Apply `mlfs plan --json` operations to NumPy arrays: the result is the new layout."""
+    s = {"num_layers": 2, "states": {"model": {}},
+         "tensors": [{"name": "emb", "dtype": "float32", "shape": [10, 3],
+                      "split": {"dim": 0, "pad_multiple": 4}, "place": "first"},
+                     {"name": "l/{L}/w", "dtype": "float32", "shape": [4, 6],
+                      "split": {"dim": 1, "chunks": [2, 4]}}]}
+    schema = write_json("s.json", s)
+    cluster = write_json("c.json", {"nodes": [{"id": "a", "devices": 2}, {"id": "b", "devices": 2}]})
+    A = {"version": 1, "tp": 2, "pp": 2, "dp": 1, "nodes": ["a", "b"]}
+    B = {"version": 2, "tp": 1, "pp": 1, "dp": 3, "nodes": ["b", "a"]}
+    j = json.loads(run_mlfs("plan", "--schema", schema, "--from", write_json("A.json", A),
+                            "--to", write_json("B.json", B), "--cluster", cluster,
+                            "--json").stdout)
+    rng = np.random.default_rng(0)
+    full = {"emb": rng.standard_normal((10, 3)).astype(np.float32),
+            "l/0/w": rng.standard_normal((4, 6)).astype(np.float32),
+            "l/1/w": rng.standard_normal((4, 6)).astype(np.float32)}
+
+    def part(name, tp, t):
+        x = full[name]
+        if name == "emb":
+            per = -(-10 // (4 * tp)) * 4 * tp // tp
+            padded = np.zeros((per * tp, 3), np.float32)
+            padded[:10] = x
+            return padded[t * per:(t + 1) * per]
+        cols = [range(c0 + t * n // tp, c0 + (t + 1) * n // tp) for c0, n in ((0, 2), (2, 4))]
+        return x[:, [c for r in cols for c in r]]
+
+    def stage_has(name, pp, p):
+        if name == "emb":
+            return p == 0
+        layer = int(name.split("/")[1])
+        return p * 2 // pp <= layer < (p + 1) * 2 // pp
+
+    def layout(cfg):
+        tp, pp, dp = cfg["tp"], cfg["pp"], cfg["dp"]
+        out = {}
+        for r in range(tp * pp * dp):
+            t, p = r % tp, r // (tp * dp)
+            for name in full:
+                if stage_has(name, pp, p):
+                    out[(r, name)] = part(name, tp, t)
+        return out
+
+    old, want = layout(A), layout(B)
+    new = {k: np.full_like(v, np.nan) for k, v in want.items()}
+    for op in sorted(j["operations"], key=lambda o: o["phase"]):
+        k = (op["rank"], op["tensor"])
+        axis = 0 if op["tensor"] == "emb" else 1
+        dst = np.moveaxis(new[k], axis, 0)
+        if op["op"] == "zero":
+            dst[op["row"]:op["row"] + op["rows"]] = 0
+            continue
+        src_arr = (new if op["op"] == "dup" else old)[(op["src_rank"], op["src_tensor"])]
+        src = np.moveaxis(src_arr, axis, 0)
+        dst[op["row"]:op["row"] + op["rows"]] = src[op["src_row"]:op["src_row"] + op["rows"]]
+    assert new.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(new[k], want[k], err_msg=str(k))

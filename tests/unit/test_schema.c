@@ -1,0 +1,838 @@
+/*
+ * test_schema.c - schema.json parsing: every error path and the {L} expansion.
+ */
+#include "tests/unit/unit.h"
+
+static int parse(const char *text, struct ptc_schema **out, struct ptc_error *err)
+{
+	char *s = unit_json(text);
+	int rc = ptc_schema_parse_text(s, strlen(s), "schema.json", out, err);
+
+	free(s);
+	return rc;
+}
+
+/* Parses @text, which must fail with -EINVAL and a message equal to @exact
+ * (when non-NULL) and containing every string of the NULL-terminated list. */
+static void fails_at(const char *file, int line, const char *text, const char *exact, ...)
+{
+	struct ptc_schema *s = (struct ptc_schema *)1;
+	struct ptc_error err = {.text = ""};
+	int rc = parse(text, &s, &err);
+	va_list ap;
+
+	if (rc == 0)
+		ptc_schema_free(s);
+	else
+		_assert_true(s == NULL, "*out == NULL on error", file, line);
+	va_start(ap, exact);
+	unit_check_error(file, line, rc, err.text, "schema.json: ", exact, ap);
+	va_end(ap);
+}
+
+#define FAILS_EXACT(text, msg) fails_at(__FILE__, __LINE__, text, msg, NULL)
+#define FAILS(text, ...)       fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)
+
+/* A one-tensor schema: {'num_layers': 2, 'tensors': [<tensor>]}. */
+#define ONE(tensor) "{'num_layers': 2, 'tensors': [" tensor "]}"
+/* A two-tensor schema whose second tensor varies. */
+#define TWO(tensor)                                                                               \
+	"{'num_layers': 2, 'tensors': [{'name': 'emb', 'dtype': 'bfloat16', 'shape': [64, 8], "    \
+	"'split': {'dim': 0}, 'place': 'first'}, " tensor "]}"
+
+static const char design_example[] =
+	"{\n"
+	"  'model': 'gpt-tiny',\n"
+	"  'num_layers': 4,\n"
+	"  'states': {'model': {}, 'optim/exp_avg': {'dtype': 'float32'},\n"
+	"             'optim/exp_avg_sq': {'dtype': 'float32'}},\n"
+	"  'tensors': [\n"
+	"    {'name': 'embedding/word/weight', 'dtype': 'bfloat16', 'shape': [1000, 64],\n"
+	"     'split': {'dim': 0, 'pad_multiple': 128}, 'place': 'first'},\n"
+	"    {'name': 'layers/{L}/attn/qkv/weight', 'dtype': 'bfloat16', 'shape': [192, 64],\n"
+	"     'split': {'dim': 0}},\n"
+	"    {'name': 'layers/{L}/attn/proj/weight', 'dtype': 'bfloat16', 'shape': [64, 64],\n"
+	"     'split': {'dim': 1}},\n"
+	"    {'name': 'layers/{L}/attn/proj/bias', 'dtype': 'bfloat16', 'shape': [64]},\n"
+	"    {'name': 'layers/{L}/mlp/fc1/weight', 'dtype': 'bfloat16', 'shape': [512, 64],\n"
+	"     'split': {'dim': 0, 'chunks': 2}},\n"
+	"    {'name': 'final_norm/weight', 'dtype': 'float32', 'shape': [64], 'place': 'last'},\n"
+	"    {'name': 'output/weight', 'dtype': 'bfloat16', 'shape': [1000, 64],\n"
+	"     'split': {'dim': 0, 'pad_multiple': 128}, 'place': 'last',\n"
+	"     'tied': 'embedding/word/weight'}\n"
+	"  ]\n"
+	"}\n";
+
+/* ------------------------------------------------------------ top level */
+
+static void test_bad_json(void **state)
+{
+	(void)state;
+	/* The trailing comma is at line 3, column 1 (the closing brace). */
+	FAILS("{\n  'num_layers': 2,\n}", "schema.json: invalid JSON at line 3 column 1");
+	FAILS("", "schema.json: invalid JSON at line 1 column 0");
+	FAILS("{'tensors': [}", "invalid JSON at line 1 column 14");
+	/* Trailing garbage after a complete object is an error too. */
+	FAILS("{} x", "invalid JSON at line 1");
+	/* jansson rejects duplicate keys for us. */
+	FAILS("{'model': 'a', 'model': 'b'}", "invalid JSON", "duplicate object key");
+}
+
+static void test_not_object(void **state)
+{
+	(void)state;
+	FAILS_EXACT("[1, 2]", "schema.json: must be a JSON object");
+}
+
+static void test_unknown_top_field(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'num_layers': 2, 'layerz': 3, 'tensors': []}",
+		    "schema.json: unknown field \"layerz\"");
+}
+
+static void test_model_not_string(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'model': 7, 'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]}]}",
+		    "schema.json: \"model\" must be a string");
+}
+
+static void test_num_layers_invalid(void **state)
+{
+	(void)state;
+	FAILS("{'num_layers': 'four', 'tensors': []}", "\"num_layers\"", "must be an integer");
+	FAILS("{'num_layers': 1.5, 'tensors': []}", "\"num_layers\"", "must be an integer");
+	FAILS_EXACT("{'num_layers': -1, 'tensors': []}",
+		    "schema.json: \"num_layers\" = -1 is out of range [0, 1048576]");
+	FAILS("{'num_layers': 1048577, 'tensors': []}", "\"num_layers\" = 1048577",
+	      "out of range");
+}
+
+static void test_tensors_invalid(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'num_layers': 2}", "schema.json: \"tensors\" must be a non-empty array");
+	FAILS_EXACT("{'tensors': {}}", "schema.json: \"tensors\" must be a non-empty array");
+	FAILS_EXACT("{'tensors': []}", "schema.json: \"tensors\" must be a non-empty array");
+	FAILS_EXACT("{'tensors': [3]}", "schema.json: tensors[0] must be an object");
+	FAILS("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]}, null]}",
+	      "tensors[1] must be an object");
+}
+
+static void test_too_many_tensors(void **state)
+{
+	(void)state;
+	/* 17 templates x 2^20 layers > 2^24 tensors: refused before allocating. */
+	char text[4096] = "{'num_layers': 1048576, 'tensors': [";
+	for (int i = 0; i < 17; i++)
+		snprintf(text + strlen(text), sizeof(text) - strlen(text),
+			 "%s{'name': 't%d/{L}', 'dtype': 'bool', 'shape': [1]}", i ? ", " : "", i);
+	strcat(text, "]}");
+	FAILS_EXACT(text, "schema.json: more than 2^24 tensors after expanding {L}");
+}
+
+/* ---------------------------------------------------------------- states */
+
+static void test_states_not_object(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'states': [], 'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]}]}",
+		    "schema.json: \"states\" must be a non-empty object");
+	FAILS_EXACT("{'states': {}, 'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]}]}",
+		    "schema.json: \"states\" must be a non-empty object");
+}
+
+static void test_state_invalid_name(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'states': {'a/../b': {}}, 'tensors': []}",
+		    "schema.json: states.\"a/../b\" is not a valid path name");
+	FAILS("{'states': {'optim//m': {}}, 'tensors': []}", "states.\"optim//m\"",
+	      "not a valid path name");
+	FAILS("{'states': {'': {}}, 'tensors': []}", "states.\"\"", "not a valid path name");
+	/* {L} is a tensor template, not allowed in a state. */
+	FAILS("{'states': {'m{L}': {}}, 'tensors': []}", "states.\"m{L}\"",
+	      "not a valid path name");
+}
+
+static void test_state_reserved_data(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'states': {'model': {}, 'data': {}}, 'tensors': []}",
+		    "schema.json: states.\"data\" is reserved for dataset views");
+	FAILS("{'states': {'data/x': {}}, 'tensors': []}", "states.\"data/x\"",
+	      "reserved for dataset views");
+}
+
+static void test_state_not_object(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'states': {'model': 'float32'}, 'tensors': []}",
+		    "schema.json: states.\"model\" must be an object");
+}
+
+static void test_state_unknown_field(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'states': {'model': {'dtpye': 'float32'}}, 'tensors': []}",
+		    "schema.json: states.\"model\" has unknown field \"dtpye\"");
+}
+
+static void test_state_bad_dtype(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'states': {'optim/m': {'dtype': 'float128'}}, 'tensors': []}",
+		    "schema.json: states.\"optim/m\".dtype is not a known dtype");
+	FAILS("{'states': {'optim/m': {'dtype': 4}}, 'tensors': []}", "states.\"optim/m\".dtype",
+	      "not a known dtype");
+}
+
+static void test_state_overlap(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'states': {'optim': {}, 'optim/exp_avg': {}}, 'tensors': []}",
+		    "schema.json: states.\"optim/exp_avg\" and \"optim\" overlap as paths");
+	/* Either order. */
+	FAILS("{'states': {'optim/exp_avg': {}, 'optim': {}}, 'tensors': []}", "states.\"optim\"",
+	      "\"optim/exp_avg\"", "overlap as paths");
+}
+
+/* --------------------------------------------------------------- tensors */
+
+static void test_tensor_unknown_field(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [1], 'shard': 0}"),
+		    "schema.json: tensors[0] has unknown field \"shard\"");
+	FAILS_EXACT(TWO("{'name': 'b', 'dtype': 'bool', 'shape': [4], 'split': {'dim': 0, "
+			"'chunk': 2}}"),
+		    "schema.json: tensors[1].split has unknown field \"chunk\"");
+}
+
+static void test_name_missing(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'dtype': 'bool', 'shape': [1]}"),
+		    "schema.json: tensors[0].name must be a string");
+	FAILS_EXACT(TWO("{'name': ['b'], 'dtype': 'bool', 'shape': [1]}"),
+		    "schema.json: tensors[1].name must be a string");
+}
+
+static void test_name_invalid_path(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'a/../b', 'dtype': 'bool', 'shape': [1]}"),
+		    "schema.json: tensors[0].name \"a/../b\" is not a valid tensor path");
+	FAILS(ONE("{'name': 'a//b', 'dtype': 'bool', 'shape': [1]}"), "tensors[0].name \"a//b\"",
+	      "not a valid tensor path");
+	FAILS(ONE("{'name': '/a', 'dtype': 'bool', 'shape': [1]}"), "\"/a\"", "not a valid");
+	FAILS(ONE("{'name': 'a/', 'dtype': 'bool', 'shape': [1]}"), "\"a/\"", "not a valid");
+	FAILS(ONE("{'name': 'a/./b', 'dtype': 'bool', 'shape': [1]}"), "\"a/./b\"", "not a valid");
+	FAILS(ONE("{'name': '..', 'dtype': 'bool', 'shape': [1]}"), "\"..\"", "not a valid");
+	FAILS(ONE("{'name': '', 'dtype': 'bool', 'shape': [1]}"), "\"\"", "not a valid");
+	FAILS(ONE("{'name': 'a b', 'dtype': 'bool', 'shape': [1]}"), "\"a b\"", "not a valid");
+	FAILS(ONE("{'name': 'layers/{X}/w', 'dtype': 'bool', 'shape': [1]}"), "{X}",
+	      "not a valid");
+	FAILS(ONE("{'name': 'layers/{L/w', 'dtype': 'bool', 'shape': [1]}"), "{L/w",
+	      "not a valid");
+}
+
+static void test_dtype_invalid(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bf16', 'shape': [1]}"),
+		    "schema.json: tensors[0].dtype \"bf16\" is not a known dtype");
+	FAILS_EXACT(ONE("{'name': 'a', 'shape': [1]}"),
+		    "schema.json: tensors[0].dtype must be a string");
+	FAILS(ONE("{'name': 'a', 'dtype': 2, 'shape': [1]}"), "tensors[0].dtype",
+	      "must be a string");
+}
+
+static void test_shape_invalid(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool'}"),
+		    "schema.json: tensors[0].shape must be an array");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': 4}"), "tensors[0].shape",
+	      "must be an array");
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [1, 1, 1, 1, 1, 1, 1, 1, 1]}"),
+		    "schema.json: tensors[0].shape has 9 dims, more than 8");
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [4, 0]}"),
+		    "schema.json: tensors[0].shape[1] must be an integer in [1, 2^40]");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [-4]}"), "tensors[0].shape[0]",
+	      "[1, 2^40]");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [4.0]}"), "tensors[0].shape[0]",
+	      "must be an integer");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': ['4']}"), "tensors[0].shape[0]",
+	      "must be an integer");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [1099511627777]}"),
+	      "tensors[0].shape[0]", "[1, 2^40]");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [9223372036854775807]}"),
+	      "tensors[0].shape[0]", "[1, 2^40]");
+}
+
+static void test_shape_overflow(void **state)
+{
+	(void)state;
+	/* Each dim is in range, their product is 2^41 elements. */
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [1048576, 1048576, 2]}"),
+		    "schema.json: tensors[0].shape has more than 2^40 elements");
+	/* Products that would wrap int64 are caught before they do. */
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [1099511627776, 1099511627776, "
+		  "1099511627776]}"),
+	      "tensors[0].shape has more than 2^40 elements");
+}
+
+/* ----------------------------------------------------------------- split */
+
+static void test_split_not_object(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [4], 'split': 0}"),
+		    "schema.json: tensors[0].split must be an object");
+}
+
+static void test_split_dim_missing(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [4], 'split': {}}"),
+		    "schema.json: tensors[0].split.dim is missing");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [4], 'split': {'dim': '0'}}"),
+	      "tensors[0].split.dim", "must be an integer");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [4], 'split': {'dim': 4294967296}}"),
+	      "tensors[0].split.dim", "out of range");
+}
+
+static void test_split_dim_out_of_range(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'tensors': [\n"
+		    "  {'name': 'a', 'dtype': 'bool', 'shape': [1]},\n"
+		    "  {'name': 'b', 'dtype': 'bool', 'shape': [1]},\n"
+		    "  {'name': 'c', 'dtype': 'bool', 'shape': [1]},\n"
+		    "  {'name': 'd', 'dtype': 'float32', 'shape': [64, 64], 'split': {'dim': 2}}]}",
+		    "schema.json: tensors[3].split.dim = 2 is out of range for shape [64, 64]");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [8], 'split': {'dim': -1}}"),
+	      "tensors[0].split.dim = -1", "out of range for shape [8]");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [], 'split': {'dim': 0}}"),
+	      "tensors[0].split.dim = 0", "out of range for shape []");
+}
+
+static void test_split_chunks_not_dividing(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [10, 4], 'split': {'dim': 0, "
+			"'chunks': 3}}"),
+		    "schema.json: tensors[0].split.chunks = 3 does not divide dim 0 of shape "
+		    "[10, 4] into at most 32 equal chunks");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [10], 'split': {'dim': 0, 'chunks': 0}}"),
+	      "tensors[0].split.chunks = 0", "does not divide");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [10], 'split': {'dim': 0, "
+		  "'chunks': -2}}"),
+	      "tensors[0].split.chunks = -2", "does not divide");
+	/* 64 divides 64 but more than 32 chunks would overflow the segment list. */
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [64], 'split': {'dim': 0, "
+		  "'chunks': 64}}"),
+	      "tensors[0].split.chunks = 64", "at most 32");
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [10], 'split': {'dim': 0, "
+			"'chunks': 'qkv'}}"),
+		    "schema.json: tensors[0].split.chunks must be an integer or an array of "
+		    "sizes");
+}
+
+static void test_split_chunk_array_invalid(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [12], 'split': {'dim': 0, "
+			"'chunks': [8, 2, 3]}}"),
+		    "schema.json: tensors[0].split.chunks sum to 13, not dim 0 of shape [12]");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [12], 'split': {'dim': 0, "
+		  "'chunks': [4, 4]}}"),
+	      "tensors[0].split.chunks sum to 8", "not dim 0");
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [12], 'split': {'dim': 0, "
+			"'chunks': [8, 13]}}"),
+		    "schema.json: tensors[0].split.chunks sum to more than dim 0 of shape [12]");
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [12], 'split': {'dim': 0, "
+			"'chunks': [8, 0, 4]}}"),
+		    "schema.json: tensors[0].split.chunks[1] must be a positive integer");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [12], 'split': {'dim': 0, "
+		  "'chunks': [8, '4']}}"),
+	      "tensors[0].split.chunks[1]", "positive integer");
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [12], 'split': {'dim': 0, "
+			"'chunks': []}}"),
+		    "schema.json: tensors[0].split.chunks must list 1 to 32 sizes");
+	/* 33 chunks of one row. */
+	char text[1024] = "{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [33], "
+			  "'split': {'dim': 0, 'chunks': [1";
+	for (int i = 1; i < 33; i++)
+		strcat(text, ", 1");
+	strcat(text, "]}}]}");
+	FAILS(text, "tensors[0].split.chunks must list 1 to 32 sizes");
+}
+
+static void test_split_pad_multiple_invalid(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [512], 'split': {'dim': 0, "
+			"'chunks': 2, 'pad_multiple': 128}}"),
+		    "schema.json: tensors[0].split.pad_multiple cannot be combined with chunks");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [512], 'split': {'dim': 0, "
+		  "'chunks': [256, 256], 'pad_multiple': 128}}"),
+	      "tensors[0].split.pad_multiple", "cannot be combined with chunks");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [512], 'split': {'dim': 0, "
+		  "'pad_multiple': 0}}"),
+	      "tensors[0].split.pad_multiple = 0", "out of range");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [512], 'split': {'dim': 0, "
+		  "'pad_multiple': 1048577}}"),
+	      "tensors[0].split.pad_multiple = 1048577", "out of range");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [512], 'split': {'dim': 0, "
+		  "'pad_multiple': true}}"),
+	      "tensors[0].split.pad_multiple", "must be an integer");
+}
+
+/* ----------------------------------------------------------------- place */
+
+static void test_place_on_layer_tensor(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'layers/{L}/w', 'dtype': 'bool', 'shape': [1], "
+			"'place': 'first'}"),
+		    "schema.json: tensors[0].place cannot be set on a {L} tensor");
+}
+
+static void test_place_invalid(void **state)
+{
+	(void)state;
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [1], 'place': 'middle'}"),
+		    "schema.json: tensors[0].place must be \"first\", \"last\" or \"all\"");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [1], 'place': 0}"),
+	      "tensors[0].place must be");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [1], 'place': 'Last'}"),
+	      "tensors[0].place must be");
+}
+
+static void test_layers_zero(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'num_layers': 0, 'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]},"
+		    " {'name': 'layers/{L}/w', 'dtype': 'bool', 'shape': [1]}]}",
+		    "schema.json: tensors[1].name uses {L} but \"num_layers\" is 0");
+	/* num_layers defaults to 0. */
+	FAILS("{'tensors': [{'name': 'layers/{L}/w', 'dtype': 'bool', 'shape': [1]}]}",
+	      "tensors[0].name uses {L}", "\"num_layers\" is 0");
+}
+
+static void test_duplicate_names(void **state)
+{
+	(void)state;
+	FAILS_EXACT("{'num_layers': 2, 'tensors': [\n"
+		    "  {'name': 'layers/{L}/w', 'dtype': 'bool', 'shape': [1]},\n"
+		    "  {'name': 'layers/1/w', 'dtype': 'bool', 'shape': [1]}]}",
+		    "schema.json: tensors[0] and tensors[1] both name \"layers/1/w\"");
+	/* Reported in file order whichever sorts first. */
+	FAILS_EXACT("{'num_layers': 12, 'tensors': [\n"
+		    "  {'name': 'x', 'dtype': 'bool', 'shape': [1]},\n"
+		    "  {'name': 'x1{L}', 'dtype': 'bool', 'shape': [1]},\n"
+		    "  {'name': 'x{L}', 'dtype': 'bool', 'shape': [1]}]}",
+		    "schema.json: tensors[1] and tensors[2] both name \"x10\"");
+	FAILS("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]},"
+	      " {'name': 'a', 'dtype': 'int8', 'shape': [2]}]}",
+	      "tensors[0] and tensors[1] both name \"a\"");
+}
+
+/* ------------------------------------------------------------------ tied */
+
+static void test_tied_not_string(void **state)
+{
+	(void)state;
+	FAILS_EXACT(TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], "
+			"'split': {'dim': 0}, 'place': 'last', 'tied': 0}"),
+		    "schema.json: tensors[1].tied must be a tensor name");
+}
+
+static void test_tied_missing(void **state)
+{
+	(void)state;
+	FAILS_EXACT(TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], "
+			"'split': {'dim': 0}, 'place': 'last', 'tied': 'embedding'}"),
+		    "schema.json: tensors[1].tied = \"embedding\" names no tensor");
+}
+
+static void test_tied_to_self(void **state)
+{
+	(void)state;
+	FAILS_EXACT(TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], "
+			"'split': {'dim': 0}, 'place': 'last', 'tied': 'out'}"),
+		    "schema.json: tensors[1].tied = \"out\" is itself tied");
+}
+
+static void test_tied_to_tied(void **state)
+{
+	(void)state;
+	static const char *const texts[] = {
+		/* The chain's target comes before and after the tied tensor. */
+		TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
+		    "'place': 'last', 'tied': 'emb'}, "
+		    "{'name': 'out2', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
+		    "'place': 'last', 'tied': 'out'}"),
+		TWO("{'name': 'out2', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
+		    "'place': 'last', 'tied': 'out'}, "
+		    "{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
+		    "'place': 'last', 'tied': 'emb'}"),
+	};
+	FAILS(texts[0], "tensors[2].tied = \"out\" is itself tied");
+	FAILS(texts[1], "tensors[1].tied = \"out\" is itself tied");
+	/* Two tensors tied to each other. */
+	FAILS("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1], 'place': 'last', "
+	      "'tied': 'b'}, {'name': 'b', 'dtype': 'bool', 'shape': [1], 'place': 'last', "
+	      "'tied': 'a'}]}",
+	      "is itself tied");
+}
+
+static void test_tied_differs(void **state)
+{
+	(void)state;
+	FAILS_EXACT(TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 16], "
+			"'split': {'dim': 0}, 'place': 'last', 'tied': 'emb'}"),
+		    "schema.json: tensors[1].tied = \"emb\" differs in dtype, shape or split from "
+		    "the tied tensor");
+	FAILS(TWO("{'name': 'out', 'dtype': 'float32', 'shape': [64, 8], "
+		  "'split': {'dim': 0}, 'place': 'last', 'tied': 'emb'}"),
+	      "tensors[1].tied = \"emb\" differs");
+	FAILS(TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], "
+		  "'split': {'dim': 1}, 'place': 'last', 'tied': 'emb'}"),
+	      "tensors[1].tied = \"emb\" differs");
+	FAILS(TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], "
+		  "'place': 'last', 'tied': 'emb'}"),
+	      "tensors[1].tied = \"emb\" differs");
+	FAILS(TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], "
+		  "'split': {'dim': 0, 'chunks': 2}, 'place': 'last', 'tied': 'emb'}"),
+	      "tensors[1].tied = \"emb\" differs");
+	FAILS(TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], "
+		  "'split': {'dim': 0, 'pad_multiple': 8}, 'place': 'last', 'tied': 'emb'}"),
+	      "tensors[1].tied = \"emb\" differs");
+	/* Same number of chunks, different sizes. */
+	FAILS("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [8], 'split': {'dim': 0, "
+	      "'chunks': [4, 4]}}, {'name': 'b', 'dtype': 'bool', 'shape': [8], 'split': {'dim': 0, "
+	      "'chunks': [6, 2]}, 'place': 'last', 'tied': 'a'}]}",
+	      "tensors[1].tied = \"a\" differs");
+}
+
+static void test_tied_not_last(void **state)
+{
+	(void)state;
+	FAILS_EXACT(TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], "
+			"'split': {'dim': 0}, 'tied': 'emb'}"),
+		    "schema.json: tensors[1].tied requires place \"last\"");
+	FAILS(TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], "
+		  "'split': {'dim': 0}, 'place': 'first', 'tied': 'emb'}"),
+	      "tensors[1].tied requires place \"last\"");
+}
+
+static void test_tied_layer_tensor(void **state)
+{
+	(void)state;
+	FAILS(TWO("{'name': 'layers/{L}/out', 'dtype': 'bfloat16', 'shape': [64, 8], "
+		  "'split': {'dim': 0}, 'tied': 'emb'}"),
+	      "{L} tensor cannot be tied");
+}
+
+/* -------------------------------------------------------------- successes */
+
+static struct ptc_schema *parse_ok(const char *text)
+{
+	struct ptc_schema *s = NULL;
+	struct ptc_error err = {.text = ""};
+	int rc = parse(text, &s, &err);
+
+	if (rc != 0)
+		print_error("parse failed: %d %s\n", rc, err.text);
+	assert_int_equal(rc, 0);
+	assert_non_null(s);
+	assert_string_equal(err.text, "");
+	return s;
+}
+
+static void test_design_example(void **state)
+{
+	static const char *const names[] = {
+		"embedding/word/weight",
+		"layers/0/attn/qkv/weight",
+		"layers/1/attn/qkv/weight",
+		"layers/2/attn/qkv/weight",
+		"layers/3/attn/qkv/weight",
+		"layers/0/attn/proj/weight",
+		"layers/1/attn/proj/weight",
+		"layers/2/attn/proj/weight",
+		"layers/3/attn/proj/weight",
+		"layers/0/attn/proj/bias",
+		"layers/1/attn/proj/bias",
+		"layers/2/attn/proj/bias",
+		"layers/3/attn/proj/bias",
+		"layers/0/mlp/fc1/weight",
+		"layers/1/mlp/fc1/weight",
+		"layers/2/mlp/fc1/weight",
+		"layers/3/mlp/fc1/weight",
+		"final_norm/weight",
+		"output/weight",
+	};
+	struct ptc_schema *s = parse_ok(design_example);
+
+	(void)state;
+	assert_string_equal(s->model, "gpt-tiny");
+	assert_int_equal(s->num_layers, 4);
+	assert_int_equal(s->ntensors, 19);
+	for (int i = 0; i < 19; i++) {
+		assert_string_equal(s->tensors[i].name, names[i]);
+		assert_int_equal(ptc_schema_find(s, names[i]), i);
+	}
+	assert_int_equal(ptc_schema_find(s, "layers/4/attn/qkv/weight"), -1);
+	assert_int_equal(ptc_schema_find(s, "layers/{L}/attn/qkv/weight"), -1);
+	assert_int_equal(ptc_schema_find(s, "embedding/word"), -1);
+
+	/* Layer indices and template sources. */
+	for (int i = 1; i <= 16; i++) {
+		assert_int_equal(s->tensors[i].place, PTC_PLACE_LAYER);
+		assert_int_equal(s->tensors[i].layer, (i - 1) % 4);
+		assert_int_equal(s->tensors[i].source, 1 + (i - 1) / 4);
+		assert_int_equal(s->tensors[i].tied, -1);
+	}
+	assert_int_equal(s->tensors[0].layer, -1);
+	assert_int_equal(s->tensors[0].place, PTC_PLACE_FIRST);
+	assert_int_equal(s->tensors[17].place, PTC_PLACE_LAST);
+	assert_int_equal(s->tensors[17].source, 5);
+	assert_int_equal(s->tensors[18].source, 6);
+
+	/* embedding: padded, one chunk. */
+	const struct ptc_tensor *emb = &s->tensors[0];
+	assert_int_equal(emb->dtype, PTC_BFLOAT16);
+	assert_int_equal(emb->ndim, 2);
+	assert_int_equal(emb->shape[0], 1000);
+	assert_int_equal(emb->shape[1], 64);
+	assert_int_equal(emb->split_dim, 0);
+	assert_int_equal(emb->nchunks, 1);
+	assert_int_equal(emb->chunks[0], 1000);
+	assert_int_equal(emb->pad_multiple, 128);
+
+	/* proj weight split on dim 1; bias replicated. */
+	assert_int_equal(s->tensors[6].split_dim, 1);
+	assert_int_equal(s->tensors[6].nchunks, 1);
+	assert_int_equal(s->tensors[6].chunks[0], 64);
+	assert_int_equal(s->tensors[10].split_dim, -1);
+	assert_int_equal(s->tensors[10].ndim, 1);
+	assert_int_equal(s->tensors[10].shape[0], 64);
+	assert_int_equal(s->tensors[10].pad_multiple, 0);
+
+	/* fc1: two equal chunks, each layer its own copy. */
+	for (int i = 13; i <= 16; i++) {
+		const struct ptc_tensor *t = &s->tensors[i];
+		assert_int_equal(t->split_dim, 0);
+		assert_int_equal(t->nchunks, 2);
+		assert_int_equal(t->chunks[0], 256);
+		assert_int_equal(t->chunks[1], 256);
+		assert_int_equal(t->pad_multiple, 0);
+	}
+	assert_ptr_not_equal(s->tensors[13].chunks, s->tensors[14].chunks);
+
+	/* final norm float32, output tied to the embedding. */
+	assert_int_equal(s->tensors[17].dtype, PTC_FLOAT32);
+	assert_int_equal(s->tensors[17].split_dim, -1);
+	assert_int_equal(s->tensors[18].tied, 0);
+	assert_int_equal(ptc_schema_logical(s, 18), 0);
+	assert_int_equal(ptc_schema_logical(s, 0), 0);
+	assert_int_equal(ptc_schema_logical(s, 5), 5);
+
+	/* States and their dtypes. */
+	assert_int_equal(s->nstates, 3);
+	assert_string_equal(s->states[0].name, "model");
+	assert_string_equal(s->states[1].name, "optim/exp_avg");
+	assert_string_equal(s->states[2].name, "optim/exp_avg_sq");
+	assert_int_equal(s->states[0].has_dtype, 0);
+	assert_int_equal(s->states[1].has_dtype, 1);
+	assert_int_equal(ptc_schema_find_state(s, "optim/exp_avg_sq"), 2);
+	assert_int_equal(ptc_schema_find_state(s, "optim"), -1);
+	assert_int_equal(ptc_schema_dtype(s, 0, 0), PTC_BFLOAT16);
+	assert_int_equal(ptc_schema_dtype(s, 0, 17), PTC_FLOAT32);
+	assert_int_equal(ptc_schema_dtype(s, 1, 0), PTC_FLOAT32);
+	assert_int_equal(ptc_schema_dtype(s, 2, 18), PTC_FLOAT32);
+	ptc_schema_free(s);
+}
+
+static void test_defaults(void **state)
+{
+	struct ptc_schema *s = parse_ok("{'tensors': [{'name': 'w', 'dtype': 'int8', 'shape': []},"
+					" {'name': 'v', 'dtype': 'float16', 'shape': [3],"
+					"  'place': 'all'}]}");
+
+	(void)state;
+	assert_string_equal(s->model, "");
+	assert_int_equal(s->num_layers, 0);
+	/* Without "states" there is one state, "model", with the tensors' dtypes. */
+	assert_int_equal(s->nstates, 1);
+	assert_string_equal(s->states[0].name, "model");
+	assert_int_equal(s->states[0].has_dtype, 0);
+	assert_int_equal(ptc_schema_dtype(s, 0, 0), PTC_INT8);
+	assert_int_equal(ptc_schema_dtype(s, 0, 1), PTC_FLOAT16);
+	/* A scalar is a zero-dim tensor, replicated everywhere. */
+	assert_int_equal(s->tensors[0].ndim, 0);
+	assert_int_equal(s->tensors[0].split_dim, -1);
+	assert_int_equal(s->tensors[0].nchunks, 0);
+	assert_null(s->tensors[0].chunks);
+	assert_int_equal(s->tensors[0].place, PTC_PLACE_ALL);
+	assert_int_equal(s->tensors[0].layer, -1);
+	assert_int_equal(s->tensors[0].tied, -1);
+	assert_int_equal(s->tensors[1].place, PTC_PLACE_ALL);
+	ptc_schema_free(s);
+}
+
+static void test_gqa_chunks_and_dtypes(void **state)
+{
+	static const char *const dts[] = {"float64", "float32",       "float16",    "bfloat16",
+					  "int64",   "int32",         "int16",      "int8",
+					  "uint8",   "bool",          "float8_e4m3fn", "float8_e5m2"};
+	char text[4096] = "{'description': 'all dtypes', 'num_layers': 3, 'tensors': ["
+			  "{'name': 'layers/{L}/qkv', 'dtype': 'bfloat16', 'shape': [12, 8, 2],"
+			  " 'split': {'dim': 0, 'chunks': [8, 2, 2]}},"
+			  "{'name': 'l{L}/p{L}', 'dtype': 'bool', 'shape': [2],"
+			  " 'split': {'dim': 0, 'chunks': 1, 'pad_multiple': 4}}";
+	struct ptc_schema *s;
+
+	(void)state;
+	for (int i = 0; i < PTC_DTYPE_COUNT; i++)
+		snprintf(text + strlen(text), sizeof(text) - strlen(text),
+			 ", {'name': 'dt/%s', 'dtype': '%s', 'shape': [1]}", dts[i], dts[i]);
+	strcat(text, "]}");
+	s = parse_ok(text);
+	assert_int_equal(s->ntensors, 6 + PTC_DTYPE_COUNT);
+	for (int l = 0; l < 3; l++) {
+		const struct ptc_tensor *t = &s->tensors[l];
+		assert_int_equal(t->layer, l);
+		assert_int_equal(t->nchunks, 3);
+		assert_int_equal(t->chunks[0], 8);
+		assert_int_equal(t->chunks[1], 2);
+		assert_int_equal(t->chunks[2], 2);
+		assert_int_equal(t->ndim, 3);
+		assert_int_equal(t->shape[2], 2);
+	}
+	/* Every {L} of a name is expanded. */
+	assert_string_equal(s->tensors[4].name, "l1/p1");
+	assert_int_equal(s->tensors[4].pad_multiple, 4);
+	assert_int_equal(s->tensors[4].nchunks, 1);
+	for (int i = 0; i < PTC_DTYPE_COUNT; i++) {
+		assert_int_equal(s->tensors[6 + i].dtype, i);
+		assert_string_equal(ptc_dtype_name((enum ptc_dtype)i), dts[i]);
+	}
+	ptc_schema_free(s);
+}
+
+static void test_tied_ok(void **state)
+{
+	struct ptc_schema *s = parse_ok(
+		TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
+		    "'place': 'last', 'tied': 'emb'}"));
+
+	(void)state;
+	assert_int_equal(s->ntensors, 2);
+	assert_int_equal(s->tensors[0].tied, -1);
+	assert_int_equal(s->tensors[1].tied, 0);
+	assert_int_equal(s->tensors[1].place, PTC_PLACE_LAST);
+	ptc_schema_free(s);
+
+	/* A tensor tied to one that follows it in the file. */
+	s = parse_ok("{'tensors': [{'name': 'b', 'dtype': 'bool', 'shape': [4], 'place': 'last', "
+		     "'tied': 'z/a'}, {'name': 'z/a', 'dtype': 'bool', 'shape': [4]}]}");
+	assert_int_equal(s->tensors[0].tied, 1);
+	assert_int_equal(ptc_schema_logical(s, 0), 1);
+	ptc_schema_free(s);
+}
+
+static void test_parse_json_object(void **state)
+{
+	/* ptc_schema_parse on a json_t, as the daemon calls it. */
+	char *text = unit_json(design_example);
+	json_t *root = json_loads(text, 0, NULL);
+	struct ptc_schema *s = NULL;
+	struct ptc_error err = {.text = ""};
+
+	(void)state;
+	assert_non_null(root);
+	assert_int_equal(ptc_schema_parse(root, "x.json", &s, &err), 0);
+	assert_int_equal(s->ntensors, 19);
+	ptc_schema_free(s);
+	ptc_schema_free(NULL);
+	json_decref(root);
+
+	root = json_integer(3);
+	s = (struct ptc_schema *)1;
+	assert_int_equal(ptc_schema_parse(root, "x.json", &s, &err), -EINVAL);
+	assert_null(s);
+	assert_string_equal(err.text, "x.json: must be a JSON object");
+	json_decref(root);
+	free(text);
+}
+
+static void test_not_nul_terminated(void **state)
+{
+	/* The text is @len bytes, not a C string: what follows must be ignored. */
+	char *text = unit_json("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]}]}garbage");
+	struct ptc_schema *s = NULL;
+	struct ptc_error err = {.text = ""};
+
+	(void)state;
+	assert_int_equal(ptc_schema_parse_text(text, strlen(text) - 7, "s", &s, &err), 0);
+	assert_int_equal(s->ntensors, 1);
+	ptc_schema_free(s);
+	free(text);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bad_json),
+		cmocka_unit_test(test_not_object),
+		cmocka_unit_test(test_unknown_top_field),
+		cmocka_unit_test(test_model_not_string),
+		cmocka_unit_test(test_num_layers_invalid),
+		cmocka_unit_test(test_tensors_invalid),
+		cmocka_unit_test(test_too_many_tensors),
+		cmocka_unit_test(test_states_not_object),
+		cmocka_unit_test(test_state_invalid_name),
+		cmocka_unit_test(test_state_reserved_data),
+		cmocka_unit_test(test_state_not_object),
+		cmocka_unit_test(test_state_unknown_field),
+		cmocka_unit_test(test_state_bad_dtype),
+		cmocka_unit_test(test_state_overlap),
+		cmocka_unit_test(test_tensor_unknown_field),
+		cmocka_unit_test(test_name_missing),
+		cmocka_unit_test(test_name_invalid_path),
+		cmocka_unit_test(test_dtype_invalid),
+		cmocka_unit_test(test_shape_invalid),
+		cmocka_unit_test(test_shape_overflow),
+		cmocka_unit_test(test_split_not_object),
+		cmocka_unit_test(test_split_dim_missing),
+		cmocka_unit_test(test_split_dim_out_of_range),
+		cmocka_unit_test(test_split_chunks_not_dividing),
+		cmocka_unit_test(test_split_chunk_array_invalid),
+		cmocka_unit_test(test_split_pad_multiple_invalid),
+		cmocka_unit_test(test_place_on_layer_tensor),
+		cmocka_unit_test(test_place_invalid),
+		cmocka_unit_test(test_layers_zero),
+		cmocka_unit_test(test_duplicate_names),
+		cmocka_unit_test(test_tied_not_string),
+		cmocka_unit_test(test_tied_missing),
+		cmocka_unit_test(test_tied_to_self),
+		cmocka_unit_test(test_tied_to_tied),
+		cmocka_unit_test(test_tied_differs),
+		cmocka_unit_test(test_tied_not_last),
+		cmocka_unit_test(test_tied_layer_tensor),
+		cmocka_unit_test(test_design_example),
+		cmocka_unit_test(test_defaults),
+		cmocka_unit_test(test_gqa_chunks_and_dtypes),
+		cmocka_unit_test(test_tied_ok),
+		cmocka_unit_test(test_parse_json_object),
+		cmocka_unit_test(test_not_nul_terminated),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

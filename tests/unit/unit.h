@@ -1,0 +1,64 @@
+/*
+ * unit.h - helpers shared by the ptc unit tests (cmocka).
+ *
+ * JSON texts in the tests are written with single quotes for readability;
+ * unit_json() turns them into double quotes (no test needs a literal ').
+ */
+#ifndef MLFS_TESTS_UNIT_H
+#define MLFS_TESTS_UNIT_H
+
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ptc/ptc.h"
+
+/* @text with every ' replaced by ". Caller frees. */
+static inline char *unit_json(const char *text)
+{
+	char *s = strdup(text);
+
+	assert_non_null(s);
+	for (char *p = s; *p; p++)
+		if (*p == '\'')
+			*p = '"';
+	return s;
+}
+
+/*
+ * Checks a failed parse at @file:@line: @rc must be -EINVAL, @msg must start
+ * with @prefix, equal @exact when non-NULL and contain every string of the
+ * NULL-terminated list @ap.
+ */
+static inline void unit_check_error(const char *file, int line, int rc, const char *msg,
+				    const char *prefix, const char *exact, va_list ap)
+{
+	if (rc != -EINVAL) {
+		print_error("%s:%d: rc %d (want %d), message \"%s\"\n", file, line, rc, -EINVAL,
+			    msg);
+		_fail(file, line);
+	}
+	if (strncmp(msg, prefix, strlen(prefix)) != 0) {
+		print_error("%s:%d: message \"%s\" does not start with \"%s\"\n", file, line, msg,
+			    prefix);
+		_fail(file, line);
+	}
+	if (exact && strcmp(msg, exact) != 0) {
+		print_error("%s:%d: message \"%s\"\n    want \"%s\"\n", file, line, msg, exact);
+		_fail(file, line);
+	}
+	for (const char *want; (want = va_arg(ap, const char *));) {
+		if (!strstr(msg, want)) {
+			print_error("%s:%d: message \"%s\" lacks \"%s\"\n", file, line, msg, want);
+			_fail(file, line);
+		}
+	}
+}
+
+#endif
