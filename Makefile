@@ -5,7 +5,7 @@
 PY      ?= /usr/bin/python3
 CC      ?= cc
 BUILD   ?= build
-PKGS    := jansson
+PKGS    := jansson fuse3
 CFLAGS  ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-declarations -Werror
 CPPFLAGS += -D_GNU_SOURCE -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -20,9 +20,15 @@ DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson
 	libzstd-dev libcmocka-dev pkg-config python3-numpy python3-pytest
 
 PTC_SRC   := $(wildcard ptc/*.c)
+XF_SRC    := $(wildcard transform/*.c)
+MLFS_SRC  := $(wildcard mlfs/*.c)
 TOOLS_SRC := $(wildcard tools/*.c)
-PTC_OBJ   := $(PTC_SRC:%.c=$(BUILD)/%.o)
-TOOLS_OBJ := $(TOOLS_SRC:%.c=$(BUILD)/%.o)
+PTC_OBJ   := $(PTC_SRC:%.c=$(BUILD)/obj/%.o)
+XF_OBJ    := $(XF_SRC:%.c=$(BUILD)/obj/%.o)
+MLFS_OBJ  := $(MLFS_SRC:%.c=$(BUILD)/obj/%.o)
+TOOLS_OBJ := $(TOOLS_SRC:%.c=$(BUILD)/obj/%.o)
+# Link order: dependents first (tools -> mlfs -> transform -> ptc).
+LIBS      := $(BUILD)/libmlfs.a $(BUILD)/libxf.a $(BUILD)/libptc.a
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
@@ -30,7 +36,7 @@ UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
 all: $(BUILD)/mlfs
 
-$(BUILD)/%.o: %.c $(wildcard */*.h)
+$(BUILD)/obj/%.o: %.c $(wildcard */*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c -o $@ $<
 
@@ -38,31 +44,40 @@ $(BUILD)/libptc.a: $(PTC_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/mlfs: $(TOOLS_OBJ) $(BUILD)/libptc.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/libxf.a: $(XF_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
 
-$(BUILD)/tests/test_%: tests/unit/test_%.c $(BUILD)/libptc.a $(wildcard tests/unit/*.h)
+$(BUILD)/libmlfs.a: $(MLFS_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/mlfs: $(TOOLS_OBJ) $(LIBS)
+	$(CC) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(LIBS) $(LDLIBS)
+
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(LIBS) $(wildcard tests/unit/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libptc.a \
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBS) \
 		$(shell pkg-config --libs cmocka) $(LDLIBS)
 
 # Fuzz targets: a replay-and-mutate driver for `make test` (any compiler),
 # libFuzzer for `make fuzz` (clang).
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/%)
-$(BUILD)/tests/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/driver.c $(BUILD)/libptc.a
+$(BUILD)/tests/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/driver.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/driver.c \
-		$(BUILD)/libptc.a $(LDLIBS)
+		$(LIBS) $(LDLIBS)
 
 FUZZ_SECONDS ?= 300
 fuzz: deps
 	@command -v clang >/dev/null || apt-get install -y clang
-	$(MAKE) BUILD=build/libfuzzer CC=clang SANITIZE=address,undefined build/libfuzzer/libptc.a
+	$(MAKE) BUILD=build/libfuzzer CC=clang SANITIZE=address,undefined \
+		build/libfuzzer/libmlfs.a build/libfuzzer/libxf.a build/libfuzzer/libptc.a
 	@mkdir -p build/libfuzzer/tests
 	set -e; for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
 		clang $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined -o build/libfuzzer/tests/$$n \
-			$$f build/libfuzzer/libptc.a $(LDLIBS); \
+			$$f build/libfuzzer/libmlfs.a build/libfuzzer/libxf.a build/libfuzzer/libptc.a $(LDLIBS); \
 		mkdir -p build/corpus/$$n; \
 		build/libfuzzer/tests/$$n -max_total_time=$(FUZZ_SECONDS) build/corpus/$$n tests/fuzz/corpus/$$n; \
 	done
@@ -95,9 +110,9 @@ bench: deps
 	$(MAKE) all $(BUILD)/tests/bench_plan
 	./$(BUILD)/tests/bench_plan
 
-$(BUILD)/tests/bench_plan: tests/bench/bench_plan.c $(BUILD)/libptc.a
+$(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libptc.a $(LDLIBS)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

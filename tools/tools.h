@@ -11,6 +11,12 @@
 
 int cmd_plan(int argc, char **argv);
 int cmd_schema(int argc, char **argv);
+int cmd_mount(int argc, char **argv);
+int cmd_umount(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+int cmd_reconfigure(int argc, char **argv);
+int cmd_import(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 
 /* Reads a whole file into a new NUL-terminated buffer; NULL and a message
  * on stderr on failure. *len gets the size. */

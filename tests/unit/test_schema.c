@@ -326,7 +326,8 @@ static void test_split_chunks_not_dividing(void **state)
 			"'chunks': 3}}"),
 		    "schema.json: tensors[0].split.chunks = 3 does not divide dim 0 of shape "
 		    "[10, 4] into at most 32 equal chunks");
-	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [10], 'split': {'dim': 0, 'chunks': 0}}"),
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [10], 'split': {'dim': 0, "
+		  "'chunks': 0}}"),
 	      "tensors[0].split.chunks = 0", "does not divide");
 	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [10], 'split': {'dim': 0, "
 		  "'chunks': -2}}"),
@@ -513,9 +514,10 @@ static void test_tied_differs(void **state)
 		  "'split': {'dim': 0, 'pad_multiple': 8}, 'place': 'last', 'tied': 'emb'}"),
 	      "tensors[1].tied = \"emb\" differs");
 	/* Same number of chunks, different sizes. */
-	FAILS("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [8], 'split': {'dim': 0, "
-	      "'chunks': [4, 4]}}, {'name': 'b', 'dtype': 'bool', 'shape': [8], 'split': {'dim': 0, "
-	      "'chunks': [6, 2]}, 'place': 'last', 'tied': 'a'}]}",
+	FAILS("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [8], "
+	      "'split': {'dim': 0, 'chunks': [4, 4]}}, "
+	      "{'name': 'b', 'dtype': 'bool', 'shape': [8], "
+	      "'split': {'dim': 0, 'chunks': [6, 2]}, 'place': 'last', 'tied': 'a'}]}",
 	      "tensors[1].tied = \"a\" differs");
 }
 
@@ -688,9 +690,9 @@ static void test_defaults(void **state)
 
 static void test_gqa_chunks_and_dtypes(void **state)
 {
-	static const char *const dts[] = {"float64", "float32",       "float16",    "bfloat16",
-					  "int64",   "int32",         "int16",      "int8",
-					  "uint8",   "bool",          "float8_e4m3fn", "float8_e5m2"};
+	static const char *const dts[] = {"float64", "float32", "float16",	 "bfloat16",
+					  "int64",   "int32",	"int16",	 "int8",
+					  "uint8",   "bool",	"float8_e4m3fn", "float8_e5m2"};
 	char text[4096] = "{'description': 'all dtypes', 'num_layers': 3, 'tensors': ["
 			  "{'name': 'layers/{L}/qkv', 'dtype': 'bfloat16', 'shape': [12, 8, 2],"
 			  " 'split': {'dim': 0, 'chunks': [8, 2, 2]}},"
@@ -775,7 +777,8 @@ static void test_parse_json_object(void **state)
 static void test_not_nul_terminated(void **state)
 {
 	/* The text is @len bytes, not a C string: what follows must be ignored. */
-	char *text = unit_json("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]}]}garbage");
+	char *text = unit_json("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]}]}"
+			       "garbage");
 	struct ptc_schema *s = NULL;
 	struct ptc_error err = {.text = ""};
 

@@ -1,0 +1,739 @@
+/*
+ * mlfs_store.c - the store: views, control files, import, reconfiguration.
+ *
+ * DESIGN
+ * The store holds one current view (schema + config + this node's
+ * partitions). Control-file writes validate fully before changing anything;
+ * a refused write leaves the store as it was and says why in status.json.
+ *
+ * Reconfiguration builds the new view beside the current one on a
+ * transformer thread (transform/xf_execute over all cores; unchanged
+ * partitions shared, not copied) and swaps the view pointer under the lock
+ * when done. Until then the old view stays current and readable; partition
+ * writes are refused with EBUSY while it runs, so the old layout it reads
+ * from cannot change under it. A failed build frees the new partitions and
+ * leaves the old view current.
+ *
+ * Threads: FUSE workers call everything here; one transformer thread at a
+ * time runs reconfigure_main. store->lock guards all store fields and the
+ * buffer pointers of the current view; it is never held during copies.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mlfs/mlfs_i.h"
+
+/* ------------------------------------------------------------------ views */
+
+void mlfs_view_put(struct mlfs_view *v)
+{
+	if (!v || atomic_fetch_sub(&v->refs, 1) != 1)
+		return;
+	xf_parts_release(&v->parts);
+	if (v->stage_tree)
+		for (int p = 0; p < v->layout.pp; p++)
+			mlfs_tree_free(v->stage_tree[p]);
+	free(v->stage_tree);
+	mlfs_tree_free(v->full_tree);
+	ptc_layout_release(&v->layout);
+	ptc_config_free(v->config);
+	free(v->config_text);
+	free(v);
+}
+
+struct mlfs_view *mlfs_store_view(struct mlfs_store *st)
+{
+	pthread_mutex_lock(&st->lock);
+	struct mlfs_view *v = st->view;
+	if (v)
+		atomic_fetch_add(&v->refs, 1);
+	pthread_mutex_unlock(&st->lock);
+	return v;
+}
+
+/* A view of @config (taken over) with an empty partition table. */
+static int view_new(struct mlfs_store *st, struct ptc_config *config, const char *text,
+		    size_t len, struct mlfs_view **out, struct ptc_error *err)
+{
+	struct mlfs_view *v = calloc(1, sizeof(*v));
+	int rc = -ENOMEM;
+
+	if (!v) {
+		ptc_config_free(config);
+		return -ENOMEM;
+	}
+	atomic_init(&v->refs, 1);
+	v->config = config;
+	clock_gettime(CLOCK_REALTIME, &v->time);
+	if (!(v->config_text = strndup(text, len)))
+		goto err_put;
+	if ((rc = ptc_layout_init(&v->layout, st->schema, config, st->cluster, "config.json",
+				  err)))
+		goto err_put;
+	rc = -ENOMEM;
+	if (xf_parts_init(&v->parts, &v->layout, st->node))
+		goto err_put;
+	if (!(v->stage_tree = calloc((size_t)v->layout.pp, sizeof(*v->stage_tree))))
+		goto err_put;
+	int r0 = v->layout.node_first_rank[st->node];
+	for (int r = r0; r >= 0 && r < r0 + v->layout.node_nranks[st->node]; r++) {
+		int p = v->layout.ranks[r].p;
+		if (!v->stage_tree[p] && !(v->stage_tree[p] = mlfs_tree_build_stage(&v->layout, p)))
+			goto err_put;
+	}
+	if (!(v->full_tree = mlfs_tree_build_full(st->schema)))
+		goto err_put;
+	*out = v;
+	return 0;
+
+err_put:
+	mlfs_view_put(v);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ store */
+
+int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cluster_text,
+		    int node, int64_t max_memory, int threads)
+{
+	memset(st, 0, sizeof(*st));
+	pthread_mutex_init(&st->lock, NULL);
+	st->cluster = cluster;
+	st->cluster_text = cluster_text;
+	st->node = node;
+	st->mem.limit = max_memory;
+	st->threads = threads;
+	clock_gettime(CLOCK_REALTIME, &st->start);
+	if (!(st->job = mlfs_job_new_dir("job")))
+		return -ENOMEM;
+	return 0;
+}
+
+void mlfs_store_release(struct mlfs_store *st)
+{
+	if (st->xf_joinable)
+		pthread_join(st->xf_thread, NULL);
+	mlfs_view_put(st->view);
+	ptc_schema_free(st->schema);
+	ptc_cluster_free(st->cluster);
+	mlfs_job_free(st->job);
+	free(st->schema_text);
+	free(st->cluster_text);
+	free(st->steps);
+	pthread_mutex_destroy(&st->lock);
+}
+
+/* Records a refusal for status.json; returns @rc. Lock held. */
+static int refuse(struct mlfs_store *st, int rc, const struct ptc_error *err)
+{
+	snprintf(st->error, sizeof(st->error), "%s", err->text);
+	return rc;
+}
+
+static void notify_changed(struct mlfs_store *st, const char *prefix)
+{
+	if (st->changed)
+		st->changed(st->changed_arg, prefix);
+}
+
+int mlfs_store_set_schema(struct mlfs_store *st, const char *text, size_t len,
+			  struct ptc_error *err)
+{
+	struct ptc_schema *s;
+	int rc = ptc_schema_parse_text(text, len, "schema.json", &s, err);
+
+	pthread_mutex_lock(&st->lock);
+	if (rc) {
+		rc = refuse(st, rc, err);
+		goto out;
+	}
+	if (st->view) {
+		bool same = st->schema_text && strlen(st->schema_text) == len &&
+			    memcmp(st->schema_text, text, len) == 0;
+		ptc_schema_free(s);
+		if (!same) {
+			ptc_errorf(err, "schema.json: cannot change the schema once config.json "
+					"is set (unmount and start a new store)");
+			rc = refuse(st, -EBUSY, err);
+		}
+		goto out;
+	}
+	char *t = strndup(text, len);
+	if (!t) {
+		ptc_schema_free(s);
+		rc = -ENOMEM;
+		goto out;
+	}
+	ptc_schema_free(st->schema);
+	free(st->schema_text);
+	st->schema = s;
+	st->schema_text = t;
+	st->error[0] = '\0';
+out:
+	pthread_mutex_unlock(&st->lock);
+	return rc;
+}
+
+/* First config: every local partition zero-filled. Lock held. */
+static int set_first_config(struct mlfs_store *st, struct ptc_config *c, const char *text,
+			    size_t len, struct ptc_error *err)
+{
+	struct mlfs_view *v;
+	int rc = view_new(st, c, text, len, &v, err);
+
+	if (rc)
+		return rc;
+	if ((rc = xf_parts_alloc_zero(&v->parts, &st->mem))) {
+		if (rc == -ENOSPC)
+			ptc_errorf(err, "config.json: the partitions of this node do not fit in "
+					"--max-memory (%" PRId64 " bytes in use of %" PRId64 ")",
+				   (int64_t)st->mem.used, st->mem.limit);
+		mlfs_view_put(v);
+		return rc;
+	}
+	int64_t *steps = malloc((size_t)v->layout.world * sizeof(int64_t));
+	if (!steps) {
+		mlfs_view_put(v);
+		return -ENOMEM;
+	}
+	for (int r = 0; r < v->layout.world; r++)
+		steps[r] = 0;
+	st->view = v;
+	free(st->steps);
+	st->steps = steps;
+	return 0;
+}
+
+/* Checks every rank of the current layout saved the same step. Lock held. */
+static int check_steps(struct mlfs_store *st, struct ptc_error *err)
+{
+	const struct ptc_layout *l = &st->view->layout;
+	int lo = 0, hi = 0;
+	for (int r = 1; r < l->world; r++) {
+		lo = st->steps[r] < st->steps[lo] ? r : lo;
+		hi = st->steps[r] > st->steps[hi] ? r : hi;
+	}
+	if (st->steps[lo] != st->steps[hi])
+		return ptc_errorf(err,
+				  "config.json: ranks have not saved the same step: rank %d lags "
+				  "at step %" PRId64 " while rank %d saved step %" PRId64,
+				  lo, st->steps[lo], hi, st->steps[hi]);
+	return 0;
+}
+
+struct reconf {
+	struct mlfs_store *st;
+	struct mlfs_view *from, *to;
+	struct ptc_plan *plan;
+};
+
+static void *reconfigure_main(void *arg)
+{
+	struct reconf *rc = arg;
+	struct mlfs_store *st = rc->st;
+	struct xf_stats stats = {0};
+	int err = xf_execute(rc->plan, st->node, &rc->from->parts, &rc->to->parts, &st->mem,
+			     st->threads, NULL, NULL, &st->progress, &stats);
+
+	pthread_mutex_lock(&st->lock);
+	st->last_from = rc->from->config->version;
+	st->last_to = rc->to->config->version;
+	if (err == 0) {
+		int64_t step = st->steps[0], *steps = malloc((size_t)rc->to->layout.world * 8);
+		if (!steps) {
+			err = -ENOMEM;
+		} else {
+			for (int r = 0; r < rc->to->layout.world; r++)
+				steps[r] = step;
+			free(st->steps);
+			st->steps = steps;
+			st->view = rc->to; /* takes over our reference */
+			rc->to = rc->from; /* put below: our reference */
+			mlfs_view_put(rc->from); /* the store's reference */
+			st->state = MLFS_IDLE;
+			st->last = stats;
+			st->has_last = true;
+			st->error[0] = '\0';
+		}
+	}
+	if (err) {
+		st->state = MLFS_FAILED;
+		snprintf(st->error, sizeof(st->error),
+			 "reconfiguration to version %" PRId64 " failed: %s",
+			 rc->to->config->version,
+			 err == -ENOSPC ? "out of memory (--max-memory)" : strerror(-err));
+		mlfs_view_put(rc->from);
+	}
+	pthread_mutex_unlock(&st->lock);
+	if (err == 0)
+		notify_changed(st, "");
+	mlfs_view_put(rc->to);
+	ptc_plan_free(rc->plan);
+	free(rc);
+	return NULL;
+}
+
+/* Starts a reconfiguration to @c. Lock held. */
+static int start_reconfigure(struct mlfs_store *st, struct ptc_config *c, const char *text,
+			     size_t len, struct ptc_error *err)
+{
+	struct mlfs_view *old = st->view, *v;
+	struct ptc_plan *plan;
+	int rc;
+
+	if (st->state == MLFS_TRANSFORMING) {
+		ptc_config_free(c);
+		ptc_errorf(err, "config.json: a reconfiguration to version %" PRId64 " is running",
+			   st->target_version);
+		return -EBUSY;
+	}
+	if (c->version <= old->config->version) {
+		rc = ptc_errorf(err, "config.json: \"version\" = %" PRId64
+				     " is not greater than the current %" PRId64,
+				c->version, old->config->version);
+		ptc_config_free(c);
+		return rc;
+	}
+	if ((rc = check_steps(st, err))) {
+		ptc_config_free(c);
+		return rc;
+	}
+	if ((rc = view_new(st, c, text, len, &v, err)))
+		return rc;
+	for (int k = 0; k < 2; k++) {
+		const struct ptc_layout *l = k ? &v->layout : &old->layout;
+		if (l->node_nranks[st->node] != l->world) {
+			mlfs_view_put(v);
+			return ptc_errorf(err, "config.json: ranks on other nodes: reconfiguring "
+					       "across nodes needs the peer transport, which this "
+					       "build does not have yet");
+		}
+	}
+	if ((rc = ptc_plan_compute(&old->layout, &v->layout, NULL, 0, &plan, err))) {
+		mlfs_view_put(v);
+		return rc;
+	}
+	int64_t need = xf_plan_new_bytes(plan, st->node);
+	if (st->mem.limit && st->mem.used + need > st->mem.limit) {
+		ptc_errorf(err, "config.json: reconfiguration needs %" PRId64 " bytes for changed "
+				"partitions; %" PRId64 " of --max-memory %" PRId64 " are free",
+			   need, st->mem.limit - (int64_t)st->mem.used, st->mem.limit);
+		ptc_plan_free(plan);
+		mlfs_view_put(v);
+		return -ENOSPC;
+	}
+	struct reconf *r = malloc(sizeof(*r));
+	if (!r) {
+		ptc_plan_free(plan);
+		mlfs_view_put(v);
+		return -ENOMEM;
+	}
+	atomic_fetch_add(&old->refs, 1);
+	*r = (struct reconf){st, old, v, plan};
+	if (st->xf_joinable)
+		pthread_join(st->xf_thread, NULL);
+	st->state = MLFS_TRANSFORMING;
+	st->target_version = c->version;
+	st->progress = 0;
+	st->progress_total = plan->per_node[st->node].bytes_total;
+	st->error[0] = '\0';
+	if ((rc = -pthread_create(&st->xf_thread, NULL, reconfigure_main, r))) {
+		st->xf_joinable = false;
+		st->state = MLFS_IDLE;
+		mlfs_view_put(old);
+		mlfs_view_put(v);
+		ptc_plan_free(plan);
+		free(r);
+		return rc;
+	}
+	st->xf_joinable = true;
+	return 0;
+}
+
+int mlfs_store_set_config(struct mlfs_store *st, const char *text, size_t len,
+			  struct ptc_error *err)
+{
+	struct ptc_config *c;
+	int rc = ptc_config_parse_text(text, len, "config.json", &c, err);
+
+	pthread_mutex_lock(&st->lock);
+	if (rc == 0 && !st->schema) {
+		ptc_config_free(c);
+		rc = ptc_errorf(err, "config.json: write schema.json first");
+	} else if (rc == 0) {
+		rc = st->view ? start_reconfigure(st, c, text, len, err)
+			      : set_first_config(st, c, text, len, err);
+	}
+	if (rc)
+		refuse(st, rc, err);
+	else if (st->state != MLFS_TRANSFORMING)
+		st->error[0] = '\0';
+	pthread_mutex_unlock(&st->lock);
+	if (rc == 0)
+		notify_changed(st, "");
+	return rc;
+}
+
+int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_t len,
+			struct ptc_error *err)
+{
+	char buf[32], *end;
+
+	if (len == 0 || len >= sizeof(buf))
+		return ptc_errorf(err, "ranks/%d/step: expected a step number", rank);
+	memcpy(buf, text, len);
+	buf[len] = '\0';
+	long long step = strtoll(buf, &end, 10);
+	while (*end == '\n' || *end == ' ')
+		end++;
+	if (end == buf || *end || step < 0)
+		return ptc_errorf(err, "ranks/%d/step: \"%.*s\" is not a step number", rank,
+				  (int)strcspn(buf, "\n"), buf);
+	pthread_mutex_lock(&st->lock);
+	int rc = 0;
+	if (!st->view || rank >= st->view->layout.world)
+		rc = -ENOENT;
+	else if (st->state == MLFS_TRANSFORMING) {
+		ptc_errorf(err, "ranks/%d/step: a reconfiguration is running", rank);
+		rc = -EBUSY;
+	} else
+		st->steps[rank] = step;
+	pthread_mutex_unlock(&st->lock);
+	return rc;
+}
+
+int mlfs_store_commit_part(struct mlfs_store *st, struct mlfs_view *v, int rank, int state,
+			   int tensor, struct xf_buf *b)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&st->lock);
+	if (st->view != v) {
+		rc = -ESTALE;
+	} else if (st->state == MLFS_TRANSFORMING) {
+		rc = -EBUSY;
+	} else {
+		size_t i = xf_parts_index(&v->parts, rank, state, tensor);
+		struct xf_buf *old = v->parts.bufs[i];
+		v->parts.bufs[i] = xf_buf_get(b);
+		xf_buf_put(old);
+	}
+	pthread_mutex_unlock(&st->lock);
+	return rc;
+}
+
+/* ---------------------------------------------------------------- headers */
+
+size_t mlfs_part_header(const struct ptc_schema *s, const struct ptc_layout *l, int rank,
+			int state, int tensor, char *buf, size_t cap)
+{
+	int64_t shape[PTC_MAX_DIMS];
+	const struct ptc_tensor *t = &s->tensors[tensor];
+	int nd = ptc_partition_shape(t, l->tp, l->ranks[rank].t, shape);
+	return mlfs_npy_format(ptc_schema_dtype(s, state, tensor), nd, shape, buf, cap);
+}
+
+size_t mlfs_full_header(const struct ptc_schema *s, int state, int tensor, char *buf, size_t cap)
+{
+	const struct ptc_tensor *t = &s->tensors[tensor];
+	return mlfs_npy_format(ptc_schema_dtype(s, state, tensor), t->ndim, t->shape, buf, cap);
+}
+
+/* ----------------------------------------------------------- full tensors */
+
+int mlfs_store_assemble(struct mlfs_store *st, struct mlfs_view *v, int state, int tensor,
+			struct xf_buf **out)
+{
+	const struct ptc_layout *l = &v->layout;
+	const struct ptc_tensor *T = &st->schema->tensors[tensor];
+	int64_t outer, rowel, esz = (int64_t)ptc_dtype_size(ptc_schema_dtype(st->schema, state,
+									       tensor));
+	int64_t n = T->split_dim < 0 ? 1 : T->shape[T->split_dim];
+	int rc;
+
+	ptc_tensor_geometry(T, &outer, &rowel);
+	struct xf_buf *b = xf_buf_new(&st->mem, outer * n * rowel * esz, &rc);
+	if (!b)
+		return rc;
+	int r0 = l->node_first_rank[st->node], nr = l->node_nranks[st->node];
+	for (int t = 0; t < l->tp; t++) {
+		struct xf_buf *src = NULL;
+		pthread_mutex_lock(&st->lock);
+		for (int r = r0; r >= 0 && r < r0 + nr && !src; r++) {
+			if (l->ranks[r].t != t)
+				continue;
+			for (int a = 0; a < st->schema->ntensors && !src; a++)
+				if (ptc_schema_logical(st->schema, a) == tensor)
+					src = xf_buf_get(v->parts.bufs[xf_parts_index(&v->parts, r,
+										      state, a)]);
+		}
+		pthread_mutex_unlock(&st->lock);
+		if (!src) {
+			xf_buf_put(b);
+			return -EIO;
+		}
+		struct ptc_slice sl;
+		ptc_slice_compute(T, l->tp, t, &sl);
+		for (int i = 0; i < sl.nsegs; i++)
+			if (sl.segs[i].global >= 0)
+				xf_copy_rows(b->data, n, sl.segs[i].global, src->data, sl.rows,
+					     sl.segs[i].local, sl.segs[i].len, outer, rowel * esz);
+		xf_buf_put(src);
+		if (T->split_dim < 0)
+			break;
+	}
+	*out = b;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ import */
+
+struct import_file {
+	void *map;
+	size_t maplen;
+	const uint8_t *data;
+};
+
+/* Maps and checks DIR/<state>/<tensor>.npy. Returns 0 or -EINVAL with a
+ * message appended to @msg. */
+static int import_open(const char *dir, const struct ptc_schema *s, int si, int ti,
+		       struct import_file *f, char *msg, size_t msglen)
+{
+	const struct ptc_tensor *t = &s->tensors[ti];
+	char path[4096], why[256];
+	struct mlfs_npy h;
+	struct stat sb;
+	size_t used = strlen(msg);
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s/%s.npy", dir, s->states[si].name, t->name);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+		snprintf(why, sizeof(why), "%s", strerror(errno));
+		goto bad;
+	}
+	if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+		close(fd);
+		snprintf(why, sizeof(why), "not a regular file");
+		goto bad;
+	}
+	f->maplen = (size_t)sb.st_size;
+	f->map = f->maplen ? mmap(NULL, f->maplen, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+	close(fd);
+	if (f->map == MAP_FAILED) {
+		f->map = NULL;
+		snprintf(why, sizeof(why), "empty or unreadable");
+		goto bad;
+	}
+	int rc = mlfs_npy_parse(f->map, f->maplen, &h, why, sizeof(why));
+	if (rc == -EAGAIN)
+		snprintf(why, sizeof(why), "truncated header");
+	if (rc || mlfs_npy_check(&h, ptc_schema_dtype(s, si, ti), t->ndim, t->shape, why,
+				 sizeof(why)))
+		goto bad;
+	int64_t want = ptc_partition_elems(t, 1, 0) *
+		       (int64_t)ptc_dtype_size(ptc_schema_dtype(s, si, ti));
+	if ((int64_t)(f->maplen - h.header_len) != want) {
+		snprintf(why, sizeof(why), "holds %zu data bytes, expected %" PRId64,
+			 f->maplen - h.header_len, want);
+		goto bad;
+	}
+	f->data = (const uint8_t *)f->map + h.header_len;
+	return 0;
+bad:
+	snprintf(msg + used, msglen - used, "%s%s/%s.npy: %s", used ? "; " : "",
+		 s->states[si].name, t->name, why);
+	return -EINVAL;
+}
+
+/* Imports full tensors from @dir into every local partition of the current
+ * view, for one state (@only >= 0) or all. All or nothing. */
+static int store_import(struct mlfs_store *st, const char *dir, int only, int64_t step,
+			char *msg, size_t msglen)
+{
+	struct mlfs_view *v = mlfs_store_view(st);
+	const struct ptc_schema *s = st->schema;
+	struct import_file *files = NULL;
+	struct xf_parts np;
+	int rc = -ENOMEM;
+
+	if (!v) {
+		snprintf(msg, msglen, "import: set schema.json and config.json first");
+		return -EINVAL;
+	}
+	size_t nf = (size_t)s->nstates * (size_t)s->ntensors;
+	if (!(files = calloc(nf, sizeof(*files))) || xf_parts_init(&np, &v->layout, st->node))
+		goto out;
+	int bad = 0;
+	for (int si = 0; si < s->nstates; si++)
+		for (int ti = 0; ti < s->ntensors; ti++)
+			if ((only < 0 || si == only) && s->tensors[ti].tied < 0 &&
+			    import_open(dir, s, si, ti, &files[si * s->ntensors + ti], msg, msglen))
+				bad++;
+	if (bad) {
+		rc = -EINVAL;
+		goto out_parts;
+	}
+	/* Unimported states keep their buffers; the rest are built anew. */
+	const struct ptc_layout *l = &v->layout;
+	int r0 = l->node_first_rank[st->node];
+	for (int r = r0; r >= 0 && r < r0 + l->node_nranks[st->node]; r++)
+		for (int si = 0; si < s->nstates; si++)
+			for (int ti = 0; ti < s->ntensors; ti++) {
+				size_t i = xf_parts_index(&np, r, si, ti);
+				if (!ptc_layout_holds(l, r, ti))
+					continue;
+				if (only >= 0 && si != only) {
+					pthread_mutex_lock(&st->lock);
+					np.bufs[i] = xf_buf_get(v->parts.bufs[i]);
+					pthread_mutex_unlock(&st->lock);
+					continue;
+				}
+				const struct ptc_tensor *T = &s->tensors[ti];
+				const struct import_file *f =
+					&files[si * s->ntensors + ptc_schema_logical(s, ti)];
+				int64_t outer, rowel, esz = (int64_t)ptc_dtype_size(
+							      ptc_schema_dtype(s, si, ti));
+				int64_t n = T->split_dim < 0 ? 1 : T->shape[T->split_dim];
+				struct ptc_slice sl;
+				ptc_tensor_geometry(T, &outer, &rowel);
+				ptc_slice_compute(T, l->tp, l->ranks[r].t, &sl);
+				if (!(np.bufs[i] = xf_buf_new(&st->mem, outer * sl.rows * rowel * esz,
+							      &rc))) {
+					snprintf(msg, msglen, "import: %s",
+						 rc == -ENOSPC ? "the partitions do not fit in "
+								 "--max-memory"
+							       : "out of memory");
+					goto out_parts;
+				}
+				for (int k = 0; k < sl.nsegs; k++)
+					if (sl.segs[k].global >= 0)
+						xf_copy_rows(np.bufs[i]->data, sl.rows,
+							     sl.segs[k].local, f->data, n,
+							     sl.segs[k].global, sl.segs[k].len,
+							     outer, rowel * esz);
+			}
+	pthread_mutex_lock(&st->lock);
+	if (st->view != v || st->state == MLFS_TRANSFORMING) {
+		rc = -EBUSY;
+		snprintf(msg, msglen, "import: the layout changed during the import");
+	} else {
+		struct xf_buf **tmp = v->parts.bufs;
+		v->parts.bufs = np.bufs;
+		np.bufs = tmp;
+		for (int r = 0; r < l->world; r++)
+			st->steps[r] = step;
+		rc = 0;
+	}
+	pthread_mutex_unlock(&st->lock);
+	if (rc == 0)
+		notify_changed(st, "");
+out_parts:
+	xf_parts_release(&np);
+out:
+	for (size_t i = 0; files && i < nf; i++)
+		if (files[i].map)
+			munmap(files[i].map, files[i].maplen);
+	free(files);
+	mlfs_view_put(v);
+	return rc;
+}
+
+int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char **reply)
+{
+	char msg[PTC_ERROR_MAX] = "";
+	json_error_t je;
+	json_t *req = json_loadb(text, len, 0, &je);
+	int rc = -EINVAL;
+
+	const char *op = json_string_value(json_object_get(req, "op"));
+	if (!req || !op) {
+		snprintf(msg, sizeof(msg), "control: expected {\"op\": ...}");
+	} else if (strcmp(op, "import") == 0) {
+		const char *dir = json_string_value(json_object_get(req, "from"));
+		const char *state = json_string_value(json_object_get(req, "state"));
+		json_t *jstep = json_object_get(req, "step");
+		int only = -1;
+		if (!dir || dir[0] != '/') {
+			snprintf(msg, sizeof(msg), "import: \"from\" must be an absolute path");
+		} else if (jstep && (!json_is_integer(jstep) || json_integer_value(jstep) < 0)) {
+			snprintf(msg, sizeof(msg), "import: \"step\" must be a non-negative integer");
+		} else if (!st->schema) {
+			snprintf(msg, sizeof(msg), "import: set schema.json and config.json first");
+		} else if (state && (only = ptc_schema_find_state(st->schema, state)) < 0) {
+			snprintf(msg, sizeof(msg), "import: the schema has no state \"%s\"", state);
+		} else {
+			rc = store_import(st, dir, only, jstep ? json_integer_value(jstep) : 0, msg,
+					  sizeof(msg));
+		}
+	} else {
+		snprintf(msg, sizeof(msg), "control: unknown op \"%s\"", op);
+	}
+	json_decref(req);
+	json_t *r = json_pack("{sbss}", "ok", rc == 0, "error", msg);
+	*reply = r ? json_dumps(r, JSON_COMPACT) : NULL;
+	json_decref(r);
+	if (rc) {
+		pthread_mutex_lock(&st->lock);
+		snprintf(st->error, sizeof(st->error), "%s", msg);
+		pthread_mutex_unlock(&st->lock);
+	}
+	return rc;
+}
+
+/* ---------------------------------------------------------------- status */
+
+char *mlfs_store_status_json(struct mlfs_store *st)
+{
+	static const char *const names[] = {"idle", "transforming", "failed"};
+	json_t *o = json_object();
+
+	pthread_mutex_lock(&st->lock);
+	json_object_set_new(o, "node", json_string(st->cluster->nodes[st->node].id));
+	json_object_set_new(o, "version",
+			    st->view ? json_integer(st->view->config->version) : json_null());
+	json_object_set_new(o, "state", json_string(names[st->state]));
+	json_object_set_new(o, "step", st->view ? json_integer(st->steps[0]) : json_null());
+	if (st->state == MLFS_TRANSFORMING)
+		json_object_set_new(o, "target_version", json_integer(st->target_version));
+	json_object_set_new(o, "progress_bytes", json_integer(st->progress));
+	json_object_set_new(o, "progress_total", json_integer(st->progress_total));
+	json_object_set_new(o, "memory_used", json_integer(st->mem.used));
+	json_object_set_new(o, "memory_limit", json_integer(st->mem.limit));
+	if (st->has_last)
+		json_object_set_new(
+			o, "last",
+			json_pack("{sIsIsIsIsIsIsf}", "from_version", (json_int_t)st->last_from,
+				  "to_version", (json_int_t)st->last_to, "bytes_reused",
+				  (json_int_t)st->last.bytes_reused, "bytes_copied",
+				  (json_int_t)st->last.bytes_copied, "bytes_fetched",
+				  (json_int_t)st->last.bytes_fetched, "bytes_zeroed",
+				  (json_int_t)st->last.bytes_zeroed, "seconds", st->last.seconds));
+	json_object_set_new(o, "error", st->error[0] ? json_string(st->error) : json_null());
+	pthread_mutex_unlock(&st->lock);
+	char *s = json_dumps(o, JSON_INDENT(1));
+	json_decref(o);
+	return s;
+}
+
+char *mlfs_rank_json(const struct mlfs_view *v, int rank)
+{
+	const struct ptc_layout *l = &v->layout;
+	const struct ptc_rank *rk = &l->ranks[rank];
+	json_t *o = json_pack("{sisisisisssis[ii]}", "rank", rank, "tp", rk->t, "pp", rk->p, "dp",
+			      rk->d, "node", l->cluster->nodes[rk->node].id, "device", rk->device,
+			      "layers", rk->layer_begin, rk->layer_end);
+	json_object_set_new(o, "tp_size", json_integer(l->tp));
+	json_object_set_new(o, "pp_size", json_integer(l->pp));
+	json_object_set_new(o, "dp_size", json_integer(l->dp));
+	json_object_set_new(o, "version", json_integer(v->config->version));
+	char *s = json_dumps(o, JSON_INDENT(1));
+	json_decref(o);
+	return s;
+}

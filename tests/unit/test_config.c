@@ -1,0 +1,480 @@
+/*
+ * test_config.c - config.json and cluster.json parsing, ptc_config_to_json.
+ */
+#include "tests/unit/unit.h"
+
+static int parse_config(const char *text, struct ptc_config **out, struct ptc_error *err)
+{
+	char *s = unit_json(text);
+	int rc = ptc_config_parse_text(s, strlen(s), "config.json", out, err);
+
+	free(s);
+	return rc;
+}
+
+static int parse_cluster(const char *text, struct ptc_cluster **out, struct ptc_error *err)
+{
+	char *s = unit_json(text);
+	int rc = ptc_cluster_parse_text(s, strlen(s), "cluster.json", out, err);
+
+	free(s);
+	return rc;
+}
+
+static void config_fails_at(const char *file, int line, const char *text, const char *exact, ...)
+{
+	struct ptc_config *c = (struct ptc_config *)1;
+	struct ptc_error err = {.text = ""};
+	int rc = parse_config(text, &c, &err);
+	va_list ap;
+
+	if (rc == 0)
+		ptc_config_free(c);
+	else
+		_assert_true(c == NULL, "*out == NULL on error", file, line);
+	va_start(ap, exact);
+	unit_check_error(file, line, rc, err.text, "config.json: ", exact, ap);
+	va_end(ap);
+}
+
+static void cluster_fails_at(const char *file, int line, const char *text, const char *exact,
+			     ...)
+{
+	struct ptc_cluster *c = (struct ptc_cluster *)1;
+	struct ptc_error err = {.text = ""};
+	int rc = parse_cluster(text, &c, &err);
+	va_list ap;
+
+	if (rc == 0)
+		ptc_cluster_free(c);
+	else
+		_assert_true(c == NULL, "*out == NULL on error", file, line);
+	va_start(ap, exact);
+	unit_check_error(file, line, rc, err.text, "cluster.json: ", exact, ap);
+	va_end(ap);
+}
+
+#define CONFIG_FAILS_EXACT(text, msg) config_fails_at(__FILE__, __LINE__, text, msg, NULL)
+#define CONFIG_FAILS(text, ...)                                                                   \
+	config_fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)
+#define CLUSTER_FAILS_EXACT(text, msg) cluster_fails_at(__FILE__, __LINE__, text, msg, NULL)
+#define CLUSTER_FAILS(text, ...)                                                                  \
+	cluster_fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)
+
+/* A config with everything but the dataset; DS(x) appends a dataset. */
+#define CFG(fields) "{'version': 2, 'tp': 2, 'pp': 2, 'dp': 2, 'nodes': ['n0', 'n1']" fields "}"
+#define DS(fields)  CFG(", 'dataset': {" fields "}")
+
+/* ---------------------------------------------------------- config errors */
+
+static void test_config_bad_json(void **state)
+{
+	(void)state;
+	CONFIG_FAILS("{'version': 2,\n 'tp': 2,,}",
+		     "config.json: invalid JSON at line 2 column 10");
+	CONFIG_FAILS("", "config.json: invalid JSON at line 1 column 0");
+	CONFIG_FAILS("{'tp': 1, 'tp': 2}", "invalid JSON", "duplicate object key");
+}
+
+static void test_config_not_object(void **state)
+{
+	(void)state;
+	CONFIG_FAILS_EXACT("[]", "config.json: must be a JSON object");
+}
+
+static void test_config_unknown_field(void **state)
+{
+	(void)state;
+	CONFIG_FAILS_EXACT(CFG(", 'ep': 2"), "config.json: unknown field \"ep\"");
+}
+
+static void test_config_version(void **state)
+{
+	(void)state;
+	CONFIG_FAILS_EXACT("{'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0']}",
+			   "config.json: \"version\" is missing");
+	CONFIG_FAILS_EXACT("{'version': '2', 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0']}",
+			   "config.json: \"version\" must be an integer");
+	CONFIG_FAILS_EXACT("{'version': -1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0']}",
+			   "config.json: \"version\" = -1 is out of range [0, "
+			   "9223372036854775807]");
+	/* Out of jansson's integer range: a JSON error, not a wrapped value. */
+	CONFIG_FAILS("{'version': 9223372036854775808, 'tp': 1, 'pp': 1, 'dp': 1, "
+		     "'nodes': ['n0']}",
+		     "invalid JSON", "too big");
+}
+
+static void test_config_degrees(void **state)
+{
+	static const char *const keys[] = {"tp", "pp", "dp"};
+
+	(void)state;
+	for (int i = 0; i < 3; i++) {
+		char text[256], msg[128];
+		const char *vals[3] = {"1", "1", "1"};
+
+		/* missing */
+		snprintf(text, sizeof(text), "{'version': 1, %s%s%s 'nodes': ['n0']}",
+			 i == 0 ? "" : "'tp': 1,", i == 1 ? "" : "'pp': 1,",
+			 i == 2 ? "" : "'dp': 1,");
+		snprintf(msg, sizeof(msg), "config.json: \"%s\" is missing", keys[i]);
+		CONFIG_FAILS_EXACT(text, msg);
+
+		/* zero, negative, too large, not an integer */
+		static const char *const bad[] = {"0", "-2", "65537", "2.0", "'2'", "null"};
+		static const char *const why[] = {
+			"= 0 is out of range [1, 65536]",     "= -2 is out of range [1, 65536]",
+			"= 65537 is out of range [1, 65536]", "must be an integer",
+			"must be an integer",                 "must be an integer"};
+		for (int b = 0; b < 6; b++) {
+			vals[i] = bad[b];
+			snprintf(text, sizeof(text),
+				 "{'version': 1, 'tp': %s, 'pp': %s, 'dp': %s, 'nodes': ['n0']}",
+				 vals[0], vals[1], vals[2]);
+			snprintf(msg, sizeof(msg), "config.json: \"%s\" %s", keys[i], why[b]);
+			CONFIG_FAILS_EXACT(text, msg);
+		}
+	}
+	CONFIG_FAILS_EXACT("{'version': 1, 'tp': 256, 'pp': 16, 'dp': 32, 'nodes': ['n0']}",
+			   "config.json: tp * pp * dp = 131072 exceeds 65536 ranks");
+	/* A product that would wrap 32 bits. */
+	CONFIG_FAILS("{'version': 1, 'tp': 65536, 'pp': 65536, 'dp': 65536, 'nodes': ['n0']}",
+		     "tp * pp * dp = 281474976710656 exceeds 65536 ranks");
+}
+
+static void test_config_replicas(void **state)
+{
+	(void)state;
+	CONFIG_FAILS_EXACT(CFG(", 'replicas': 2"),
+			   "config.json: \"replicas\" = 2 is out of range [0, 1]");
+	CONFIG_FAILS_EXACT(CFG(", 'replicas': -1"),
+			   "config.json: \"replicas\" = -1 is out of range [0, 1]");
+	CONFIG_FAILS_EXACT(CFG(", 'replicas': true"),
+			   "config.json: \"replicas\" must be an integer");
+}
+
+static void test_config_nodes(void **state)
+{
+	static const char *const msg =
+		"config.json: \"nodes\" must be a non-empty array of node ids";
+
+	(void)state;
+	CONFIG_FAILS_EXACT("{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1}", msg);
+	CONFIG_FAILS_EXACT("{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': []}", msg);
+	CONFIG_FAILS_EXACT("{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': 'n0'}", msg);
+	CONFIG_FAILS_EXACT("{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': {'n0': 1}}", msg);
+}
+
+static void test_config_node_ids(void **state)
+{
+	static const char *const bad[] = {
+		"3", "null", "''", "'a/b'", "'..'", "'.'", "'n 0'", "'n0\\n'", "'{L}'",
+		/* 65 characters */
+		"'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'"};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char text[256];
+		snprintf(text, sizeof(text),
+			 "{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0', %s]}", bad[i]);
+		CONFIG_FAILS_EXACT(text, "config.json: nodes[1] is not a valid node id");
+	}
+	CONFIG_FAILS_EXACT("{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0', 'n1', 'n0']}",
+			   "config.json: nodes[2] = \"n0\" is listed twice");
+}
+
+static void test_config_dataset(void **state)
+{
+	(void)state;
+	CONFIG_FAILS_EXACT(CFG(", 'dataset': 'file:///x'"),
+			   "config.json: \"dataset\" must be an object");
+	CONFIG_FAILS_EXACT(DS("'index': 'file:///i.json', 'global_batch': 8, 'epoch': 1"),
+			   "config.json: dataset has unknown field \"epoch\"");
+	CONFIG_FAILS_EXACT(DS("'global_batch': 8"),
+			   "config.json: dataset.index must be a non-empty URI string");
+	CONFIG_FAILS_EXACT(DS("'index': '', 'global_batch': 8"),
+			   "config.json: dataset.index must be a non-empty URI string");
+	CONFIG_FAILS_EXACT(DS("'index': 7, 'global_batch': 8"),
+			   "config.json: dataset.index must be a non-empty URI string");
+	CONFIG_FAILS_EXACT(DS("'index': 'file:///i.json', 'seed': -1, 'global_batch': 8"),
+			   "config.json: dataset.seed = -1 is out of range [0, "
+			   "9223372036854775807]");
+	CONFIG_FAILS_EXACT(DS("'index': 'file:///i.json', 'seed': '1', 'global_batch': 8"),
+			   "config.json: dataset.seed must be an integer");
+	CONFIG_FAILS_EXACT(DS("'index': 'file:///i.json'"),
+			   "config.json: dataset.global_batch is missing");
+	CONFIG_FAILS_EXACT(DS("'index': 'file:///i.json', 'global_batch': 0"),
+			   "config.json: dataset.global_batch = 0 is out of range [1, 1073741824]");
+	CONFIG_FAILS(DS("'index': 'file:///i.json', 'global_batch': 1073741825"),
+		     "dataset.global_batch = 1073741825", "out of range");
+	CONFIG_FAILS(DS("'index': 'file:///i.json', 'global_batch': 8.5"),
+		     "dataset.global_batch", "must be an integer");
+	CONFIG_FAILS_EXACT(DS("'index': 'file:///i.json', 'global_batch': 8, 'shuffle': 1"),
+			   "config.json: dataset.shuffle must be true or false");
+}
+
+/* ------------------------------------------------------- config successes */
+
+static struct ptc_config *config_ok(const char *text)
+{
+	struct ptc_config *c = NULL;
+	struct ptc_error err = {.text = ""};
+	int rc = parse_config(text, &c, &err);
+
+	if (rc)
+		print_error("config parse failed: %s\n", err.text);
+	assert_int_equal(rc, 0);
+	assert_non_null(c);
+	return c;
+}
+
+static void test_config_design_example(void **state)
+{
+	struct ptc_config *c = config_ok("{\n  'version': 2,\n  'tp': 2, 'pp': 2, 'dp': 2,\n"
+					 "  'nodes': ['n0', 'n1'],\n"
+					 "  'dataset': {'index': 'file:///data/train/index.json',"
+					 " 'seed': 1234,\n   'global_batch': 64}\n}");
+
+	(void)state;
+	assert_int_equal(c->version, 2);
+	assert_int_equal(c->tp, 2);
+	assert_int_equal(c->pp, 2);
+	assert_int_equal(c->dp, 2);
+	assert_int_equal(c->nnodes, 2);
+	assert_string_equal(c->nodes[0], "n0");
+	assert_string_equal(c->nodes[1], "n1");
+	assert_int_equal(c->replicas, 0);
+	assert_true(c->has_dataset);
+	assert_string_equal(c->dataset_index, "file:///data/train/index.json");
+	assert_int_equal(c->dataset_seed, 1234);
+	assert_int_equal(c->dataset_global_batch, 64);
+	assert_true(c->dataset_shuffle);
+	ptc_config_free(c);
+	ptc_config_free(NULL);
+}
+
+static void test_config_minimal(void **state)
+{
+	struct ptc_config *c = config_ok("{'version': 0, 'tp': 1, 'pp': 1, 'dp': 1, "
+					 "'nodes': ['node-7.a_B']}");
+
+	(void)state;
+	assert_int_equal(c->version, 0);
+	assert_int_equal(c->nnodes, 1);
+	assert_string_equal(c->nodes[0], "node-7.a_B");
+	assert_false(c->has_dataset);
+	assert_null(c->dataset_index);
+	ptc_config_free(c);
+
+	/* Limits are inclusive; a 64-character id is fine. */
+	c = config_ok("{'version': 9223372036854775807, 'tp': 65536, 'pp': 1, 'dp': 1, "
+		      "'replicas': 1, 'nodes': "
+		      "['aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'], "
+		      "'dataset': {'index': 'https://h/i.json', 'seed': 0, 'global_batch': "
+		      "1073741824, 'shuffle': false}}");
+	assert_int_equal(c->version, INT64_MAX);
+	assert_int_equal(c->tp, 65536);
+	assert_int_equal(c->replicas, 1);
+	assert_int_equal(strlen(c->nodes[0]), 64);
+	assert_int_equal(c->dataset_seed, 0);
+	assert_int_equal(c->dataset_global_batch, 1 << 30);
+	assert_false(c->dataset_shuffle);
+	ptc_config_free(c);
+}
+
+/* Parses @text, serializes it and parses the result: same fields. */
+static void round_trip(const char *text)
+{
+	struct ptc_config *a = config_ok(text), *b = NULL;
+	struct ptc_error err = {.text = ""};
+	json_t *j = ptc_config_to_json(a);
+
+	assert_non_null(j);
+	assert_int_equal(ptc_config_parse(j, "config.json", &b, &err), 0);
+	assert_int_equal(a->version, b->version);
+	assert_int_equal(a->tp, b->tp);
+	assert_int_equal(a->pp, b->pp);
+	assert_int_equal(a->dp, b->dp);
+	assert_int_equal(a->replicas, b->replicas);
+	assert_int_equal(a->nnodes, b->nnodes);
+	for (int i = 0; i < a->nnodes; i++)
+		assert_string_equal(a->nodes[i], b->nodes[i]);
+	assert_int_equal(a->has_dataset, b->has_dataset);
+	if (a->has_dataset) {
+		assert_string_equal(a->dataset_index, b->dataset_index);
+		assert_int_equal(a->dataset_seed, b->dataset_seed);
+		assert_int_equal(a->dataset_global_batch, b->dataset_global_batch);
+		assert_int_equal(a->dataset_shuffle, b->dataset_shuffle);
+	}
+
+	/* And the serialized text parses back to the same JSON. */
+	char *dump = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+	json_t *k = json_loads(dump, 0, NULL);
+	assert_non_null(k);
+	assert_true(json_equal(j, k));
+	json_decref(k);
+	free(dump);
+	json_decref(j);
+	ptc_config_free(a);
+	ptc_config_free(b);
+}
+
+static void test_config_to_json(void **state)
+{
+	(void)state;
+	round_trip("{'version': 7, 'tp': 4, 'pp': 2, 'dp': 3, 'replicas': 1, "
+		   "'nodes': ['c', 'a', 'b'], 'dataset': {'index': 'file:///d/index.json', "
+		   "'seed': 9223372036854775807, 'global_batch': 96, 'shuffle': false}}");
+	round_trip("{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0']}");
+
+	/* The exact JSON of a full config: the input itself, all fields explicit. */
+	const char *full = "{'version': 3, 'tp': 2, 'pp': 1, 'dp': 4, 'nodes': ['n1', 'n0'], "
+			   "'replicas': 1, 'dataset': {'index': 'http://x/i.json', 'seed': 5, "
+			   "'global_batch': 16, 'shuffle': true}}";
+	char *text = unit_json(full);
+	json_t *in = json_loads(text, 0, NULL), *out;
+	struct ptc_config *c = config_ok(full);
+	out = ptc_config_to_json(c);
+	assert_true(json_equal(in, out));
+	json_decref(out);
+	ptc_config_free(c);
+
+	/* Defaults are written out: replicas 0 is omitted, seed and shuffle are explicit. */
+	c = config_ok(DS("'index': 'file:///i', 'global_batch': 2"));
+	out = ptc_config_to_json(c);
+	assert_null(json_object_get(out, "replicas"));
+	json_t *ds = json_object_get(out, "dataset");
+	assert_int_equal(json_integer_value(json_object_get(ds, "seed")), 0);
+	assert_true(json_is_true(json_object_get(ds, "shuffle")));
+	json_decref(out);
+	ptc_config_free(c);
+	json_decref(in);
+	free(text);
+}
+
+/* --------------------------------------------------------- cluster errors */
+
+static void test_cluster_errors_top(void **state)
+{
+	(void)state;
+	CLUSTER_FAILS("{'nodes': [", "cluster.json: invalid JSON at line 1 column");
+	CLUSTER_FAILS_EXACT("[{'id': 'n0', 'devices': 1}]", "cluster.json: must be a JSON object");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0', 'devices': 1}], 'token': 'x'}",
+			    "cluster.json: unknown field \"token\"");
+	CLUSTER_FAILS_EXACT("{}", "cluster.json: \"nodes\" must be a non-empty array");
+	CLUSTER_FAILS_EXACT("{'nodes': []}", "cluster.json: \"nodes\" must be a non-empty array");
+	CLUSTER_FAILS_EXACT("{'nodes': {'id': 'n0'}}",
+			    "cluster.json: \"nodes\" must be a non-empty array");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0', 'devices': 1}], 'token_file': ''}",
+			    "cluster.json: \"token_file\" must be a non-empty path");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0', 'devices': 1}], 'token_file': 1}",
+			    "cluster.json: \"token_file\" must be a non-empty path");
+}
+
+static void test_cluster_errors_node(void **state)
+{
+	(void)state;
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0', 'devices': 1}, 'n1']}",
+			    "cluster.json: nodes[1] must be an object");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0', 'devices': 1, 'gpus': 2}]}",
+			    "cluster.json: nodes[0] has unknown field \"gpus\"");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'devices': 1}]}",
+			    "cluster.json: nodes[0].id must be a node id of [A-Za-z0-9_.-]");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'a/b', 'devices': 1}]}",
+			    "cluster.json: nodes[0].id must be a node id of [A-Za-z0-9_.-]");
+	CLUSTER_FAILS("{'nodes': [{'id': '..', 'devices': 1}]}", "nodes[0].id must be a node id");
+	CLUSTER_FAILS("{'nodes': [{'id': 5, 'devices': 1}]}", "nodes[0].id must be a node id");
+	CLUSTER_FAILS("{'nodes': [{'id': 'n0', 'devices': 1}, {'id': 'n0:1', 'devices': 1}]}",
+		      "nodes[1].id must be a node id");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0', 'devices': 1}, {'id': 'n1', 'devices': 1}, "
+			    "{'id': 'n0', 'devices': 2}]}",
+			    "cluster.json: nodes[2].id = \"n0\" is listed twice");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0', 'addr': '10.0.0.5', 'devices': 1}]}",
+			    "cluster.json: nodes[0].addr must be \"host:port\"");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0', 'addr': 7070, 'devices': 1}]}",
+			    "cluster.json: nodes[0].addr must be \"host:port\"");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0'}]}",
+			    "cluster.json: nodes[0].devices is missing");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0', 'devices': 0}]}",
+			    "cluster.json: nodes[0].devices = 0 is out of range [1, 4096]");
+	CLUSTER_FAILS("{'nodes': [{'id': 'n0', 'devices': 4097}]}", "nodes[0].devices = 4097",
+		      "out of range");
+	CLUSTER_FAILS_EXACT("{'nodes': [{'id': 'n0', 'devices': '4'}]}",
+			    "cluster.json: nodes[0].devices must be an integer");
+}
+
+/* ------------------------------------------------------ cluster successes */
+
+static void test_cluster_ok(void **state)
+{
+	struct ptc_cluster *c = NULL;
+	struct ptc_error err = {.text = ""};
+
+	(void)state;
+	assert_int_equal(parse_cluster("{'nodes': [{'id': 'n0', 'addr': '10.0.0.5:7070', "
+				       "'devices': 4}, {'id': 'n1', 'devices': 4096}], "
+				       "'token_file': '/etc/mlfs/token'}",
+				       &c, &err),
+			 0);
+	assert_int_equal(c->nnodes, 2);
+	assert_string_equal(c->nodes[0].id, "n0");
+	assert_string_equal(c->nodes[0].addr, "10.0.0.5:7070");
+	assert_int_equal(c->nodes[0].devices, 4);
+	assert_string_equal(c->nodes[1].id, "n1");
+	assert_null(c->nodes[1].addr);
+	assert_int_equal(c->nodes[1].devices, 4096);
+	assert_string_equal(c->token_file, "/etc/mlfs/token");
+	assert_int_equal(ptc_cluster_find(c, "n1"), 1);
+	assert_int_equal(ptc_cluster_find(c, "n0"), 0);
+	assert_int_equal(ptc_cluster_find(c, "n2"), -1);
+	assert_int_equal(ptc_cluster_find(c, "n"), -1);
+	ptc_cluster_free(c);
+	ptc_cluster_free(NULL);
+
+	assert_int_equal(parse_cluster("{'nodes': [{'id': 'x', 'devices': 1}]}", &c, &err), 0);
+	assert_null(c->token_file);
+	ptc_cluster_free(c);
+}
+
+static void test_cluster_uniform(void **state)
+{
+	char *const ids[] = {"a", "b", "c"};
+	struct ptc_cluster *c = ptc_cluster_new_uniform(3, ids, 8);
+
+	(void)state;
+	assert_non_null(c);
+	assert_int_equal(c->nnodes, 3);
+	for (int i = 0; i < 3; i++) {
+		assert_string_equal(c->nodes[i].id, ids[i]);
+		assert_ptr_not_equal(c->nodes[i].id, ids[i]);
+		assert_int_equal(c->nodes[i].devices, 8);
+		assert_null(c->nodes[i].addr);
+		assert_int_equal(ptc_cluster_find(c, ids[i]), i);
+	}
+	assert_null(c->token_file);
+	ptc_cluster_free(c);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_config_bad_json),
+		cmocka_unit_test(test_config_not_object),
+		cmocka_unit_test(test_config_unknown_field),
+		cmocka_unit_test(test_config_version),
+		cmocka_unit_test(test_config_degrees),
+		cmocka_unit_test(test_config_replicas),
+		cmocka_unit_test(test_config_nodes),
+		cmocka_unit_test(test_config_node_ids),
+		cmocka_unit_test(test_config_dataset),
+		cmocka_unit_test(test_config_design_example),
+		cmocka_unit_test(test_config_minimal),
+		cmocka_unit_test(test_config_to_json),
+		cmocka_unit_test(test_cluster_errors_top),
+		cmocka_unit_test(test_cluster_errors_node),
+		cmocka_unit_test(test_cluster_ok),
+		cmocka_unit_test(test_cluster_uniform),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1000 @@
+/*
+ * test_xf.c - the transform module: memory bound, buffers, row copies and
+ * the plan executor.
+ *
+ * The executor is checked as a property over random schemas and layouts:
+ * old partitions hold synthetic bytes (a function of state, logical tensor
+ * and global element; padding is garbage), the plan is executed with 1 and 3
+ * threads, and every new partition must equal the data laid out per the new
+ * layout (zero padding), except REUSEd ones, which must be the very same
+ * buffer as the old partition. Row maps and placement are written here
+ * independently of ptc's.
+ */
+#include <pthread.h>
+
+#include "tests/unit/unit.h"
+#include "transform/xf.h"
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return rng_state;
+}
+
+static int rndi(int lo, int hi) /* inclusive */
+{
+	return lo + (int)(rnd() % (uint64_t)(hi - lo + 1));
+}
+
+static uint8_t data_byte(int st, int logical, int64_t elem, int b)
+{
+	uint64_t h = (uint64_t)st * 0x9E3779B97F4A7C15ull ^
+		     (uint64_t)logical * 0xC2B2AE3D27D4EB4Full ^
+		     (uint64_t)elem * 0x165667B19E3779F9ull ^ (uint64_t)b;
+	h ^= h >> 29;
+	h *= 0xBF58476D1CE4E5B9ull;
+	h ^= h >> 32;
+	return (uint8_t)h;
+}
+
+/* Old padding bytes: never copied, kept only by REUSE. */
+#define GARBAGE 0xAA
+
+/* ---------------------------------------------------------- memory bound */
+
+static void test_mem_limit(void **state)
+{
+	(void)state;
+	struct xf_mem m = {.limit = 100};
+	struct xf_buf *a, *b, *c;
+	int rc = 1;
+
+	a = xf_buf_new(&m, 60, &rc);
+	assert_non_null(a);
+	assert_int_equal(rc, 0);
+	assert_int_equal(m.used, 60);
+	b = xf_buf_new(&m, 41, &rc);
+	assert_null(b);
+	assert_int_equal(rc, -ENOSPC);
+	assert_int_equal(m.used, 60);
+	b = xf_buf_new(&m, 40, &rc);
+	assert_non_null(b);
+	assert_int_equal(m.used, 100);
+	c = xf_buf_new(&m, 0, &rc);
+	assert_non_null(c);
+	assert_non_null(c->data);
+	assert_int_equal(c->size, 0);
+	assert_int_equal(xf_mem_reserve(&m, 1), -ENOSPC);
+	assert_int_equal(xf_mem_reserve(&m, INT64_MAX), -ENOSPC);
+	xf_buf_put(a);
+	assert_int_equal(m.used, 40);
+	xf_buf_put(b);
+	xf_buf_put(c);
+	assert_int_equal(m.used, 0);
+
+	/* limit 0 = unlimited */
+	struct xf_mem u = {0};
+	assert_int_equal(xf_mem_reserve(&u, (int64_t)1 << 50), 0);
+	assert_int_equal(u.used, (int64_t)1 << 50);
+	xf_mem_release(&u, (int64_t)1 << 50);
+	assert_int_equal(u.used, 0);
+	/* no accounting at all */
+	a = xf_buf_new(NULL, 10, &rc);
+	assert_non_null(a);
+	xf_buf_put(a);
+}
+
+struct mem_race {
+	struct xf_mem *m;
+	atomic_int over;
+};
+
+static void *mem_racer(void *arg)
+{
+	struct mem_race *r = arg;
+
+	for (int i = 0; i < 20000; i++) {
+		struct xf_buf *b = xf_buf_new(r->m, 7, NULL);
+		if (atomic_load(&r->m->used) > r->m->limit)
+			atomic_store(&r->over, 1);
+		xf_buf_put(xf_buf_get(b));
+		xf_buf_put(b);
+	}
+	return NULL;
+}
+
+/* Reservations from several threads never pass the limit and add up. */
+static void test_mem_threads(void **state)
+{
+	(void)state;
+	struct xf_mem m = {.limit = 20};
+	struct mem_race r = {.m = &m};
+	pthread_t t[4];
+
+	atomic_init(&r.over, 0);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(pthread_create(&t[i], NULL, mem_racer, &r), 0);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	assert_int_equal(atomic_load(&r.over), 0);
+	assert_int_equal(m.used, 0);
+}
+
+/* --------------------------------------------------------------- buffers */
+
+static void test_buf_refs(void **state)
+{
+	(void)state;
+	struct xf_mem m = {0};
+	int rc;
+
+	/* Small: calloc, zeroed. */
+	struct xf_buf *s = xf_buf_new(&m, 1000, &rc);
+	assert_non_null(s);
+	assert_false(s->mapped);
+	assert_int_equal(atomic_load(&s->refs), 1);
+	for (int i = 0; i < 1000; i++)
+		assert_int_equal(s->data[i], 0);
+
+	/* Large: an anonymous mapping, zeroed, writable. */
+	int64_t big = ((int64_t)1 << 20) + 3;
+	struct xf_buf *l = xf_buf_new(&m, big, &rc);
+	assert_non_null(l);
+	assert_true(l->mapped);
+	assert_int_equal(l->size, big);
+	for (int64_t i = 0; i < big; i += 4093)
+		assert_int_equal(l->data[i], 0);
+	assert_int_equal(l->data[big - 1], 0);
+	memset(l->data, 0x5A, (size_t)big);
+	assert_int_equal(m.used, 1000 + big);
+
+	assert_ptr_equal(xf_buf_get(l), l);
+	assert_ptr_equal(xf_buf_get(l), l);
+	assert_int_equal(atomic_load(&l->refs), 3);
+	xf_buf_put(l);
+	xf_buf_put(l);
+	assert_int_equal(atomic_load(&l->refs), 1);
+	assert_int_equal(m.used, 1000 + big);
+	xf_buf_put(l);
+	assert_int_equal(m.used, 1000);
+	xf_buf_put(s);
+	assert_int_equal(m.used, 0);
+
+	assert_null(xf_buf_get(NULL));
+	xf_buf_put(NULL);
+	assert_null(xf_buf_new(&m, -1, &rc));
+	assert_int_equal(rc, -EINVAL);
+	assert_int_equal(m.used, 0);
+}
+
+/* -------------------------------------------------------------- row copy */
+
+static void test_copy_rows(void **state)
+{
+	(void)state;
+	/* A [2, 5, 3] uint8 tensor split along dim 1: outer 2, rows 5, rows of
+	 * 3 bytes; element (o, r, e) = o * 15 + r * 3 + e. */
+	uint8_t src[30], dst[12], mid[2 * 4 * 3];
+
+	for (int i = 0; i < 30; i++)
+		src[i] = (uint8_t)i;
+	/* Rows [1, 3) into a 2-row partition. */
+	memset(dst, 0xFF, sizeof(dst));
+	xf_copy_rows(dst, 2, 0, src, 5, 1, 2, 2, 3);
+	static const uint8_t want[12] = {3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23};
+	assert_memory_equal(dst, want, sizeof(want));
+
+	/* Row 4 into row 2 of a 4-row partition; the rest untouched. */
+	memset(mid, 0xFF, sizeof(mid));
+	xf_copy_rows(mid, 4, 2, src, 5, 4, 1, 2, 3);
+	static const uint8_t want_mid[24] = {
+		0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 12, 13, 14, 0xFF, 0xFF, 0xFF,
+		0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 27, 28, 29, 0xFF, 0xFF, 0xFF};
+	assert_memory_equal(mid, want_mid, sizeof(want_mid));
+
+	/* Whole partitions of one shape; and zero rows copy nothing. */
+	uint8_t all[30];
+	xf_copy_rows(all, 5, 0, src, 5, 0, 5, 2, 3);
+	assert_memory_equal(all, src, sizeof(src));
+	memset(dst, 0xEE, sizeof(dst));
+	xf_copy_rows(dst, 2, 2, src, 5, 5, 0, 2, 3);
+	for (int i = 0; i < 12; i++)
+		assert_int_equal(dst[i], 0xEE);
+}
+
+/* ------------------------------------------------ independent layout model */
+
+/* Global row (or -1 for padding) of each local row of TP rank tr. */
+static int64_t *rowmap(const struct ptc_tensor *t, int tp, int tr, int64_t *nrows)
+{
+	int64_t *m, n;
+
+	if (t->split_dim < 0) {
+		m = malloc(sizeof(int64_t));
+		m[0] = 0;
+		*nrows = 1;
+		return m;
+	}
+	n = t->shape[t->split_dim];
+	if (t->pad_multiple) {
+		int64_t q = t->pad_multiple * tp, padded = (n + q - 1) / q * q, per = padded / tp;
+		m = malloc((size_t)(per ? per : 1) * sizeof(int64_t));
+		for (int64_t i = 0; i < per; i++)
+			m[i] = tr * per + i < n ? tr * per + i : -1;
+		*nrows = per;
+		return m;
+	}
+	m = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+	int64_t k = 0, base = 0;
+	for (int c = 0; c < t->nchunks; c++) {
+		int64_t cn = t->chunks[c];
+		for (int64_t g = base + tr * cn / tp; g < base + (tr + 1) * cn / tp; g++)
+			m[k++] = g;
+		base += cn;
+	}
+	*nrows = k;
+	return m;
+}
+
+static bool holds(const struct ptc_layout *l, int r, int ti)
+{
+	const struct ptc_tensor *t = &l->schema->tensors[ti];
+	int p = (r / l->tp) / l->dp, L = l->schema->num_layers;
+
+	if (t->tied >= 0)
+		return l->pp > 1 && p == l->pp - 1;
+	if (t->layer >= 0) {
+		for (int q = 0; q < l->pp; q++)
+			if (t->layer >= q * L / l->pp && t->layer < (q + 1) * L / l->pp)
+				return q == p;
+		return false;
+	}
+	if (t->place == PTC_PLACE_FIRST)
+		return p == 0;
+	if (t->place == PTC_PLACE_LAST)
+		return p == l->pp - 1;
+	return true;
+}
+
+static int node_of(const struct ptc_layout *l, int r)
+{
+	int left = r;
+	for (int i = 0; i < l->config->nnodes; i++) {
+		int n = ptc_cluster_find(l->cluster, l->config->nodes[i]);
+		if (left < l->cluster->nodes[n].devices)
+			return n;
+		left -= l->cluster->nodes[n].devices;
+	}
+	return -1;
+}
+
+static int64_t esize(const struct ptc_schema *s, int st, int t)
+{
+	return (int64_t)ptc_dtype_size(ptc_schema_dtype(s, st, t));
+}
+
+/* The bytes partition (r, st, t) of @l must hold, padding bytes = @pad.
+ * Returns a malloc'ed buffer and its size. */
+static uint8_t *expected_part(const struct ptc_layout *l, int r, int st, int t, int pad,
+			      int64_t *size)
+{
+	const struct ptc_schema *s = l->schema;
+	const struct ptc_tensor *T = &s->tensors[t];
+	int logical = T->tied >= 0 ? T->tied : t;
+	int64_t outer, rowel, nrows, es = esize(s, st, t);
+	int64_t N = T->split_dim < 0 ? 1 : T->shape[T->split_dim];
+	int64_t *m = rowmap(T, l->tp, r % l->tp, &nrows);
+
+	ptc_tensor_geometry(T, &outer, &rowel);
+	*size = outer * nrows * rowel * es;
+	uint8_t *buf = malloc((size_t)(*size ? *size : 1));
+	for (int64_t o = 0; o < outer; o++)
+		for (int64_t lr = 0; lr < nrows; lr++) {
+			int64_t g = m[lr];
+			for (int64_t e = 0; e < rowel; e++) {
+				int64_t elem = (o * N + g) * rowel + e;
+				uint8_t *out = buf + ((o * nrows + lr) * rowel + e) * es;
+				for (int b = 0; b < es; b++)
+					out[b] = g < 0 ? (uint8_t)pad
+						       : data_byte(st, logical, elem, b);
+			}
+		}
+	free(m);
+	return buf;
+}
+
+/* Old partitions of @node: allocated by xf_parts_alloc_zero, then filled. */
+static void old_parts(struct xf_parts *p, const struct ptc_layout *l, int node, struct xf_mem *mem)
+{
+	const struct ptc_schema *s = l->schema;
+
+	assert_int_equal(xf_parts_init(p, l, node), 0);
+	assert_int_equal(xf_parts_alloc_zero(p, mem), 0);
+	for (int r = 0; r < l->world; r++)
+		for (int st = 0; st < s->nstates; st++)
+			for (int t = 0; t < s->ntensors; t++) {
+				struct xf_buf *b = p->bufs[xf_parts_index(p, r, st, t)];
+				if (node_of(l, r) != node || !holds(l, r, t)) {
+					assert_null(b);
+					continue;
+				}
+				int64_t size;
+				uint8_t *want = expected_part(l, r, st, t, GARBAGE, &size);
+				assert_non_null(b);
+				assert_int_equal(b->size, size);
+				memcpy(b->data, want, (size_t)size);
+				free(want);
+			}
+}
+
+/* Checks every entry of @p against the data laid out per its layout. New
+ * partitions (refs 1) have zero padding; REUSEd ones are the old buffer
+ * named by the plan and keep its padding. Returns bytes checked. */
+static int64_t check_parts(const struct xf_parts *p, const struct ptc_plan *plan,
+			   const struct xf_parts *from)
+{
+	const struct ptc_layout *l = p->layout;
+	const struct ptc_schema *s = l->schema;
+	size_t nops = plan ? plan->node_first_op[p->node + 1] - plan->node_first_op[p->node] : 0;
+	const struct ptc_op *ops = plan ? plan->ops + plan->node_first_op[p->node] : NULL;
+	int64_t total = 0;
+
+	for (int r = 0; r < l->world; r++)
+		for (int st = 0; st < s->nstates; st++)
+			for (int t = 0; t < s->ntensors; t++) {
+				struct xf_buf *b = p->bufs[xf_parts_index(p, r, st, t)];
+				if (node_of(l, r) != p->node || !holds(l, r, t)) {
+					assert_null(b);
+					continue;
+				}
+				assert_non_null(b);
+				const struct ptc_op *reuse = NULL;
+				for (size_t k = 0; k < nops; k++)
+					if (ops[k].kind == PTC_OP_REUSE && ops[k].dst_rank == r &&
+					    ops[k].state == st && ops[k].tensor == t)
+						reuse = &ops[k];
+				if (reuse) {
+					assert_ptr_equal(b, from->bufs[xf_parts_index(
+								    from, reuse->src_rank, st,
+								    reuse->src_tensor)]);
+					assert_true(atomic_load(&b->refs) >= 2);
+				} else if (plan) {
+					assert_int_equal(atomic_load(&b->refs), 1);
+				}
+				int64_t size;
+				uint8_t *want = expected_part(l, r, st, t,
+							      reuse || !plan ? GARBAGE : 0, &size);
+				assert_int_equal(b->size, size);
+				assert_memory_equal(b->data, want, (size_t)size);
+				free(want);
+				total += size;
+			}
+	return total;
+}
+
+static bool parts_empty(const struct xf_parts *p)
+{
+	size_t n = (size_t)p->layout->world * (size_t)p->nstates * (size_t)p->ntensors;
+	for (size_t i = 0; i < n; i++)
+		if (p->bufs[i])
+			return false;
+	return true;
+}
+
+static size_t count_kind(const struct ptc_plan *p, int node, int kind)
+{
+	size_t n = 0;
+	for (size_t k = p->node_first_op[node]; k < p->node_first_op[node + 1]; k++)
+		n += p->ops[k].kind == kind;
+	return n;
+}
+
+/* ----------------------------------------------------- fetch from a peer */
+
+/* Serves FETCHes from in-memory copies of every node's old partitions. */
+struct peers {
+	struct xf_parts *old; /* per cluster node */
+	int nnodes;
+	int fail;             /* when set, every fetch returns it */
+	atomic_int calls;
+};
+
+/* Fetch calls of every execution, to see FETCH ops cut into pieces. */
+static atomic_int fetch_calls;
+
+static int peer_fetch(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t dst_rows,
+		      int64_t outer, int64_t row_bytes)
+{
+	struct peers *pe = arg;
+	int64_t srows, so, srel;
+
+	atomic_fetch_add(&pe->calls, 1);
+	atomic_fetch_add(&fetch_calls, 1);
+	if (pe->fail)
+		return pe->fail;
+	if (op->kind != PTC_OP_FETCH || op->src_node < 0 || op->src_node >= pe->nnodes ||
+	    op->src_node == op->dst_node)
+		return -EPROTO;
+	const struct xf_parts *p = &pe->old[op->src_node];
+	const struct ptc_layout *l = p->layout;
+	const struct xf_buf *b =
+		p->bufs[xf_parts_index(p, op->src_rank, op->state, op->src_tensor)];
+	if (!b)
+		return -ENOENT;
+	free(rowmap(&l->schema->tensors[op->src_tensor], l->tp, op->src_rank % l->tp, &srows));
+	ptc_tensor_geometry(&l->schema->tensors[op->src_tensor], &so, &srel);
+	if (so != outer || srel * esize(l->schema, op->state, op->src_tensor) != row_bytes ||
+	    op->src_row < 0 || op->src_row + op->rows > srows || op->dst_row < 0 ||
+	    op->dst_row + op->rows > dst_rows || op->bytes != op->rows * outer * row_bytes)
+		return -ERANGE;
+	xf_copy_rows(dst, dst_rows, op->dst_row, b->data, srows, op->src_row, op->rows, outer,
+		     row_bytes);
+	return 0;
+}
+
+/* ------------------------------------------------------------- scenarios */
+
+struct scenario {
+	struct ptc_schema *schema;
+	struct ptc_cluster *cluster;
+	struct ptc_config *a, *b;
+	struct ptc_layout la, lb;
+	bool la_ok, lb_ok;
+};
+
+static void free_scenario(struct scenario *sc)
+{
+	if (sc->la_ok)
+		ptc_layout_release(&sc->la);
+	if (sc->lb_ok)
+		ptc_layout_release(&sc->lb);
+	ptc_config_free(sc->a);
+	ptc_config_free(sc->b);
+	ptc_cluster_free(sc->cluster);
+	ptc_schema_free(sc->schema);
+	memset(sc, 0, sizeof(*sc));
+}
+
+static json_t *random_schema(void)
+{
+	static const char *dts[] = {"float64", "float32", "bfloat16", "int8", "int32", "uint8"};
+	json_t *root = json_object(), *tensors = json_array(), *states = json_object();
+	int layers = rndi(1, 6), ntmpl = rndi(1, 5);
+
+	json_object_set_new(root, "num_layers", json_integer(layers));
+	int nst = rndi(1, 3);
+	json_object_set_new(states, "model", json_object());
+	if (nst > 1)
+		json_object_set_new(states, "optim/m", json_pack("{ss}", "dtype", dts[rndi(0, 5)]));
+	if (nst > 2)
+		json_object_set_new(states, "optim/v", json_pack("{ss}", "dtype", "float32"));
+	json_object_set_new(root, "states", states);
+	int tie_target = -1;
+	for (int i = 0; i < ntmpl; i++) {
+		json_t *t = json_object(), *shape = json_array();
+		int nd = rndi(0, 3), kind = rndi(0, 9);
+		char name[32];
+		snprintf(name, sizeof(name), kind < 6 ? "l/{L}/t%d" : "t%d", i);
+		json_object_set_new(t, "name", json_string(name));
+		json_object_set_new(t, "dtype", json_string(dts[rndi(0, 5)]));
+		int64_t dims[3];
+		for (int d = 0; d < nd; d++) {
+			dims[d] = rndi(1, 12);
+			json_array_append_new(shape, json_integer(dims[d]));
+		}
+		json_object_set_new(t, "shape", shape);
+		if (nd > 0 && rndi(0, 3) > 0) {
+			int dim = rndi(0, nd - 1);
+			json_t *split = json_pack("{si}", "dim", dim);
+			int how = rndi(0, 3);
+			if (how == 1 && dims[dim] % 2 == 0) {
+				json_object_set_new(split, "chunks", json_integer(2));
+			} else if (how == 2 && dims[dim] >= 3) {
+				int64_t a = rndi(1, (int)dims[dim] - 2);
+				int64_t b = rndi(1, (int)(dims[dim] - a - 1));
+				json_object_set_new(split, "chunks",
+						    json_pack("[III]", a, b, dims[dim] - a - b));
+			} else if (how == 3) {
+				json_object_set_new(split, "pad_multiple",
+						    json_integer(rndi(1, 4)));
+			}
+			json_object_set_new(t, "split", split);
+		}
+		if (kind >= 6)
+			json_object_set_new(t, "place", json_string(kind == 6   ? "first"
+								    : kind == 7 ? "last"
+										: "all"));
+		if (kind == 6 && tie_target < 0)
+			tie_target = i;
+		json_array_append_new(tensors, t);
+	}
+	if (tie_target >= 0 && rndi(0, 1)) {
+		json_t *src = json_array_get(tensors, (size_t)tie_target);
+		json_t *t = json_deep_copy(src);
+		char name[32];
+		snprintf(name, sizeof(name), "t%d/tied", tie_target);
+		json_object_set_new(t, "name", json_string(name));
+		json_object_set_new(t, "place", json_string("last"));
+		json_object_set_new(t, "tied",
+				    json_string(json_string_value(json_object_get(src, "name"))));
+		json_array_append_new(tensors, t);
+	}
+	json_object_set_new(root, "tensors", tensors);
+	return root;
+}
+
+static struct ptc_config *random_config(const struct ptc_cluster *cl, int64_t version)
+{
+	int n = rndi(1, cl->nnodes), order[16], devices = 0;
+	json_t *nodes = json_array();
+
+	for (int i = 0; i < cl->nnodes; i++)
+		order[i] = i;
+	for (int i = cl->nnodes - 1; i > 0; i--) {
+		int j = rndi(0, i), x = order[i];
+		order[i] = order[j];
+		order[j] = x;
+	}
+	for (int i = 0; i < n; i++) {
+		json_array_append_new(nodes, json_string(cl->nodes[order[i]].id));
+		devices += cl->nodes[order[i]].devices;
+	}
+	int tp = rndi(1, 4), pp = rndi(1, 3), dp = rndi(1, 3);
+	while (tp * pp * dp > devices) {
+		if (dp > 1)
+			dp--;
+		else if (pp > 1)
+			pp--;
+		else
+			tp--;
+	}
+	json_t *j = json_pack("{sIsisisiso}", "version", (json_int_t)version, "tp", tp, "pp", pp,
+			      "dp", dp, "nodes", nodes);
+	struct ptc_config *c = NULL;
+	struct ptc_error err;
+	assert_int_equal(ptc_config_parse(j, "config.json", &c, &err), 0);
+	json_decref(j);
+	return c;
+}
+
+/* A random schema and two random layouts on @nnodes nodes of 1..@maxdev
+ * devices (exactly @maxdev when @nnodes is 1). False when a layout does
+ * not fit the schema. */
+static bool make_scenario(struct scenario *sc, int nnodes, int maxdev)
+{
+	struct ptc_error err;
+	json_t *js = random_schema();
+	char *ids[8], names[8][16];
+
+	assert_int_equal(ptc_schema_parse(js, "schema.json", &sc->schema, &err), 0);
+	json_decref(js);
+	for (int i = 0; i < nnodes; i++) {
+		snprintf(names[i], sizeof(names[i]), "n%d", i);
+		ids[i] = names[i];
+	}
+	sc->cluster = ptc_cluster_new_uniform(nnodes, ids, maxdev);
+	for (int i = 0; i < nnodes && nnodes > 1; i++)
+		sc->cluster->nodes[i].devices = rndi(1, maxdev);
+	sc->a = random_config(sc->cluster, 1);
+	sc->b = random_config(sc->cluster, 2);
+	sc->la_ok = ptc_layout_init(&sc->la, sc->schema, sc->a, sc->cluster, "a.json", &err) == 0;
+	sc->lb_ok = sc->la_ok &&
+		    ptc_layout_init(&sc->lb, sc->schema, sc->b, sc->cluster, "b.json", &err) == 0;
+	return sc->lb_ok;
+}
+
+/* ------------------------------------------------------- executor checks */
+
+/* Runs the plan on every node with @nthreads threads and checks the result
+ * exactly; @old holds every node's old partitions. */
+static void execute_and_check(const struct scenario *sc, const struct ptc_plan *p,
+			      struct xf_parts *old, struct xf_mem *mem, int nthreads)
+{
+	int nn = sc->cluster->nnodes;
+	struct peers pe = {.old = old, .nnodes = nn};
+	int64_t used0 = mem->used;
+
+	atomic_init(&pe.calls, 0);
+	for (int n = 0; n < nn; n++) {
+		struct xf_parts to;
+		struct xf_stats st = {.seconds = -1};
+		_Atomic int64_t progress = 0;
+		const struct ptc_node_stats *ns = &p->per_node[n];
+
+		assert_int_equal(xf_parts_init(&to, &sc->lb, n), 0);
+		int rc = xf_execute(p, n, &old[n], &to, mem, nthreads, peer_fetch, &pe, &progress,
+				    &st);
+		if (rc)
+			fail_msg("node %d: xf_execute = %d", n, rc);
+		assert_int_equal(check_parts(&to, p, &old[n]), ns->bytes_total);
+		assert_int_equal(st.bytes_reused, ns->bytes_reused);
+		assert_int_equal(st.bytes_copied, ns->bytes_local);
+		assert_int_equal(st.bytes_fetched, ns->bytes_in);
+		assert_int_equal(st.bytes_zeroed, ns->bytes_zero);
+		assert_true(st.seconds >= 0);
+		assert_int_equal(progress, ns->bytes_total);
+		assert_int_equal(mem->used, used0 + xf_plan_new_bytes(p, n));
+		xf_parts_release(&to);
+		assert_int_equal(mem->used, used0);
+	}
+	/* The old layout is untouched, padding included. */
+	for (int n = 0; n < nn; n++)
+		check_parts(&old[n], NULL, NULL);
+}
+
+/* A memory limit one byte short fails cleanly; an exact one fits. */
+static void check_enospc(const struct scenario *sc, const struct ptc_plan *p, int node,
+			 struct xf_parts *old, struct xf_mem *mem)
+{
+	int64_t need = xf_plan_new_bytes(p, node), used0 = mem->used;
+	struct peers pe = {.old = old, .nnodes = sc->cluster->nnodes};
+	struct xf_parts to;
+
+	atomic_init(&pe.calls, 0);
+	assert_int_equal(xf_parts_init(&to, &sc->lb, node), 0);
+	if (need > 0) {
+		mem->limit = used0 + need - 1;
+		assert_int_equal(xf_execute(p, node, &old[node], &to, mem, 2, peer_fetch, &pe, NULL,
+					    NULL),
+				 -ENOSPC);
+		assert_true(parts_empty(&to));
+		assert_int_equal(mem->used, used0);
+		assert_int_equal(atomic_load(&pe.calls), 0);
+	}
+	mem->limit = used0 + need;
+	assert_int_equal(
+		xf_execute(p, node, &old[node], &to, mem, 2, peer_fetch, &pe, NULL, NULL), 0);
+	assert_int_equal(mem->used, used0 + need);
+	xf_parts_release(&to);
+	mem->limit = 0;
+	assert_int_equal(mem->used, used0);
+}
+
+/* Without a fetch callback, a node with FETCH ops fails before copying. */
+static void check_no_fetch(const struct scenario *sc, const struct ptc_plan *p, int node,
+			   struct xf_parts *old, struct xf_mem *mem)
+{
+	int64_t used0 = mem->used;
+	_Atomic int64_t progress = 0;
+	struct xf_parts to;
+
+	assert_int_equal(xf_parts_init(&to, &sc->lb, node), 0);
+	assert_int_equal(xf_execute(p, node, &old[node], &to, mem, 3, NULL, NULL, &progress, NULL),
+			 -EIO);
+	assert_true(parts_empty(&to));
+	assert_int_equal(progress, 0);
+	assert_int_equal(mem->used, used0);
+	xf_parts_release(&to);
+}
+
+/* Runs one scenario: plan, old partitions, 1 and 3 threads, limits. */
+static void run_scenario(const struct scenario *sc, int *fetch_nodes, int *reuse_plans)
+{
+	int nn = sc->cluster->nnodes;
+	struct xf_parts old[8];
+	struct xf_mem mem = {0};
+	struct ptc_plan *p;
+	struct ptc_error err;
+
+	int rc = ptc_plan_compute(&sc->la, &sc->lb, NULL, 0, &p, &err);
+	if (rc)
+		fail_msg("plan: %s", err.text);
+	for (int n = 0; n < nn; n++)
+		old_parts(&old[n], &sc->la, n, &mem);
+	execute_and_check(sc, p, old, &mem, 1);
+	execute_and_check(sc, p, old, &mem, 3);
+	for (int n = 0; n < nn; n++) {
+		check_enospc(sc, p, n, old, &mem);
+		if (count_kind(p, n, PTC_OP_FETCH)) {
+			check_no_fetch(sc, p, n, old, &mem);
+			++*fetch_nodes;
+		}
+	}
+	*reuse_plans += p->bytes_reused > 0;
+	for (int n = 0; n < nn; n++)
+		xf_parts_release(&old[n]);
+	assert_int_equal(mem.used, 0);
+	ptc_plan_free(p);
+}
+
+static int prop_cases(int dflt)
+{
+	const char *env = getenv("XF_PROP_CASES");
+	return env ? atoi(env) : dflt;
+}
+
+/* Local plans: one node, several devices. */
+static void test_execute_local(void **state)
+{
+	(void)state;
+	int cases = prop_cases(300), done = 0, fetch_nodes = 0, reuse_plans = 0;
+
+	rng_state = 0x2545F4914F6CDD1Dull;
+	for (int c = 0; done < cases && c < 10 * cases; c++) {
+		struct scenario sc = {0};
+		if (make_scenario(&sc, 1, rndi(2, 8))) {
+			run_scenario(&sc, &fetch_nodes, &reuse_plans);
+			done++;
+		}
+		free_scenario(&sc);
+	}
+	printf("xf local: %d plans executed exactly (%d with reuse)\n", done, reuse_plans);
+	assert_int_equal(done, cases);
+	assert_int_equal(fetch_nodes, 0);
+	assert_true(reuse_plans > cases / 4);
+}
+
+/* Plans across nodes: FETCH from peers, DUP within a node. */
+static void test_execute_nodes(void **state)
+{
+	(void)state;
+	int cases = prop_cases(300) / 2, done = 0, fetch_nodes = 0, reuse_plans = 0;
+
+	rng_state = 0x9E3779B97F4A7C15ull;
+	for (int c = 0; done < cases && c < 10 * cases; c++) {
+		struct scenario sc = {0};
+		if (make_scenario(&sc, rndi(2, 3), 4)) {
+			run_scenario(&sc, &fetch_nodes, &reuse_plans);
+			done++;
+		}
+		free_scenario(&sc);
+	}
+	printf("xf nodes: %d plans executed exactly (%d nodes fetched)\n", done, fetch_nodes);
+	assert_int_equal(done, cases);
+	assert_true(fetch_nodes > cases / 4);
+}
+
+/* ---------------------------------------------------------- fixed cases */
+
+static void fixed_scenario(struct scenario *sc, const char *schema, int nnodes, int devices,
+			   const char *a, const char *b)
+{
+	struct ptc_error err;
+	char *ids[] = {"n0", "n1", "n2", "n3"};
+	char *s = unit_json(schema), *ja = unit_json(a), *jb = unit_json(b);
+
+	memset(sc, 0, sizeof(*sc));
+	if (ptc_schema_parse_text(s, strlen(s), "schema.json", &sc->schema, &err))
+		fail_msg("%s", err.text);
+	sc->cluster = ptc_cluster_new_uniform(nnodes, ids, devices);
+	assert_int_equal(ptc_config_parse_text(ja, strlen(ja), "a.json", &sc->a, &err), 0);
+	assert_int_equal(ptc_config_parse_text(jb, strlen(jb), "b.json", &sc->b, &err), 0);
+	if (ptc_layout_init(&sc->la, sc->schema, sc->a, sc->cluster, "a.json", &err))
+		fail_msg("%s", err.text);
+	sc->la_ok = true;
+	if (ptc_layout_init(&sc->lb, sc->schema, sc->b, sc->cluster, "b.json", &err))
+		fail_msg("%s", err.text);
+	sc->lb_ok = true;
+	free(s);
+	free(ja);
+	free(jb);
+}
+
+/*
+ * Large tensors, so that ops are cut into ~1 MiB items along every path: a
+ * replicated 2.4 MB tensor (one huge row: DUPed and COPYed in byte ranges,
+ * FETCHed whole), a column-split one (2048 small blocks, grouped into
+ * several items), a padded row-split one (row ranges, ZERO) and a 3-D fused
+ * one (FETCHed in row ranges across both blocks). Two nodes; stage 1 lived
+ * only on n1, so n0 FETCHes it and its second rank DUPs.
+ */
+static const char big_schema[] =
+	"{'num_layers': 2, 'states': {'model': {}, 'optim/m': {'dtype': 'float32'}},"
+	" 'tensors': ["
+	"{'name': 'l/{L}/rep', 'dtype': 'float32', 'shape': [600, 1000]},"
+	"{'name': 'l/{L}/col', 'dtype': 'bfloat16', 'shape': [2048, 1536], 'split': {'dim': 1}},"
+	"{'name': 'emb', 'dtype': 'bfloat16', 'shape': [6000, 512],"
+	" 'split': {'dim': 0, 'pad_multiple': 64}, 'place': 'first'},"
+	"{'name': 'l/{L}/fused', 'dtype': 'float64', 'shape': [2, 1400, 400],"
+	" 'split': {'dim': 1, 'chunks': 2}}]}";
+
+static void test_execute_big(void **state)
+{
+	(void)state;
+	struct scenario sc;
+	int fetch_nodes = 0, reuse_plans = 0;
+
+	fixed_scenario(&sc, big_schema, 2, 2,
+		       "{'version': 1, 'tp': 2, 'pp': 2, 'dp': 1, 'nodes': ['n0', 'n1']}",
+		       "{'version': 2, 'tp': 4, 'pp': 1, 'dp': 1, 'nodes': ['n0', 'n1']}");
+	struct ptc_plan *p;
+	struct ptc_error err;
+	assert_int_equal(ptc_plan_compute(&sc.la, &sc.lb, NULL, 0, &p, &err), 0);
+	assert_true(count_kind(p, 0, PTC_OP_FETCH) > 0);
+	assert_true(count_kind(p, 0, PTC_OP_DUP) > 0);
+	assert_true(count_kind(p, 1, PTC_OP_ZERO) > 0);
+	assert_true(count_kind(p, 0, PTC_OP_COPY) > 0);
+	int nfetch = (int)(count_kind(p, 0, PTC_OP_FETCH) + count_kind(p, 1, PTC_OP_FETCH));
+	ptc_plan_free(p);
+	atomic_store(&fetch_calls, 0);
+	run_scenario(&sc, &fetch_nodes, &reuse_plans);
+	assert_int_equal(fetch_nodes, 2);
+	/* Each FETCH ran 3 times (1 thread, 3 threads, the exact limit). */
+	assert_true(atomic_load(&fetch_calls) > 3 * nfetch);
+	free_scenario(&sc);
+
+	/* Back: tp 4 -> 2 on one node keeps replicated tensors (REUSE) and
+	 * merges the split ones. */
+	reuse_plans = 0;
+	fixed_scenario(&sc, big_schema, 1, 4,
+		       "{'version': 1, 'tp': 4, 'pp': 1, 'dp': 1, 'nodes': ['n0']}",
+		       "{'version': 2, 'tp': 2, 'pp': 1, 'dp': 2, 'nodes': ['n0']}");
+	run_scenario(&sc, &fetch_nodes, &reuse_plans);
+	assert_int_equal(reuse_plans, 1);
+	free_scenario(&sc);
+}
+
+/* A fetch error aborts the execution everywhere, leaving nothing behind. */
+static void test_fetch_error(void **state)
+{
+	(void)state;
+	struct scenario sc;
+	struct xf_parts old[2], to;
+	struct xf_mem mem = {0};
+	struct ptc_plan *p;
+	struct ptc_error err;
+
+	fixed_scenario(&sc, big_schema, 2, 2,
+		       "{'version': 1, 'tp': 2, 'pp': 2, 'dp': 1, 'nodes': ['n0', 'n1']}",
+		       "{'version': 2, 'tp': 2, 'pp': 1, 'dp': 2, 'nodes': ['n0', 'n1']}");
+	assert_int_equal(ptc_plan_compute(&sc.la, &sc.lb, NULL, 0, &p, &err), 0);
+	for (int n = 0; n < 2; n++)
+		old_parts(&old[n], &sc.la, n, &mem);
+	int64_t used0 = mem.used;
+	struct peers pe = {.old = old, .nnodes = 2, .fail = -ECONNRESET};
+	atomic_init(&pe.calls, 0);
+	assert_int_equal(xf_parts_init(&to, &sc.lb, 0), 0);
+	assert_int_equal(xf_execute(p, 0, &old[0], &to, &mem, 3, peer_fetch, &pe, NULL, NULL),
+			 -ECONNRESET);
+	assert_true(atomic_load(&pe.calls) > 0);
+	assert_true(parts_empty(&to));
+	assert_int_equal(mem.used, used0);
+	/* A positive return is not an errno: -EIO. */
+	pe.fail = 1;
+	assert_int_equal(xf_execute(p, 0, &old[0], &to, &mem, 1, peer_fetch, &pe, NULL, NULL),
+			 -EIO);
+	assert_true(parts_empty(&to));
+	/* Non-empty destination tables are refused. */
+	pe.fail = 0;
+	assert_int_equal(xf_execute(p, 0, &old[0], &to, &mem, 1, peer_fetch, &pe, NULL, NULL), 0);
+	assert_int_equal(xf_execute(p, 0, &old[0], &to, &mem, 1, peer_fetch, &pe, NULL, NULL),
+			 -EINVAL);
+	xf_parts_release(&to);
+	xf_parts_release(&to); /* twice is harmless */
+	for (int n = 0; n < 2; n++)
+		check_parts(&old[n], NULL, NULL);
+	for (int n = 0; n < 2; n++)
+		xf_parts_release(&old[n]);
+	assert_int_equal(mem.used, 0);
+	ptc_plan_free(p);
+	free_scenario(&sc);
+}
+
+/* ------------------------------------------------------ malformed plans */
+
+/* A plan whose ops for node 0 are @ops (a private copy of @p's). */
+static int run_ops(const struct ptc_plan *p, const struct ptc_op *ops, size_t nops,
+		   struct xf_parts *old, const struct ptc_layout *lb, struct xf_mem *mem)
+{
+	struct ptc_plan q = *p;
+	size_t first[2] = {0, nops};
+	struct xf_parts to;
+	int64_t used0 = mem->used;
+
+	q.ops = (struct ptc_op *)ops;
+	q.nops = nops;
+	q.node_first_op = first;
+	assert_int_equal(xf_parts_init(&to, lb, 0), 0);
+	int rc = xf_execute(&q, 0, old, &to, mem, 2, NULL, NULL, NULL, NULL);
+	if (rc) {
+		assert_true(parts_empty(&to));
+		assert_int_equal(mem->used, used0);
+	}
+	xf_parts_release(&to);
+	return rc;
+}
+
+static void test_malformed(void **state)
+{
+	(void)state;
+	static const char schema[] =
+		"{'num_layers': 1, 'tensors': ["
+		"{'name': 'a', 'dtype': 'float32', 'shape': [8, 6], 'split': {'dim': 0}},"
+		"{'name': 'b', 'dtype': 'int16', 'shape': [5]},"
+		"{'name': 'c', 'dtype': 'uint8', 'shape': [10, 4],"
+		" 'split': {'dim': 0, 'pad_multiple': 4}}]}";
+	struct scenario sc;
+	struct xf_parts old;
+	struct xf_mem mem = {0};
+	struct ptc_plan *p;
+	struct ptc_error err;
+
+	fixed_scenario(&sc, schema, 1, 4,
+		       "{'version': 1, 'tp': 2, 'pp': 1, 'dp': 2, 'nodes': ['n0']}",
+		       "{'version': 2, 'tp': 4, 'pp': 1, 'dp': 1, 'nodes': ['n0']}");
+	assert_int_equal(ptc_plan_compute(&sc.la, &sc.lb, NULL, 0, &p, &err), 0);
+	old_parts(&old, &sc.la, 0, &mem);
+	size_t n = p->nops;
+	struct ptc_op *ops = malloc((n + 1) * sizeof(*ops));
+	size_t copy = SIZE_MAX, reuse = SIZE_MAX, zero = SIZE_MAX;
+	for (size_t k = 0; k < n; k++) {
+		if (p->ops[k].kind == PTC_OP_COPY && copy == SIZE_MAX)
+			copy = k;
+		if (p->ops[k].kind == PTC_OP_REUSE && reuse == SIZE_MAX)
+			reuse = k;
+		if (p->ops[k].kind == PTC_OP_ZERO && zero == SIZE_MAX)
+			zero = k;
+	}
+	assert_true(copy != SIZE_MAX && reuse != SIZE_MAX && zero != SIZE_MAX);
+
+	memcpy(ops, p->ops, n * sizeof(*ops));
+	assert_int_equal(run_ops(p, ops, n, &old, &sc.lb, &mem), 0);
+
+#define MUTATE(k, stmt)                                                                           \
+	do {                                                                                      \
+		memcpy(ops, p->ops, n * sizeof(*ops));                                            \
+		struct ptc_op *op = &ops[k];                                                      \
+		stmt;                                                                             \
+		assert_int_equal(run_ops(p, ops, n, &old, &sc.lb, &mem), -EINVAL);                \
+	} while (0)
+	/* Row ranges outside either partition, with consistent byte counts. */
+	MUTATE(copy, op->dst_row = INT64_MAX - 1);
+	MUTATE(copy, op->src_row = 100);
+	MUTATE(copy, op->src_row = -1);
+	MUTATE(copy, (op->rows = INT64_MAX / 2, op->bytes = 0));
+	MUTATE(copy, op->bytes++);
+	MUTATE(zero, (op->rows += 100, op->bytes *= 101));
+	/* Bad indices and kinds. */
+	MUTATE(copy, op->src_rank = sc.la.world);
+	MUTATE(copy, op->src_rank = -5);
+	MUTATE(copy, op->src_tensor = 99);
+	MUTATE(copy, op->tensor = 99);
+	MUTATE(copy, op->state = 7);
+	MUTATE(copy, op->dst_rank = -1);
+	MUTATE(copy, op->dst_node = 1);
+	MUTATE(copy, op->src_node = 3);
+	MUTATE(copy, op->kind = 9);
+	MUTATE(copy, op->phase = 1);
+	MUTATE(copy, op->src_tensor = (op->src_tensor + 1) % 3); /* other geometry */
+	MUTATE(reuse, (op->rows--, op->bytes = 0));
+	MUTATE(reuse, op->kind = PTC_OP_DUP);
+	/* A DUP reading rows written in phase 1 (here: its own). */
+	MUTATE(copy, (op->kind = PTC_OP_DUP, op->phase = 1, op->src_rank = op->dst_rank,
+		      op->src_tensor = op->tensor, op->src_row = op->dst_row));
+#undef MUTATE
+	/* A second op writing the same rows; a write into a REUSEd buffer. */
+	memcpy(ops, p->ops, n * sizeof(*ops));
+	ops[n] = p->ops[copy];
+	assert_int_equal(run_ops(p, ops, n + 1, &old, &sc.lb, &mem), -EINVAL);
+	ops[n] = p->ops[copy];
+	ops[n].dst_rank = p->ops[reuse].dst_rank;
+	ops[n].tensor = p->ops[reuse].tensor;
+	ops[n].src_tensor = p->ops[reuse].src_tensor;
+	ops[n].src_rank = p->ops[reuse].src_rank;
+	ops[n].dst_row = ops[n].src_row = 0;
+	ops[n].rows = 1;
+	ops[n].bytes = p->ops[reuse].bytes / p->ops[reuse].rows;
+	assert_int_equal(run_ops(p, ops, n + 1, &old, &sc.lb, &mem), -EINVAL);
+	check_parts(&old, NULL, NULL);
+	xf_parts_release(&old);
+	assert_int_equal(mem.used, 0);
+	free(ops);
+	ptc_plan_free(p);
+	free_scenario(&sc);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_mem_limit),   cmocka_unit_test(test_mem_threads),
+		cmocka_unit_test(test_buf_refs),    cmocka_unit_test(test_copy_rows),
+		cmocka_unit_test(test_malformed),   cmocka_unit_test(test_fetch_error),
+		cmocka_unit_test(test_execute_big), cmocka_unit_test(test_execute_local),
+		cmocka_unit_test(test_execute_nodes),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

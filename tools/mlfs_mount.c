@@ -1,0 +1,409 @@
+/*
+ * mlfs_mount.c - the commands that talk to a mount: mount, umount, status,
+ * reconfigure, import, export.
+ *
+ * Everything goes through the mount's files (config.json, status.json,
+ * full/, the control file), so these commands need no other channel to the
+ * daemon and work from any process that sees the mount.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mlfs/mlfs.h"
+#include "ptc/ptc.h"
+#include "tools/tools.h"
+
+/* Parses "123", "64M", "2G", "1T" (binary units). -1 on error. */
+static int64_t parse_bytes(const char *s)
+{
+	char *end;
+	errno = 0;
+	long long v = strtoll(s, &end, 10);
+	int shift = 0;
+	if (errno || v <= 0 || end == s)
+		return -1;
+	switch (*end) {
+	case 'K': case 'k': shift = 10; end++; break;
+	case 'M': case 'm': shift = 20; end++; break;
+	case 'G': case 'g': shift = 30; end++; break;
+	case 'T': case 't': shift = 40; end++; break;
+	}
+	if (*end == 'i' || *end == 'B')
+		end++;
+	if (*end == 'B')
+		end++;
+	if (*end || v > (INT64_MAX >> shift))
+		return -1;
+	return (int64_t)v << shift;
+}
+
+int cmd_mount(int argc, char **argv)
+{
+	static const struct option opts[] = {{"node", required_argument, NULL, 'n'},
+					     {"cluster", required_argument, NULL, 'c'},
+					     {"max-memory", required_argument, NULL, 'm'},
+					     {"threads", required_argument, NULL, 't'},
+					     {"foreground", no_argument, NULL, 'f'},
+					     {NULL, 0, NULL, 0}};
+	struct mlfs_options o = {0};
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "f", opts, NULL)) != -1) {
+		switch (c) {
+		case 'n': o.node_id = optarg; break;
+		case 'c': o.cluster_path = optarg; break;
+		case 'f': o.foreground = true; break;
+		case 'm':
+			if ((o.max_memory = parse_bytes(optarg)) < 0) {
+				fprintf(stderr, "mlfs mount: --max-memory \"%s\" is not a size\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 't':
+			o.threads = atoi(optarg);
+			if (o.threads < 1 || o.threads > 1024) {
+				fprintf(stderr, "mlfs mount: --threads must be in [1, 1024]\n");
+				return 2;
+			}
+			break;
+		default: return 2;
+		}
+	}
+	if (optind != argc - 1 || !o.node_id || !o.cluster_path) {
+		fprintf(stderr, "usage: mlfs mount <mnt> --node ID --cluster cluster.json [-f] "
+				"[--max-memory BYTES] [--threads N]\n");
+		return 2;
+	}
+	o.mountpoint = argv[optind];
+	return mlfs_daemon_run(&o);
+}
+
+int cmd_umount(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: mlfs umount <mnt>\n");
+		return 2;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		execlp("fusermount3", "fusermount3", "-u", argv[1], (char *)NULL);
+		_exit(127);
+	}
+	int st = 0;
+	if (pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+		return 0;
+	if (umount2(argv[1], 0) == 0)
+		return 0;
+	fprintf(stderr, "mlfs umount: %s: %s\n", argv[1], strerror(errno));
+	return 1;
+}
+
+/* Reads <mnt>/<name> as JSON; NULL with a message on failure. */
+static json_t *read_json(const char *mnt, const char *name)
+{
+	char path[PATH_MAX];
+	size_t len;
+	snprintf(path, sizeof(path), "%s/%s", mnt, name);
+	char *text = tools_read_file(path, &len);
+	if (!text)
+		return NULL;
+	json_error_t je;
+	json_t *j = json_loadb(text, len, 0, &je);
+	if (!j)
+		fprintf(stderr, "mlfs: %s: %s\n", path, je.text);
+	free(text);
+	return j;
+}
+
+int cmd_status(int argc, char **argv)
+{
+	bool as_json = argc == 3 && strcmp(argv[2], "--json") == 0;
+	if (argc != 2 && !as_json) {
+		fprintf(stderr, "usage: mlfs status <mnt> [--json]\n");
+		return 2;
+	}
+	json_t *s = read_json(argv[1], "status.json");
+	if (!s)
+		return 1;
+	if (as_json) {
+		json_dumpf(s, stdout, JSON_INDENT(1));
+		printf("\n");
+	} else {
+		json_t *last = json_object_get(s, "last");
+		printf("node %s: version %" JSON_INTEGER_FORMAT ", %s, step %" JSON_INTEGER_FORMAT
+		       "\n",
+		       json_string_value(json_object_get(s, "node")),
+		       json_integer_value(json_object_get(s, "version")),
+		       json_string_value(json_object_get(s, "state")),
+		       json_integer_value(json_object_get(s, "step")));
+		printf("memory: %" JSON_INTEGER_FORMAT " of %" JSON_INTEGER_FORMAT " bytes\n",
+		       json_integer_value(json_object_get(s, "memory_used")),
+		       json_integer_value(json_object_get(s, "memory_limit")));
+		if (last)
+			printf("last reconfiguration v%" JSON_INTEGER_FORMAT
+			       " -> v%" JSON_INTEGER_FORMAT ": %" JSON_INTEGER_FORMAT
+			       " bytes reused, %" JSON_INTEGER_FORMAT " copied, %" JSON_INTEGER_FORMAT
+			       " fetched in %.3f s\n",
+			       json_integer_value(json_object_get(last, "from_version")),
+			       json_integer_value(json_object_get(last, "to_version")),
+			       json_integer_value(json_object_get(last, "bytes_reused")),
+			       json_integer_value(json_object_get(last, "bytes_copied")),
+			       json_integer_value(json_object_get(last, "bytes_fetched")),
+			       json_real_value(json_object_get(last, "seconds")));
+		if (json_is_string(json_object_get(s, "error")))
+			printf("error: %s\n", json_string_value(json_object_get(s, "error")));
+	}
+	json_decref(s);
+	return 0;
+}
+
+/* Prints status.json's error for a refused write. */
+static void print_status_error(const char *mnt, const char *what, int err)
+{
+	json_t *s = read_json(mnt, "status.json");
+	const char *e = json_string_value(json_object_get(s, "error"));
+	fprintf(stderr, "mlfs %s: %s\n", what, e ? e : strerror(err));
+	json_decref(s);
+}
+
+/* Writes @len bytes to @path with one write and a close; 0 or errno. */
+static int write_whole(const char *path, const char *buf, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
+	if (fd < 0)
+		return errno;
+	ssize_t n = write(fd, buf, len);
+	int err = n < 0 ? errno : (size_t)n != len ? EIO : 0;
+	if (close(fd) && !err)
+		err = errno;
+	return err;
+}
+
+int cmd_reconfigure(int argc, char **argv)
+{
+	bool wait = !(argc == 4 && strcmp(argv[3], "--no-wait") == 0);
+	if (argc != 3 && wait) {
+		fprintf(stderr, "usage: mlfs reconfigure <mnt> new.json [--no-wait]\n");
+		return 2;
+	}
+	const char *mnt = argv[1];
+	size_t len;
+	char *text = tools_read_file(argv[2], &len), path[PATH_MAX];
+	if (!text)
+		return 1;
+	struct ptc_config *c;
+	struct ptc_error perr;
+	if (ptc_config_parse_text(text, len, argv[2], &c, &perr)) {
+		fprintf(stderr, "mlfs reconfigure: %s\n", perr.text);
+		free(text);
+		return 1;
+	}
+	int64_t version = c->version;
+	ptc_config_free(c);
+	snprintf(path, sizeof(path), "%s/config.json", mnt);
+	int err = write_whole(path, text, len);
+	free(text);
+	if (err) {
+		print_status_error(mnt, "reconfigure", err);
+		return 1;
+	}
+	if (!wait)
+		return 0;
+	for (;;) {
+		json_t *s = read_json(mnt, "status.json");
+		if (!s)
+			return 1;
+		const char *state = json_string_value(json_object_get(s, "state"));
+		int64_t v = json_integer_value(json_object_get(s, "version"));
+		if (state && strcmp(state, "failed") == 0) {
+			fprintf(stderr, "mlfs reconfigure: %s\n",
+				json_string_value(json_object_get(s, "error")));
+			json_decref(s);
+			return 1;
+		}
+		if (state && strcmp(state, "idle") == 0 && v >= version) {
+			json_t *last = json_object_get(s, "last");
+			printf("version %" PRId64 ": %" JSON_INTEGER_FORMAT " bytes reused, %"
+			       JSON_INTEGER_FORMAT " copied in %.3f s\n",
+			       v, json_integer_value(json_object_get(last, "bytes_reused")),
+			       json_integer_value(json_object_get(last, "bytes_copied")),
+			       json_real_value(json_object_get(last, "seconds")));
+			json_decref(s);
+			return 0;
+		}
+		json_decref(s);
+		struct timespec ts = {0, 20 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+int cmd_import(int argc, char **argv)
+{
+	static const struct option opts[] = {{"from", required_argument, NULL, 'f'},
+					     {"step", required_argument, NULL, 's'},
+					     {"state", required_argument, NULL, 't'},
+					     {NULL, 0, NULL, 0}};
+	const char *from = NULL, *state = NULL;
+	long long step = 0;
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'f': from = optarg; break;
+		case 't': state = optarg; break;
+		case 's': {
+			char *end;
+			step = strtoll(optarg, &end, 10);
+			if (*end || step < 0) {
+				fprintf(stderr, "mlfs import: --step \"%s\" is not a step\n", optarg);
+				return 2;
+			}
+			break;
+		}
+		default: return 2;
+		}
+	}
+	if (optind != argc - 1 || !from) {
+		fprintf(stderr, "usage: mlfs import <mnt> --from DIR [--step N] [--state NAME]\n");
+		return 2;
+	}
+	char dir[PATH_MAX], path[PATH_MAX];
+	if (!realpath(from, dir)) {
+		fprintf(stderr, "mlfs import: %s: %s\n", from, strerror(errno));
+		return 1;
+	}
+	json_t *req = json_pack("{sssssI}", "op", "import", "from", dir, "step", (json_int_t)step);
+	if (state)
+		json_object_set_new(req, "state", json_string(state));
+	char *text = json_dumps(req, JSON_COMPACT);
+	json_decref(req);
+	snprintf(path, sizeof(path), "%s/%s", argv[optind], MLFS_CTL_NAME);
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0 || !text) {
+		fprintf(stderr, "mlfs import: %s: %s\n", path, strerror(errno));
+		free(text);
+		return 1;
+	}
+	ssize_t n = write(fd, text, strlen(text));
+	int err = n < 0 ? errno : 0;
+	free(text);
+	char reply[2048];
+	ssize_t got = pread(fd, reply, sizeof(reply) - 1, 0);
+	close(fd);
+	if (err) {
+		json_t *r = got > 0 ? json_loadb(reply, (size_t)got, 0, NULL) : NULL;
+		const char *e = json_string_value(json_object_get(r, "error"));
+		fprintf(stderr, "mlfs import: %s\n", e && *e ? e : strerror(err));
+		json_decref(r);
+		return 1;
+	}
+	return 0;
+}
+
+/* mkdir -p of the directories of @path. */
+static int make_parents(char *path)
+{
+	for (char *p = path + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		int rc = mkdir(path, 0755);
+		*p = '/';
+		if (rc && errno != EEXIST)
+			return -errno;
+	}
+	return 0;
+}
+
+/* Copies @src to @dst through a temporary name; 0 or errno. */
+static int copy_file(const char *src, char *dst)
+{
+	char tmp[PATH_MAX + 8], buf[1 << 16];
+	int in = open(src, O_RDONLY | O_CLOEXEC), out = -1, err = 0;
+
+	if (in < 0)
+		return errno;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", dst);
+	if (make_parents(dst) || (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+		err = errno;
+		close(in);
+		return err;
+	}
+	for (;;) {
+		ssize_t n = read(in, buf, sizeof(buf));
+		if (n <= 0) {
+			err = n < 0 ? errno : 0;
+			break;
+		}
+		if (write(out, buf, (size_t)n) != n) {
+			err = errno ? errno : EIO;
+			break;
+		}
+	}
+	close(in);
+	if (close(out) && !err)
+		err = errno;
+	if (!err && rename(tmp, dst))
+		err = errno;
+	if (err)
+		unlink(tmp);
+	return err;
+}
+
+int cmd_export(int argc, char **argv)
+{
+	if (argc != 4 || strcmp(argv[2], "--to") != 0) {
+		fprintf(stderr, "usage: mlfs export <mnt> --to DIR\n");
+		return 2;
+	}
+	const char *mnt = argv[1], *to = argv[3];
+	char path[PATH_MAX], dst[PATH_MAX];
+	size_t len;
+	snprintf(path, sizeof(path), "%s/schema.json", mnt);
+	char *text = tools_read_file(path, &len);
+	struct ptc_schema *s;
+	struct ptc_error perr;
+	if (!text)
+		return 1;
+	if (ptc_schema_parse_text(text, len, path, &s, &perr)) {
+		fprintf(stderr, "mlfs export: %s\n", perr.text);
+		free(text);
+		return 1;
+	}
+	free(text);
+	int rc = 0, files = 0;
+	for (int si = 0; si < s->nstates && !rc; si++)
+		for (int ti = 0; ti < s->ntensors && !rc; ti++) {
+			if (s->tensors[ti].tied >= 0)
+				continue; /* the tie target holds the data */
+			snprintf(path, sizeof(path), "%s/full/%s/%s.npy", mnt, s->states[si].name,
+				 s->tensors[ti].name);
+			snprintf(dst, sizeof(dst), "%s/%s/%s.npy", to, s->states[si].name,
+				 s->tensors[ti].name);
+			int err = copy_file(path, dst);
+			if (err) {
+				fprintf(stderr, "mlfs export: %s -> %s: %s\n", path, dst,
+					strerror(err));
+				rc = 1;
+			}
+			files++;
+		}
+	if (!rc)
+		printf("exported %d files to %s\n", files, to);
+	ptc_schema_free(s);
+	return rc;
+}

@@ -1,0 +1,129 @@
+/*
+ * xf.h - executes plans: partition buffers, box copies, the parallel executor.
+ *
+ * transform depends on ptc only. It owns the byte buffers that hold
+ * partitions (shared, reference-counted, between FUSE readers, HTTP senders
+ * and the transformer) and the memory bound they live under.
+ */
+#ifndef MLFS_XF_H
+#define MLFS_XF_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ptc/ptc.h"
+
+/* ------------------------------------------------------------ memory bound */
+
+/* Bytes in use by buffers, and the limit (0 = none). Thread-safe. */
+struct xf_mem {
+	_Atomic int64_t used;
+	int64_t limit;
+};
+
+/* Reserves @n bytes: 0, or -ENOSPC when that would pass the limit. */
+int xf_mem_reserve(struct xf_mem *m, int64_t n);
+void xf_mem_release(struct xf_mem *m, int64_t n);
+
+/* ----------------------------------------------------------------- buffers */
+
+/*
+ * A reference-counted, zero-initialised byte buffer. Large buffers are
+ * anonymous mappings (zero pages until written). Any thread may get/put;
+ * the last put frees it and returns its bytes to @mem.
+ */
+struct xf_buf {
+	atomic_int refs;
+	int64_t size;
+	uint8_t *data;
+	struct xf_mem *mem; /* may be NULL: not accounted */
+	bool mapped;
+	uint64_t id; /* unique per buffer for the life of the process (cache identity) */
+};
+
+/* New zeroed buffer of @size bytes (size 0 allowed), refs = 1. Returns NULL
+ * with *rc = -ENOSPC past the memory limit or -ENOMEM. */
+struct xf_buf *xf_buf_new(struct xf_mem *mem, int64_t size, int *rc);
+/* Adds a reference; returns @b. NULL-safe. */
+struct xf_buf *xf_buf_get(struct xf_buf *b);
+/* Drops a reference; frees on the last. NULL-safe. */
+void xf_buf_put(struct xf_buf *b);
+
+/* ---------------------------------------------------------------- box copy */
+
+/*
+ * Copies rows [src_row, src_row + rows) of a partition with @src_rows rows
+ * to rows [dst_row, ...) of one with @dst_rows rows; both are @outer blocks
+ * of rows of @row_bytes bytes (ptc_tensor_geometry). Bounds are the caller's.
+ */
+void xf_copy_rows(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t *src,
+		  int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer,
+		  int64_t row_bytes);
+
+/* ------------------------------------------------------------- partitions */
+
+/*
+ * The partitions of one layout hosted on one node: bufs[(rank * nstates +
+ * state) * ntensors + tensor], NULL where the rank is not on the node or
+ * does not hold the tensor. Each non-NULL entry holds one reference.
+ */
+struct xf_parts {
+	const struct ptc_layout *layout;
+	int node;
+	int nstates, ntensors;
+	struct xf_buf **bufs;
+};
+
+static inline size_t xf_parts_index(const struct xf_parts *p, int rank, int state, int tensor)
+{
+	return ((size_t)rank * (size_t)p->nstates + (size_t)state) * (size_t)p->ntensors +
+	       (size_t)tensor;
+}
+
+/* Bytes of the partition of (@rank, @state, @tensor) under @l. */
+int64_t xf_partition_bytes(const struct ptc_layout *l, int rank, int state, int tensor);
+
+/* Sets up an empty table for @node of @l. 0 or -ENOMEM. */
+int xf_parts_init(struct xf_parts *p, const struct ptc_layout *l, int node);
+/* Fills every missing entry of @p with a new zeroed buffer. 0, -ENOSPC, -ENOMEM
+ * (entries allocated before the failure stay). */
+int xf_parts_alloc_zero(struct xf_parts *p, struct xf_mem *mem);
+/* Puts every buffer and frees the table. */
+void xf_parts_release(struct xf_parts *p);
+
+/* ---------------------------------------------------------------- executor */
+
+/*
+ * Fetches rows of an old partition held by another node into @dst (FETCH
+ * ops). Called from executor threads, concurrently. Returns 0 or a negative
+ * errno (the execution then fails with it). Unused for local plans.
+ */
+typedef int (*xf_fetch_fn)(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t dst_rows,
+			   int64_t outer, int64_t row_bytes);
+
+struct xf_stats {
+	int64_t bytes_reused, bytes_copied, bytes_fetched, bytes_zeroed;
+	double seconds;
+};
+
+/*
+ * Builds @to's partitions for @node from @from's, following @plan: REUSE
+ * shares the old buffer (no copy), every other new partition is a new
+ * buffer from @mem, then phase 0 ops and phase 1 ops run on @nthreads
+ * threads, large ops split into pieces of about 1 MiB. @progress (may be
+ * NULL) is advanced by bytes done, for status readers.
+ * @to must be initialised (xf_parts_init) and empty. On failure every entry
+ * of @to is released and @from is untouched. Returns 0, -ENOSPC past the
+ * memory limit, -EIO (or the fetch callback's errno), -ENOMEM.
+ */
+int xf_execute(const struct ptc_plan *plan, int node, const struct xf_parts *from,
+	       struct xf_parts *to, struct xf_mem *mem, int nthreads, xf_fetch_fn fetch,
+	       void *fetch_arg, _Atomic int64_t *progress, struct xf_stats *stats);
+
+/* Bytes of new buffers xf_execute would allocate on @node (everything not
+ * reused), to refuse a reconfiguration that cannot fit before it starts. */
+int64_t xf_plan_new_bytes(const struct ptc_plan *plan, int node);
+
+#endif

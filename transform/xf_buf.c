@@ -1,0 +1,148 @@
+/*
+ * xf_buf.c - the memory bound, reference-counted partition buffers, row copies.
+ *
+ * A buffer's bytes are reserved from its struct xf_mem before anything is
+ * allocated, so the bound holds even when several threads allocate at once:
+ * the reservation is a compare-and-swap on the counter, never a check
+ * followed by an add. Buffers of XF_MAP_MIN bytes or more are anonymous
+ * private mappings: the kernel hands out zero pages lazily, so a large
+ * partition that is mostly padding, or that is about to be overwritten,
+ * costs nothing until it is written. Smaller ones come from calloc.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "transform/xf.h"
+
+/* Buffers at least this large are anonymous mappings. */
+#define XF_MAP_MIN ((int64_t)1 << 20)
+
+int xf_mem_reserve(struct xf_mem *m, int64_t n)
+{
+	int64_t cur;
+
+	assert(n >= 0);
+	if (!m)
+		return 0;
+	if (m->limit <= 0) {
+		atomic_fetch_add_explicit(&m->used, n, memory_order_relaxed);
+		return 0;
+	}
+	cur = atomic_load_explicit(&m->used, memory_order_relaxed);
+	do {
+		/* Written as a subtraction so that a huge @n cannot overflow. */
+		if (n > m->limit - cur)
+			return -ENOSPC;
+	} while (!atomic_compare_exchange_weak_explicit(&m->used, &cur, cur + n,
+							memory_order_relaxed,
+							memory_order_relaxed));
+	return 0;
+}
+
+void xf_mem_release(struct xf_mem *m, int64_t n)
+{
+	assert(n >= 0);
+	if (!m)
+		return;
+	int64_t old = atomic_fetch_sub_explicit(&m->used, n, memory_order_relaxed);
+	assert(old >= n);
+	(void)old;
+}
+
+static _Atomic uint64_t next_id = 1;
+
+struct xf_buf *xf_buf_new(struct xf_mem *mem, int64_t size, int *rc)
+{
+	struct xf_buf *b;
+	int err;
+
+	if (size < 0 || (uint64_t)size > SIZE_MAX) {
+		err = size < 0 ? -EINVAL : -ENOMEM;
+		goto err_out;
+	}
+	if ((err = xf_mem_reserve(mem, size)))
+		goto err_out;
+	err = -ENOMEM;
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		goto err_release_mem;
+	if (size >= XF_MAP_MIN) {
+		void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED)
+			goto err_free_buf;
+		b->data = p;
+		b->mapped = true;
+	} else {
+		/* Never NULL, even for size 0: memcpy(NULL, ..., 0) is undefined. */
+		b->data = calloc(size ? (size_t)size : 1, 1);
+		if (!b->data)
+			goto err_free_buf;
+	}
+	atomic_init(&b->refs, 1);
+	b->size = size;
+	b->mem = mem;
+	b->id = atomic_fetch_add(&next_id, 1);
+	if (rc)
+		*rc = 0;
+	return b;
+
+err_free_buf:
+	free(b);
+err_release_mem:
+	xf_mem_release(mem, size);
+err_out:
+	if (rc)
+		*rc = err;
+	return NULL;
+}
+
+struct xf_buf *xf_buf_get(struct xf_buf *b)
+{
+	if (b) {
+		int old = atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+		assert(old > 0);
+		(void)old;
+	}
+	return b;
+}
+
+void xf_buf_put(struct xf_buf *b)
+{
+	if (!b)
+		return;
+	int old = atomic_fetch_sub_explicit(&b->refs, 1, memory_order_release);
+	assert(old > 0);
+	if (old != 1)
+		return;
+	/* Every other holder's writes happen before the free. */
+	atomic_thread_fence(memory_order_acquire);
+	if (b->mapped)
+		munmap(b->data, (size_t)b->size);
+	else
+		free(b->data);
+	xf_mem_release(b->mem, b->size);
+	free(b);
+}
+
+void xf_copy_rows(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t *src,
+		  int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer,
+		  int64_t row_bytes)
+{
+	int64_t seg = rows * row_bytes;
+
+	if (seg <= 0 || outer <= 0)
+		return;
+	/* Whole partitions of the same shape are one contiguous block. */
+	if (rows == dst_rows && rows == src_rows) {
+		memcpy(dst, src, (size_t)(outer * seg));
+		return;
+	}
+	for (int64_t o = 0; o < outer; o++)
+		memcpy(dst + (o * dst_rows + dst_row) * row_bytes,
+		       src + (o * src_rows + src_row) * row_bytes, (size_t)seg);
+}
