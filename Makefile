@@ -73,6 +73,7 @@ FUZZ_SECONDS ?= 300
 fuzz: deps
 	@command -v clang >/dev/null || apt-get install -y clang
 	$(MAKE) BUILD=build/libfuzzer CC=clang SANITIZE=address,undefined \
+		CFLAGS="-O1 -g -fsanitize=fuzzer-no-link" \
 		build/libfuzzer/libmlfs.a build/libfuzzer/libxf.a build/libfuzzer/libptc.a
 	@mkdir -p build/libfuzzer/tests
 	set -e; for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \

@@ -204,8 +204,9 @@ struct ptc_layout {
 
 /*
  * Places @config on @cluster for @schema. Fails with -EINVAL and @err when
- * the layout does not fit (unknown or repeated node, too few devices, more
- * stages than layers, a TP degree larger than a chunk it must split).
+ * the layout does not fit (unknown node, too few devices, more stages than
+ * layers, a TP degree larger than a chunk it must split, padding past 2^40
+ * elements). Repeated nodes are refused by ptc_config_parse.
  * @name is the config's file name for messages. Release with
  * ptc_layout_release.
  */

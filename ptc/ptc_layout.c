@@ -35,6 +35,17 @@ static int check_tp(const struct ptc_layout *l, const char *file, struct ptc_err
 
 	for (int i = 0; i < s->ntensors; i++) {
 		const struct ptc_tensor *t = &s->tensors[i];
+		if (t->pad_multiple) {
+			/* Padding may grow the tensor: keep it within 2^40 elements. */
+			int64_t q = t->pad_multiple * l->tp, n = t->shape[t->split_dim];
+			int64_t outer, row;
+			ptc_tensor_geometry(t, &outer, &row);
+			int64_t padded = (n + q - 1) / q * q;
+			if (padded > ((int64_t)1 << 40) / (outer * row))
+				return ptc_errorf(err,
+						  "%s: \"tp\" = %d pads \"%s\" past 2^40 elements",
+						  file, l->tp, t->name);
+		}
 		if (t->split_dim < 0 || t->pad_multiple)
 			continue;
 		for (int c = 0; c < t->nchunks; c++)

@@ -68,7 +68,7 @@ struct ctx {
 	int64_t lower_bound;
 
 	/* per tie group */
-	int group[8], ngroup;
+	int *group, ngroup; /* a tensor and the tensors tied to it */
 	int64_t row_bytes[64]; /* per state */
 	struct ptc_slice *old_sl, *new_sl;
 	struct holder *hold;
@@ -569,7 +569,8 @@ static int plan_all(struct ctx *c)
 	c->cand_off = malloc(((size_t)maxtp + 1) * sizeof(int));
 	c->cand = malloc((size_t)c->from->world * sizeof(*c->cand));
 	c->failed = calloc((size_t)s->ntensors, sizeof(bool));
-	if (!c->old_sl || !c->new_sl || !c->rmap || !c->cand_off || !c->cand || !c->failed)
+	c->group = malloc((size_t)s->ntensors * sizeof(int));
+	if (!c->group || !c->old_sl || !c->new_sl || !c->rmap || !c->cand_off || !c->cand || !c->failed)
 		return -ENOMEM;
 
 	for (int i = 0; i < s->ntensors; i++) {
@@ -577,7 +578,7 @@ static int plan_all(struct ctx *c)
 			continue;
 		c->ngroup = 0;
 		c->group[c->ngroup++] = i;
-		for (int j = 0; j < s->ntensors && c->ngroup < 8; j++)
+		for (int j = 0; j < s->ntensors; j++)
 			if (s->tensors[j].tied == i)
 				c->group[c->ngroup++] = j;
 		if ((rc = plan_group(c)))
@@ -658,6 +659,7 @@ out:
 	free(c.need);
 	free(c.have);
 	free(c.failed);
+	free(c.group);
 	free(c.ops);
 	free(c.stats);
 	free(isdown);

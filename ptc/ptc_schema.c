@@ -347,7 +347,7 @@ static int link_tensors(struct ptc_schema *s, const json_t *arr, const char *fil
 			bsearch(&kp, sorted, (size_t)s->ntensors, sizeof(*sorted), cmp_name);
 		int rc = 0;
 		if (t->place == PTC_PLACE_LAYER)
-			rc = ptc_errorf(err, "%s: a {L} tensor cannot be tied", file);
+			rc = ptc_errorf(err, "%s: %s: a {L} tensor cannot be tied", file, where);
 		else if (!hit)
 			rc = ptc_errorf(err, "%s: %s = \"%s\" names no tensor", file, where, key.name);
 		else if (*hit == t || (*hit)->tied >= 0 ||
@@ -398,7 +398,7 @@ int ptc_schema_parse(const json_t *root, const char *file, struct ptc_schema **o
 	rc = -ENOMEM;
 	if (!(s->model = strdup(v ? json_string_value(v) : "")))
 		goto err_free;
-	if ((rc = ptc_json_int(root, "num_layers", false, 0, 1 << 20, &layers, file, "", err)) < 0)
+	if ((rc = ptc_json_int(root, "num_layers", false, 0, 1 << 16, &layers, file, "", err)) < 0)
 		goto err_free;
 	s->num_layers = (int)layers;
 	if ((rc = parse_states(s, json_object_get(root, "states"), file, err)))
@@ -415,8 +415,8 @@ int ptc_schema_parse(const json_t *root, const char *file, struct ptc_schema **o
 		bool templ = json_is_string(n) && strstr(json_string_value(n), "{L}");
 		cap += templ ? (size_t)layers : 1;
 	}
-	if (cap > (1u << 24)) {
-		rc = ptc_errorf(err, "%s: more than 2^24 tensors after expanding {L}", file);
+	if (cap > (1u << 20)) {
+		rc = ptc_errorf(err, "%s: more than 2^20 tensors after expanding {L}", file);
 		goto err_free;
 	}
 	rc = -ENOMEM;

@@ -717,9 +717,45 @@ static void test_readme_example(void **state)
 	free_scenario(&sc);
 }
 
+/* Nine tensors tied to one: every one is planned and filled. */
+static void test_many_ties(void **state)
+{
+	(void)state;
+	char text[4096];
+	size_t n = (size_t)snprintf(text, sizeof(text),
+				    "{\"tensors\": [{\"name\": \"e\", \"dtype\": \"int32\", "
+				    "\"shape\": [8], \"place\": \"first\"}");
+	for (int i = 0; i < 9; i++)
+		n += (size_t)snprintf(text + n, sizeof(text) - n,
+				      ", {\"name\": \"t%d\", \"dtype\": \"int32\", \"shape\": [8], "
+				      "\"place\": \"last\", \"tied\": \"e\"}",
+				      i);
+	snprintf(text + n, sizeof(text) - n, "]}");
+	struct scenario sc = {0};
+	struct ptc_error err;
+	struct ptc_plan *p;
+	char *ids[] = {"n0", "n1"};
+	assert_int_equal(ptc_schema_parse_text(text, strlen(text), "s", &sc.schema, &err), 0);
+	sc.cluster = ptc_cluster_new_uniform(2, ids, 2);
+	static const char a[] = "{\"version\":1,\"tp\":1,\"pp\":2,\"dp\":1,\"nodes\":[\"n0\"]}";
+	static const char b[] = "{\"version\":2,\"tp\":1,\"pp\":2,\"dp\":1,\"nodes\":[\"n1\"]}";
+	assert_int_equal(ptc_config_parse_text(a, sizeof(a) - 1, "a", &sc.a, &err), 0);
+	assert_int_equal(ptc_config_parse_text(b, sizeof(b) - 1, "b", &sc.b, &err), 0);
+	assert_int_equal(ptc_layout_init(&sc.la, sc.schema, sc.a, sc.cluster, "a", &err), 0);
+	assert_int_equal(ptc_layout_init(&sc.lb, sc.schema, sc.b, sc.cluster, "b", &err), 0);
+	assert_int_equal(ptc_plan_compute(&sc.la, &sc.lb, NULL, 0, &p, &err), 0);
+	/* n1 fetches the 32 bytes of e once and copies them into all ten. */
+	assert_int_equal(p->bytes_network, 32);
+	assert_int_equal(p->bytes_total, 10 * 32);
+	check_plan(&sc, p);
+	ptc_plan_free(p);
+	free_scenario(&sc);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_many_ties),
 		cmocka_unit_test(test_readme_example),
 		cmocka_unit_test(test_random_plans),
 	};
