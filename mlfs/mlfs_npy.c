@@ -31,16 +31,16 @@
 
 #include "mlfs/mlfs_npy.h"
 
-#define NPY_MAGIC "\x93NUMPY"
+#define NPY_MAGIC     "\x93NUMPY"
 #define NPY_MAGIC_LEN 6
-#define NPY_ALIGN 64
+#define NPY_ALIGN     64
 /* numpy.lib.format.GROWTH_AXIS_MAX_DIGITS: spare spaces after the dict. */
 #define NPY_GROWTH_DIGITS 21
 /* Longest key we name in a message; longer keys are unknown anyway. */
 #define NPY_KEY_MAX 32
 
 static int errorf(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 /* Formats one line into @err when there is room; returns -EINVAL. */
 static int errorf(char *err, size_t errlen, const char *fmt, ...)
@@ -331,7 +331,7 @@ static int read_dict(struct cursor *c, struct mlfs_npy *h)
 		if ((rc = expect(c, ':', "expected ':' after key")))
 			return rc;
 		skip_ws(c);
-		rc = k == KEY_DESCR     ? read_descr(c, h)
+		rc = k == KEY_DESCR	? read_descr(c, h)
 		     : k == KEY_FORTRAN ? read_fortran_order(c, h)
 					: read_shape(c, h);
 		if (rc)
@@ -350,16 +350,16 @@ static int read_dict(struct cursor *c, struct mlfs_npy *h)
 end:
 	skip_ws(c);
 	if (c->pos < c->end)
-		return errorf(c->err, c->errlen, "unexpected byte 0x%02x after the header dict at "
-			      "byte %zu", c->b[c->pos], c->pos);
+		return errorf(c->err, c->errlen,
+			      "unexpected byte 0x%02x after the header dict at byte %zu",
+			      c->b[c->pos], c->pos);
 	for (int k = 0; k < NKEYS; k++)
 		if (!seen[k])
 			return errorf(c->err, c->errlen, "missing key '%s'", key_names[k]);
 	return 0;
 }
 
-int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *err,
-		   size_t errlen)
+int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *err, size_t errlen)
 {
 	struct mlfs_npy h;
 	size_t lensize, hlen, start;
@@ -387,8 +387,9 @@ int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *e
 		return -EAGAIN;
 
 	memset(&h, 0, sizeof(h));
-	struct cursor c = {.b = buf, .pos = start, .end = start + hlen, .err = err,
-			   .errlen = errlen};
+	struct cursor c = {.b = buf, .pos = start, .end = start + hlen};
+	c.err = err;
+	c.errlen = errlen;
 	if ((rc = read_dict(&c, &h)))
 		return rc;
 	h.header_len = start + hlen;

@@ -22,16 +22,16 @@
 #define MLFS_NPY_MAX_HEADER 65536
 
 /* Limits on a parsed shape: each dimension and the element count. */
-#define MLFS_NPY_MAX_DIM (INT64_C(1) << 40)
+#define MLFS_NPY_MAX_DIM   (INT64_C(1) << 40)
 #define MLFS_NPY_MAX_ELEMS (INT64_C(1) << 48)
 
 /* A parsed header. */
 struct mlfs_npy {
-	char descr[16];      /* NumPy dtype string, e.g. "<f4", NUL-terminated */
+	char descr[16]; /* NumPy dtype string, e.g. "<f4", NUL-terminated */
 	bool fortran_order;
-	int ndim;            /* 0 .. PTC_MAX_DIMS */
+	int ndim;		     /* 0 .. PTC_MAX_DIMS */
 	int64_t shape[PTC_MAX_DIMS]; /* ndim entries, each in [0, 2^40) */
-	size_t header_len;   /* bytes before the data */
+	size_t header_len;	     /* bytes before the data */
 };
 
 /*
@@ -69,8 +69,7 @@ size_t mlfs_npy_format(enum ptc_dtype dt, int ndim, const int64_t *shape, char *
  * e.g. "bad magic", "unsupported version 4.0", "header length 70000 exceeds
  * 65536", "shape has more than 8 dims". *@out is left untouched on error.
  */
-int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *err,
-		   size_t errlen);
+int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *err, size_t errlen);
 
 /*
  * Checks parsed header @h against a partition of dtype @dt and shape

@@ -75,6 +75,9 @@ struct xf_buf *xf_buf_new(struct xf_mem *mem, int64_t size, int *rc)
 			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (p == MAP_FAILED)
 			goto err_free_buf;
+		/* Transparent huge pages: one fault per 2 MiB instead of per 4 KiB,
+		 * which is most of the cost of filling a fresh buffer. */
+		madvise(p, (size_t)size, MADV_HUGEPAGE);
 		b->data = p;
 		b->mapped = true;
 	} else {
