@@ -110,6 +110,7 @@ demo: deps
 bench: deps
 	$(MAKE) all $(BUILD)/tests/bench_plan
 	./$(BUILD)/tests/bench_plan
+	$(PY) tests/bench/bench_store.py --size-mib 1024
 
 $(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
 	@mkdir -p $(dir $@)
