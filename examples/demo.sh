@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The planner on the README's example: gpt-tiny on two nodes of four devices,
-# from tp2 pp2 dp2 to tp4 pp1 dp2, then the same with node n1 lost.
+# The planner on the README's example (gpt-tiny on two nodes of four devices,
+# from tp2 pp2 dp2 to tp4 pp1 dp2, then with node n1 lost), then a real mount
+# on this machine doing the same change with NumPy reading every partition.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MLFS=${MLFS:-build/mlfs}
@@ -32,3 +33,6 @@ echo "== the same loss with a DP replica on each node: served from the survivor"
 echo '{"version": 1, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n0", "n1"]}' >"$tmp/dp2.json"
 $MLFS plan --schema $E/schema.json --from "$tmp/dp2.json" --to "$tmp/shrink.json" \
 	--cluster $E/cluster.json --down n1
+echo
+echo "== a real mount: import a checkpoint, reconfigure, check with NumPy"
+/usr/bin/python3 examples/elastic_demo.py

@@ -323,7 +323,7 @@ static int64_t part_bytes(const struct mlfs_view *v, const struct ent *e)
 static int64_t full_bytes(const struct ent *e)
 {
 	const struct ptc_tensor *t = &store->schema->tensors[e->tensor];
-	return ptc_partition_elems(t, 1, 0) *
+	return ptc_tensor_elems(t) *
 	       (int64_t)ptc_dtype_size(ptc_schema_dtype(store->schema, e->state, e->tensor));
 }
 

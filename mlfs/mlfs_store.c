@@ -537,7 +537,7 @@ static int import_open(const char *dir, const struct ptc_schema *s, int si, int 
 	if (rc || mlfs_npy_check(&h, ptc_schema_dtype(s, si, ti), t->ndim, t->shape, why,
 				 sizeof(why)))
 		goto bad;
-	int64_t want = ptc_partition_elems(t, 1, 0) *
+	int64_t want = ptc_tensor_elems(t) *
 		       (int64_t)ptc_dtype_size(ptc_schema_dtype(s, si, ti));
 	if ((int64_t)(f->maplen - h.header_len) != want) {
 		snprintf(why, sizeof(why), "holds %zu data bytes, expected %" PRId64,

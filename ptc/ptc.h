@@ -248,6 +248,8 @@ void ptc_slice_compute(const struct ptc_tensor *t, int tp, int tpr, struct ptc_s
 void ptc_tensor_geometry(const struct ptc_tensor *t, int64_t *outer, int64_t *row_elems);
 /* Shape of the partition of tensor @t held by TP rank @tpr of @tp; returns ndim. */
 int ptc_partition_shape(const struct ptc_tensor *t, int tp, int tpr, int64_t *shape);
+/* Element count of the logical (unpadded, unsplit) tensor. */
+int64_t ptc_tensor_elems(const struct ptc_tensor *t);
 /* Element count of that partition. */
 int64_t ptc_partition_elems(const struct ptc_tensor *t, int tp, int tpr);
 

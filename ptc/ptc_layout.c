@@ -215,6 +215,14 @@ int ptc_partition_shape(const struct ptc_tensor *t, int tp, int tpr, int64_t *sh
 	return t->ndim;
 }
 
+int64_t ptc_tensor_elems(const struct ptc_tensor *t)
+{
+	int64_t n = 1;
+	for (int i = 0; i < t->ndim; i++)
+		n *= t->shape[i];
+	return n;
+}
+
 int64_t ptc_partition_elems(const struct ptc_tensor *t, int tp, int tpr)
 {
 	int64_t shape[PTC_MAX_DIMS], n = 1;

@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""A training job's state on one mlfs node, re-sliced from tp2 pp2 dp2 to
+tp4 pp1 dp2 by rewriting config.json, and checked against NumPy slices.
+
+Run by `make demo` (after `make`); uses build/mlfs and examples/gpt-tiny.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MLFS = os.path.join(ROOT, "build", "mlfs")
+EX = os.path.join(ROOT, "examples", "gpt-tiny")
+
+
+def sh(*args):
+    print("$ mlfs " + " ".join(args[1:]))
+    out = subprocess.run(args, capture_output=True, text=True)
+    sys.stdout.write(out.stdout)
+    if out.returncode:
+        sys.stderr.write(out.stderr)
+        raise SystemExit(f"mlfs {args[1]} failed")
+
+
+def tp_slice(x, dim, tp, t, pad=None, chunks=1):
+    """Rank t's partition per DESIGN section 3 (used to check the store)."""
+    n = x.shape[dim]
+    if pad:
+        q = pad * tp
+        padded = (n + q - 1) // q * q
+        shape = list(x.shape)
+        shape[dim] = padded
+        y = np.zeros(shape, x.dtype)
+        np.moveaxis(y, dim, 0)[:n] = np.moveaxis(x, dim, 0)
+        per = padded // tp
+        return np.moveaxis(np.moveaxis(y, dim, 0)[t * per:(t + 1) * per], 0, dim)
+    c = n // chunks
+    idx = [i for k in range(chunks) for i in range(k * c + t * c // tp, k * c + (t + 1) * c // tp)]
+    return np.take(x, idx, axis=dim)
+
+
+def main():
+    schema = json.load(open(os.path.join(EX, "schema.json")))
+    with tempfile.TemporaryDirectory() as tmp:
+        mnt = os.path.join(tmp, "mnt")
+        os.mkdir(mnt)
+        cluster = os.path.join(tmp, "cluster.json")
+        json.dump({"nodes": [{"id": "n0", "addr": "127.0.0.1:7070", "devices": 8}]},
+                  open(cluster, "w"))
+        daemon = subprocess.Popen([MLFS, "mount", mnt, "--node", "n0", "--cluster", cluster,
+                                   "-f"])
+        try:
+            for _ in range(250):
+                if os.path.ismount(mnt):
+                    break
+                time.sleep(0.02)
+            print(f"mounted {mnt}")
+            with open(os.path.join(mnt, "schema.json"), "w") as f:
+                json.dump(schema, f)
+            # One node of 8 devices: the README's layouts on a single machine.
+            with open(os.path.join(mnt, "config.json"), "w") as f:
+                json.dump({"version": 1, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n0"]}, f)
+            print("ranks:", sorted(os.listdir(os.path.join(mnt, "ranks")), key=int))
+            print("rank 5:", json.load(open(os.path.join(mnt, "ranks/5/rank.json"))))
+
+            # A checkpoint of full tensors, as numpy.save writes them.
+            rng = np.random.default_rng(0)
+            ckpt = os.path.join(tmp, "ckpt")
+            full, specs = {}, {}
+            for state, spec in schema["states"].items():
+                for t in schema["tensors"]:
+                    if "tied" in t:
+                        continue
+                    names = ([t["name"].replace("{L}", str(i)) for i in range(schema["num_layers"])]
+                             if "{L}" in t["name"] else [t["name"]])
+                    dt = spec.get("dtype", t["dtype"])
+                    for name in names:
+                        specs[name] = t
+                        shape = t["shape"]
+                        a = (rng.integers(0, 2**16, shape, dtype=np.uint16) if dt == "bfloat16"
+                             else rng.standard_normal(shape).astype(dt))
+                        full[(state, name)] = a
+                        path = os.path.join(ckpt, state, name + ".npy")
+                        os.makedirs(os.path.dirname(path), exist_ok=True)
+                        np.save(path, a)
+            sh(MLFS, "import", mnt, "--from", ckpt, "--step", "100")
+
+            p = os.path.join(mnt, "ranks/1/model/layers/0/attn/qkv/weight.npy")
+            part = np.load(p, mmap_mode="r")
+            print(f"ranks/1/model/layers/0/attn/qkv/weight.npy: shape {part.shape}, dtype "
+                  f"{os.getxattr(p, 'user.mlfs.dtype').decode()}")
+            assert np.array_equal(part, tp_slice(full[("model", "layers/0/attn/qkv/weight")], 0, 2, 1))
+            del part  # an open mapping keeps the mount busy
+
+            # Every rank saved step 100 (import set it); now change the layout.
+            new = os.path.join(tmp, "tp4pp1dp2.json")
+            json.dump({"version": 2, "tp": 4, "pp": 1, "dp": 2, "nodes": ["n0"]}, open(new, "w"))
+            sh(MLFS, "reconfigure", mnt, new)
+            sh(MLFS, "status", mnt)
+            checked = 0
+            for r in range(8):
+                t = r % 4
+                for (state, name), a in full.items():
+                    split = specs[name].get("split")
+                    want = a if not split else tp_slice(a, split["dim"], 4, t, split.get("pad_multiple"),
+                                                        split.get("chunks", 1))
+                    got = np.load(os.path.join(mnt, f"ranks/{r}", state, name + ".npy"))
+                    assert np.array_equal(got, want), (r, state, name)
+                    checked += 1
+            print(f"checked {checked} partitions of tp4 pp1 dp2 against NumPy slices: equal")
+            out = os.path.join(tmp, "export")
+            sh(MLFS, "export", mnt, "--to", out)
+            for (state, name), a in full.items():
+                assert np.array_equal(np.load(os.path.join(out, state, name + ".npy")), a)
+            print("export equals the imported checkpoint")
+        finally:
+            subprocess.run([MLFS, "umount", mnt])
+            rc = daemon.wait(timeout=30)
+            print(f"unmounted; daemon exited {rc}")
+            if rc:
+                raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
