@@ -5,6 +5,7 @@
 PY      ?= /usr/bin/python3
 CC      ?= cc
 BUILD   ?= build
+export BUILD
 PKGS    := jansson fuse3
 CFLAGS  ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-declarations -Werror

@@ -141,18 +141,7 @@ err_free:
 	return rc;
 }
 
-int ptc_config_parse_text(const char *text, size_t len, const char *file,
-			  struct ptc_config **out, struct ptc_error *err)
-{
-	json_t *root = ptc_json_load(text, len, file, err);
-	if (!root) {
-		*out = NULL;
-		return -EINVAL;
-	}
-	int rc = ptc_config_parse(root, file, out, err);
-	json_decref(root);
-	return rc;
-}
+PTC_DEFINE_PARSE_TEXT(ptc_config_parse_text, ptc_config_parse, struct ptc_config)
 
 json_t *ptc_config_to_json(const struct ptc_config *c)
 {
@@ -295,15 +284,4 @@ err_free:
 	return rc;
 }
 
-int ptc_cluster_parse_text(const char *text, size_t len, const char *file,
-			   struct ptc_cluster **out, struct ptc_error *err)
-{
-	json_t *root = ptc_json_load(text, len, file, err);
-	if (!root) {
-		*out = NULL;
-		return -EINVAL;
-	}
-	int rc = ptc_cluster_parse(root, file, out, err);
-	json_decref(root);
-	return rc;
-}
+PTC_DEFINE_PARSE_TEXT(ptc_cluster_parse_text, ptc_cluster_parse, struct ptc_cluster)

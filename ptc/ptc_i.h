@@ -4,6 +4,8 @@
 #ifndef MLFS_PTC_I_H
 #define MLFS_PTC_I_H
 
+#include <errno.h>
+
 #include "ptc/ptc.h"
 
 /* Whether @s is a safe relative path: non-empty components of
@@ -21,5 +23,28 @@ int ptc_json_known(const json_t *obj, const char *const *known, const char *file
 
 /* Parses @len bytes of JSON text; syntax errors name line and column. */
 json_t *ptc_json_load(const char *text, size_t len, const char *file, struct ptc_error *err);
+
+/*
+ * Defines the public @fn (a *_parse_text function of ptc.h): loads the JSON
+ * text with ptc_json_load() and hands the root to @parse, which has the
+ * signature of ptc_schema_parse(). A syntax error sets *out to NULL and
+ * returns -EINVAL. A macro, not a helper taking @parse as a pointer: the
+ * parsers differ in their out type, and calling one through a cast function
+ * pointer is undefined behaviour.
+ */
+#define PTC_DEFINE_PARSE_TEXT(fn, parse, type)                                                     \
+	int fn(const char *text, size_t len, const char *file, type **out, struct ptc_error *err)  \
+	{                                                                                          \
+		json_t *root = ptc_json_load(text, len, file, err);                                \
+		int rc;                                                                            \
+                                                                                                   \
+		if (!root) {                                                                       \
+			*out = NULL;                                                               \
+			return -EINVAL;                                                            \
+		}                                                                                  \
+		rc = parse(root, file, out, err);                                                  \
+		json_decref(root);                                                                 \
+		return rc;                                                                         \
+	}
 
 #endif

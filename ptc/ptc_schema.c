@@ -475,15 +475,4 @@ err_free:
 	return rc;
 }
 
-int ptc_schema_parse_text(const char *text, size_t len, const char *file,
-			  struct ptc_schema **out, struct ptc_error *err)
-{
-	json_t *root = ptc_json_load(text, len, file, err);
-	if (!root) {
-		*out = NULL;
-		return -EINVAL;
-	}
-	int rc = ptc_schema_parse(root, file, out, err);
-	json_decref(root);
-	return rc;
-}
+PTC_DEFINE_PARSE_TEXT(ptc_schema_parse_text, ptc_schema_parse, struct ptc_schema)
