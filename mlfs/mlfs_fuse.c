@@ -2,15 +2,21 @@
  * mlfs_fuse.c - the mount: libfuse3 low-level operations over the store.
  *
  * DESIGN
- * Inodes name paths. The inode table maps path <-> inode number (numbers
- * are never reused within a mount); every operation resolves its path
- * against the current view, so a reconfiguration that changes the tree
- * needs no inode bookkeeping: vanished paths answer ENOENT.
+ * Inodes name paths. The inode table maps (path, generation) <-> inode
+ * number (numbers are never reused within a mount); every operation
+ * resolves its path against the current view, so a reconfiguration that
+ * changes the tree needs no inode bookkeeping: vanished paths answer ENOENT.
  *
- * Open files snapshot what they read: a partition reader holds a reference
- * to the buffer current at open, so it sees the old or the new layout,
- * never a mix. The kernel page cache is kept across opens only while the
- * partition's buffer is the same (keep_cache, by buffer id).
+ * A partition's generation is the id of the buffer that holds it, so every
+ * new content (a committed write, a reconfiguration that rebuilt it) is a
+ * new inode. Lookups are not cached (entry timeout 0), so new opens find
+ * the new inode and a fresh page cache, while a file opened before keeps
+ * the old inode: its page cache, its size and its buffer snapshot stay
+ * those of the old content, to the end. Readers see the old or the new
+ * content, never a mix, and the page cache of an unchanged partition is
+ * kept across opens (keep_cache). A superseded ("stale") inode answers
+ * getattr with the size it had. Writers use direct I/O, so nothing they
+ * write reaches the page cache before the commit at close.
  *
  * Partition writes go to a private staging buffer and become visible at
  * close (flush), after the NPY header was checked against the partition
@@ -43,7 +49,9 @@
 /* ---------------------------------------------------------------- inodes */
 
 struct inode {
-	uint64_t ino, nlookup, cache_id;
+	uint64_t ino, nlookup;
+	uint64_t gen; /* partitions: buffer id; 0 for everything else */
+	off_t size;   /* partitions: st_size when this generation was current */
 	char *path;
 	struct inode *hnext;
 };
@@ -60,9 +68,9 @@ static struct mlfs_store *store;
 static uid_t owner_uid;
 static gid_t owner_gid;
 
-static uint64_t path_hash(const char *p)
+static uint64_t path_hash(const char *p, uint64_t gen)
 {
-	uint64_t h = 1469598103934665603ull;
+	uint64_t h = 1469598103934665603ull ^ gen;
 	while (*p)
 		h = (h ^ (uint8_t)*p++) * 1099511628211ull;
 	return h;
@@ -80,7 +88,7 @@ static int inodes_init(void)
 	root->ino = FUSE_ROOT_ID;
 	root->nlookup = 1;
 	inodes.byino[FUSE_ROOT_ID] = root;
-	inodes.hash[path_hash("") & (inodes.hcap - 1)] = root;
+	inodes.hash[path_hash("", 0) & (inodes.hcap - 1)] = root;
 	inodes.n = FUSE_ROOT_ID + 1;
 	return 0;
 }
@@ -96,33 +104,44 @@ static void inodes_release(void)
 	free(inodes.hash);
 }
 
-/* Path of @ino copied into @buf; -ESTALE when unknown. */
-static int ino_path(fuse_ino_t ino, char *buf, size_t cap)
+/* Path of @ino copied into @buf, its generation and size into @gen and
+ * @size when given; -ESTALE when unknown. */
+static int ino_get(fuse_ino_t ino, char *buf, size_t cap, uint64_t *gen, off_t *size)
 {
 	int rc = -ESTALE;
 	pthread_mutex_lock(&inodes.lock);
 	if (ino < inodes.n && inodes.byino[ino]) {
 		snprintf(buf, cap, "%s", inodes.byino[ino]->path);
+		if (gen)
+			*gen = inodes.byino[ino]->gen;
+		if (size)
+			*size = inodes.byino[ino]->size;
 		rc = 0;
 	}
 	pthread_mutex_unlock(&inodes.lock);
 	return rc;
 }
 
-static struct inode **hash_slot(const char *path)
+static int ino_path(fuse_ino_t ino, char *buf, size_t cap)
 {
-	struct inode **pp = &inodes.hash[path_hash(path) & (inodes.hcap - 1)];
-	while (*pp && strcmp((*pp)->path, path) != 0)
+	return ino_get(ino, buf, cap, NULL, NULL);
+}
+
+static struct inode **hash_slot(const char *path, uint64_t gen)
+{
+	struct inode **pp = &inodes.hash[path_hash(path, gen) & (inodes.hcap - 1)];
+	while (*pp && ((*pp)->gen != gen || strcmp((*pp)->path, path) != 0))
 		pp = &(*pp)->hnext;
 	return pp;
 }
 
-/* The inode of @path, created if new, with one more lookup. 0 on ENOMEM. */
-static uint64_t ino_lookup(const char *path)
+/* The inode of (@path, @gen), created if new, with one more lookup; @size
+ * is recorded for partitions. 0 on ENOMEM. */
+static uint64_t ino_lookup(const char *path, uint64_t gen, off_t size)
 {
 	uint64_t ino = 0;
 	pthread_mutex_lock(&inodes.lock);
-	struct inode **pp = hash_slot(path);
+	struct inode **pp = hash_slot(path, gen);
 	if (!*pp) {
 		struct inode *in = calloc(1, sizeof(*in));
 		if (inodes.n == inodes.cap) {
@@ -138,6 +157,8 @@ static uint64_t ino_lookup(const char *path)
 			goto out;
 		}
 		in->ino = inodes.n++;
+		in->gen = gen;
+		in->size = size;
 		inodes.byino[in->ino] = in;
 		*pp = in;
 	}
@@ -155,27 +176,13 @@ static void ino_forget(fuse_ino_t ino, uint64_t n)
 	if (in && ino != FUSE_ROOT_ID) {
 		in->nlookup = n >= in->nlookup ? 0 : in->nlookup - n;
 		if (in->nlookup == 0) {
-			*hash_slot(in->path) = in->hnext;
+			*hash_slot(in->path, in->gen) = in->hnext;
 			inodes.byino[ino] = NULL;
 			free(in->path);
 			free(in);
 		}
 	}
 	pthread_mutex_unlock(&inodes.lock);
-}
-
-/* Whether the kernel's cached pages of @ino hold buffer @id; records @id. */
-static bool ino_cache_same(fuse_ino_t ino, uint64_t id)
-{
-	bool same = false;
-	pthread_mutex_lock(&inodes.lock);
-	struct inode *in = ino < inodes.n ? inodes.byino[ino] : NULL;
-	if (in) {
-		same = in->cache_id == id;
-		in->cache_id = id;
-	}
-	pthread_mutex_unlock(&inodes.lock);
-	return same;
 }
 
 /* ----------------------------------------------------------- resolution */
@@ -210,9 +217,9 @@ static const struct {
 	const char *name;
 	enum kind kind;
 } root_files[] = {
-	{"config.json", K_CONFIG}, {"schema.json", K_SCHEMA}, {"cluster.json", K_CLUSTER},
-	{"status.json", K_STATUS}, {MLFS_CTL_NAME, K_CTL},    {"job", K_JOB},
-	{"ranks", K_RANKS},        {"full", K_FULL},
+    {"config.json", K_CONFIG}, {"schema.json", K_SCHEMA}, {"cluster.json", K_CLUSTER},
+    {"status.json", K_STATUS}, {MLFS_CTL_NAME, K_CTL},	  {"job", K_JOB},
+    {"ranks", K_RANKS},	       {"full", K_FULL},
 };
 
 /* Next component of *p: returns its length and advances past it. */
@@ -409,12 +416,18 @@ static void fill_attr(const struct ent *e, const struct mlfs_view *v, struct sta
 		return;
 	case K_FFILE:
 		stb->st_mode = S_IFREG | 0444;
-		stb->st_size = (off_t)(mlfs_full_header(store->schema, e->state, e->tensor, hdr,
-							sizeof(hdr)) +
-				       (size_t)full_bytes(e));
+		stb->st_size =
+		    (off_t)(mlfs_full_header(store->schema, e->state, e->tensor, hdr, sizeof(hdr)) +
+			    (size_t)full_bytes(e));
 		return;
 	}
 	stb->st_mode = S_IFREG | 0644;
+}
+
+/* The generation of a partition: the id of its current buffer; lock held. */
+static uint64_t part_gen(const struct mlfs_view *v, const struct ent *e)
+{
+	return v->parts.bufs[xf_parts_index(&v->parts, e->rank, e->state, e->tensor)]->id;
 }
 
 /* Resolves an inode under the lock: path, view ref, entity, attributes. */
@@ -422,11 +435,14 @@ struct target {
 	char path[4096];
 	struct mlfs_view *v;
 	struct ent e;
+	bool stale; /* a partition inode whose content was superseded */
+	off_t size; /* its size then */
 };
 
 static int target_get(fuse_ino_t ino, struct target *t)
 {
-	int rc = ino_path(ino, t->path, sizeof(t->path));
+	uint64_t gen;
+	int rc = ino_get(ino, t->path, sizeof(t->path), &gen, &t->size);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&store->lock);
@@ -438,8 +454,10 @@ static int target_get(fuse_ino_t ino, struct target *t)
 		pthread_mutex_unlock(&store->lock);
 		mlfs_view_put(t->v);
 		t->v = NULL;
+		return rc;
 	}
-	return rc; /* on success the lock is held */
+	t->stale = t->e.kind == K_PART && gen != part_gen(t->v, &t->e);
+	return 0; /* the lock is held */
 }
 
 static void target_done(struct target *t)
@@ -453,8 +471,9 @@ static void reply_entry(fuse_req_t req, const char *path, const struct ent *e,
 {
 	struct fuse_entry_param ep = {0};
 	fill_attr(e, v, &ep.attr);
+	uint64_t gen = e->kind == K_PART ? part_gen(v, e) : 0;
 	pthread_mutex_unlock(&store->lock);
-	if (!(ep.ino = ino_lookup(path))) {
+	if (!(ep.ino = ino_lookup(path, gen, ep.attr.st_size))) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
@@ -507,23 +526,6 @@ static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_dat
 	fuse_reply_none(req);
 }
 
-static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
-{
-	struct target t;
-	struct stat stb;
-	(void)fi;
-	int rc = target_get(ino, &t);
-	if (rc) {
-		fuse_reply_err(req, -rc);
-		return;
-	}
-	fill_attr(&t.e, t.v, &stb);
-	target_done(&t);
-	mlfs_view_put(t.v);
-	stb.st_ino = ino;
-	fuse_reply_attr(req, &stb, 0);
-}
-
 /* ---------------------------------------------------------- file handles */
 
 struct fh {
@@ -560,6 +562,27 @@ static void fh_free(struct fh *f)
 	free(f->w);
 	free(f->whdr);
 	free(f);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct target t;
+	struct stat stb;
+	int rc = target_get(ino, &t);
+	if (rc) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fill_attr(&t.e, t.v, &stb);
+	const struct fh *f = fi ? (const struct fh *)(uintptr_t)fi->fh : NULL;
+	if (f && f->kind == K_PART && !f->write) /* fstat: the open snapshot */
+		stb.st_size = (off_t)(f->hdr_len + (size_t)f->buf->size);
+	else if (t.stale)
+		stb.st_size = t.size;
+	target_done(&t);
+	mlfs_view_put(t.v);
+	stb.st_ino = ino;
+	fuse_reply_attr(req, &stb, 0);
 }
 
 static int text_append(struct fh *f, const char *buf, size_t size, off_t off)
@@ -626,6 +649,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	f->state = t.e.state;
 	f->tensor = t.e.tensor;
 	f->write = write;
+	bool stale = t.stale;
 	switch (t.e.kind) {
 	case K_ROOT:
 	case K_RANKS:
@@ -678,9 +702,9 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		rc = write ? -EACCES : 0;
 		break;
 	}
-	if (rc == 0 && (t.e.kind == K_STATUS || (!write && t.e.kind != K_JOB &&
-						  t.e.kind != K_PART && t.e.kind != K_FFILE &&
-						  t.e.kind != K_CTL))) {
+	if (rc == 0 &&
+	    (t.e.kind == K_STATUS || (!write && t.e.kind != K_JOB && t.e.kind != K_PART &&
+				      t.e.kind != K_FFILE && t.e.kind != K_CTL))) {
 		f->text = t.e.kind == K_STATUS ? NULL : snapshot_text(&t.e, f->v);
 		if (t.e.kind != K_STATUS && !f->text)
 			rc = -ENOMEM;
@@ -695,8 +719,8 @@ out_locked:
 		rc = f->text ? 0 : -ENOMEM;
 	}
 	if (rc == 0 && f->kind == K_FFILE) {
-		f->hdr_len = mlfs_full_header(store->schema, f->state, f->tensor, f->hdr,
-					      sizeof(f->hdr));
+		f->hdr_len =
+		    mlfs_full_header(store->schema, f->state, f->tensor, f->hdr, sizeof(f->hdr));
 		rc = mlfs_store_assemble(store, f->v, f->state, f->tensor, &f->buf);
 	}
 	if (rc) {
@@ -705,9 +729,9 @@ out_locked:
 		return;
 	}
 	if (f->kind == K_PART && !write)
-		fi->keep_cache = ino_cache_same(ino, f->buf->id);
+		fi->keep_cache = !stale; /* this inode's pages are this buffer's */
 	else if (f->kind == K_PART)
-		ino_cache_same(ino, 0);
+		fi->direct_io = 1; /* nothing staged reaches the page cache */
 	fi->fh = (uintptr_t)f;
 	if (fuse_reply_open(req, fi))
 		fh_free(f);
@@ -997,8 +1021,8 @@ static int part_commit(struct fh *f)
 		return -EINVAL;
 	if (f->wend != (int64_t)f->wtotal + dlen) {
 		char why[128];
-		snprintf(why, sizeof(why), "file is %" PRId64 " bytes, expected %" PRId64
-					   "; previous content kept",
+		snprintf(why, sizeof(why),
+			 "file is %" PRId64 " bytes, expected %" PRId64 "; previous content kept",
 			 f->wend, (int64_t)f->wtotal + dlen);
 		log_refusal("partition write", why);
 		return -EINVAL;
@@ -1079,8 +1103,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		fill_attr(&t.e, t.v, &stb);
 		if (t.e.kind == K_JOB)
 			rc = attr->st_size > (off_t)MAX_JOB_FILE
-				     ? -EFBIG
-				     : mlfs_job_truncate(t.e.job, (size_t)attr->st_size);
+				 ? -EFBIG
+				 : mlfs_job_truncate(t.e.job, (size_t)attr->st_size);
 		else if (f && f->write && attr->st_size == 0 &&
 			 (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA ||
 			  f->kind == K_STEP)) {
@@ -1095,7 +1119,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 			rc = t.e.kind == K_PART ? -EINVAL : -EACCES;
 		}
 	}
-	if (rc == 0 && t.e.kind == K_JOB && (to_set & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW))) {
+	if (rc == 0 && t.e.kind == K_JOB &&
+	    (to_set & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW))) {
 		if (to_set & FUSE_SET_ATTR_MTIME_NOW)
 			clock_gettime(CLOCK_REALTIME, &t.e.job->mtime);
 		else
@@ -1143,7 +1168,7 @@ static void dir_add(fuse_req_t req, struct dirbuf *b, const char *name, bool dir
 		b->ends = e;
 		b->capn = cap;
 	}
-	st.st_ino = path_hash(name) | 1ull << 62;
+	st.st_ino = path_hash(name, 0) | 1ull << 62;
 	fuse_add_direntry(req, b->p + b->size, n, name, &st, (off_t)(b->size + n));
 	b->size += n;
 	b->ends[b->n++] = b->size;
@@ -1168,8 +1193,9 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		for (size_t i = 0; i < sizeof(root_files) / sizeof(root_files[0]); i++)
 			if (root_files[i].kind != K_CTL)
 				dir_add(req, b, root_files[i].name,
-					root_files[i].kind == K_JOB || root_files[i].kind == K_RANKS ||
-						root_files[i].kind == K_FULL);
+					root_files[i].kind == K_JOB ||
+					    root_files[i].kind == K_RANKS ||
+					    root_files[i].kind == K_FULL);
 		break;
 	case K_RANKS:
 		if (t.v) {
@@ -1278,8 +1304,7 @@ static int job_dir(fuse_ino_t parent, struct target *t)
 	return 0;
 }
 
-static void job_reply_entry(fuse_req_t req, struct target *t, const char *name,
-			    struct mlfs_job *j)
+static void job_reply_entry(fuse_req_t req, struct target *t, const char *name, struct mlfs_job *j)
 {
 	char path[4096 + 256];
 	struct ent e = {.kind = K_JOB, .job = j};
@@ -1337,7 +1362,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	target_done(&t);
 	mlfs_view_put(t.v);
 	struct fh *f = calloc(1, sizeof(*f));
-	if (!f || !(ep.ino = ino_lookup(path))) {
+	if (!f || !(ep.ino = ino_lookup(path, 0, 0))) {
 		free(f);
 		fuse_reply_err(req, ENOMEM);
 		return;
@@ -1413,8 +1438,8 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 			char *p = NULL;
 			if (asprintf(&p, "%s%s", np, in->path + ol) < 0)
 				continue;
-			*hash_slot(in->path) = in->hnext;
-			struct inode **slot = hash_slot(p);
+			*hash_slot(in->path, in->gen) = in->hnext;
+			struct inode **slot = hash_slot(p, in->gen);
 			if (*slot) { /* a stale inode of the replaced target */
 				struct inode *old = *slot;
 				*slot = old->hnext;
@@ -1425,7 +1450,7 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 			free(in->path);
 			in->path = p;
 			in->hnext = NULL;
-			*hash_slot(p) = in;
+			*hash_slot(p, in->gen) = in;
 		}
 		pthread_mutex_unlock(&inodes.lock);
 	}
@@ -1437,8 +1462,7 @@ static void op_refuse_name(fuse_req_t req)
 	fuse_reply_err(req, EPERM);
 }
 
-static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
-		     dev_t rdev)
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
 {
 	(void)parent, (void)name, (void)mode, (void)rdev;
 	op_refuse_name(req);
@@ -1537,33 +1561,33 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 }
 
 static const struct fuse_lowlevel_ops ops = {
-	.init = op_init,
-	.lookup = op_lookup,
-	.forget = op_forget,
-	.forget_multi = op_forget_multi,
-	.getattr = op_getattr,
-	.setattr = op_setattr,
-	.open = op_open,
-	.read = op_read,
-	.write = op_write,
-	.flush = op_flush,
-	.release = op_release,
-	.fsync = op_fsync,
-	.opendir = op_opendir,
-	.readdir = op_readdir,
-	.releasedir = op_releasedir,
-	.mkdir = op_mkdir,
-	.create = op_create,
-	.unlink = op_unlink,
-	.rmdir = op_rmdir,
-	.rename = op_rename,
-	.mknod = op_mknod,
-	.symlink = op_symlink,
-	.link = op_link,
-	.getxattr = op_getxattr,
-	.listxattr = op_listxattr,
-	.setxattr = op_setxattr,
-	.statfs = op_statfs,
+    .init = op_init,
+    .lookup = op_lookup,
+    .forget = op_forget,
+    .forget_multi = op_forget_multi,
+    .getattr = op_getattr,
+    .setattr = op_setattr,
+    .open = op_open,
+    .read = op_read,
+    .write = op_write,
+    .flush = op_flush,
+    .release = op_release,
+    .fsync = op_fsync,
+    .opendir = op_opendir,
+    .readdir = op_readdir,
+    .releasedir = op_releasedir,
+    .mkdir = op_mkdir,
+    .create = op_create,
+    .unlink = op_unlink,
+    .rmdir = op_rmdir,
+    .rename = op_rename,
+    .mknod = op_mknod,
+    .symlink = op_symlink,
+    .link = op_link,
+    .getxattr = op_getxattr,
+    .listxattr = op_listxattr,
+    .setxattr = op_setxattr,
+    .statfs = op_statfs,
 };
 
 /* ------------------------------------------------------------------- main */

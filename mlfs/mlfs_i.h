@@ -25,7 +25,7 @@ struct mlfs_tnode {
 	char *name;
 	int nchild, capchild;
 	struct mlfs_tnode **child; /* sorted by name once built */
-	int state, tensor;         /* leaf: >= 0; directory: -1 */
+	int state, tensor;	   /* leaf: >= 0; directory: -1 */
 };
 
 /* ------------------------------------------------------------------ views */
@@ -42,7 +42,7 @@ struct mlfs_view {
 	struct ptc_layout layout;
 	struct xf_parts parts;
 	struct mlfs_tnode **stage_tree; /* per stage; NULL if no local rank has it */
-	struct mlfs_tnode *full_tree;   /* every state and untied tensor */
+	struct mlfs_tnode *full_tree;	/* every state and untied tensor */
 	struct timespec time;
 };
 
@@ -54,7 +54,7 @@ struct mlfs_job {
 	char *name;
 	bool dir;
 	struct mlfs_job *parent, *first, *next; /* children list (dirs) */
-	uint8_t *data;                          /* file content */
+	uint8_t *data;				/* file content */
 	size_t size, cap;
 	struct timespec mtime;
 	uint64_t id; /* content identity */
@@ -75,7 +75,7 @@ struct mlfs_store {
 	char *schema_text;
 	struct ptc_schema *schema;
 	struct mlfs_view *view; /* NULL until schema and config are set */
-	int64_t *steps;         /* per rank of view->layout, -1 = never saved */
+	int64_t *steps;		/* per rank of view->layout, -1 = never saved */
 
 	enum mlfs_state state;
 	char error[PTC_ERROR_MAX];
@@ -128,8 +128,8 @@ int mlfs_store_assemble(struct mlfs_store *st, struct mlfs_view *v, int state, i
 			struct xf_buf **out);
 
 /* NPY header of a partition or full tensor; returns its length. */
-size_t mlfs_part_header(const struct ptc_schema *s, const struct ptc_layout *l, int rank,
-			int state, int tensor, char *buf, size_t cap);
+size_t mlfs_part_header(const struct ptc_schema *s, const struct ptc_layout *l, int rank, int state,
+			int tensor, char *buf, size_t cap);
 size_t mlfs_full_header(const struct ptc_schema *s, int state, int tensor, char *buf, size_t cap);
 
 /* ---------------------------------------------------------------- trees */

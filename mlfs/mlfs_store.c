@@ -59,8 +59,8 @@ struct mlfs_view *mlfs_store_view(struct mlfs_store *st)
 }
 
 /* A view of @config (taken over) with an empty partition table. */
-static int view_new(struct mlfs_store *st, struct ptc_config *config, const char *text,
-		    size_t len, struct mlfs_view **out, struct ptc_error *err)
+static int view_new(struct mlfs_store *st, struct ptc_config *config, const char *text, size_t len,
+		    struct mlfs_view **out, struct ptc_error *err)
 {
 	struct mlfs_view *v = calloc(1, sizeof(*v));
 	int rc = -ENOMEM;
@@ -74,8 +74,7 @@ static int view_new(struct mlfs_store *st, struct ptc_config *config, const char
 	clock_gettime(CLOCK_REALTIME, &v->time);
 	if (!(v->config_text = strndup(text, len)))
 		goto err_put;
-	if ((rc = ptc_layout_init(&v->layout, st->schema, config, st->cluster, "config.json",
-				  err)))
+	if ((rc = ptc_layout_init(&v->layout, st->schema, config, st->cluster, "config.json", err)))
 		goto err_put;
 	rc = -ENOMEM;
 	if (xf_parts_init(&v->parts, &v->layout, st->node))
@@ -192,8 +191,9 @@ static int set_first_config(struct mlfs_store *st, struct ptc_config *c, const c
 		return rc;
 	if ((rc = xf_parts_alloc_zero(&v->parts, &st->mem))) {
 		if (rc == -ENOSPC)
-			ptc_errorf(err, "config.json: the partitions of this node do not fit in "
-					"--max-memory (%" PRId64 " bytes in use of %" PRId64 ")",
+			ptc_errorf(err,
+				   "config.json: the partitions of this node do not fit in "
+				   "--max-memory (%" PRId64 " bytes in use of %" PRId64 ")",
 				   (int64_t)st->mem.used, st->mem.limit);
 		mlfs_view_put(v);
 		return rc;
@@ -254,8 +254,8 @@ static void *reconfigure_main(void *arg)
 				steps[r] = step;
 			free(st->steps);
 			st->steps = steps;
-			st->view = rc->to; /* takes over our reference */
-			rc->to = rc->from; /* put below: our reference */
+			st->view = rc->to;	 /* takes over our reference */
+			rc->to = rc->from;	 /* put below: our reference */
 			mlfs_view_put(rc->from); /* the store's reference */
 			st->state = MLFS_IDLE;
 			st->last = stats;
@@ -295,8 +295,9 @@ static int start_reconfigure(struct mlfs_store *st, struct ptc_config *c, const 
 		return -EBUSY;
 	}
 	if (c->version <= old->config->version) {
-		rc = ptc_errorf(err, "config.json: \"version\" = %" PRId64
-				     " is not greater than the current %" PRId64,
+		rc = ptc_errorf(err,
+				"config.json: \"version\" = %" PRId64
+				" is not greater than the current %" PRId64,
 				c->version, old->config->version);
 		ptc_config_free(c);
 		return rc;
@@ -322,8 +323,9 @@ static int start_reconfigure(struct mlfs_store *st, struct ptc_config *c, const 
 	}
 	int64_t need = xf_plan_new_bytes(plan, st->node);
 	if (st->mem.limit && st->mem.used + need > st->mem.limit) {
-		ptc_errorf(err, "config.json: reconfiguration needs %" PRId64 " bytes for changed "
-				"partitions; %" PRId64 " of --max-memory %" PRId64 " are free",
+		ptc_errorf(err,
+			   "config.json: reconfiguration needs %" PRId64 " bytes for changed "
+			   "partitions; %" PRId64 " of --max-memory %" PRId64 " are free",
 			   need, st->mem.limit - (int64_t)st->mem.used, st->mem.limit);
 		ptc_plan_free(plan);
 		mlfs_view_put(v);
@@ -431,8 +433,8 @@ int mlfs_store_commit_part(struct mlfs_store *st, struct mlfs_view *v, int rank,
 
 /* ---------------------------------------------------------------- headers */
 
-size_t mlfs_part_header(const struct ptc_schema *s, const struct ptc_layout *l, int rank,
-			int state, int tensor, char *buf, size_t cap)
+size_t mlfs_part_header(const struct ptc_schema *s, const struct ptc_layout *l, int rank, int state,
+			int tensor, char *buf, size_t cap)
 {
 	int64_t shape[PTC_MAX_DIMS];
 	const struct ptc_tensor *t = &s->tensors[tensor];
@@ -453,8 +455,8 @@ int mlfs_store_assemble(struct mlfs_store *st, struct mlfs_view *v, int state, i
 {
 	const struct ptc_layout *l = &v->layout;
 	const struct ptc_tensor *T = &st->schema->tensors[tensor];
-	int64_t outer, rowel, esz = (int64_t)ptc_dtype_size(ptc_schema_dtype(st->schema, state,
-									       tensor));
+	int64_t outer, rowel,
+	    esz = (int64_t)ptc_dtype_size(ptc_schema_dtype(st->schema, state, tensor));
 	int64_t n = T->split_dim < 0 ? 1 : T->shape[T->split_dim];
 	int rc;
 
@@ -471,8 +473,8 @@ int mlfs_store_assemble(struct mlfs_store *st, struct mlfs_view *v, int state, i
 				continue;
 			for (int a = 0; a < st->schema->ntensors && !src; a++)
 				if (ptc_schema_logical(st->schema, a) == tensor)
-					src = xf_buf_get(v->parts.bufs[xf_parts_index(&v->parts, r,
-										      state, a)]);
+					src = xf_buf_get(
+					    v->parts.bufs[xf_parts_index(&v->parts, r, state, a)]);
 		}
 		pthread_mutex_unlock(&st->lock);
 		if (!src) {
@@ -502,9 +504,9 @@ struct import_file {
 };
 
 /* Maps and checks DIR/<state>/<tensor>.npy. Returns 0 or -EINVAL with a
- * message appended to @msg. */
+ * message appended to @msg, or counted in @omitted when @msg is full. */
 static int import_open(const char *dir, const struct ptc_schema *s, int si, int ti,
-		       struct import_file *f, char *msg, size_t msglen)
+		       struct import_file *f, char *msg, size_t msglen, int *omitted)
 {
 	const struct ptc_tensor *t = &s->tensors[ti];
 	char path[4096], why[256];
@@ -534,11 +536,10 @@ static int import_open(const char *dir, const struct ptc_schema *s, int si, int 
 	int rc = mlfs_npy_parse(f->map, f->maplen, &h, why, sizeof(why));
 	if (rc == -EAGAIN)
 		snprintf(why, sizeof(why), "truncated header");
-	if (rc || mlfs_npy_check(&h, ptc_schema_dtype(s, si, ti), t->ndim, t->shape, why,
-				 sizeof(why)))
+	if (rc ||
+	    mlfs_npy_check(&h, ptc_schema_dtype(s, si, ti), t->ndim, t->shape, why, sizeof(why)))
 		goto bad;
-	int64_t want = ptc_tensor_elems(t) *
-		       (int64_t)ptc_dtype_size(ptc_schema_dtype(s, si, ti));
+	int64_t want = ptc_tensor_elems(t) * (int64_t)ptc_dtype_size(ptc_schema_dtype(s, si, ti));
 	if ((int64_t)(f->maplen - h.header_len) != want) {
 		snprintf(why, sizeof(why), "holds %zu data bytes, expected %" PRId64,
 			 f->maplen - h.header_len, want);
@@ -546,16 +547,21 @@ static int import_open(const char *dir, const struct ptc_schema *s, int si, int 
 	}
 	f->data = (const uint8_t *)f->map + h.header_len;
 	return 0;
-bad:
-	snprintf(msg + used, msglen - used, "%s%s/%s.npy: %s", used ? "; " : "",
-		 s->states[si].name, t->name, why);
+bad:;
+	char line[4096 + 512];
+	int n = snprintf(line, sizeof(line), "%s%s/%s.npy: %s", used ? "; " : "",
+			 s->states[si].name, t->name, why);
+	if (*omitted == 0 && used + (size_t)n + 32 < msglen) /* room for "and N more" */
+		memcpy(msg + used, line, (size_t)n + 1);
+	else
+		(*omitted)++;
 	return -EINVAL;
 }
 
 /* Imports full tensors from @dir into every local partition of the current
  * view, for one state (@only >= 0) or all. All or nothing. */
-static int store_import(struct mlfs_store *st, const char *dir, int only, int64_t step,
-			char *msg, size_t msglen)
+static int store_import(struct mlfs_store *st, const char *dir, int only, int64_t step, char *msg,
+			size_t msglen)
 {
 	struct mlfs_view *v = mlfs_store_view(st);
 	const struct ptc_schema *s = st->schema;
@@ -570,13 +576,18 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 	size_t nf = (size_t)s->nstates * (size_t)s->ntensors;
 	if (!(files = calloc(nf, sizeof(*files))) || xf_parts_init(&np, &v->layout, st->node))
 		goto out;
-	int bad = 0;
+	int bad = 0, omitted = 0;
 	for (int si = 0; si < s->nstates; si++)
 		for (int ti = 0; ti < s->ntensors; ti++)
 			if ((only < 0 || si == only) && s->tensors[ti].tied < 0 &&
-			    import_open(dir, s, si, ti, &files[si * s->ntensors + ti], msg, msglen))
+			    import_open(dir, s, si, ti, &files[si * s->ntensors + ti], msg, msglen,
+					&omitted))
 				bad++;
 	if (bad) {
+		if (omitted) {
+			size_t used = strlen(msg);
+			snprintf(msg + used, msglen - used, "; and %d more", omitted);
+		}
 		rc = -EINVAL;
 		goto out_parts;
 	}
@@ -597,15 +608,15 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 				}
 				const struct ptc_tensor *T = &s->tensors[ti];
 				const struct import_file *f =
-					&files[si * s->ntensors + ptc_schema_logical(s, ti)];
-				int64_t outer, rowel, esz = (int64_t)ptc_dtype_size(
-							      ptc_schema_dtype(s, si, ti));
+				    &files[si * s->ntensors + ptc_schema_logical(s, ti)];
+				int64_t outer, rowel,
+				    esz = (int64_t)ptc_dtype_size(ptc_schema_dtype(s, si, ti));
 				int64_t n = T->split_dim < 0 ? 1 : T->shape[T->split_dim];
 				struct ptc_slice sl;
 				ptc_tensor_geometry(T, &outer, &rowel);
 				ptc_slice_compute(T, l->tp, l->ranks[r].t, &sl);
-				if (!(np.bufs[i] = xf_buf_new(&st->mem, outer * sl.rows * rowel * esz,
-							      &rc))) {
+				if (!(np.bufs[i] = xf_buf_new(
+					  &st->mem, outer * sl.rows * rowel * esz, &rc))) {
 					snprintf(msg, msglen, "import: %s",
 						 rc == -ENOSPC ? "the partitions do not fit in "
 								 "--max-memory"
@@ -663,7 +674,8 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 		if (!dir || dir[0] != '/') {
 			snprintf(msg, sizeof(msg), "import: \"from\" must be an absolute path");
 		} else if (jstep && (!json_is_integer(jstep) || json_integer_value(jstep) < 0)) {
-			snprintf(msg, sizeof(msg), "import: \"step\" must be a non-negative integer");
+			snprintf(msg, sizeof(msg),
+				 "import: \"step\" must be a non-negative integer");
 		} else if (!st->schema) {
 			snprintf(msg, sizeof(msg), "import: set schema.json and config.json first");
 		} else if (state && (only = ptc_schema_find_state(st->schema, state)) < 0) {
@@ -708,13 +720,13 @@ char *mlfs_store_status_json(struct mlfs_store *st)
 	json_object_set_new(o, "memory_limit", json_integer(st->mem.limit));
 	if (st->has_last)
 		json_object_set_new(
-			o, "last",
-			json_pack("{sIsIsIsIsIsIsf}", "from_version", (json_int_t)st->last_from,
-				  "to_version", (json_int_t)st->last_to, "bytes_reused",
-				  (json_int_t)st->last.bytes_reused, "bytes_copied",
-				  (json_int_t)st->last.bytes_copied, "bytes_fetched",
-				  (json_int_t)st->last.bytes_fetched, "bytes_zeroed",
-				  (json_int_t)st->last.bytes_zeroed, "seconds", st->last.seconds));
+		    o, "last",
+		    json_pack("{sIsIsIsIsIsIsf}", "from_version", (json_int_t)st->last_from,
+			      "to_version", (json_int_t)st->last_to, "bytes_reused",
+			      (json_int_t)st->last.bytes_reused, "bytes_copied",
+			      (json_int_t)st->last.bytes_copied, "bytes_fetched",
+			      (json_int_t)st->last.bytes_fetched, "bytes_zeroed",
+			      (json_int_t)st->last.bytes_zeroed, "seconds", st->last.seconds));
 	json_object_set_new(o, "error", st->error[0] ? json_string(st->error) : json_null());
 	pthread_mutex_unlock(&st->lock);
 	char *s = json_dumps(o, JSON_INDENT(1));

@@ -78,8 +78,7 @@ static struct mlfs_tnode *child_get(struct mlfs_tnode *t, const char *name, size
 }
 
 /* Inserts "<state>/<tensor>.npy". */
-static int insert(struct mlfs_tnode *root, const char *state, const char *tensor, int si,
-		  int ti)
+static int insert(struct mlfs_tnode *root, const char *state, const char *tensor, int si, int ti)
 {
 	char path[1024];
 	size_t len = (size_t)snprintf(path, sizeof(path), "%s/%s.npy", state, tensor);

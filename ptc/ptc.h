@@ -25,7 +25,7 @@
 
 #include <jansson.h>
 
-#define PTC_MAX_DIMS 8
+#define PTC_MAX_DIMS  8
 #define PTC_ERROR_MAX 512
 
 /* A caller-owned error message; text is "" when there is no error. */
@@ -65,30 +65,30 @@ int ptc_dtype_parse(const char *name, enum ptc_dtype *out);
 enum ptc_place {
 	PTC_PLACE_LAYER, /* a {L} tensor: the stage holding its layer */
 	PTC_PLACE_FIRST, /* stage 0 */
-	PTC_PLACE_LAST,  /* stage pp-1 */
-	PTC_PLACE_ALL,   /* every stage */
+	PTC_PLACE_LAST,	 /* stage pp-1 */
+	PTC_PLACE_ALL,	 /* every stage */
 };
 
 /* One tensor of the schema, with {L} already expanded. */
 struct ptc_tensor {
-	char *name;        /* expanded name, e.g. "layers/3/attn/qkv/weight" */
+	char *name; /* expanded name, e.g. "layers/3/attn/qkv/weight" */
 	enum ptc_dtype dtype;
 	int ndim;
 	int64_t shape[PTC_MAX_DIMS];
-	int split_dim;     /* -1 when replicated on every TP rank */
-	int nchunks;       /* >= 1 when split */
-	int64_t *chunks;   /* nchunks sizes along split_dim, summing to shape[split_dim] */
+	int split_dim;	      /* -1 when replicated on every TP rank */
+	int nchunks;	      /* >= 1 when split */
+	int64_t *chunks;      /* nchunks sizes along split_dim, summing to shape[split_dim] */
 	int64_t pad_multiple; /* 0 when unpadded */
 	enum ptc_place place;
-	int layer;         /* for PTC_PLACE_LAYER, else -1 */
-	int tied;          /* index of the tensor this one copies, or -1 */
-	int source;        /* index in the schema file's "tensors" array */
+	int layer;  /* for PTC_PLACE_LAYER, else -1 */
+	int tied;   /* index of the tensor this one copies, or -1 */
+	int source; /* index in the schema file's "tensors" array */
 };
 
 /* One state root ("model", "optim/exp_avg"); every state holds every tensor. */
 struct ptc_state {
 	char *name;
-	int has_dtype;        /* when set, dtype overrides every tensor's dtype */
+	int has_dtype; /* when set, dtype overrides every tensor's dtype */
 	enum ptc_dtype dtype;
 };
 
@@ -109,8 +109,8 @@ struct ptc_schema {
 int ptc_schema_parse(const json_t *root, const char *name, struct ptc_schema **out,
 		     struct ptc_error *err);
 /* Same from text of @len bytes; JSON syntax errors name line and column. */
-int ptc_schema_parse_text(const char *text, size_t len, const char *name,
-			  struct ptc_schema **out, struct ptc_error *err);
+int ptc_schema_parse_text(const char *text, size_t len, const char *name, struct ptc_schema **out,
+			  struct ptc_error *err);
 void ptc_schema_free(struct ptc_schema *s);
 /* Index of the tensor named @name, or -1. */
 int ptc_schema_find(const struct ptc_schema *s, const char *name);
@@ -150,8 +150,8 @@ struct ptc_cluster {
 
 int ptc_cluster_parse(const json_t *root, const char *name, struct ptc_cluster **out,
 		      struct ptc_error *err);
-int ptc_cluster_parse_text(const char *text, size_t len, const char *name,
-			   struct ptc_cluster **out, struct ptc_error *err);
+int ptc_cluster_parse_text(const char *text, size_t len, const char *name, struct ptc_cluster **out,
+			   struct ptc_error *err);
 /* A cluster of @nnodes nodes named @ids with @devices devices each. */
 struct ptc_cluster *ptc_cluster_new_uniform(int nnodes, char *const *ids, int devices);
 void ptc_cluster_free(struct ptc_cluster *c);
@@ -175,8 +175,8 @@ struct ptc_config {
  * ptc_layout_init's job. Same error conventions as ptc_schema_parse. */
 int ptc_config_parse(const json_t *root, const char *name, struct ptc_config **out,
 		     struct ptc_error *err);
-int ptc_config_parse_text(const char *text, size_t len, const char *name,
-			  struct ptc_config **out, struct ptc_error *err);
+int ptc_config_parse_text(const char *text, size_t len, const char *name, struct ptc_config **out,
+			  struct ptc_error *err);
 void ptc_config_free(struct ptc_config *c);
 /* Serializes @c back to JSON (new reference). */
 json_t *ptc_config_to_json(const struct ptc_config *c);
@@ -184,9 +184,9 @@ json_t *ptc_config_to_json(const struct ptc_config *c);
 /* ---------------------------------------------------------------- layout */
 
 struct ptc_rank {
-	int t, d, p;            /* Megatron coordinates */
-	int node;               /* index in the cluster */
-	int device;             /* device index on that node */
+	int t, d, p;		    /* Megatron coordinates */
+	int node;		    /* index in the cluster */
+	int device;		    /* device index on that node */
 	int layer_begin, layer_end; /* [begin, end) schema layers of stage p */
 };
 
@@ -197,9 +197,9 @@ struct ptc_layout {
 	const struct ptc_cluster *cluster;
 	int tp, pp, dp, world;
 	struct ptc_rank *ranks; /* world entries */
-	int *node_first_rank;   /* per cluster node: first rank, or -1 */
-	int *node_nranks;       /* per cluster node: ranks hosted (consecutive) */
-	const char *name;       /* file name for messages */
+	int *node_first_rank;	/* per cluster node: first rank, or -1 */
+	int *node_nranks;	/* per cluster node: ranks hosted (consecutive) */
+	const char *name;	/* file name for messages */
 };
 
 /*
@@ -238,7 +238,7 @@ struct ptc_seg {
 };
 struct ptc_slice {
 	int nsegs;
-	int64_t rows;   /* local size along the split dim */
+	int64_t rows; /* local size along the split dim */
 	struct ptc_seg segs[PTC_MAX_SEGS];
 };
 
@@ -274,7 +274,7 @@ struct ptc_op {
 	uint8_t kind;
 	uint8_t phase;
 	uint16_t state;
-	int32_t tensor;     /* destination tensor */
+	int32_t tensor;	    /* destination tensor */
 	int32_t dst_rank;   /* new layout rank */
 	int32_t dst_node;   /* cluster node index */
 	int32_t src_rank;   /* old rank (REUSE, COPY, FETCH), new rank (DUP), -1 (ZERO) */
@@ -295,8 +295,8 @@ struct ptc_node_stats {
 
 struct ptc_plan {
 	size_t nops;
-	struct ptc_op *ops;   /* sorted by dst_node, phase, dst_rank, state, tensor, dst_row */
-	int nnodes;           /* cluster nodes */
+	struct ptc_op *ops;    /* sorted by dst_node, phase, dst_rank, state, tensor, dst_row */
+	int nnodes;	       /* cluster nodes */
 	size_t *node_first_op; /* nnodes + 1 offsets into ops, per dst_node */
 	struct ptc_node_stats *per_node;
 	int64_t bytes_total, bytes_reused, bytes_local, bytes_network, bytes_zero;
@@ -312,8 +312,8 @@ struct ptc_plan {
  * tensors that have no surviving copy or the down node that @to uses,
  * or -ENOMEM.
  */
-int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to,
-		     const int *down, int ndown, struct ptc_plan **out, struct ptc_error *err);
+int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
+		     int ndown, struct ptc_plan **out, struct ptc_error *err);
 void ptc_plan_free(struct ptc_plan *p);
 const char *ptc_op_kind_name(enum ptc_op_kind k);
 /* The plan as JSON: figures, per_node and (when @with_ops) operations. */
@@ -321,7 +321,6 @@ json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from
 			 const struct ptc_layout *to, bool with_ops);
 
 /* Formats into @err (printf-style); returns -EINVAL for `return ptc_errorf(...)`. */
-int ptc_errorf(struct ptc_error *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
+int ptc_errorf(struct ptc_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

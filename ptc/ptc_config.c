@@ -12,8 +12,8 @@
 
 #include "ptc/ptc_i.h"
 
-static const char *const config_keys[] = {"version", "tp", "pp", "dp", "nodes", "replicas",
-					  "dataset", NULL};
+static const char *const config_keys[] = {"version", "tp",	 "pp",	    "dp",
+					  "nodes",   "replicas", "dataset", NULL};
 static const char *const dataset_keys[] = {"index", "seed", "global_batch", "shuffle", NULL};
 static const char *const cluster_keys[] = {"nodes", "token_file", NULL};
 static const char *const node_keys[] = {"id", "addr", "devices", NULL};
@@ -252,7 +252,8 @@ int ptc_cluster_parse(const json_t *root, const char *file, struct ptc_cluster *
 			goto err_free;
 		json_t *id = json_object_get(n, "id"), *addr = json_object_get(n, "addr");
 		if (!json_is_string(id) || !id_valid(json_string_value(id))) {
-			ptc_errorf(err, "%s: %s.id must be a node id of [A-Za-z0-9_.-]", file, where);
+			ptc_errorf(err, "%s: %s.id must be a node id of [A-Za-z0-9_.-]", file,
+				   where);
 			goto err_free;
 		}
 		if (ptc_cluster_find(c, json_string_value(id)) >= 0) {

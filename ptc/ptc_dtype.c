@@ -13,18 +13,18 @@ static const struct {
 	const char *descr;
 	size_t size;
 } dtypes[PTC_DTYPE_COUNT] = {
-	[PTC_FLOAT64] = {"float64", "<f8", 8},
-	[PTC_FLOAT32] = {"float32", "<f4", 4},
-	[PTC_FLOAT16] = {"float16", "<f2", 2},
-	[PTC_BFLOAT16] = {"bfloat16", "<u2", 2},
-	[PTC_INT64] = {"int64", "<i8", 8},
-	[PTC_INT32] = {"int32", "<i4", 4},
-	[PTC_INT16] = {"int16", "<i2", 2},
-	[PTC_INT8] = {"int8", "|i1", 1},
-	[PTC_UINT8] = {"uint8", "|u1", 1},
-	[PTC_BOOL] = {"bool", "|b1", 1},
-	[PTC_FLOAT8_E4M3FN] = {"float8_e4m3fn", "|u1", 1},
-	[PTC_FLOAT8_E5M2] = {"float8_e5m2", "|u1", 1},
+    [PTC_FLOAT64] = {"float64", "<f8", 8},
+    [PTC_FLOAT32] = {"float32", "<f4", 4},
+    [PTC_FLOAT16] = {"float16", "<f2", 2},
+    [PTC_BFLOAT16] = {"bfloat16", "<u2", 2},
+    [PTC_INT64] = {"int64", "<i8", 8},
+    [PTC_INT32] = {"int32", "<i4", 4},
+    [PTC_INT16] = {"int16", "<i2", 2},
+    [PTC_INT8] = {"int8", "|i1", 1},
+    [PTC_UINT8] = {"uint8", "|u1", 1},
+    [PTC_BOOL] = {"bool", "|b1", 1},
+    [PTC_FLOAT8_E4M3FN] = {"float8_e4m3fn", "|u1", 1},
+    [PTC_FLOAT8_E5M2] = {"float8_e5m2", "|u1", 1},
 };
 
 size_t ptc_dtype_size(enum ptc_dtype dt)

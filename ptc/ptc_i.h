@@ -18,8 +18,8 @@ int ptc_json_int(const json_t *obj, const char *key, bool required, int64_t lo, 
 		 int64_t *out, const char *file, const char *where, struct ptc_error *err);
 
 /* Checks that @obj has no keys outside the NULL-terminated @known. */
-int ptc_json_known(const json_t *obj, const char *const *known, const char *file,
-		   const char *where, struct ptc_error *err);
+int ptc_json_known(const json_t *obj, const char *const *known, const char *file, const char *where,
+		   struct ptc_error *err);
 
 /* Parses @len bytes of JSON text; syntax errors name line and column. */
 json_t *ptc_json_load(const char *text, size_t len, const char *file, struct ptc_error *err);

@@ -56,7 +56,8 @@ int ptc_json_int(const json_t *obj, const char *key, bool required, int64_t lo, 
 
 	if (!v) {
 		if (required)
-			return ptc_errorf(err, "%s: %s is missing", file, field(f, sizeof(f), where, key));
+			return ptc_errorf(err, "%s: %s is missing", file,
+					  field(f, sizeof(f), where, key));
 		return 1;
 	}
 	if (!json_is_integer(v))
@@ -64,19 +65,21 @@ int ptc_json_int(const json_t *obj, const char *key, bool required, int64_t lo, 
 				  field(f, sizeof(f), where, key));
 	int64_t x = json_integer_value(v);
 	if (x < lo || x > hi)
-		return ptc_errorf(err, "%s: %s = %" PRId64 " is out of range [%" PRId64 ", %" PRId64 "]",
+		return ptc_errorf(err,
+				  "%s: %s = %" PRId64 " is out of range [%" PRId64 ", %" PRId64 "]",
 				  file, field(f, sizeof(f), where, key), x, lo, hi);
 	*out = x;
 	return 0;
 }
 
-int ptc_json_known(const json_t *obj, const char *const *known, const char *file,
-		   const char *where, struct ptc_error *err)
+int ptc_json_known(const json_t *obj, const char *const *known, const char *file, const char *where,
+		   struct ptc_error *err)
 {
 	const char *key;
 	json_t *v;
 
-	json_object_foreach((json_t *)obj, key, v) {
+	json_object_foreach((json_t *)obj, key, v)
+	{
 		const char *const *k = known;
 		while (*k && strcmp(*k, key) != 0)
 			k++;

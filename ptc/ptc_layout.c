@@ -53,7 +53,8 @@ static int check_tp(const struct ptc_layout *l, const char *file, struct ptc_err
 				return ptc_errorf(err,
 						  "%s: \"tp\" = %d exceeds the %" PRId64
 						  " rows of chunk %d of \"%s\" (dim %d)",
-						  file, l->tp, t->chunks[c], c, t->name, t->split_dim);
+						  file, l->tp, t->chunks[c], c, t->name,
+						  t->split_dim);
 	}
 	return 0;
 }

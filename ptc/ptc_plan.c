@@ -68,7 +68,7 @@ struct ctx {
 	int64_t lower_bound;
 
 	/* per tie group */
-	int *group, ngroup; /* a tensor and the tensors tied to it */
+	int *group, ngroup;    /* a tensor and the tensors tied to it */
 	int64_t row_bytes[64]; /* per state */
 	struct ptc_slice *old_sl, *new_sl;
 	struct holder *hold;
@@ -204,7 +204,7 @@ static int index_group(struct ctx *c)
 			const struct ptc_seg *sg = &c->old_sl[t].segs[i];
 			if (sg->global >= 0)
 				c->rmap[c->nrmap++] =
-					(struct rowseg){sg->global, sg->len, sg->local, t};
+				    (struct rowseg){sg->global, sg->len, sg->local, t};
 		}
 	qsort(c->rmap, (size_t)c->nrmap, sizeof(*c->rmap), cmp_rowseg);
 
@@ -217,9 +217,9 @@ static int index_group(struct ctx *c)
 			if (grow((void **)&c->hold, &c->caphold, need, sizeof(*c->hold)))
 				return -ENOMEM;
 			for (int r = p * f->tp * f->dp; r < (p + 1) * f->tp * f->dp; r++)
-				c->hold[c->nhold++] = (struct holder){
-					f->ranks[r].node, r, replicated ? 0 : f->ranks[r].t,
-					c->group[g]};
+				c->hold[c->nhold++] =
+				    (struct holder){f->ranks[r].node, r,
+						    replicated ? 0 : f->ranks[r].t, c->group[g]};
 		}
 	qsort(c->hold, c->nhold, sizeof(*c->hold), cmp_holder);
 
@@ -289,8 +289,7 @@ static void note_failure(struct ctx *c, int tensor)
 
 /* FETCHes missing rows [lo, hi) into (rank, tensor) at local row @row,
  * one op per old segment crossed, and remembers them for DUPs. */
-static int fetch(struct ctx *c, int node, int rank, int tensor, int64_t lo, int64_t hi,
-		 int64_t row)
+static int fetch(struct ctx *c, int node, int rank, int tensor, int64_t lo, int64_t hi, int64_t row)
 {
 	if (grow((void **)&c->fet, &c->capfet, c->nfet + 1, sizeof(*c->fet)))
 		return -ENOMEM;
@@ -302,8 +301,10 @@ static int fetch(struct ctx *c, int node, int rank, int tensor, int64_t lo, int6
 		if (nc == 0) {
 			note_failure(c, tensor);
 		} else {
-			struct ptc_op op = {.kind = PTC_OP_FETCH, .tensor = tensor,
-					    .dst_rank = rank, .dst_node = node,
+			struct ptc_op op = {.kind = PTC_OP_FETCH,
+					    .tensor = tensor,
+					    .dst_rank = rank,
+					    .dst_node = node,
 					    .dst_row = row + (x - lo),
 					    .src_row = rs->local + (x - rs->global),
 					    .rows = end - x};
@@ -334,11 +335,17 @@ static int missing(struct ctx *c, int node, int rank, int tensor, int64_t lo, in
 		}
 		if (hit) {
 			int64_t end = hit->hi < hi ? hit->hi : hi;
-			struct ptc_op op = {.kind = PTC_OP_DUP, .phase = 1, .tensor = tensor,
-					    .dst_rank = rank, .dst_node = node,
-					    .src_rank = hit->rank, .src_node = node,
-					    .src_tensor = hit->tensor, .dst_row = row + (x - lo),
-					    .src_row = hit->row + (x - hit->lo), .rows = end - x};
+			struct ptc_op op = {.kind = PTC_OP_DUP,
+					    .phase = 1,
+					    .tensor = tensor,
+					    .dst_rank = rank,
+					    .dst_node = node,
+					    .src_rank = hit->rank,
+					    .src_node = node,
+					    .src_tensor = hit->tensor,
+					    .dst_row = row + (x - lo),
+					    .src_row = hit->row + (x - hit->lo),
+					    .rows = end - x};
 			if (emit(c, &op, NULL, 0))
 				return -ENOMEM;
 			x = end;
@@ -366,7 +373,8 @@ static int build_rows(struct ctx *c, int node, size_t hlo, size_t hhi, int rank,
 				if (sg->global < 0)
 					continue;
 				if (sg->global <= x && x < sg->global + sg->len) {
-					if (!bseg || sg->global + sg->len > bseg->global + bseg->len) {
+					if (!bseg ||
+					    sg->global + sg->len > bseg->global + bseg->len) {
 						best = &c->hold[h];
 						bseg = sg;
 					}
@@ -378,9 +386,13 @@ static int build_rows(struct ctx *c, int node, size_t hlo, size_t hhi, int rank,
 		if (bseg) {
 			int64_t end = bseg->global + bseg->len;
 			end = end < g + len ? end : g + len;
-			struct ptc_op op = {.kind = PTC_OP_COPY, .tensor = tensor, .dst_rank = rank,
-					    .dst_node = node, .src_rank = best->rank,
-					    .src_node = node, .src_tensor = best->tensor,
+			struct ptc_op op = {.kind = PTC_OP_COPY,
+					    .tensor = tensor,
+					    .dst_rank = rank,
+					    .dst_node = node,
+					    .src_rank = best->rank,
+					    .src_node = node,
+					    .src_tensor = best->tensor,
 					    .dst_row = row + (x - g),
 					    .src_row = bseg->local + (x - bseg->global),
 					    .rows = end - x};
@@ -397,26 +409,34 @@ static int build_rows(struct ctx *c, int node, size_t hlo, size_t hhi, int rank,
 }
 
 /* Builds the new partition of @tensor on @rank (hosted on @node). */
-static int build_partition(struct ctx *c, int node, size_t hlo, size_t hhi, int rank,
-			   int tensor)
+static int build_partition(struct ctx *c, int node, size_t hlo, size_t hhi, int rank, int tensor)
 {
 	const struct ptc_slice *ns = &c->new_sl[c->to->ranks[rank].t];
 
 	for (size_t h = hlo; h < hhi; h++) {
 		if (slice_equal(&c->old_sl[c->hold[h].t], ns)) {
-			struct ptc_op op = {.kind = PTC_OP_REUSE, .tensor = tensor,
-					    .dst_rank = rank, .dst_node = node,
-					    .src_rank = c->hold[h].rank, .src_node = node,
-					    .src_tensor = c->hold[h].tensor, .rows = ns->rows};
+			struct ptc_op op = {.kind = PTC_OP_REUSE,
+					    .tensor = tensor,
+					    .dst_rank = rank,
+					    .dst_node = node,
+					    .src_rank = c->hold[h].rank,
+					    .src_node = node,
+					    .src_tensor = c->hold[h].tensor,
+					    .rows = ns->rows};
 			return emit(c, &op, NULL, 0);
 		}
 	}
 	for (int i = 0; i < ns->nsegs; i++) {
 		const struct ptc_seg *sg = &ns->segs[i];
 		if (sg->global < 0) {
-			struct ptc_op op = {.kind = PTC_OP_ZERO, .tensor = tensor, .dst_rank = rank,
-					    .dst_node = node, .src_rank = -1, .src_node = -1,
-					    .src_tensor = -1, .dst_row = sg->local,
+			struct ptc_op op = {.kind = PTC_OP_ZERO,
+					    .tensor = tensor,
+					    .dst_rank = rank,
+					    .dst_node = node,
+					    .src_rank = -1,
+					    .src_node = -1,
+					    .src_tensor = -1,
+					    .dst_row = sg->local,
 					    .rows = sg->len};
 			if (emit(c, &op, NULL, 0))
 				return -ENOMEM;
@@ -454,8 +474,8 @@ static size_t ivl_union(struct ivl *v, size_t n)
  * for the group that no old partition on the node holds. */
 static int lower_bound(struct ctx *c, int r0, int r1, size_t hlo, size_t hhi)
 {
-	size_t nn = 0, nh = 0, need = ((size_t)(r1 - r0) * (size_t)c->ngroup + (hhi - hlo)) *
-				      PTC_MAX_SEGS;
+	size_t nn = 0, nh = 0,
+	       need = ((size_t)(r1 - r0) * (size_t)c->ngroup + (hhi - hlo)) * PTC_MAX_SEGS;
 	if (grow((void **)&c->need, &c->capneed, need, sizeof(struct ivl)) ||
 	    grow((void **)&c->have, &c->caphave, need, sizeof(struct ivl)))
 		return -ENOMEM;
@@ -466,9 +486,9 @@ static int lower_bound(struct ctx *c, int r0, int r1, size_t hlo, size_t hhi)
 			const struct ptc_slice *sl = &c->new_sl[c->to->ranks[r].t];
 			for (int i = 0; i < sl->nsegs; i++)
 				if (sl->segs[i].global >= 0)
-					c->need[nn++] = (struct ivl){
-						sl->segs[i].global,
-						sl->segs[i].global + sl->segs[i].len};
+					c->need[nn++] =
+					    (struct ivl){sl->segs[i].global,
+							 sl->segs[i].global + sl->segs[i].len};
 		}
 	for (size_t h = hlo; h < hhi; h++) {
 		const struct ptc_slice *sl = &c->old_sl[c->hold[h].t];
@@ -534,12 +554,13 @@ static int plan_group(struct ctx *c)
 static int cmp_op(const void *a, const void *b)
 {
 	const struct ptc_op *x = a, *y = b;
-#define CMP(f)                                                                                    \
-	if (x->f != y->f)                                                                         \
+#define CMP(f)                                                                                     \
+	if (x->f != y->f)                                                                          \
 		return x->f < y->f ? -1 : 1;
-	CMP(dst_node) CMP(phase) CMP(dst_rank) CMP(state) CMP(tensor) CMP(dst_row)
+	CMP(dst_node)
+	CMP(phase) CMP(dst_rank) CMP(state) CMP(tensor) CMP(dst_row)
 #undef CMP
-	return 0;
+	    return 0;
 }
 
 static int check_inputs(const struct ptc_layout *from, const struct ptc_layout *to,
@@ -570,7 +591,8 @@ static int plan_all(struct ctx *c)
 	c->cand = malloc((size_t)c->from->world * sizeof(*c->cand));
 	c->failed = calloc((size_t)s->ntensors, sizeof(bool));
 	c->group = malloc((size_t)s->ntensors * sizeof(int));
-	if (!c->group || !c->old_sl || !c->new_sl || !c->rmap || !c->cand_off || !c->cand || !c->failed)
+	if (!c->group || !c->old_sl || !c->new_sl || !c->rmap || !c->cand_off || !c->cand ||
+	    !c->failed)
 		return -ENOMEM;
 
 	for (int i = 0; i < s->ntensors; i++) {
@@ -587,8 +609,8 @@ static int plan_all(struct ctx *c)
 	return 0;
 }
 
-int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to,
-		     const int *down, int ndown, struct ptc_plan **out, struct ptc_error *err)
+int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
+		     int ndown, struct ptc_plan **out, struct ptc_error *err)
 {
 	struct ptc_error scratch;
 	struct ctx c = {.from = from, .to = to, .s = from->schema, .err = err ? err : &scratch};
@@ -685,13 +707,12 @@ json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from
 	for (int n = 0; n < p->nnodes; n++) {
 		const struct ptc_node_stats *st = &p->per_node[n];
 		json_object_set_new(
-			nodes, to->cluster->nodes[n].id,
-			json_pack("{sIsIsIsIsIsI}", "bytes_in", (json_int_t)st->bytes_in, "bytes_out",
-				  (json_int_t)st->bytes_out, "bytes_local",
-				  (json_int_t)st->bytes_local, "bytes_reused",
-				  (json_int_t)st->bytes_reused, "bytes_zero",
-				  (json_int_t)st->bytes_zero, "bytes_total",
-				  (json_int_t)st->bytes_total));
+		    nodes, to->cluster->nodes[n].id,
+		    json_pack("{sIsIsIsIsIsI}", "bytes_in", (json_int_t)st->bytes_in, "bytes_out",
+			      (json_int_t)st->bytes_out, "bytes_local", (json_int_t)st->bytes_local,
+			      "bytes_reused", (json_int_t)st->bytes_reused, "bytes_zero",
+			      (json_int_t)st->bytes_zero, "bytes_total",
+			      (json_int_t)st->bytes_total));
 	}
 	json_object_set_new(o, "per_node", nodes);
 	if (!with_ops)
@@ -699,13 +720,12 @@ json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from
 	json_t *ops = json_array();
 	for (size_t i = 0; i < p->nops; i++) {
 		const struct ptc_op *op = &p->ops[i];
-		json_t *j = json_pack("{sssisssssssisIsIsI}", "op", ptc_op_kind_name(op->kind),
-				      "phase", op->phase, "node",
-				      to->cluster->nodes[op->dst_node].id, "state",
-				      s->states[op->state].name, "tensor",
-				      s->tensors[op->tensor].name, "rank", op->dst_rank, "row",
-				      (json_int_t)op->dst_row, "rows", (json_int_t)op->rows, "bytes",
-				      (json_int_t)op->bytes);
+		json_t *j =
+		    json_pack("{sssisssssssisIsIsI}", "op", ptc_op_kind_name(op->kind), "phase",
+			      op->phase, "node", to->cluster->nodes[op->dst_node].id, "state",
+			      s->states[op->state].name, "tensor", s->tensors[op->tensor].name,
+			      "rank", op->dst_rank, "row", (json_int_t)op->dst_row, "rows",
+			      (json_int_t)op->rows, "bytes", (json_int_t)op->bytes);
 		if (op->src_rank >= 0) {
 			json_object_set_new(j, "src_node",
 					    json_string(to->cluster->nodes[op->src_node].id));

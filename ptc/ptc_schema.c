@@ -17,10 +17,9 @@
 
 #include "ptc/ptc_i.h"
 
-static const char *const schema_keys[] = {"model", "num_layers", "states", "tensors",
-					  "description", NULL};
-static const char *const tensor_keys[] = {"name", "dtype", "shape", "split", "place", "tied",
-					  NULL};
+static const char *const schema_keys[] = {"model",   "num_layers",  "states",
+					  "tensors", "description", NULL};
+static const char *const tensor_keys[] = {"name", "dtype", "shape", "split", "place", "tied", NULL};
 static const char *const split_keys[] = {"dim", "chunks", "pad_multiple", NULL};
 static const char *const state_keys[] = {"dtype", NULL};
 
@@ -67,8 +66,8 @@ static void shape_str(const struct ptc_tensor *t, char *buf, size_t n)
 {
 	size_t off = (size_t)snprintf(buf, n, "[");
 	for (int i = 0; i < t->ndim && off < n; i++)
-		off += (size_t)snprintf(buf + off, n - off, "%s%" PRId64, i ? ", " : "",
-					t->shape[i]);
+		off +=
+		    (size_t)snprintf(buf + off, n - off, "%s%" PRId64, i ? ", " : "", t->shape[i]);
 	if (off < n)
 		snprintf(buf + off, n - off, "]");
 }
@@ -91,7 +90,8 @@ static int parse_states(struct ptc_schema *s, const json_t *states, const char *
 	s->states = calloc(json_object_size(states), sizeof(*s->states));
 	if (!s->states)
 		return -ENOMEM;
-	json_object_foreach((json_t *)states, key, v) {
+	json_object_foreach((json_t *)states, key, v)
+	{
 		struct ptc_state *st = &s->states[s->nstates];
 		char where[300];
 
@@ -99,15 +99,15 @@ static int parse_states(struct ptc_schema *s, const json_t *states, const char *
 		if (!ptc_path_valid(key, false))
 			return ptc_errorf(err, "%s: %s is not a valid path name", file, where);
 		if (strcmp(key, "data") == 0 || strncmp(key, "data/", 5) == 0)
-			return ptc_errorf(err, "%s: %s is reserved for dataset views", file,
-					  where);
+			return ptc_errorf(err, "%s: %s is reserved for dataset views", file, where);
 		if (!json_is_object(v))
 			return ptc_errorf(err, "%s: %s must be an object", file, where);
 		if (ptc_json_known(v, state_keys, file, where, err))
 			return -EINVAL;
 		json_t *dt = json_object_get(v, "dtype");
 		if (dt) {
-			if (!json_is_string(dt) || ptc_dtype_parse(json_string_value(dt), &st->dtype))
+			if (!json_is_string(dt) ||
+			    ptc_dtype_parse(json_string_value(dt), &st->dtype))
 				return ptc_errorf(err, "%s: %s.dtype is not a known dtype", file,
 						  where);
 			st->has_dtype = 1;
@@ -173,26 +173,29 @@ static int parse_split(struct ptc_tensor *t, const json_t *split, const char *fi
 		for (size_t i = 0; i < c; i++) {
 			json_t *e = json_array_get(ch, i);
 			if (!json_is_integer(e) || json_integer_value(e) < 1)
-				return ptc_errorf(err, "%s: %s.chunks[%zu] must be a positive integer",
+				return ptc_errorf(err,
+						  "%s: %s.chunks[%zu] must be a positive integer",
 						  file, w, i);
 			t->chunks[i] = json_integer_value(e);
 			if (t->chunks[i] > n)
-				return ptc_errorf(err, "%s: %s.chunks sum to more than dim %" PRId64
-						       " of shape %s",
+				return ptc_errorf(err,
+						  "%s: %s.chunks sum to more than dim %" PRId64
+						  " of shape %s",
 						  file, w, v, shp);
 			sum += t->chunks[i];
 		}
 		if (sum != n)
-			return ptc_errorf(err, "%s: %s.chunks sum to %" PRId64
-					       ", not dim %" PRId64 " of shape %s",
+			return ptc_errorf(err,
+					  "%s: %s.chunks sum to %" PRId64 ", not dim %" PRId64
+					  " of shape %s",
 					  file, w, sum, v, shp);
 	} else {
 		return ptc_errorf(err, "%s: %s.chunks must be an integer or an array of sizes",
 				  file, w);
 	}
 
-	int rc = ptc_json_int(split, "pad_multiple", false, 1, 1 << 20, &t->pad_multiple, file, w,
-			      err);
+	int rc =
+	    ptc_json_int(split, "pad_multiple", false, 1, 1 << 20, &t->pad_multiple, file, w, err);
 	if (rc < 0)
 		return rc;
 	if (rc == 0 && t->nchunks > 1)
@@ -275,7 +278,8 @@ static int parse_tensor(struct ptc_tensor *t, const json_t *js, int i, const cha
 		else if (strcmp(p, "all") == 0)
 			t->place = PTC_PLACE_ALL;
 		else
-			return ptc_errorf(err, "%s: %s.place must be \"first\", \"last\" or \"all\"",
+			return ptc_errorf(err,
+					  "%s: %s.place must be \"first\", \"last\" or \"all\"",
 					  file, where);
 	}
 	return 0;
@@ -344,21 +348,23 @@ static int link_tensors(struct ptc_schema *s, const json_t *arr, const char *fil
 		}
 		struct ptc_tensor key = {.name = (char *)json_string_value(v)}, *kp = &key;
 		struct ptc_tensor **hit =
-			bsearch(&kp, sorted, (size_t)s->ntensors, sizeof(*sorted), cmp_name);
+		    bsearch(&kp, sorted, (size_t)s->ntensors, sizeof(*sorted), cmp_name);
 		int rc = 0;
 		if (t->place == PTC_PLACE_LAYER)
 			rc = ptc_errorf(err, "%s: %s: a {L} tensor cannot be tied", file, where);
 		else if (!hit)
-			rc = ptc_errorf(err, "%s: %s = \"%s\" names no tensor", file, where, key.name);
+			rc = ptc_errorf(err, "%s: %s = \"%s\" names no tensor", file, where,
+					key.name);
 		else if (*hit == t || (*hit)->tied >= 0 ||
 			 json_object_get(json_array_get(arr, (size_t)(*hit)->source), "tied"))
-			rc = ptc_errorf(err, "%s: %s = \"%s\" is itself tied", file, where, key.name);
+			rc = ptc_errorf(err, "%s: %s = \"%s\" is itself tied", file, where,
+					key.name);
 		else if ((*hit)->dtype != t->dtype || (*hit)->ndim != t->ndim ||
 			 memcmp((*hit)->shape, t->shape, sizeof(t->shape)) != 0 ||
 			 (*hit)->split_dim != t->split_dim || (*hit)->nchunks != t->nchunks ||
 			 (*hit)->pad_multiple != t->pad_multiple ||
-			 ((*hit)->nchunks && memcmp((*hit)->chunks, t->chunks,
-						    (size_t)t->nchunks * sizeof(int64_t))))
+			 ((*hit)->nchunks &&
+			  memcmp((*hit)->chunks, t->chunks, (size_t)t->nchunks * sizeof(int64_t))))
 			rc = ptc_errorf(err,
 					"%s: %s = \"%s\" differs in dtype, shape or split from "
 					"the tied tensor",
@@ -435,8 +441,8 @@ int ptc_schema_parse(const json_t *root, const char *file, struct ptc_schema **o
 			continue;
 		}
 		if (layers == 0) {
-			rc = ptc_errorf(err, "%s: tensors[%zu].name uses {L} but \"num_layers\" is 0",
-					file, i);
+			rc = ptc_errorf(
+			    err, "%s: tensors[%zu].name uses {L} but \"num_layers\" is 0", file, i);
 			free(tmpl.name);
 			free(tmpl.chunks);
 			goto err_free;

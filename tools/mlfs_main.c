@@ -11,18 +11,18 @@ static const struct {
 	int (*fn)(int argc, char **argv);
 	const char *usage;
 } cmds[] = {
-	{"mount", cmd_mount,
-	 "mount <mnt> --node ID --cluster cluster.json [-f] [--max-memory BYTES] [--threads N]"},
-	{"umount", cmd_umount, "umount <mnt>"},
-	{"status", cmd_status, "status <mnt> [--json]"},
-	{"reconfigure", cmd_reconfigure, "reconfigure <mnt> new.json [--no-wait]"},
-	{"import", cmd_import, "import <mnt> --from DIR [--step N] [--state NAME]"},
-	{"export", cmd_export, "export <mnt> --to DIR"},
-	{"plan", cmd_plan,
-	 "plan --schema S --from A.json --to B.json [--cluster C] [--down ID,...] [--json]"},
-	{"schema", cmd_schema,
-	 "schema megatron-gpt|llama --layers N --hidden H --heads A --vocab V [--ffn F]\n"
-	 "               [--kv-heads G] [--seq S] [--tied] [--dtype D]"},
+    {"mount", cmd_mount,
+     "mount <mnt> --node ID --cluster cluster.json [-f] [--max-memory BYTES] [--threads N]"},
+    {"umount", cmd_umount, "umount <mnt>"},
+    {"status", cmd_status, "status <mnt> [--json]"},
+    {"reconfigure", cmd_reconfigure, "reconfigure <mnt> new.json [--no-wait]"},
+    {"import", cmd_import, "import <mnt> --from DIR [--step N] [--state NAME]"},
+    {"export", cmd_export, "export <mnt> --to DIR"},
+    {"plan", cmd_plan,
+     "plan --schema S --from A.json --to B.json [--cluster C] [--down ID,...] [--json]"},
+    {"schema", cmd_schema,
+     "schema megatron-gpt|llama --layers N --hidden H --heads A --vocab V [--ffn F]\n"
+     "               [--kv-heads G] [--seq S] [--tied] [--dtype D]"},
 };
 
 static void usage(FILE *f)

@@ -34,10 +34,26 @@ static int64_t parse_bytes(const char *s)
 	if (errno || v <= 0 || end == s)
 		return -1;
 	switch (*end) {
-	case 'K': case 'k': shift = 10; end++; break;
-	case 'M': case 'm': shift = 20; end++; break;
-	case 'G': case 'g': shift = 30; end++; break;
-	case 'T': case 't': shift = 40; end++; break;
+	case 'K':
+	case 'k':
+		shift = 10;
+		end++;
+		break;
+	case 'M':
+	case 'm':
+		shift = 20;
+		end++;
+		break;
+	case 'G':
+	case 'g':
+		shift = 30;
+		end++;
+		break;
+	case 'T':
+	case 't':
+		shift = 40;
+		end++;
+		break;
 	}
 	if (*end == 'i' || *end == 'B')
 		end++;
@@ -50,21 +66,25 @@ static int64_t parse_bytes(const char *s)
 
 int cmd_mount(int argc, char **argv)
 {
-	static const struct option opts[] = {{"node", required_argument, NULL, 'n'},
-					     {"cluster", required_argument, NULL, 'c'},
-					     {"max-memory", required_argument, NULL, 'm'},
-					     {"threads", required_argument, NULL, 't'},
-					     {"foreground", no_argument, NULL, 'f'},
-					     {NULL, 0, NULL, 0}};
+	static const struct option opts[] = {
+	    {"node", required_argument, NULL, 'n'},	  {"cluster", required_argument, NULL, 'c'},
+	    {"max-memory", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
+	    {"foreground", no_argument, NULL, 'f'},	  {NULL, 0, NULL, 0}};
 	struct mlfs_options o = {0};
 	int c;
 
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "f", opts, NULL)) != -1) {
 		switch (c) {
-		case 'n': o.node_id = optarg; break;
-		case 'c': o.cluster_path = optarg; break;
-		case 'f': o.foreground = true; break;
+		case 'n':
+			o.node_id = optarg;
+			break;
+		case 'c':
+			o.cluster_path = optarg;
+			break;
+		case 'f':
+			o.foreground = true;
+			break;
 		case 'm':
 			if ((o.max_memory = parse_bytes(optarg)) < 0) {
 				fprintf(stderr, "mlfs mount: --max-memory \"%s\" is not a size\n",
@@ -79,7 +99,8 @@ int cmd_mount(int argc, char **argv)
 				return 2;
 			}
 			break;
-		default: return 2;
+		default:
+			return 2;
 		}
 	}
 	if (optind != argc - 1 || !o.node_id || !o.cluster_path) {
@@ -155,8 +176,8 @@ int cmd_status(int argc, char **argv)
 		if (last)
 			printf("last reconfiguration v%" JSON_INTEGER_FORMAT
 			       " -> v%" JSON_INTEGER_FORMAT ": %" JSON_INTEGER_FORMAT
-			       " bytes reused, %" JSON_INTEGER_FORMAT " copied, %" JSON_INTEGER_FORMAT
-			       " fetched in %.3f s\n",
+			       " bytes reused, %" JSON_INTEGER_FORMAT
+			       " copied, %" JSON_INTEGER_FORMAT " fetched in %.3f s\n",
 			       json_integer_value(json_object_get(last, "from_version")),
 			       json_integer_value(json_object_get(last, "to_version")),
 			       json_integer_value(json_object_get(last, "bytes_reused")),
@@ -236,8 +257,8 @@ int cmd_reconfigure(int argc, char **argv)
 		}
 		if (state && strcmp(state, "idle") == 0 && v >= version) {
 			json_t *last = json_object_get(s, "last");
-			printf("version %" PRId64 ": %" JSON_INTEGER_FORMAT " bytes reused, %"
-			       JSON_INTEGER_FORMAT " copied in %.3f s\n",
+			printf("version %" PRId64 ": %" JSON_INTEGER_FORMAT
+			       " bytes reused, %" JSON_INTEGER_FORMAT " copied in %.3f s\n",
 			       v, json_integer_value(json_object_get(last, "bytes_reused")),
 			       json_integer_value(json_object_get(last, "bytes_copied")),
 			       json_real_value(json_object_get(last, "seconds")));
@@ -263,18 +284,24 @@ int cmd_import(int argc, char **argv)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
-		case 'f': from = optarg; break;
-		case 't': state = optarg; break;
+		case 'f':
+			from = optarg;
+			break;
+		case 't':
+			state = optarg;
+			break;
 		case 's': {
 			char *end;
 			step = strtoll(optarg, &end, 10);
 			if (*end || step < 0) {
-				fprintf(stderr, "mlfs import: --step \"%s\" is not a step\n", optarg);
+				fprintf(stderr, "mlfs import: --step \"%s\" is not a step\n",
+					optarg);
 				return 2;
 			}
 			break;
 		}
-		default: return 2;
+		default:
+			return 2;
 		}
 	}
 	if (optind != argc - 1 || !from) {
@@ -338,7 +365,8 @@ static int copy_file(const char *src, char *dst)
 	if (in < 0)
 		return errno;
 	snprintf(tmp, sizeof(tmp), "%s.tmp", dst);
-	if (make_parents(dst) || (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+	if (make_parents(dst) ||
+	    (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
 		err = errno;
 		close(in);
 		return err;

@@ -84,8 +84,7 @@ static void inputs_release(struct plan_inputs *in)
 }
 
 /* A cluster of every node the two configs name, 8 devices each. */
-static struct ptc_cluster *default_cluster(const struct ptc_config *a,
-					   const struct ptc_config *b)
+static struct ptc_cluster *default_cluster(const struct ptc_config *a, const struct ptc_config *b)
 {
 	char **ids = calloc((size_t)(a->nnodes + b->nnodes), sizeof(char *));
 	int n = 0;
@@ -130,8 +129,8 @@ static int load(const char *path, parse_fn fn, void **out)
 	return 0;
 }
 
-static int load_inputs(struct plan_inputs *in, const char *schema, const char *from,
-		       const char *to, const char *cluster)
+static int load_inputs(struct plan_inputs *in, const char *schema, const char *from, const char *to,
+		       const char *cluster)
 {
 	if (load(schema, (parse_fn)ptc_schema_parse_text, (void **)&in->schema) ||
 	    load(from, (parse_fn)ptc_config_parse_text, (void **)&in->from) ||
@@ -194,11 +193,13 @@ static void print_summary(const struct ptc_plan *p, const struct ptc_layout *a,
 
 int cmd_plan(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{"schema", required_argument, NULL, 's'}, {"from", required_argument, NULL, 'f'},
-		{"to", required_argument, NULL, 't'},     {"cluster", required_argument, NULL, 'c'},
-		{"down", required_argument, NULL, 'd'},   {"json", no_argument, NULL, 'j'},
-		{NULL, 0, NULL, 0}};
+	static const struct option opts[] = {{"schema", required_argument, NULL, 's'},
+					     {"from", required_argument, NULL, 'f'},
+					     {"to", required_argument, NULL, 't'},
+					     {"cluster", required_argument, NULL, 'c'},
+					     {"down", required_argument, NULL, 'd'},
+					     {"json", no_argument, NULL, 'j'},
+					     {NULL, 0, NULL, 0}};
 	const char *schema = NULL, *from = NULL, *to = NULL, *cluster = NULL;
 	char *downlist = NULL;
 	bool json = false;
@@ -207,13 +208,26 @@ int cmd_plan(int argc, char **argv)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
-		case 's': schema = optarg; break;
-		case 'f': from = optarg; break;
-		case 't': to = optarg; break;
-		case 'c': cluster = optarg; break;
-		case 'd': downlist = optarg; break;
-		case 'j': json = true; break;
-		default: return 2;
+		case 's':
+			schema = optarg;
+			break;
+		case 'f':
+			from = optarg;
+			break;
+		case 't':
+			to = optarg;
+			break;
+		case 'c':
+			cluster = optarg;
+			break;
+		case 'd':
+			downlist = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
+		default:
+			return 2;
 		}
 	}
 	if (!schema || !from || !to || optind != argc) {
@@ -274,11 +288,11 @@ out:
 int cmd_schema(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{"layers", required_argument, NULL, 'l'}, {"hidden", required_argument, NULL, 'h'},
-		{"heads", required_argument, NULL, 'a'},  {"kv-heads", required_argument, NULL, 'g'},
-		{"vocab", required_argument, NULL, 'v'},  {"ffn", required_argument, NULL, 'f'},
-		{"seq", required_argument, NULL, 's'},    {"tied", no_argument, NULL, 't'},
-		{"dtype", required_argument, NULL, 'd'},  {NULL, 0, NULL, 0}};
+	    {"layers", required_argument, NULL, 'l'}, {"hidden", required_argument, NULL, 'h'},
+	    {"heads", required_argument, NULL, 'a'},  {"kv-heads", required_argument, NULL, 'g'},
+	    {"vocab", required_argument, NULL, 'v'},  {"ffn", required_argument, NULL, 'f'},
+	    {"seq", required_argument, NULL, 's'},    {"tied", no_argument, NULL, 't'},
+	    {"dtype", required_argument, NULL, 'd'},  {NULL, 0, NULL, 0}};
 	struct ptc_gen_args a = {.dtype = PTC_BFLOAT16};
 	struct ptc_error err = {""};
 	int c;
@@ -293,31 +307,50 @@ int cmd_schema(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		char *end = NULL;
 		long v = optarg ? strtol(optarg, &end, 10) : 0;
-		if (optarg && c != 'd' && (*optarg == '\0' || *end != '\0' || v < 0 || v > 1 << 30)) {
+		if (optarg && c != 'd' &&
+		    (*optarg == '\0' || *end != '\0' || v < 0 || v > 1 << 30)) {
 			fprintf(stderr, "mlfs schema: \"%s\" is not a count\n", optarg);
 			return 2;
 		}
 		switch (c) {
-		case 'l': a.layers = (int)v; break;
-		case 'h': a.hidden = (int)v; break;
-		case 'a': a.heads = (int)v; break;
-		case 'g': a.kv_heads = (int)v; break;
-		case 'v': a.vocab = (int)v; break;
-		case 'f': a.ffn = (int)v; break;
-		case 's': a.seq = (int)v; break;
-		case 't': a.tied = true; break;
+		case 'l':
+			a.layers = (int)v;
+			break;
+		case 'h':
+			a.hidden = (int)v;
+			break;
+		case 'a':
+			a.heads = (int)v;
+			break;
+		case 'g':
+			a.kv_heads = (int)v;
+			break;
+		case 'v':
+			a.vocab = (int)v;
+			break;
+		case 'f':
+			a.ffn = (int)v;
+			break;
+		case 's':
+			a.seq = (int)v;
+			break;
+		case 't':
+			a.tied = true;
+			break;
 		case 'd':
 			if (ptc_dtype_parse(optarg, &a.dtype)) {
-				fprintf(stderr, "mlfs schema: --dtype \"%s\" is not a known dtype\n",
+				fprintf(stderr,
+					"mlfs schema: --dtype \"%s\" is not a known dtype\n",
 					optarg);
 				return 2;
 			}
 			break;
-		default: return 2;
+		default:
+			return 2;
 		}
 	}
 	json_t *j = strcmp(argv[1], "llama") == 0 ? ptc_gen_llama(&a, &err)
-						   : ptc_gen_megatron_gpt(&a, &err);
+						  : ptc_gen_megatron_gpt(&a, &err);
 	if (!j) {
 		fprintf(stderr, "mlfs schema: %s\n", err.text);
 		return 1;

@@ -37,9 +37,8 @@ int xf_mem_reserve(struct xf_mem *m, int64_t n)
 		/* Written as a subtraction so that a huge @n cannot overflow. */
 		if (n > m->limit - cur)
 			return -ENOSPC;
-	} while (!atomic_compare_exchange_weak_explicit(&m->used, &cur, cur + n,
-							memory_order_relaxed,
-							memory_order_relaxed));
+	} while (!atomic_compare_exchange_weak_explicit(
+	    &m->used, &cur, cur + n, memory_order_relaxed, memory_order_relaxed));
 	return 0;
 }
 
@@ -133,8 +132,7 @@ void xf_buf_put(struct xf_buf *b)
 }
 
 void xf_copy_rows(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t *src,
-		  int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer,
-		  int64_t row_bytes)
+		  int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer, int64_t row_bytes)
 {
 	int64_t seg = rows * row_bytes;
 

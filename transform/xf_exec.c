@@ -181,7 +181,7 @@ static int cmp_span(const void *a, const void *b)
 struct check {
 	const struct ptc_op *ops;
 	size_t nops;
-	size_t *reuse;      /* per `to` entry: index in ops of its REUSE, or SIZE_MAX */
+	size_t *reuse;	    /* per `to` entry: index in ops of its REUSE, or SIZE_MAX */
 	struct span *spans; /* one per writing op, sorted */
 	size_t nspans;
 	bool has_fetch;
@@ -212,7 +212,7 @@ static int check_source(const struct ptc_op *op, const struct xf_parts *from,
 		return -EINVAL;
 	if (op->kind == PTC_OP_COPY || op->kind == PTC_OP_REUSE) {
 		const struct xf_buf *b =
-			from->bufs[xf_parts_index(from, op->src_rank, op->state, op->src_tensor)];
+		    from->bufs[xf_parts_index(from, op->src_rank, op->state, op->src_tensor)];
 		if (!b || b->size != sg.outer * sg.rows * sg.row_bytes)
 			return -EINVAL;
 	}
@@ -260,8 +260,7 @@ static int check_op(struct check *c, size_t k, const struct xf_parts *from,
 		c->bytes.bytes_copied += op->bytes;
 		break;
 	}
-	c->spans[c->nspans++] =
-		(struct span){part, op->dst_row, op->dst_row + op->rows, op->phase};
+	c->spans[c->nspans++] = (struct span){part, op->dst_row, op->dst_row + op->rows, op->phase};
 	return 0;
 }
 
@@ -344,7 +343,7 @@ static int alloc_parts(const struct check *c, const struct xf_parts *from, struc
 				if (c->reuse[i] != SIZE_MAX) {
 					const struct ptc_op *op = &c->ops[c->reuse[i]];
 					to->bufs[i] = xf_buf_get(from->bufs[xf_parts_index(
-						from, op->src_rank, op->state, op->src_tensor)]);
+					    from, op->src_rank, op->state, op->src_tensor)]);
 					continue;
 				}
 				to->bufs[i] = xf_buf_new(mem, xf_partition_bytes(l, r, st, t), &rc);
@@ -370,8 +369,8 @@ struct items {
 	size_t n, cap;
 };
 
-static int items_push(struct items *it, const struct item *tmpl, int64_t o0, int64_t o1,
-		      int64_t lo, int64_t hi)
+static int items_push(struct items *it, const struct item *tmpl, int64_t o0, int64_t o1, int64_t lo,
+		      int64_t hi)
 {
 	if (it->n == it->cap) {
 		size_t cap = it->cap ? 2 * it->cap : 64;
@@ -404,8 +403,8 @@ static int cut_op(struct items *it, const struct ptc_op *op, const struct xf_par
 	if (op->kind == PTC_OP_COPY || op->kind == PTC_OP_DUP) {
 		const struct xf_parts *sp = op->kind == PTC_OP_DUP ? to : from;
 		geom_of(sp->layout, op->src_rank, op->state, op->src_tensor, &sg);
-		tmpl.src = sp->bufs[xf_parts_index(sp, op->src_rank, op->state, op->src_tensor)]
-				   ->data;
+		tmpl.src =
+		    sp->bufs[xf_parts_index(sp, op->src_rank, op->state, op->src_tensor)]->data;
 	}
 	tmpl.dst_rows = dg.rows;
 	tmpl.src_rows = sg.rows;
@@ -536,8 +535,8 @@ static bool tables_ok(const struct ptc_plan *plan, int node, const struct xf_par
 
 	if (!from->layout || !to->layout || !from->bufs || !to->bufs ||
 	    from->layout->schema != to->layout->schema || node < 0 || node >= plan->nnodes ||
-	    plan->nnodes != to->layout->cluster->nnodes || from->node != node ||
-	    to->node != node || from->nstates != to->nstates || from->ntensors != to->ntensors ||
+	    plan->nnodes != to->layout->cluster->nnodes || from->node != node || to->node != node ||
+	    from->nstates != to->nstates || from->ntensors != to->ntensors ||
 	    to->nstates != to->layout->schema->nstates ||
 	    to->ntensors != to->layout->schema->ntensors ||
 	    plan->node_first_op[node] > plan->node_first_op[node + 1] ||

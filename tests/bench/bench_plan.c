@@ -33,7 +33,8 @@ static struct ptc_config *config(int tp, int pp, int dp, int nodes)
 		snprintf(id, sizeof(id), "n%d", i);
 		json_array_append_new(ids, json_string(id));
 	}
-	json_t *j = json_pack("{sisisisiso}", "version", 1, "tp", tp, "pp", pp, "dp", dp, "nodes", ids);
+	json_t *j =
+	    json_pack("{sisisisiso}", "version", 1, "tp", tp, "pp", pp, "dp", dp, "nodes", ids);
 	struct ptc_config *c;
 	struct ptc_error err;
 	if (ptc_config_parse(j, "bench", &c, &err)) {
@@ -51,8 +52,12 @@ struct bcase {
 
 static void run(const struct bcase *bc)
 {
-	struct ptc_gen_args ga = {.layers = bc->layers, .hidden = 12288, .heads = 96,
-				  .vocab = 51200, .tied = true, .dtype = PTC_BFLOAT16};
+	struct ptc_gen_args ga = {.layers = bc->layers,
+				  .hidden = 12288,
+				  .heads = 96,
+				  .vocab = 51200,
+				  .tied = true,
+				  .dtype = PTC_BFLOAT16};
 	struct ptc_error err;
 	json_t *js = ptc_gen_megatron_gpt(&ga, &err);
 	struct ptc_schema *s;
@@ -72,7 +77,8 @@ static void run(const struct bcase *bc)
 	struct ptc_config *cb = config(bc->b[0], bc->b[1], bc->b[2], nodes);
 	cb->version = 2;
 	struct ptc_layout la, lb;
-	if (ptc_layout_init(&la, s, ca, cl, "a", &err) || ptc_layout_init(&lb, s, cb, cl, "b", &err)) {
+	if (ptc_layout_init(&la, s, ca, cl, "a", &err) ||
+	    ptc_layout_init(&lb, s, cb, cl, "b", &err)) {
 		fprintf(stderr, "%s\n", err.text);
 		exit(1);
 	}
@@ -104,7 +110,8 @@ static void run(const struct bcase *bc)
 	}
 	struct rusage ru;
 	getrusage(RUSAGE_SELF, &ru);
-	printf("| %5d | %4d | tp%d pp%d dp%d -> tp%d pp%d dp%d | %9" PRId64 " | %9zu | %8.3f | %6.0f | %7.1f | %5.1f | %s |\n",
+	printf("| %5d | %4d | tp%d pp%d dp%d -> tp%d pp%d dp%d | %9" PRId64
+	       " | %9zu | %8.3f | %6.0f | %7.1f | %5.1f | %s |\n",
 	       world, s->ntensors, bc->a[0], bc->a[1], bc->a[2], bc->b[0], bc->b[1], bc->b[2],
 	       parts, p->nops, best, best / (double)parts * 1e9, (double)ru.ru_maxrss / 1024.0,
 	       best / enum_s, p->bytes_network == p->lower_bound_network ? "yes" : "NO");
@@ -115,14 +122,15 @@ static void run(const struct bcase *bc)
 int main(void)
 {
 	static const struct bcase cases[] = {
-		{96, {8, 4, 2}, {4, 8, 2}},     {96, {8, 16, 4}, {4, 32, 4}},
-		{96, {8, 16, 16}, {4, 32, 16}}, {96, {8, 16, 16}, {8, 8, 32}},
-		{24, {8, 16, 4}, {4, 8, 16}},   {48, {8, 16, 4}, {4, 8, 16}},
-		{96, {8, 16, 4}, {4, 8, 16}},
+	    {96, {8, 4, 2}, {4, 8, 2}},	    {96, {8, 16, 4}, {4, 32, 4}},
+	    {96, {8, 16, 16}, {4, 32, 16}}, {96, {8, 16, 16}, {8, 8, 32}},
+	    {24, {8, 16, 4}, {4, 8, 16}},   {48, {8, 16, 4}, {4, 8, 16}},
+	    {96, {8, 16, 4}, {4, 8, 16}},
 	};
 	printf("plan time, 96-layer GPT-3-style schema (hidden 12288, vocab 51200, tied), "
 	       "3 states, 8 devices per node\n\n");
-	printf("| ranks | tensors | change | new partitions | operations | plan s | ns/partition | peak RSS MiB | x enumerate | net = lower bound |\n");
+	printf("| ranks | tensors | change | new partitions | operations | plan s | ns/partition | "
+	       "peak RSS MiB | x enumerate | net = lower bound |\n");
 	printf("|---|---|---|---|---|---|---|---|---|---|\n");
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		fflush(stdout);

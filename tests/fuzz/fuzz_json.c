@@ -17,13 +17,13 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                                               \
-	do {                                                                                      \
-		if (!(cond)) {                                                                    \
-			fprintf(stderr, "fuzz_json: %s:%d: check failed: %s\n", __FILE__,         \
-				__LINE__, #cond);                                                 \
-			abort();                                                                  \
-		}                                                                                 \
+#define CHECK(cond)                                                                                \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "fuzz_json: %s:%d: check failed: %s\n", __FILE__,          \
+				__LINE__, #cond);                                                  \
+			abort();                                                                   \
+		}                                                                                  \
 	} while (0)
 
 /* A failed parse must leave *out NULL and say why. */

@@ -37,8 +37,7 @@ static void config_fails_at(const char *file, int line, const char *text, const 
 	va_end(ap);
 }
 
-static void cluster_fails_at(const char *file, int line, const char *text, const char *exact,
-			     ...)
+static void cluster_fails_at(const char *file, int line, const char *text, const char *exact, ...)
 {
 	struct ptc_cluster *c = (struct ptc_cluster *)1;
 	struct ptc_error err = {.text = ""};
@@ -54,12 +53,10 @@ static void cluster_fails_at(const char *file, int line, const char *text, const
 	va_end(ap);
 }
 
-#define CONFIG_FAILS_EXACT(text, msg) config_fails_at(__FILE__, __LINE__, text, msg, NULL)
-#define CONFIG_FAILS(text, ...)                                                                   \
-	config_fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)
+#define CONFIG_FAILS_EXACT(text, msg)  config_fails_at(__FILE__, __LINE__, text, msg, NULL)
+#define CONFIG_FAILS(text, ...)	       config_fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)
 #define CLUSTER_FAILS_EXACT(text, msg) cluster_fails_at(__FILE__, __LINE__, text, msg, NULL)
-#define CLUSTER_FAILS(text, ...)                                                                  \
-	cluster_fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)
+#define CLUSTER_FAILS(text, ...)       cluster_fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)
 
 /* A config with everything but the dataset; DS(x) appends a dataset. */
 #define CFG(fields) "{'version': 2, 'tp': 2, 'pp': 2, 'dp': 2, 'nodes': ['n0', 'n1']" fields "}"
@@ -122,10 +119,12 @@ static void test_config_degrees(void **state)
 
 		/* zero, negative, too large, not an integer */
 		static const char *const bad[] = {"0", "-2", "65537", "2.0", "'2'", "null"};
-		static const char *const why[] = {
-			"= 0 is out of range [1, 65536]",     "= -2 is out of range [1, 65536]",
-			"= 65537 is out of range [1, 65536]", "must be an integer",
-			"must be an integer",                 "must be an integer"};
+		static const char *const why[] = {"= 0 is out of range [1, 65536]",
+						  "= -2 is out of range [1, 65536]",
+						  "= 65537 is out of range [1, 65536]",
+						  "must be an integer",
+						  "must be an integer",
+						  "must be an integer"};
 		for (int b = 0; b < 6; b++) {
 			vals[i] = bad[b];
 			snprintf(text, sizeof(text),
@@ -156,7 +155,7 @@ static void test_config_replicas(void **state)
 static void test_config_nodes(void **state)
 {
 	static const char *const msg =
-		"config.json: \"nodes\" must be a non-empty array of node ids";
+	    "config.json: \"nodes\" must be a non-empty array of node ids";
 
 	(void)state;
 	CONFIG_FAILS_EXACT("{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1}", msg);
@@ -168,9 +167,9 @@ static void test_config_nodes(void **state)
 static void test_config_node_ids(void **state)
 {
 	static const char *const bad[] = {
-		"3", "null", "''", "'a/b'", "'..'", "'.'", "'n 0'", "'n0\\n'", "'{L}'",
-		/* 65 characters */
-		"'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'"};
+	    "3", "null", "''", "'a/b'", "'..'", "'.'", "'n 0'", "'n0\\n'", "'{L}'",
+	    /* 65 characters */
+	    "'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'"};
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -207,8 +206,8 @@ static void test_config_dataset(void **state)
 			   "config.json: dataset.global_batch = 0 is out of range [1, 1073741824]");
 	CONFIG_FAILS(DS("'index': 'file:///i.json', 'global_batch': 1073741825"),
 		     "dataset.global_batch = 1073741825", "out of range");
-	CONFIG_FAILS(DS("'index': 'file:///i.json', 'global_batch': 8.5"),
-		     "dataset.global_batch", "must be an integer");
+	CONFIG_FAILS(DS("'index': 'file:///i.json', 'global_batch': 8.5"), "dataset.global_batch",
+		     "must be an integer");
 	CONFIG_FAILS_EXACT(DS("'index': 'file:///i.json', 'global_batch': 8, 'shuffle': 1"),
 			   "config.json: dataset.shuffle must be true or false");
 }
@@ -458,22 +457,22 @@ static void test_cluster_uniform(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_config_bad_json),
-		cmocka_unit_test(test_config_not_object),
-		cmocka_unit_test(test_config_unknown_field),
-		cmocka_unit_test(test_config_version),
-		cmocka_unit_test(test_config_degrees),
-		cmocka_unit_test(test_config_replicas),
-		cmocka_unit_test(test_config_nodes),
-		cmocka_unit_test(test_config_node_ids),
-		cmocka_unit_test(test_config_dataset),
-		cmocka_unit_test(test_config_design_example),
-		cmocka_unit_test(test_config_minimal),
-		cmocka_unit_test(test_config_to_json),
-		cmocka_unit_test(test_cluster_errors_top),
-		cmocka_unit_test(test_cluster_errors_node),
-		cmocka_unit_test(test_cluster_ok),
-		cmocka_unit_test(test_cluster_uniform),
+	    cmocka_unit_test(test_config_bad_json),
+	    cmocka_unit_test(test_config_not_object),
+	    cmocka_unit_test(test_config_unknown_field),
+	    cmocka_unit_test(test_config_version),
+	    cmocka_unit_test(test_config_degrees),
+	    cmocka_unit_test(test_config_replicas),
+	    cmocka_unit_test(test_config_nodes),
+	    cmocka_unit_test(test_config_node_ids),
+	    cmocka_unit_test(test_config_dataset),
+	    cmocka_unit_test(test_config_design_example),
+	    cmocka_unit_test(test_config_minimal),
+	    cmocka_unit_test(test_config_to_json),
+	    cmocka_unit_test(test_cluster_errors_top),
+	    cmocka_unit_test(test_cluster_errors_node),
+	    cmocka_unit_test(test_cluster_ok),
+	    cmocka_unit_test(test_cluster_uniform),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

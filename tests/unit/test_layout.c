@@ -5,22 +5,22 @@
 #include "tests/unit/unit.h"
 
 static const char design_schema[] =
-	"{'model': 'gpt-tiny', 'num_layers': 4,"
-	" 'states': {'model': {}, 'optim/exp_avg': {'dtype': 'float32'}},"
-	" 'tensors': ["
-	"  {'name': 'embedding/word/weight', 'dtype': 'bfloat16', 'shape': [1000, 64],"
-	"   'split': {'dim': 0, 'pad_multiple': 128}, 'place': 'first'},"
-	"  {'name': 'layers/{L}/attn/qkv/weight', 'dtype': 'bfloat16', 'shape': [192, 64],"
-	"   'split': {'dim': 0}},"
-	"  {'name': 'layers/{L}/attn/proj/weight', 'dtype': 'bfloat16', 'shape': [64, 64],"
-	"   'split': {'dim': 1}},"
-	"  {'name': 'layers/{L}/attn/proj/bias', 'dtype': 'bfloat16', 'shape': [64]},"
-	"  {'name': 'layers/{L}/mlp/fc1/weight', 'dtype': 'bfloat16', 'shape': [512, 64],"
-	"   'split': {'dim': 0, 'chunks': 2}},"
-	"  {'name': 'final_norm/weight', 'dtype': 'float32', 'shape': [64], 'place': 'last'},"
-	"  {'name': 'output/weight', 'dtype': 'bfloat16', 'shape': [1000, 64],"
-	"   'split': {'dim': 0, 'pad_multiple': 128}, 'place': 'last',"
-	"   'tied': 'embedding/word/weight'}]}";
+    "{'model': 'gpt-tiny', 'num_layers': 4,"
+    " 'states': {'model': {}, 'optim/exp_avg': {'dtype': 'float32'}},"
+    " 'tensors': ["
+    "  {'name': 'embedding/word/weight', 'dtype': 'bfloat16', 'shape': [1000, 64],"
+    "   'split': {'dim': 0, 'pad_multiple': 128}, 'place': 'first'},"
+    "  {'name': 'layers/{L}/attn/qkv/weight', 'dtype': 'bfloat16', 'shape': [192, 64],"
+    "   'split': {'dim': 0}},"
+    "  {'name': 'layers/{L}/attn/proj/weight', 'dtype': 'bfloat16', 'shape': [64, 64],"
+    "   'split': {'dim': 1}},"
+    "  {'name': 'layers/{L}/attn/proj/bias', 'dtype': 'bfloat16', 'shape': [64]},"
+    "  {'name': 'layers/{L}/mlp/fc1/weight', 'dtype': 'bfloat16', 'shape': [512, 64],"
+    "   'split': {'dim': 0, 'chunks': 2}},"
+    "  {'name': 'final_norm/weight', 'dtype': 'float32', 'shape': [64], 'place': 'last'},"
+    "  {'name': 'output/weight', 'dtype': 'bfloat16', 'shape': [1000, 64],"
+    "   'split': {'dim': 0, 'pad_multiple': 128}, 'place': 'last',"
+    "   'tied': 'embedding/word/weight'}]}";
 
 /* Indices of design_schema tensors. */
 enum { EMB = 0, QKV0 = 1, PROJ0 = 5, BIAS0 = 9, FC1_0 = 13, NORM = 17, OUT = 18 };
@@ -330,9 +330,16 @@ static void test_stage_holds(void **state)
 /* A split tensor of @n rows (x 2 columns) on @dim, with @chunks and @pad. */
 static struct ptc_tensor tensor(int64_t n, int nchunks, int64_t *chunks, int64_t pad)
 {
-	struct ptc_tensor t = {.name = "t", .dtype = PTC_FLOAT32, .ndim = 2, .shape = {n, 2},
-			       .split_dim = 0, .nchunks = nchunks, .chunks = chunks,
-			       .pad_multiple = pad, .place = PTC_PLACE_ALL, .layer = -1,
+	struct ptc_tensor t = {.name = "t",
+			       .dtype = PTC_FLOAT32,
+			       .ndim = 2,
+			       .shape = {n, 2},
+			       .split_dim = 0,
+			       .nchunks = nchunks,
+			       .chunks = chunks,
+			       .pad_multiple = pad,
+			       .place = PTC_PLACE_ALL,
+			       .layer = -1,
 			       .tied = -1};
 	return t;
 }
@@ -350,13 +357,13 @@ static void check_slice_at(const char *file, int line, const struct ptc_slice *s
 	}
 }
 
-#define SLICE(t, tp, tpr, rows, ...)                                                              \
-	do {                                                                                      \
-		static const int64_t segs_[][3] = {__VA_ARGS__};                                  \
-		struct ptc_slice s_;                                                              \
-		ptc_slice_compute(t, tp, tpr, &s_);                                               \
-		check_slice_at(__FILE__, __LINE__, &s_, rows, sizeof(segs_) / sizeof(segs_[0]),   \
-			       segs_);                                                            \
+#define SLICE(t, tp, tpr, rows, ...)                                                               \
+	do {                                                                                       \
+		static const int64_t segs_[][3] = {__VA_ARGS__};                                   \
+		struct ptc_slice s_;                                                               \
+		ptc_slice_compute(t, tp, tpr, &s_);                                                \
+		check_slice_at(__FILE__, __LINE__, &s_, rows, sizeof(segs_) / sizeof(segs_[0]),    \
+			       segs_);                                                             \
 	} while (0)
 
 static void test_slice_even(void **state)
@@ -440,8 +447,14 @@ static void test_slice_padding(void **state)
 
 static void test_slice_replicated(void **state)
 {
-	struct ptc_tensor t = {.name = "b", .dtype = PTC_FLOAT32, .ndim = 2, .shape = {3, 5},
-			       .split_dim = -1, .place = PTC_PLACE_ALL, .layer = -1, .tied = -1};
+	struct ptc_tensor t = {.name = "b",
+			       .dtype = PTC_FLOAT32,
+			       .ndim = 2,
+			       .shape = {3, 5},
+			       .split_dim = -1,
+			       .place = PTC_PLACE_ALL,
+			       .layer = -1,
+			       .tied = -1};
 	int64_t shape[PTC_MAX_DIMS], outer, row;
 
 	(void)state;
@@ -502,9 +515,16 @@ static void test_partition_shapes(void **state)
 	fixture_release(&f);
 
 	/* A 3-d tensor split on its middle dim, unevenly: [3, 10, 5] over 4. */
-	struct ptc_tensor t = {.name = "x", .dtype = PTC_INT8, .ndim = 3, .shape = {3, 10, 5},
-			       .split_dim = 1, .nchunks = 1, .chunks = (int64_t[]){10},
-			       .place = PTC_PLACE_ALL, .layer = -1, .tied = -1};
+	struct ptc_tensor t = {.name = "x",
+			       .dtype = PTC_INT8,
+			       .ndim = 3,
+			       .shape = {3, 10, 5},
+			       .split_dim = 1,
+			       .nchunks = 1,
+			       .chunks = (int64_t[]){10},
+			       .place = PTC_PLACE_ALL,
+			       .layer = -1,
+			       .tied = -1};
 	static const int64_t rows[4] = {2, 3, 2, 3};
 	for (int r = 0; r < 4; r++) {
 		assert_int_equal(ptc_partition_shape(&t, 4, r, shape), 3);
@@ -603,7 +623,7 @@ static void layout_fails_at(const char *file, int line, const char *schema_text,
 	fixture_release(&f);
 }
 
-#define LAYOUT_FAILS(schema_text, config_text, msg)                                               \
+#define LAYOUT_FAILS(schema_text, config_text, msg)                                                \
 	layout_fails_at(__FILE__, __LINE__, schema_text, config_text, msg)
 
 static void test_layout_errors(void **state)
@@ -669,19 +689,13 @@ static void test_layout_limits_ok(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_megatron_coordinates),
-		cmocka_unit_test(test_allocation),
-		cmocka_unit_test(test_uneven_stages),
-		cmocka_unit_test(test_stage_holds),
-		cmocka_unit_test(test_slice_even),
-		cmocka_unit_test(test_slice_uneven),
-		cmocka_unit_test(test_slice_chunks),
-		cmocka_unit_test(test_slice_padding),
-		cmocka_unit_test(test_slice_replicated),
-		cmocka_unit_test(test_partition_shapes),
-		cmocka_unit_test(test_slice_cover),
-		cmocka_unit_test(test_layout_errors),
-		cmocka_unit_test(test_layout_limits_ok),
+	    cmocka_unit_test(test_megatron_coordinates), cmocka_unit_test(test_allocation),
+	    cmocka_unit_test(test_uneven_stages),	 cmocka_unit_test(test_stage_holds),
+	    cmocka_unit_test(test_slice_even),		 cmocka_unit_test(test_slice_uneven),
+	    cmocka_unit_test(test_slice_chunks),	 cmocka_unit_test(test_slice_padding),
+	    cmocka_unit_test(test_slice_replicated),	 cmocka_unit_test(test_partition_shapes),
+	    cmocka_unit_test(test_slice_cover),		 cmocka_unit_test(test_layout_errors),
+	    cmocka_unit_test(test_layout_limits_ok),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -72,9 +72,14 @@ static void world_init(struct world *w, const struct ptc_layout *l, bool fill)
 							continue;
 						for (int64_t e = 0; e < rowel; e++)
 							for (int b = 0; b < es; b++)
-								w->buf[i][((o * nrows + lr) * rowel + e) * es + b] =
-									data_byte(st, logical,
-										  (o * N + g) * rowel + e, b);
+								w->buf[i]
+								      [((o * nrows + lr) * rowel +
+									e) *
+									   es +
+								       b] =
+								    data_byte(
+									st, logical,
+									(o * N + g) * rowel + e, b);
 					}
 			}
 		}
@@ -132,7 +137,8 @@ static int64_t lower_bound(const struct scenario *sc, bool *unsourced)
 				if ((t != L && s->tensors[t].tied != L) || !holds(&sc->la, r, t) ||
 				    sc->isdown[node_of(&sc->la, r)])
 					continue;
-				int64_t nr, *m = rowmap(&s->tensors[t], sc->la.tp, r % sc->la.tp, &nr);
+				int64_t nr,
+				    *m = rowmap(&s->tensors[t], sc->la.tp, r % sc->la.tp, &nr);
 				for (int64_t i = 0; i < nr; i++)
 					if (m[i] >= 0)
 						alive[m[i]] = true;
@@ -146,9 +152,11 @@ static int64_t lower_bound(const struct scenario *sc, bool *unsourced)
 					if (node_of(l, r) != n)
 						continue;
 					for (int t = 0; t < s->ntensors; t++) {
-						if ((t != L && s->tensors[t].tied != L) || !holds(l, r, t))
+						if ((t != L && s->tensors[t].tied != L) ||
+						    !holds(l, r, t))
 							continue;
-						int64_t nr, *m = rowmap(&s->tensors[t], l->tp, r % l->tp, &nr);
+						int64_t nr, *m = rowmap(&s->tensors[t], l->tp,
+									r % l->tp, &nr);
 						for (int64_t i = 0; i < nr; i++)
 							if (m[i] >= 0)
 								(k ? need : have)[m[i]] = true;
@@ -206,7 +214,8 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 		int64_t outer, rowel;
 		ptc_tensor_geometry(T, &outer, &rowel);
 		int64_t rowb = rowel * esize(s, op->state, op->tensor);
-		assert_true(op->dst_row >= 0 && op->rows > 0 && op->dst_row + op->rows <= neu.rows[di]);
+		assert_true(op->dst_row >= 0 && op->rows > 0 &&
+			    op->dst_row + op->rows <= neu.rows[di]);
 		assert_int_equal(op->bytes, op->rows * outer * rowb);
 		for (int64_t r = op->dst_row; r < op->dst_row + op->rows; r++)
 			cover[di][r]++;
@@ -222,8 +231,9 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 			continue;
 		}
 		int logical = T->tied >= 0 ? T->tied : op->tensor;
-		int slogical = s->tensors[op->src_tensor].tied >= 0 ? s->tensors[op->src_tensor].tied
-								     : op->src_tensor;
+		int slogical = s->tensors[op->src_tensor].tied >= 0
+				   ? s->tensors[op->src_tensor].tied
+				   : op->src_tensor;
 		assert_int_equal(logical, slogical);
 		const struct world *src = op->kind == PTC_OP_DUP ? &neu : &old;
 		const struct ptc_layout *sl = op->kind == PTC_OP_DUP ? &sc->lb : &sc->la;
@@ -236,7 +246,8 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 		case PTC_OP_REUSE:
 			assert_int_equal(op->dst_row, 0);
 			assert_int_equal(op->rows, neu.rows[di]);
-			assert_true(same_map(neu.map[di], neu.rows[di], src->map[si], src->rows[si]));
+			assert_true(
+			    same_map(neu.map[di], neu.rows[di], src->map[si], src->rows[si]));
 			/* fall through */
 		case PTC_OP_COPY:
 			assert_int_equal(op->phase, 0);
@@ -270,7 +281,8 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 	for (size_t i = 0; i < n; i++) {
 		if (!neu.buf[i])
 			continue;
-		int t = (int)(i % (size_t)s->ntensors), st = (int)(i / (size_t)s->ntensors) % s->nstates;
+		int t = (int)(i % (size_t)s->ntensors),
+		    st = (int)(i / (size_t)s->ntensors) % s->nstates;
 		int64_t outer, rowel;
 		ptc_tensor_geometry(&s->tensors[t], &outer, &rowel);
 		int64_t rowb = rowel * esize(s, st, t), bytes = outer * neu.rows[i] * rowb;
@@ -299,8 +311,8 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 			 p->bytes_reused + p->bytes_local + p->bytes_network + p->bytes_zero);
 	for (int k = 0; k < p->nnodes; k++) {
 		const struct ptc_node_stats *st = &p->per_node[k];
-		assert_int_equal(st->bytes_total, st->bytes_reused + st->bytes_local + st->bytes_in +
-							  st->bytes_zero);
+		assert_int_equal(st->bytes_total, st->bytes_reused + st->bytes_local +
+						      st->bytes_in + st->bytes_zero);
 		assert_int_equal(st->bytes_in, node_in[k]);
 		assert_int_equal(st->bytes_out, node_out[k]);
 	}
@@ -315,11 +327,12 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 			for (int t = 0; t < s->ntensors; t++) {
 				size_t si = widx(&old, r, op->state, t);
 				int lt = s->tensors[t].tied >= 0 ? s->tensors[t].tied : t;
-				int ld = s->tensors[op->tensor].tied >= 0 ? s->tensors[op->tensor].tied
-									  : op->tensor;
+				int ld = s->tensors[op->tensor].tied >= 0
+					     ? s->tensors[op->tensor].tied
+					     : op->tensor;
 				if (old.buf[si] && lt == ld)
-					assert_false(same_map(neu.map[di], neu.rows[di], old.map[si],
-							      old.rows[si]));
+					assert_false(same_map(neu.map[di], neu.rows[di],
+							      old.map[si], old.rows[si]));
 			}
 		}
 	}
@@ -335,9 +348,11 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 			if (op->kind != PTC_OP_FETCH || op->src_node != x)
 				continue;
 			bool fine = true;
-			int64_t g0 = old.map[widx(&old, op->src_rank, op->state, op->src_tensor)][op->src_row];
-			int slog = s->tensors[op->src_tensor].tied >= 0 ? s->tensors[op->src_tensor].tied
-								       : op->src_tensor;
+			int64_t g0 = old.map[widx(&old, op->src_rank, op->state, op->src_tensor)]
+					    [op->src_row];
+			int slog = s->tensors[op->src_tensor].tied >= 0
+				       ? s->tensors[op->src_tensor].tied
+				       : op->src_tensor;
 			for (int r = 0; r < sc->la.world && fine; r++) {
 				int y = node_of(&sc->la, r);
 				if (y == x || y == op->dst_node || sc->isdown[y])
@@ -439,8 +454,8 @@ static void test_random_plans(void **state)
 			if (rc)
 				fail_msg("case %d: %s", c, err.text);
 			check_plan(&sc, p);
-			assert_int_equal(ptc_plan_compute(&sc.la, &sc.lb, sc.down, sc.ndown, &q, &err),
-					 0);
+			assert_int_equal(
+			    ptc_plan_compute(&sc.la, &sc.lb, sc.down, sc.ndown, &q, &err), 0);
 			assert_int_equal(p->nops, q->nops);
 			assert_memory_equal(p->ops, q->ops, p->nops * sizeof(*p->ops));
 			assert_memory_equal(p->per_node, q->per_node,
@@ -462,20 +477,23 @@ static void test_readme_example(void **state)
 {
 	(void)state;
 	static const char schema[] =
-		"{\"num_layers\": 4, \"tensors\": ["
-		"{\"name\": \"emb\", \"dtype\": \"bfloat16\", \"shape\": [1000, 64],"
-		" \"split\": {\"dim\": 0, \"pad_multiple\": 128}, \"place\": \"first\"},"
-		"{\"name\": \"layers/{L}/w\", \"dtype\": \"float32\", \"shape\": [64, 64],"
-		" \"split\": {\"dim\": 0}}]}";
+	    "{\"num_layers\": 4, \"tensors\": ["
+	    "{\"name\": \"emb\", \"dtype\": \"bfloat16\", \"shape\": [1000, 64],"
+	    " \"split\": {\"dim\": 0, \"pad_multiple\": 128}, \"place\": \"first\"},"
+	    "{\"name\": \"layers/{L}/w\", \"dtype\": \"float32\", \"shape\": [64, 64],"
+	    " \"split\": {\"dim\": 0}}]}";
 	struct scenario sc = {0};
 	struct ptc_error err;
 	struct ptc_plan *p;
 	char *ids[] = {"n0", "n1"};
 
-	assert_int_equal(ptc_schema_parse_text(schema, sizeof(schema) - 1, "s", &sc.schema, &err), 0);
+	assert_int_equal(ptc_schema_parse_text(schema, sizeof(schema) - 1, "s", &sc.schema, &err),
+			 0);
 	sc.cluster = ptc_cluster_new_uniform(2, ids, 4);
-	static const char a[] = "{\"version\":1,\"tp\":2,\"pp\":2,\"dp\":2,\"nodes\":[\"n0\",\"n1\"]}";
-	static const char b[] = "{\"version\":2,\"tp\":4,\"pp\":1,\"dp\":2,\"nodes\":[\"n0\",\"n1\"]}";
+	static const char a[] =
+	    "{\"version\":1,\"tp\":2,\"pp\":2,\"dp\":2,\"nodes\":[\"n0\",\"n1\"]}";
+	static const char b[] =
+	    "{\"version\":2,\"tp\":4,\"pp\":1,\"dp\":2,\"nodes\":[\"n0\",\"n1\"]}";
 	assert_int_equal(ptc_config_parse_text(a, sizeof(a) - 1, "a", &sc.a, &err), 0);
 	assert_int_equal(ptc_config_parse_text(b, sizeof(b) - 1, "b", &sc.b, &err), 0);
 	assert_int_equal(ptc_layout_init(&sc.la, sc.schema, sc.a, sc.cluster, "a", &err), 0);
@@ -548,9 +566,9 @@ static void test_many_ties(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_many_ties),
-		cmocka_unit_test(test_readme_example),
-		cmocka_unit_test(test_random_plans),
+	    cmocka_unit_test(test_many_ties),
+	    cmocka_unit_test(test_readme_example),
+	    cmocka_unit_test(test_random_plans),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

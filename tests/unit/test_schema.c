@@ -36,32 +36,32 @@ static void fails_at(const char *file, int line, const char *text, const char *e
 /* A one-tensor schema: {'num_layers': 2, 'tensors': [<tensor>]}. */
 #define ONE(tensor) "{'num_layers': 2, 'tensors': [" tensor "]}"
 /* A two-tensor schema whose second tensor varies. */
-#define TWO(tensor)                                                                               \
+#define TWO(tensor)                                                                                \
 	"{'num_layers': 2, 'tensors': [{'name': 'emb', 'dtype': 'bfloat16', 'shape': [64, 8], "    \
 	"'split': {'dim': 0}, 'place': 'first'}, " tensor "]}"
 
 static const char design_example[] =
-	"{\n"
-	"  'model': 'gpt-tiny',\n"
-	"  'num_layers': 4,\n"
-	"  'states': {'model': {}, 'optim/exp_avg': {'dtype': 'float32'},\n"
-	"             'optim/exp_avg_sq': {'dtype': 'float32'}},\n"
-	"  'tensors': [\n"
-	"    {'name': 'embedding/word/weight', 'dtype': 'bfloat16', 'shape': [1000, 64],\n"
-	"     'split': {'dim': 0, 'pad_multiple': 128}, 'place': 'first'},\n"
-	"    {'name': 'layers/{L}/attn/qkv/weight', 'dtype': 'bfloat16', 'shape': [192, 64],\n"
-	"     'split': {'dim': 0}},\n"
-	"    {'name': 'layers/{L}/attn/proj/weight', 'dtype': 'bfloat16', 'shape': [64, 64],\n"
-	"     'split': {'dim': 1}},\n"
-	"    {'name': 'layers/{L}/attn/proj/bias', 'dtype': 'bfloat16', 'shape': [64]},\n"
-	"    {'name': 'layers/{L}/mlp/fc1/weight', 'dtype': 'bfloat16', 'shape': [512, 64],\n"
-	"     'split': {'dim': 0, 'chunks': 2}},\n"
-	"    {'name': 'final_norm/weight', 'dtype': 'float32', 'shape': [64], 'place': 'last'},\n"
-	"    {'name': 'output/weight', 'dtype': 'bfloat16', 'shape': [1000, 64],\n"
-	"     'split': {'dim': 0, 'pad_multiple': 128}, 'place': 'last',\n"
-	"     'tied': 'embedding/word/weight'}\n"
-	"  ]\n"
-	"}\n";
+    "{\n"
+    "  'model': 'gpt-tiny',\n"
+    "  'num_layers': 4,\n"
+    "  'states': {'model': {}, 'optim/exp_avg': {'dtype': 'float32'},\n"
+    "             'optim/exp_avg_sq': {'dtype': 'float32'}},\n"
+    "  'tensors': [\n"
+    "    {'name': 'embedding/word/weight', 'dtype': 'bfloat16', 'shape': [1000, 64],\n"
+    "     'split': {'dim': 0, 'pad_multiple': 128}, 'place': 'first'},\n"
+    "    {'name': 'layers/{L}/attn/qkv/weight', 'dtype': 'bfloat16', 'shape': [192, 64],\n"
+    "     'split': {'dim': 0}},\n"
+    "    {'name': 'layers/{L}/attn/proj/weight', 'dtype': 'bfloat16', 'shape': [64, 64],\n"
+    "     'split': {'dim': 1}},\n"
+    "    {'name': 'layers/{L}/attn/proj/bias', 'dtype': 'bfloat16', 'shape': [64]},\n"
+    "    {'name': 'layers/{L}/mlp/fc1/weight', 'dtype': 'bfloat16', 'shape': [512, 64],\n"
+    "     'split': {'dim': 0, 'chunks': 2}},\n"
+    "    {'name': 'final_norm/weight', 'dtype': 'float32', 'shape': [64], 'place': 'last'},\n"
+    "    {'name': 'output/weight', 'dtype': 'bfloat16', 'shape': [1000, 64],\n"
+    "     'split': {'dim': 0, 'pad_multiple': 128}, 'place': 'last',\n"
+    "     'tied': 'embedding/word/weight'}\n"
+    "  ]\n"
+    "}\n";
 
 /* ------------------------------------------------------------ top level */
 
@@ -105,8 +105,7 @@ static void test_num_layers_invalid(void **state)
 	FAILS("{'num_layers': 1.5, 'tensors': []}", "\"num_layers\"", "must be an integer");
 	FAILS_EXACT("{'num_layers': -1, 'tensors': []}",
 		    "schema.json: \"num_layers\" = -1 is out of range [0, 65536]");
-	FAILS("{'num_layers': 65537, 'tensors': []}", "\"num_layers\" = 65537",
-	      "out of range");
+	FAILS("{'num_layers': 65537, 'tensors': []}", "\"num_layers\" = 65537", "out of range");
 }
 
 static void test_tensors_invalid(void **state)
@@ -232,10 +231,8 @@ static void test_name_invalid_path(void **state)
 	FAILS(ONE("{'name': '..', 'dtype': 'bool', 'shape': [1]}"), "\"..\"", "not a valid");
 	FAILS(ONE("{'name': '', 'dtype': 'bool', 'shape': [1]}"), "\"\"", "not a valid");
 	FAILS(ONE("{'name': 'a b', 'dtype': 'bool', 'shape': [1]}"), "\"a b\"", "not a valid");
-	FAILS(ONE("{'name': 'layers/{X}/w', 'dtype': 'bool', 'shape': [1]}"), "{X}",
-	      "not a valid");
-	FAILS(ONE("{'name': 'layers/{L/w', 'dtype': 'bool', 'shape': [1]}"), "{L/w",
-	      "not a valid");
+	FAILS(ONE("{'name': 'layers/{X}/w', 'dtype': 'bool', 'shape': [1]}"), "{X}", "not a valid");
+	FAILS(ONE("{'name': 'layers/{L/w', 'dtype': 'bool', 'shape': [1]}"), "{L/w", "not a valid");
 }
 
 static void test_dtype_invalid(void **state)
@@ -472,15 +469,15 @@ static void test_tied_to_tied(void **state)
 {
 	(void)state;
 	static const char *const texts[] = {
-		/* The chain's target comes before and after the tied tensor. */
-		TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
-		    "'place': 'last', 'tied': 'emb'}, "
-		    "{'name': 'out2', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
-		    "'place': 'last', 'tied': 'out'}"),
-		TWO("{'name': 'out2', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
-		    "'place': 'last', 'tied': 'out'}, "
-		    "{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
-		    "'place': 'last', 'tied': 'emb'}"),
+	    /* The chain's target comes before and after the tied tensor. */
+	    TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
+		"'place': 'last', 'tied': 'emb'}, "
+		"{'name': 'out2', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
+		"'place': 'last', 'tied': 'out'}"),
+	    TWO("{'name': 'out2', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
+		"'place': 'last', 'tied': 'out'}, "
+		"{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
+		"'place': 'last', 'tied': 'emb'}"),
 	};
 	FAILS(texts[0], "tensors[2].tied = \"out\" is itself tied");
 	FAILS(texts[1], "tensors[1].tied = \"out\" is itself tied");
@@ -559,25 +556,25 @@ static struct ptc_schema *parse_ok(const char *text)
 static void test_design_example(void **state)
 {
 	static const char *const names[] = {
-		"embedding/word/weight",
-		"layers/0/attn/qkv/weight",
-		"layers/1/attn/qkv/weight",
-		"layers/2/attn/qkv/weight",
-		"layers/3/attn/qkv/weight",
-		"layers/0/attn/proj/weight",
-		"layers/1/attn/proj/weight",
-		"layers/2/attn/proj/weight",
-		"layers/3/attn/proj/weight",
-		"layers/0/attn/proj/bias",
-		"layers/1/attn/proj/bias",
-		"layers/2/attn/proj/bias",
-		"layers/3/attn/proj/bias",
-		"layers/0/mlp/fc1/weight",
-		"layers/1/mlp/fc1/weight",
-		"layers/2/mlp/fc1/weight",
-		"layers/3/mlp/fc1/weight",
-		"final_norm/weight",
-		"output/weight",
+	    "embedding/word/weight",
+	    "layers/0/attn/qkv/weight",
+	    "layers/1/attn/qkv/weight",
+	    "layers/2/attn/qkv/weight",
+	    "layers/3/attn/qkv/weight",
+	    "layers/0/attn/proj/weight",
+	    "layers/1/attn/proj/weight",
+	    "layers/2/attn/proj/weight",
+	    "layers/3/attn/proj/weight",
+	    "layers/0/attn/proj/bias",
+	    "layers/1/attn/proj/bias",
+	    "layers/2/attn/proj/bias",
+	    "layers/3/attn/proj/bias",
+	    "layers/0/mlp/fc1/weight",
+	    "layers/1/mlp/fc1/weight",
+	    "layers/2/mlp/fc1/weight",
+	    "layers/3/mlp/fc1/weight",
+	    "final_norm/weight",
+	    "output/weight",
 	};
 	struct ptc_schema *s = parse_ok(design_example);
 
@@ -731,8 +728,8 @@ static void test_gqa_chunks_and_dtypes(void **state)
 static void test_tied_ok(void **state)
 {
 	struct ptc_schema *s = parse_ok(
-		TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
-		    "'place': 'last', 'tied': 'emb'}"));
+	    TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
+		"'place': 'last', 'tied': 'emb'}"));
 
 	(void)state;
 	assert_int_equal(s->ntensors, 2);
@@ -792,49 +789,49 @@ static void test_not_nul_terminated(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_bad_json),
-		cmocka_unit_test(test_not_object),
-		cmocka_unit_test(test_unknown_top_field),
-		cmocka_unit_test(test_model_not_string),
-		cmocka_unit_test(test_num_layers_invalid),
-		cmocka_unit_test(test_tensors_invalid),
-		cmocka_unit_test(test_too_many_tensors),
-		cmocka_unit_test(test_states_not_object),
-		cmocka_unit_test(test_state_invalid_name),
-		cmocka_unit_test(test_state_reserved_data),
-		cmocka_unit_test(test_state_not_object),
-		cmocka_unit_test(test_state_unknown_field),
-		cmocka_unit_test(test_state_bad_dtype),
-		cmocka_unit_test(test_state_overlap),
-		cmocka_unit_test(test_tensor_unknown_field),
-		cmocka_unit_test(test_name_missing),
-		cmocka_unit_test(test_name_invalid_path),
-		cmocka_unit_test(test_dtype_invalid),
-		cmocka_unit_test(test_shape_invalid),
-		cmocka_unit_test(test_shape_overflow),
-		cmocka_unit_test(test_split_not_object),
-		cmocka_unit_test(test_split_dim_missing),
-		cmocka_unit_test(test_split_dim_out_of_range),
-		cmocka_unit_test(test_split_chunks_not_dividing),
-		cmocka_unit_test(test_split_chunk_array_invalid),
-		cmocka_unit_test(test_split_pad_multiple_invalid),
-		cmocka_unit_test(test_place_on_layer_tensor),
-		cmocka_unit_test(test_place_invalid),
-		cmocka_unit_test(test_layers_zero),
-		cmocka_unit_test(test_duplicate_names),
-		cmocka_unit_test(test_tied_not_string),
-		cmocka_unit_test(test_tied_missing),
-		cmocka_unit_test(test_tied_to_self),
-		cmocka_unit_test(test_tied_to_tied),
-		cmocka_unit_test(test_tied_differs),
-		cmocka_unit_test(test_tied_not_last),
-		cmocka_unit_test(test_tied_layer_tensor),
-		cmocka_unit_test(test_design_example),
-		cmocka_unit_test(test_defaults),
-		cmocka_unit_test(test_gqa_chunks_and_dtypes),
-		cmocka_unit_test(test_tied_ok),
-		cmocka_unit_test(test_parse_json_object),
-		cmocka_unit_test(test_not_nul_terminated),
+	    cmocka_unit_test(test_bad_json),
+	    cmocka_unit_test(test_not_object),
+	    cmocka_unit_test(test_unknown_top_field),
+	    cmocka_unit_test(test_model_not_string),
+	    cmocka_unit_test(test_num_layers_invalid),
+	    cmocka_unit_test(test_tensors_invalid),
+	    cmocka_unit_test(test_too_many_tensors),
+	    cmocka_unit_test(test_states_not_object),
+	    cmocka_unit_test(test_state_invalid_name),
+	    cmocka_unit_test(test_state_reserved_data),
+	    cmocka_unit_test(test_state_not_object),
+	    cmocka_unit_test(test_state_unknown_field),
+	    cmocka_unit_test(test_state_bad_dtype),
+	    cmocka_unit_test(test_state_overlap),
+	    cmocka_unit_test(test_tensor_unknown_field),
+	    cmocka_unit_test(test_name_missing),
+	    cmocka_unit_test(test_name_invalid_path),
+	    cmocka_unit_test(test_dtype_invalid),
+	    cmocka_unit_test(test_shape_invalid),
+	    cmocka_unit_test(test_shape_overflow),
+	    cmocka_unit_test(test_split_not_object),
+	    cmocka_unit_test(test_split_dim_missing),
+	    cmocka_unit_test(test_split_dim_out_of_range),
+	    cmocka_unit_test(test_split_chunks_not_dividing),
+	    cmocka_unit_test(test_split_chunk_array_invalid),
+	    cmocka_unit_test(test_split_pad_multiple_invalid),
+	    cmocka_unit_test(test_place_on_layer_tensor),
+	    cmocka_unit_test(test_place_invalid),
+	    cmocka_unit_test(test_layers_zero),
+	    cmocka_unit_test(test_duplicate_names),
+	    cmocka_unit_test(test_tied_not_string),
+	    cmocka_unit_test(test_tied_missing),
+	    cmocka_unit_test(test_tied_to_self),
+	    cmocka_unit_test(test_tied_to_tied),
+	    cmocka_unit_test(test_tied_differs),
+	    cmocka_unit_test(test_tied_not_last),
+	    cmocka_unit_test(test_tied_layer_tensor),
+	    cmocka_unit_test(test_design_example),
+	    cmocka_unit_test(test_defaults),
+	    cmocka_unit_test(test_gqa_chunks_and_dtypes),
+	    cmocka_unit_test(test_tied_ok),
+	    cmocka_unit_test(test_parse_json_object),
+	    cmocka_unit_test(test_not_nul_terminated),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -166,9 +166,9 @@ static void test_copy_rows(void **state)
 	/* Row 4 into row 2 of a 4-row partition; the rest untouched. */
 	memset(mid, 0xFF, sizeof(mid));
 	xf_copy_rows(mid, 4, 2, src, 5, 4, 1, 2, 3);
-	static const uint8_t want_mid[24] = {
-		0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 12, 13, 14, 0xFF, 0xFF, 0xFF,
-		0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 27, 28, 29, 0xFF, 0xFF, 0xFF};
+	static const uint8_t want_mid[24] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 12,   13,
+					     14,   0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+					     0xFF, 0xFF, 27,   28,   29,   0xFF, 0xFF, 0xFF};
 	assert_memory_equal(mid, want_mid, sizeof(want_mid));
 
 	/* Whole partitions of one shape; and zero rows copy nothing. */
@@ -203,8 +203,8 @@ static uint8_t *expected_part(const struct ptc_layout *l, int r, int st, int t, 
 				int64_t elem = (o * N + g) * rowel + e;
 				uint8_t *out = buf + ((o * nrows + lr) * rowel + e) * es;
 				for (int b = 0; b < es; b++)
-					out[b] = g < 0 ? (uint8_t)pad
-						       : data_byte(st, logical, elem, b);
+					out[b] =
+					    g < 0 ? (uint8_t)pad : data_byte(st, logical, elem, b);
 			}
 		}
 	free(m);
@@ -262,16 +262,16 @@ static int64_t check_parts(const struct xf_parts *p, const struct ptc_plan *plan
 					    ops[k].state == st && ops[k].tensor == t)
 						reuse = &ops[k];
 				if (reuse) {
-					assert_ptr_equal(b, from->bufs[xf_parts_index(
-								    from, reuse->src_rank, st,
-								    reuse->src_tensor)]);
+					assert_ptr_equal(
+					    b, from->bufs[xf_parts_index(from, reuse->src_rank, st,
+									 reuse->src_tensor)]);
 					assert_true(atomic_load(&b->refs) >= 2);
 				} else if (plan) {
 					assert_int_equal(atomic_load(&b->refs), 1);
 				}
 				int64_t size;
-				uint8_t *want = expected_part(l, r, st, t,
-							      reuse || !plan ? GARBAGE : 0, &size);
+				uint8_t *want =
+				    expected_part(l, r, st, t, reuse || !plan ? GARBAGE : 0, &size);
 				assert_int_equal(b->size, size);
 				assert_memory_equal(b->data, want, (size_t)size);
 				free(want);
@@ -303,7 +303,7 @@ static size_t count_kind(const struct ptc_plan *p, int node, int kind)
 struct peers {
 	struct xf_parts *old; /* per cluster node */
 	int nnodes;
-	int fail;             /* when set, every fetch returns it */
+	int fail; /* when set, every fetch returns it */
 	atomic_int calls;
 };
 
@@ -326,7 +326,7 @@ static int peer_fetch(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t 
 	const struct xf_parts *p = &pe->old[op->src_node];
 	const struct ptc_layout *l = p->layout;
 	const struct xf_buf *b =
-		p->bufs[xf_parts_index(p, op->src_rank, op->state, op->src_tensor)];
+	    p->bufs[xf_parts_index(p, op->src_rank, op->state, op->src_tensor)];
 	if (!b)
 		return -ENOENT;
 	free(rowmap(&l->schema->tensors[op->src_tensor], l->tp, op->src_rank % l->tp, &srows));
@@ -408,8 +408,8 @@ static void execute_and_check(const struct scenario *sc, const struct ptc_plan *
 		const struct ptc_node_stats *ns = &p->per_node[n];
 
 		assert_int_equal(xf_parts_init(&to, &sc->lb, n), 0);
-		int rc = xf_execute(p, n, &old[n], &to, mem, nthreads, peer_fetch, &pe, &progress,
-				    &st);
+		int rc =
+		    xf_execute(p, n, &old[n], &to, mem, nthreads, peer_fetch, &pe, &progress, &st);
 		if (rc)
 			fail_msg("node %d: xf_execute = %d", n, rc);
 		assert_int_equal(check_parts(&to, p, &old[n]), ns->bytes_total);
@@ -440,16 +440,16 @@ static void check_enospc(const struct scenario *sc, const struct ptc_plan *p, in
 	assert_int_equal(xf_parts_init(&to, &sc->lb, node), 0);
 	if (need > 0) {
 		mem->limit = used0 + need - 1;
-		assert_int_equal(xf_execute(p, node, &old[node], &to, mem, 2, peer_fetch, &pe, NULL,
-					    NULL),
-				 -ENOSPC);
+		assert_int_equal(
+		    xf_execute(p, node, &old[node], &to, mem, 2, peer_fetch, &pe, NULL, NULL),
+		    -ENOSPC);
 		assert_true(parts_empty(&to));
 		assert_int_equal(mem->used, used0);
 		assert_int_equal(atomic_load(&pe.calls), 0);
 	}
 	mem->limit = used0 + need;
-	assert_int_equal(
-		xf_execute(p, node, &old[node], &to, mem, 2, peer_fetch, &pe, NULL, NULL), 0);
+	assert_int_equal(xf_execute(p, node, &old[node], &to, mem, 2, peer_fetch, &pe, NULL, NULL),
+			 0);
 	assert_int_equal(mem->used, used0 + need);
 	xf_parts_release(&to);
 	mem->limit = 0;
@@ -585,14 +585,14 @@ static void fixed_scenario(struct scenario *sc, const char *schema, int nnodes, 
  * only on n1, so n0 FETCHes it and its second rank DUPs.
  */
 static const char big_schema[] =
-	"{'num_layers': 2, 'states': {'model': {}, 'optim/m': {'dtype': 'float32'}},"
-	" 'tensors': ["
-	"{'name': 'l/{L}/rep', 'dtype': 'float32', 'shape': [600, 1000]},"
-	"{'name': 'l/{L}/col', 'dtype': 'bfloat16', 'shape': [2048, 1536], 'split': {'dim': 1}},"
-	"{'name': 'emb', 'dtype': 'bfloat16', 'shape': [6000, 512],"
-	" 'split': {'dim': 0, 'pad_multiple': 64}, 'place': 'first'},"
-	"{'name': 'l/{L}/fused', 'dtype': 'float64', 'shape': [2, 1400, 400],"
-	" 'split': {'dim': 1, 'chunks': 2}}]}";
+    "{'num_layers': 2, 'states': {'model': {}, 'optim/m': {'dtype': 'float32'}},"
+    " 'tensors': ["
+    "{'name': 'l/{L}/rep', 'dtype': 'float32', 'shape': [600, 1000]},"
+    "{'name': 'l/{L}/col', 'dtype': 'bfloat16', 'shape': [2048, 1536], 'split': {'dim': 1}},"
+    "{'name': 'emb', 'dtype': 'bfloat16', 'shape': [6000, 512],"
+    " 'split': {'dim': 0, 'pad_multiple': 64}, 'place': 'first'},"
+    "{'name': 'l/{L}/fused', 'dtype': 'float64', 'shape': [2, 1400, 400],"
+    " 'split': {'dim': 1, 'chunks': 2}}]}";
 
 static void test_execute_big(void **state)
 {
@@ -704,11 +704,11 @@ static void test_malformed(void **state)
 {
 	(void)state;
 	static const char schema[] =
-		"{'num_layers': 1, 'tensors': ["
-		"{'name': 'a', 'dtype': 'float32', 'shape': [8, 6], 'split': {'dim': 0}},"
-		"{'name': 'b', 'dtype': 'int16', 'shape': [5]},"
-		"{'name': 'c', 'dtype': 'uint8', 'shape': [10, 4],"
-		" 'split': {'dim': 0, 'pad_multiple': 4}}]}";
+	    "{'num_layers': 1, 'tensors': ["
+	    "{'name': 'a', 'dtype': 'float32', 'shape': [8, 6], 'split': {'dim': 0}},"
+	    "{'name': 'b', 'dtype': 'int16', 'shape': [5]},"
+	    "{'name': 'c', 'dtype': 'uint8', 'shape': [10, 4],"
+	    " 'split': {'dim': 0, 'pad_multiple': 4}}]}";
 	struct scenario sc;
 	struct xf_parts old;
 	struct xf_mem mem = {0};
@@ -736,12 +736,12 @@ static void test_malformed(void **state)
 	memcpy(ops, p->ops, n * sizeof(*ops));
 	assert_int_equal(run_ops(p, ops, n, &old, &sc.lb, &mem), 0);
 
-#define MUTATE(k, stmt)                                                                           \
-	do {                                                                                      \
-		memcpy(ops, p->ops, n * sizeof(*ops));                                            \
-		struct ptc_op *op = &ops[k];                                                      \
-		stmt;                                                                             \
-		assert_int_equal(run_ops(p, ops, n, &old, &sc.lb, &mem), -EINVAL);                \
+#define MUTATE(k, stmt)                                                                            \
+	do {                                                                                       \
+		memcpy(ops, p->ops, n * sizeof(*ops));                                             \
+		struct ptc_op *op = &ops[k];                                                       \
+		stmt;                                                                              \
+		assert_int_equal(run_ops(p, ops, n, &old, &sc.lb, &mem), -EINVAL);                 \
 	} while (0)
 	/* Row ranges outside either partition, with consistent byte counts. */
 	MUTATE(copy, op->dst_row = INT64_MAX - 1);
@@ -792,11 +792,11 @@ static void test_malformed(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_mem_limit),   cmocka_unit_test(test_mem_threads),
-		cmocka_unit_test(test_buf_refs),    cmocka_unit_test(test_copy_rows),
-		cmocka_unit_test(test_malformed),   cmocka_unit_test(test_fetch_error),
-		cmocka_unit_test(test_execute_big), cmocka_unit_test(test_execute_local),
-		cmocka_unit_test(test_execute_nodes),
+	    cmocka_unit_test(test_mem_limit),	  cmocka_unit_test(test_mem_threads),
+	    cmocka_unit_test(test_buf_refs),	  cmocka_unit_test(test_copy_rows),
+	    cmocka_unit_test(test_malformed),	  cmocka_unit_test(test_fetch_error),
+	    cmocka_unit_test(test_execute_big),	  cmocka_unit_test(test_execute_local),
+	    cmocka_unit_test(test_execute_nodes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
