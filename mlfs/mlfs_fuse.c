@@ -204,11 +204,15 @@ enum kind {
 	K_FULL,
 	K_FDIR,
 	K_FFILE,
+	K_DDIR,	 /* ranks/<r>/data */
+	K_DFILE, /* ranks/<r>/data/<step>.<kind> */
 };
 
 struct ent {
 	enum kind kind;
 	int rank, state, tensor;
+	int64_t step, first, count; /* K_DFILE: the step and its samples */
+	enum mlfs_dfile dkind;
 	const struct mlfs_tnode *tn;
 	struct mlfs_job *job;
 };
@@ -290,6 +294,16 @@ static int resolve(const char *path, struct mlfs_view *v, struct ent *e)
 			e->kind = K_STEP;
 			return 0;
 		}
+		if (n == 4 && strncmp(c, "data", 4) == 0 && v->ds) {
+			e->kind = K_DDIR;
+			if ((n = next_comp(&p, &c)) == 0)
+				return 0;
+			if (mlfs_data_name(v->ds, c, n, &e->step, &e->dkind) || next_comp(&p, &c))
+				return -ENOENT;
+			e->kind = K_DFILE;
+			return mlfs_data_slice(v->ds, &v->cursor, e->step, v->layout.ranks[r].d,
+					       &e->first, &e->count);
+		}
 		e->kind = K_TDIR;
 		e->tn = v->stage_tree[v->layout.ranks[r].p];
 		break;
@@ -368,6 +382,17 @@ static void fill_attr(const struct ent *e, const struct mlfs_view *v, struct sta
 		stb->st_mode = S_IFDIR | 0755;
 		stb->st_nlink = 2;
 		return;
+	case K_DDIR:
+		stb->st_mode = S_IFDIR | 0555;
+		stb->st_nlink = 2;
+		return;
+	case K_DFILE: {
+		size_t hlen;
+		stb->st_mode = S_IFREG | 0444;
+		stb->st_size = (off_t)mlfs_data_file_size(v->ds, e->first, e->count, e->dkind, hdr,
+							   sizeof(hdr), &hlen);
+		return;
+	}
 	case K_TDIR:
 	case K_FDIR:
 		if (e->tn && e->tn->tensor < 0) {
@@ -424,10 +449,18 @@ static void fill_attr(const struct ent *e, const struct mlfs_view *v, struct sta
 	stb->st_mode = S_IFREG | 0644;
 }
 
-/* The generation of a partition: the id of its current buffer; lock held. */
-static uint64_t part_gen(const struct mlfs_view *v, const struct ent *e)
+/* The generation of an entity whose content changes: a partition's is the
+ * id of its current buffer, a dataset view's its samples (high bit set);
+ * 0 for the rest. Lock held. */
+static uint64_t ent_gen(const struct mlfs_view *v, const struct ent *e)
 {
-	return v->parts.bufs[xf_parts_index(&v->parts, e->rank, e->state, e->tensor)]->id;
+	if (e->kind == K_PART)
+		return v->parts.bufs[xf_parts_index(&v->parts, e->rank, e->state, e->tensor)]->id;
+	if (e->kind != K_DFILE)
+		return 0;
+	uint64_t h = path_hash("", (uint64_t)e->first * 0x9e3779b97f4a7c15ull ^
+				       (uint64_t)e->count << 8 ^ (uint64_t)e->dkind);
+	return h | 1ull << 63;
 }
 
 /* Resolves an inode under the lock: path, view ref, entity, attributes. */
@@ -456,7 +489,7 @@ static int target_get(fuse_ino_t ino, struct target *t)
 		t->v = NULL;
 		return rc;
 	}
-	t->stale = t->e.kind == K_PART && gen != part_gen(t->v, &t->e);
+	t->stale = gen != ent_gen(t->v, &t->e);
 	return 0; /* the lock is held */
 }
 
@@ -471,7 +504,7 @@ static void reply_entry(fuse_req_t req, const char *path, const struct ent *e,
 {
 	struct fuse_entry_param ep = {0};
 	fill_attr(e, v, &ep.attr);
-	uint64_t gen = e->kind == K_PART ? part_gen(v, e) : 0;
+	uint64_t gen = ent_gen(v, e);
 	pthread_mutex_unlock(&store->lock);
 	if (!(ep.ino = ino_lookup(path, gen, ep.attr.st_size))) {
 		fuse_reply_err(req, ENOMEM);
@@ -549,6 +582,10 @@ struct fh {
 	struct xf_buf *wdata;
 	bool wbase; /* not truncated: unwritten bytes are the current content */
 	int64_t wend;
+	/* dataset views */
+	struct mlfs_dview *dview;
+	enum mlfs_dfile dkind;
+	int64_t step, first, count;
 };
 
 static void fh_free(struct fh *f)
@@ -557,6 +594,7 @@ static void fh_free(struct fh *f)
 		return;
 	xf_buf_put(f->buf);
 	xf_buf_put(f->wdata);
+	mlfs_dview_put(f->dview);
 	mlfs_view_put(f->v);
 	free(f->text);
 	free(f->w);
@@ -626,6 +664,24 @@ static char *snapshot_text(const struct ent *e, const struct mlfs_view *v)
 	default:
 		return strdup("");
 	}
+}
+
+/* Assembles (or finds) the records of a dataset view for @f and queues the
+ * next steps of its DP group. No lock held. */
+static int open_view(struct fh *f)
+{
+	char why[512];
+	const struct ptc_layout *l = &f->v->layout;
+	int rc = mlfs_data_get(f->v->ds, f->first, f->count, &f->dview, why, sizeof(why));
+	if (rc) {
+		char msg[700];
+		snprintf(msg, sizeof(msg), "dataset: ranks/%d/data/%" PRId64 ": %s", f->rank,
+			 f->step, why);
+		mlfs_store_note_error(store, msg);
+		return rc == -ENOSPC || rc == -ENOMEM ? rc : -EIO;
+	}
+	mlfs_data_prefetch(f->v->ds, &f->v->cursor, l->ranks[f->rank].d, f->step + 1);
+	return 0;
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -701,6 +757,18 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	case K_FFILE:
 		rc = write ? -EACCES : 0;
 		break;
+	case K_DDIR:
+		rc = -EISDIR;
+		break;
+	case K_DFILE:
+		rc = write ? -EACCES : 0;
+		f->dkind = t.e.dkind;
+		f->step = t.e.step;
+		f->first = t.e.first;
+		f->count = t.e.count;
+		mlfs_data_file_size(f->v->ds, f->first, f->count, f->dkind, f->hdr, sizeof(f->hdr),
+				    &f->hdr_len);
+		break;
 	}
 	if (rc == 0 &&
 	    (t.e.kind == K_STATUS || (!write && t.e.kind != K_JOB && t.e.kind != K_PART &&
@@ -718,6 +786,8 @@ out_locked:
 		f->text_len = f->text ? strlen(f->text) : 0;
 		rc = f->text ? 0 : -ENOMEM;
 	}
+	if (rc == 0 && f->kind == K_DFILE)
+		rc = open_view(f);
 	if (rc == 0 && f->kind == K_FFILE) {
 		f->hdr_len =
 		    mlfs_full_header(store->schema, f->state, f->tensor, f->hdr, sizeof(f->hdr));
@@ -728,8 +798,8 @@ out_locked:
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	if (f->kind == K_PART && !write)
-		fi->keep_cache = !stale; /* this inode's pages are this buffer's */
+	if ((f->kind == K_PART && !write) || f->kind == K_DFILE)
+		fi->keep_cache = !stale; /* this inode's pages are this content's */
 	else if (f->kind == K_PART)
 		fi->direct_io = 1; /* nothing staged reaches the page cache */
 	fi->fh = (uintptr_t)f;
@@ -772,6 +842,13 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	(void)ino;
 	if (f->kind == K_PART || f->kind == K_FFILE) {
 		reply_parts(req, f->hdr, f->hdr_len, f->buf->data, (size_t)f->buf->size, size, off);
+		return;
+	}
+	if (f->kind == K_DFILE) {
+		const uint8_t *body;
+		size_t len;
+		mlfs_dview_body(f->dview, f->dkind, &body, &len);
+		reply_parts(req, f->hdr, f->hdr_len, body, len, size, off);
 		return;
 	}
 	if (f->kind == K_JOB) {
@@ -1174,6 +1251,28 @@ static void dir_add(fuse_req_t req, struct dirbuf *b, const char *name, bool dir
 	b->ends[b->n++] = b->size;
 }
 
+/* ranks/<r>/data lists the views of the prefetch window from the rank's
+ * saved step on (any reachable step can be opened by name). Lock held. */
+static void list_views(fuse_req_t req, struct dirbuf *b, const struct mlfs_view *v, int rank)
+{
+	static const enum mlfs_dfile fixed[] = {MLFS_DF_NPY, MLFS_DF_IDS},
+				     variable[] = {MLFS_DF_BIN, MLFS_DF_OFFSETS, MLFS_DF_IDS};
+	bool isfixed = mlfs_dataset_index(v->ds)->records == PTC_RECORDS_FIXED;
+	int64_t from = store->steps[rank] < 0 ? 0 : store->steps[rank], first, count;
+	char name[64];
+	int window = store->data_opts.prefetch < 1 ? 1 : store->data_opts.prefetch;
+
+	for (int64_t s = from; s < from + window; s++) {
+		if (mlfs_data_slice(v->ds, &v->cursor, s, v->layout.ranks[rank].d, &first, &count))
+			break;
+		for (int k = 0; k < (isfixed ? 2 : 3); k++) {
+			mlfs_data_format_name(s, isfixed ? fixed[k] : variable[k], name,
+					      sizeof(name));
+			dir_add(req, b, name, false);
+		}
+	}
+}
+
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct target t;
@@ -1207,9 +1306,14 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 			}
 		}
 		break;
+	case K_DDIR:
+		list_views(req, b, t.v, t.e.rank);
+		break;
 	case K_RANK:
 		dir_add(req, b, "rank.json", false);
 		dir_add(req, b, "step", false);
+		if (t.v->ds)
+			dir_add(req, b, "data", true);
 		t.e.tn = t.v->stage_tree[t.v->layout.ranks[t.e.rank].p];
 		/* fall through */
 	case K_TDIR:
@@ -1668,6 +1772,8 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 		fprintf(stderr, "mlfs mount: out of memory\n");
 		return 1;
 	}
+	st.data_opts.cache_bytes = o->data_cache;
+	st.data_opts.prefetch = o->prefetch < 0 ? 4 : o->prefetch;
 	store = &st;
 	owner_uid = getuid();
 	owner_gid = getgid();

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "mlfs/mlfs.h"
+#include "mlfs/mlfs_data.h"
 #include "mlfs/mlfs_npy.h"
 #include "ptc/ptc.h"
 #include "transform/xf.h"
@@ -44,6 +45,8 @@ struct mlfs_view {
 	struct mlfs_tnode **stage_tree; /* per stage; NULL if no local rank has it */
 	struct mlfs_tnode *full_tree;	/* every state and untied tensor */
 	struct timespec time;
+	struct mlfs_dataset *ds;  /* NULL when the config names none */
+	struct ptc_cursor cursor; /* with ds: the samples each step consumes */
 };
 
 void mlfs_view_put(struct mlfs_view *v);
@@ -89,6 +92,7 @@ struct mlfs_store {
 	bool xf_joinable;
 
 	struct mlfs_job *job; /* the job/ directory */
+	struct mlfs_data_opts data_opts;
 	struct timespec start;
 	/* Called (without the lock) after content of these paths changed, so
 	 * the FUSE layer can drop cached pages. */
@@ -116,6 +120,11 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 /* New malloc'd texts of the generated files. */
 char *mlfs_store_status_json(struct mlfs_store *st);
 char *mlfs_rank_json(const struct mlfs_view *v, int rank);
+
+/* Queues the dataset views of every local DP group from @step on. */
+void mlfs_store_prefetch(struct mlfs_store *st, struct mlfs_view *v, int64_t step);
+/* Records a failure of a dataset view for status.json. */
+void mlfs_store_note_error(struct mlfs_store *st, const char *msg);
 
 /* Partition commit: swaps the buffer of (rank, state, tensor) in view @v if
  * @v is still current and no reconfiguration runs. 0, -ESTALE, -EBUSY. */

@@ -45,6 +45,8 @@ void mlfs_view_put(struct mlfs_view *v)
 	ptc_layout_release(&v->layout);
 	ptc_config_free(v->config);
 	free(v->config_text);
+	mlfs_dataset_put(v->ds);
+	free(v->cursor.segs);
 	free(v);
 }
 
@@ -58,19 +60,22 @@ struct mlfs_view *mlfs_store_view(struct mlfs_store *st)
 	return v;
 }
 
-/* A view of @config (taken over) with an empty partition table. */
-static int view_new(struct mlfs_store *st, struct ptc_config *config, const char *text, size_t len,
-		    struct mlfs_view **out, struct ptc_error *err)
+/* A view of @config and dataset @ds (both taken over) with an empty
+ * partition table. */
+static int view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_dataset *ds,
+		    const char *text, size_t len, struct mlfs_view **out, struct ptc_error *err)
 {
 	struct mlfs_view *v = calloc(1, sizeof(*v));
 	int rc = -ENOMEM;
 
 	if (!v) {
 		ptc_config_free(config);
+		mlfs_dataset_put(ds);
 		return -ENOMEM;
 	}
 	atomic_init(&v->refs, 1);
 	v->config = config;
+	v->ds = ds;
 	clock_gettime(CLOCK_REALTIME, &v->time);
 	if (!(v->config_text = strndup(text, len)))
 		goto err_put;
@@ -180,15 +185,29 @@ out:
 	return rc;
 }
 
+/* A cursor of one segment: from @step on, @batch samples per step on @dp. */
+static int cursor_init(struct ptc_cursor *c, int64_t step, int64_t batch, int dp)
+{
+	if (!(c->segs = malloc(sizeof(*c->segs))))
+		return -ENOMEM;
+	c->nsegs = 1;
+	c->segs[0] = (struct ptc_cursor_seg){step, 0, batch, dp};
+	return 0;
+}
+
 /* First config: every local partition zero-filled. Lock held. */
-static int set_first_config(struct mlfs_store *st, struct ptc_config *c, const char *text,
-			    size_t len, struct ptc_error *err)
+static int set_first_config(struct mlfs_store *st, struct ptc_config *c, struct mlfs_dataset *ds,
+			    const char *text, size_t len, struct ptc_error *err)
 {
 	struct mlfs_view *v;
-	int rc = view_new(st, c, text, len, &v, err);
+	int rc = view_new(st, c, ds, text, len, &v, err);
 
 	if (rc)
 		return rc;
+	if (v->ds && cursor_init(&v->cursor, 0, c->dataset_global_batch, v->layout.dp)) {
+		mlfs_view_put(v);
+		return -ENOMEM;
+	}
 	if ((rc = xf_parts_alloc_zero(&v->parts, &st->mem))) {
 		if (rc == -ENOSPC)
 			ptc_errorf(err,
@@ -271,43 +290,75 @@ static void *reconfigure_main(void *arg)
 			 err == -ENOSPC ? "out of memory (--max-memory)" : strerror(-err));
 		mlfs_view_put(rc->from);
 	}
+	int64_t step = st->steps ? st->steps[0] : 0;
+	struct mlfs_view *now = st->view;
+	atomic_fetch_add(&now->refs, 1);
 	pthread_mutex_unlock(&st->lock);
-	if (err == 0)
+	if (err == 0) {
 		notify_changed(st, "");
+		mlfs_store_prefetch(st, now, step);
+	}
+	mlfs_view_put(now);
 	mlfs_view_put(rc->to);
 	ptc_plan_free(rc->plan);
 	free(rc);
 	return NULL;
 }
 
+/* The new view's cursor: the old one continued from the saved @step, or a
+ * new one when the dataset appears. Lock held. */
+static int cursor_carry(const struct mlfs_view *old, struct mlfs_view *v, int64_t step,
+			struct ptc_error *err)
+{
+	if (!v->ds)
+		return 0;
+	if (!old->ds)
+		return cursor_init(&v->cursor, step, v->config->dataset_global_batch, v->layout.dp);
+	size_t n = (size_t)old->cursor.nsegs * sizeof(*old->cursor.segs);
+	if (!(v->cursor.segs = malloc(n)))
+		return -ENOMEM;
+	memcpy(v->cursor.segs, old->cursor.segs, n);
+	v->cursor.nsegs = old->cursor.nsegs;
+	int rc = ptc_cursor_advance(&v->cursor, step, v->config->dataset_global_batch,
+				    v->layout.dp);
+	if (rc == -ERANGE)
+		return ptc_errorf(err,
+				  "config.json: the ranks saved step %" PRId64
+				  ", before the dataset's first step %" PRId64,
+				  step, old->cursor.segs[0].step);
+	return rc;
+}
+
 /* Starts a reconfiguration to @c. Lock held. */
-static int start_reconfigure(struct mlfs_store *st, struct ptc_config *c, const char *text,
-			     size_t len, struct ptc_error *err)
+static int start_reconfigure(struct mlfs_store *st, struct ptc_config *c, struct mlfs_dataset *ds,
+			     const char *text, size_t len, struct ptc_error *err)
 {
 	struct mlfs_view *old = st->view, *v;
 	struct ptc_plan *plan;
 	int rc;
 
 	if (st->state == MLFS_TRANSFORMING) {
-		ptc_config_free(c);
 		ptc_errorf(err, "config.json: a reconfiguration to version %" PRId64 " is running",
 			   st->target_version);
-		return -EBUSY;
+		rc = -EBUSY;
+		goto refuse;
 	}
 	if (c->version <= old->config->version) {
 		rc = ptc_errorf(err,
 				"config.json: \"version\" = %" PRId64
 				" is not greater than the current %" PRId64,
 				c->version, old->config->version);
-		ptc_config_free(c);
+		goto refuse;
+	}
+	if ((rc = check_steps(st, err)) ||
+	    (rc = ptc_dataset_change_ok(old->config, c, "config.json", err)))
+		goto refuse;
+	if ((rc = view_new(st, c, ds, text, len, &v, err)))
+		return rc;
+	if ((rc = cursor_carry(old, v, st->steps[0] < 0 ? 0 : st->steps[0], err))) {
+		mlfs_view_put(v);
 		return rc;
 	}
-	if ((rc = check_steps(st, err))) {
-		ptc_config_free(c);
-		return rc;
-	}
-	if ((rc = view_new(st, c, text, len, &v, err)))
-		return rc;
 	for (int k = 0; k < 2; k++) {
 		const struct ptc_layout *l = k ? &v->layout : &old->layout;
 		if (l->node_nranks[st->node] != l->world) {
@@ -357,30 +408,88 @@ static int start_reconfigure(struct mlfs_store *st, struct ptc_config *c, const 
 	}
 	st->xf_joinable = true;
 	return 0;
+
+refuse:
+	ptc_config_free(c);
+	mlfs_dataset_put(ds);
+	return rc;
+}
+
+/* The dataset @c names: the current one, or opened (index read) now. No
+ * lock held: reading an index may take network round trips. */
+static int config_dataset(struct mlfs_store *st, const struct ptc_config *c,
+			  struct mlfs_dataset **ds, struct ptc_error *err)
+{
+	*ds = NULL;
+	if (!c->has_dataset)
+		return 0;
+	struct mlfs_view *cur = mlfs_store_view(st);
+	int rc = 0;
+	if (cur && (rc = ptc_dataset_change_ok(cur->config, c, "config.json", err)) == 0 &&
+	    mlfs_dataset_is(cur->ds, c))
+		*ds = mlfs_dataset_get(cur->ds);
+	mlfs_view_put(cur);
+	if (rc == 0 && !*ds)
+		rc = mlfs_dataset_open(c, &st->data_opts, &st->mem, ds, err);
+	return rc;
 }
 
 int mlfs_store_set_config(struct mlfs_store *st, const char *text, size_t len,
 			  struct ptc_error *err)
 {
 	struct ptc_config *c;
+	struct mlfs_dataset *ds = NULL;
 	int rc = ptc_config_parse_text(text, len, "config.json", &c, err);
 
+	if (rc == 0 && (rc = config_dataset(st, c, &ds, err)))
+		ptc_config_free(c);
 	pthread_mutex_lock(&st->lock);
 	if (rc == 0 && !st->schema) {
 		ptc_config_free(c);
+		mlfs_dataset_put(ds);
 		rc = ptc_errorf(err, "config.json: write schema.json first");
 	} else if (rc == 0) {
-		rc = st->view ? start_reconfigure(st, c, text, len, err)
-			      : set_first_config(st, c, text, len, err);
+		rc = st->view ? start_reconfigure(st, c, ds, text, len, err)
+			      : set_first_config(st, c, ds, text, len, err);
 	}
 	if (rc)
 		refuse(st, rc, err);
 	else if (st->state != MLFS_TRANSFORMING)
 		st->error[0] = '\0';
+	bool first = rc == 0 && st->state != MLFS_TRANSFORMING;
 	pthread_mutex_unlock(&st->lock);
 	if (rc == 0)
 		notify_changed(st, "");
+	if (first) {
+		struct mlfs_view *v = mlfs_store_view(st);
+		mlfs_store_prefetch(st, v, 0);
+		mlfs_view_put(v);
+	}
 	return rc;
+}
+
+void mlfs_store_prefetch(struct mlfs_store *st, struct mlfs_view *v, int64_t step)
+{
+	if (!v || !v->ds)
+		return;
+	const struct ptc_layout *l = &v->layout;
+	int r0 = l->node_first_rank[st->node];
+	bool *seen = calloc((size_t)l->dp, sizeof(*seen));
+	for (int r = r0; seen && r >= 0 && r < r0 + l->node_nranks[st->node]; r++) {
+		int d = l->ranks[r].d;
+		if (!seen[d]) {
+			seen[d] = true;
+			mlfs_data_prefetch(v->ds, &v->cursor, d, step < 0 ? 0 : step);
+		}
+	}
+	free(seen);
+}
+
+void mlfs_store_note_error(struct mlfs_store *st, const char *msg)
+{
+	pthread_mutex_lock(&st->lock);
+	snprintf(st->error, sizeof(st->error), "%s", msg);
+	pthread_mutex_unlock(&st->lock);
 }
 
 int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_t len,
@@ -643,8 +752,10 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 		rc = 0;
 	}
 	pthread_mutex_unlock(&st->lock);
-	if (rc == 0)
+	if (rc == 0) {
 		notify_changed(st, "");
+		mlfs_store_prefetch(st, v, step);
+	}
 out_parts:
 	xf_parts_release(&np);
 out:
@@ -728,7 +839,23 @@ char *mlfs_store_status_json(struct mlfs_store *st)
 			      (json_int_t)st->last.bytes_fetched, "bytes_zeroed",
 			      (json_int_t)st->last.bytes_zeroed, "seconds", st->last.seconds));
 	json_object_set_new(o, "error", st->error[0] ? json_string(st->error) : json_null());
+	struct mlfs_view *v = st->view;
+	if (v)
+		atomic_fetch_add(&v->refs, 1);
 	pthread_mutex_unlock(&st->lock);
+	if (v && v->ds) {
+		json_t *d = mlfs_data_status(v->ds);
+		json_t *segs = json_array();
+		for (int k = 0; k < v->cursor.nsegs; k++)
+			json_array_append_new(
+			    segs, json_pack("{sIsIsIsi}", "step", (json_int_t)v->cursor.segs[k].step,
+					    "sample", (json_int_t)v->cursor.segs[k].sample,
+					    "global_batch", (json_int_t)v->cursor.segs[k].batch,
+					    "dp", v->cursor.segs[k].dp));
+		json_object_set_new(d, "cursor", segs);
+		json_object_set_new(o, "dataset", d);
+	}
+	mlfs_view_put(v);
 	char *s = json_dumps(o, JSON_INDENT(1));
 	json_decref(o);
 	return s;

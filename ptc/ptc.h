@@ -169,6 +169,7 @@ struct ptc_config {
 	uint64_t dataset_seed;
 	int64_t dataset_global_batch;
 	bool dataset_shuffle; /* default true */
+	int64_t dataset_epochs; /* 0: no limit */
 };
 
 /* Parses config syntax and ranges; fitting it to a cluster and schema is
@@ -180,6 +181,73 @@ int ptc_config_parse_text(const char *text, size_t len, const char *name, struct
 void ptc_config_free(struct ptc_config *c);
 /* Serializes @c back to JSON (new reference). */
 json_t *ptc_config_to_json(const struct ptc_config *c);
+
+/* --------------------------------------------------------------- dataset */
+
+enum ptc_records { PTC_RECORDS_FIXED, PTC_RECORDS_VARIABLE };
+
+struct ptc_shard {
+	char *uri;     /* as written: absolute, or relative to the index */
+	char *offsets; /* variable records: URI of count + 1 int64 byte offsets */
+	int64_t count; /* records */
+	int64_t first; /* global id of its first record */
+};
+
+/* index.json (README "The dataset"). */
+struct ptc_index {
+	enum ptc_records records;
+	enum ptc_dtype dtype; /* fixed: the record's; variable: informational */
+	int ndim;
+	int64_t shape[PTC_MAX_DIMS];
+	int64_t record_bytes; /* fixed records */
+	int nshards;
+	struct ptc_shard *shards;
+	int64_t total; /* records */
+};
+
+int ptc_index_parse(const json_t *root, const char *name, struct ptc_index **out,
+		    struct ptc_error *err);
+int ptc_index_parse_text(const char *text, size_t len, const char *name, struct ptc_index **out,
+			 struct ptc_error *err);
+void ptc_index_free(struct ptc_index *ix);
+/* The shard holding global record @id (0 <= id < total); *local its index there. */
+int ptc_index_locate(const struct ptc_index *ix, int64_t id, int64_t *local);
+
+/* Record id at position @i of epoch @epoch: a permutation of [0, n) seeded
+ * by (seed, epoch), or the identity when !shuffle. O(1) memory. */
+int64_t ptc_data_perm(uint64_t seed, int64_t epoch, int64_t n, int64_t i, bool shuffle);
+
+/* The cursor: from segs[k].step on, step s consumes samples
+ * [sample + (s - step) * batch, + batch) of the stream, cut into dp slices. */
+struct ptc_cursor_seg {
+	int64_t step, sample, batch;
+	int dp; /* the data parallelism the segment's steps ran with */
+};
+struct ptc_cursor {
+	int nsegs;
+	struct ptc_cursor_seg *segs; /* by step; malloc'd */
+};
+
+/* Samples consumed before @step and the batch of @step; -ENODATA before the
+ * first segment or on overflow. */
+int ptc_cursor_samples(const struct ptc_cursor *c, int64_t step, int64_t *samples, int64_t *batch);
+/* The data parallelism of @step (its segment's), or 0 when it has none. */
+int ptc_cursor_dp(const struct ptc_cursor *c, int64_t step);
+/* Slice @d of @dp of the batch [base, base + batch): balanced and contiguous,
+ * the first batch % dp slices one sample larger. */
+void ptc_data_split(int64_t base, int64_t batch, int dp, int d, int64_t *first, int64_t *count);
+/* The stream samples of DP rank @d of @dp at @step: ptc_data_split of the
+ * step's batch. -EINVAL for a bad @dp or @d, -ENODATA for an unreachable
+ * step. */
+int ptc_data_slice(const struct ptc_cursor *c, int64_t step, int dp, int d, int64_t *first,
+		   int64_t *count);
+/* From @step on, steps consume @batch samples cut into @dp slices (a
+ * reconfiguration saved at @step). Segments after @step are dropped.
+ * 0, -ERANGE (bad step, batch or dp), -ENOMEM. */
+int ptc_cursor_advance(struct ptc_cursor *c, int64_t step, int64_t batch, int dp);
+/* Whether config @b may follow @a: only global_batch may change. */
+int ptc_dataset_change_ok(const struct ptc_config *a, const struct ptc_config *b, const char *name,
+			  struct ptc_error *err);
 
 /* ---------------------------------------------------------------- layout */
 

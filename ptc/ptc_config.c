@@ -14,7 +14,8 @@
 
 static const char *const config_keys[] = {"version", "tp",	 "pp",	    "dp",
 					  "nodes",   "replicas", "dataset", NULL};
-static const char *const dataset_keys[] = {"index", "seed", "global_batch", "shuffle", NULL};
+static const char *const dataset_keys[] = {"index", "seed", "global_batch", "shuffle",
+					     "epochs", NULL};
 static const char *const cluster_keys[] = {"nodes", "token_file", NULL};
 static const char *const node_keys[] = {"id", "addr", "devices", NULL};
 
@@ -62,6 +63,10 @@ static int parse_dataset(struct ptc_config *c, const json_t *ds, const char *fil
 	if (sh && !json_is_boolean(sh))
 		return ptc_errorf(err, "%s: dataset.shuffle must be true or false", file);
 	c->dataset_shuffle = sh ? json_is_true(sh) : true;
+	rc = ptc_json_int(ds, "epochs", false, 1, INT32_MAX, &v, file, "dataset", err);
+	if (rc < 0)
+		return rc;
+	c->dataset_epochs = rc == 0 ? v : 0;
 	c->has_dataset = true;
 	return 0;
 }
@@ -133,6 +138,13 @@ int ptc_config_parse(const json_t *root, const char *file, struct ptc_config **o
 	json_t *ds = json_object_get(root, "dataset");
 	if (ds && (rc = parse_dataset(c, ds, file, err)))
 		goto err_free;
+	if (c->has_dataset && c->dataset_global_batch < c->dp) {
+		rc = ptc_errorf(err,
+				"%s: dataset.global_batch = %" PRId64 " is smaller than dp = %d "
+				"(every DP rank needs a record per step)",
+				file, c->dataset_global_batch, c->dp);
+		goto err_free;
+	}
 	*out = c;
 	return 0;
 
@@ -162,6 +174,8 @@ json_t *ptc_config_to_json(const struct ptc_config *c)
 		json_object_set_new(ds, "seed", json_integer((json_int_t)c->dataset_seed));
 		json_object_set_new(ds, "global_batch", json_integer(c->dataset_global_batch));
 		json_object_set_new(ds, "shuffle", json_boolean(c->dataset_shuffle));
+		if (c->dataset_epochs)
+			json_object_set_new(ds, "epochs", json_integer(c->dataset_epochs));
 		json_object_set_new(o, "dataset", ds);
 	}
 	return o;

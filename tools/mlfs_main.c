@@ -12,7 +12,8 @@ static const struct {
 	const char *usage;
 } cmds[] = {
     {"mount", cmd_mount,
-     "mount <mnt> --node ID --cluster cluster.json [-f] [--max-memory BYTES] [--threads N]"},
+     "mount <mnt> --node ID --cluster cluster.json [-f] [--max-memory BYTES] [--threads N]\n"
+     "               [--data-cache BYTES] [--prefetch N]"},
     {"umount", cmd_umount, "umount <mnt>"},
     {"status", cmd_status, "status <mnt> [--json]"},
     {"reconfigure", cmd_reconfigure, "reconfigure <mnt> new.json [--no-wait]"},
@@ -20,6 +21,7 @@ static const struct {
     {"export", cmd_export, "export <mnt> --to DIR"},
     {"plan", cmd_plan,
      "plan --schema S --from A.json --to B.json [--cluster C] [--down ID,...] [--json]"},
+    {"dataset", cmd_dataset, "dataset index DIR --dtype D --shape N[,N...] [--out FILE]"},
     {"schema", cmd_schema,
      "schema megatron-gpt|llama --layers N --hidden H --heads A --vocab V [--ffn F]\n"
      "               [--kv-heads G] [--seq S] [--tied] [--dtype D]"},

@@ -69,8 +69,10 @@ int cmd_mount(int argc, char **argv)
 	static const struct option opts[] = {
 	    {"node", required_argument, NULL, 'n'},	  {"cluster", required_argument, NULL, 'c'},
 	    {"max-memory", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
-	    {"foreground", no_argument, NULL, 'f'},	  {NULL, 0, NULL, 0}};
-	struct mlfs_options o = {0};
+	    {"foreground", no_argument, NULL, 'f'},	  {"data-cache", required_argument, NULL, 'D'},
+	    {"prefetch", required_argument, NULL, 'P'},	  {NULL, 0, NULL, 0}};
+	struct mlfs_options o = {.prefetch = -1};
+	char *end;
 	int c;
 
 	optind = 1;
@@ -92,6 +94,20 @@ int cmd_mount(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'D':
+			if ((o.data_cache = parse_bytes(optarg)) < 0) {
+				fprintf(stderr, "mlfs mount: --data-cache \"%s\" is not a size\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'P':
+			o.prefetch = (int)strtol(optarg, &end, 10);
+			if (*end || end == optarg || o.prefetch < 0 || o.prefetch > 1024) {
+				fprintf(stderr, "mlfs mount: --prefetch must be in [0, 1024]\n");
+				return 2;
+			}
+			break;
 		case 't':
 			o.threads = atoi(optarg);
 			if (o.threads < 1 || o.threads > 1024) {
@@ -105,7 +121,7 @@ int cmd_mount(int argc, char **argv)
 	}
 	if (optind != argc - 1 || !o.node_id || !o.cluster_path) {
 		fprintf(stderr, "usage: mlfs mount <mnt> --node ID --cluster cluster.json [-f] "
-				"[--max-memory BYTES] [--threads N]\n");
+				"[--max-memory BYTES] [--threads N] [--data-cache BYTES] [--prefetch N]\n");
 		return 2;
 	}
 	o.mountpoint = argv[optind];

@@ -86,12 +86,13 @@ class Mount:
 
 @pytest.fixture
 def mount_factory(tmp_path):
-    """mount_factory(devices=8, max_memory=None, name="mnt") -> Mount: a one-node
-    cluster ("n0" with @devices), mounted in the foreground; every mount is
-    unmounted at teardown, and its daemon must exit 0 with no error on stderr."""
+    """mount_factory(devices=8, max_memory=None, name="mnt", extra_args=()) -> Mount: a
+    one-node cluster ("n0" with @devices), mounted in the foreground (@extra_args are
+    more `mlfs mount` options, e.g. ("--prefetch", "2")); every mount is unmounted at
+    teardown, and its daemon must exit 0 with no error on stderr."""
     mounts = []
 
-    def make(devices=8, max_memory=None, name="mnt"):
+    def make(devices=8, max_memory=None, name="mnt", extra_args=()):
         mnt = tmp_path / name
         mnt.mkdir()
         cluster = tmp_path / f"{name}-cluster.json"
@@ -101,6 +102,7 @@ def mount_factory(tmp_path):
         args = [str(MLFS), "mount", str(mnt), "--node", "n0", "--cluster", str(cluster), "-f"]
         if max_memory is not None:
             args += ["--max-memory", str(max_memory)]
+        args += [str(a) for a in extra_args]
         with open(errpath, "wb") as err:
             proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
         m = Mount(mnt, proc, errpath, tmp_path)

@@ -1,7 +1,9 @@
 /*
- * fuzz_json.c - fuzzes the schema, config and cluster parsers and the layout.
+ * fuzz_json.c - fuzzes the schema, config, cluster and dataset index parsers
+ * and the layout.
  *
- * The whole input goes to each of the three parsers. An input made of three
+ * The whole input goes to each of the four parsers; a parsed index has its
+ * shard ids and ptc_index_locate checked. An input made of three
  * parts separated by lines "---" (schema, config, cluster) also has each
  * part parsed as its file and, when all three parse, is placed with
  * ptc_layout_init; then slices, stages and the config's JSON round trip are
@@ -56,7 +58,8 @@ static void check_config_round_trip(const struct ptc_config *c)
 			CHECK(strcmp(d->dataset_index, c->dataset_index) == 0 &&
 			      d->dataset_seed == c->dataset_seed &&
 			      d->dataset_global_batch == c->dataset_global_batch &&
-			      d->dataset_shuffle == c->dataset_shuffle);
+			      d->dataset_shuffle == c->dataset_shuffle &&
+			      d->dataset_epochs == c->dataset_epochs);
 		ptc_config_free(d);
 	} else {
 		CHECK(!"ptc_config_to_json output does not parse");
@@ -136,6 +139,31 @@ static void check_layout(const struct ptc_layout *l)
 	}
 }
 
+/* Shards number their records back to back; locate finds each id's shard. */
+static void check_index(const struct ptc_index *ix)
+{
+	int64_t total = 0;
+
+	CHECK(ix->nshards > 0 && ix->total > 0);
+	CHECK(ix->records == PTC_RECORDS_VARIABLE || ix->record_bytes > 0);
+	for (int i = 0; i < ix->nshards; i++) {
+		const struct ptc_shard *sh = &ix->shards[i];
+		CHECK(sh->uri && sh->uri[0]);
+		CHECK((ix->records == PTC_RECORDS_VARIABLE) == (sh->offsets != NULL));
+		CHECK(sh->first == total && sh->count >= 0);
+		total += sh->count;
+	}
+	CHECK(total == ix->total);
+	/* The first and last ids and a few between, with the shards' edges. */
+	for (int64_t k = 0; k <= 64; k++) {
+		int64_t id = k == 64 ? ix->total - 1 : ix->total / 64 * k, local = -1;
+		int s = ptc_index_locate(ix, id, &local);
+		CHECK(s >= 0 && s < ix->nshards && ix->shards[s].count > 0);
+		CHECK(local >= 0 && local < ix->shards[s].count);
+		CHECK(ix->shards[s].first + local == id);
+	}
+}
+
 /* Splits @text at lines "---" into at most @max parts; returns the count. */
 static int split_parts(const char *text, size_t len, const char **parts, size_t *lens, int max)
 {
@@ -161,6 +189,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct ptc_schema *s = NULL;
 	struct ptc_config *c = NULL;
 	struct ptc_cluster *cl = NULL;
+	struct ptc_index *ix = NULL;
 	struct ptc_error err;
 	size_t lens[3];
 	int rc;
@@ -176,6 +205,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	rc = ptc_cluster_parse_text(text, size, "cluster.json", &cl, &err);
 	check_failed(rc, cl, &err);
 	ptc_cluster_free(cl);
+	rc = ptc_index_parse_text(text, size, "index.json", &ix, &err);
+	check_failed(rc, ix, &err);
+	if (ix)
+		check_index(ix);
+	ptc_index_free(ix);
 
 	if (split_parts(text, size, parts, lens, 3) != 3)
 		return 0;

@@ -1,0 +1,1586 @@
+/*
+ * mlfs_source.c - dataset shard sources behind a byte-bounded block cache.
+ *
+ * DESIGN
+ * Objects: one struct src_obj per URI ever named (a hash table by URI, kept
+ * until mlfs_src_free) holds its kind, its size once known (file: fstat at
+ * open; HTTP: the total of a Content-Range, or the length of a 200) and, for
+ * files, an fd shared by all readers. fd_users counts the readvs using the fd;
+ * past SRC_MAX_FDS open fds, the least recently used idle one is closed.
+ *
+ * Cache: blocks keyed by (object, block index) in a hash table and an LRU
+ * list. Invariant: cached_bytes, the sum of the cached blocks' lengths, never
+ * exceeds cache_bytes. Blocks are reference-counted: the cache holds one
+ * reference and a readv copying from a block another, so an eviction never
+ * frees bytes being copied. A block enters the cache only complete and
+ * verified; the bytes of a failed attempt reach neither the cache nor a dst.
+ *
+ * readv: (1) resolve the objects, open the files, check the ranges against
+ * known sizes; (2) list the distinct blocks needed, sorted by (object,
+ * index); (3) pin the cached ones under the lock (hits) and copy them out;
+ * (4) group runs of missing blocks into requests and run them on up to
+ * `parallel` threads, the caller being one. A finished request copies its
+ * blocks to the dsts, then hands them to the cache: a readv larger than the
+ * cache holds at most parallel * max_request_bytes of its own. (5) Check the
+ * ranges against the sizes learned meanwhile.
+ *
+ * HTTP: pooled curl easy handles (the pool keeps connections alive). Every
+ * number read from a reply is bounded (18 digits) and checked before use;
+ * the body is written only into buffers sized from the request, never from
+ * the reply.
+ *
+ * Threads: s->lock guards the object table, the objects' size and fd fields,
+ * the cache and the handle pool. It is never held across I/O, a sleep or a
+ * copy of block bytes; there is no other lock. Counters are atomics.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+
+#include "mlfs/mlfs_source.h"
+
+#define SRC_DEF_CACHE	    ((int64_t)1 << 30)
+#define SRC_DEF_BLOCK	    ((int64_t)1 << 20)
+#define SRC_DEF_RETRIES	    5
+#define SRC_MAX_RETRIES	    100
+#define SRC_DEF_TIMEOUT	    30000
+#define SRC_DEF_BACKOFF	    20
+#define SRC_DEF_MAX_BACKOFF 2000
+#define SRC_DEF_REQUEST	    ((int64_t)16 << 20)
+#define SRC_DEF_PARALLEL    8
+#define SRC_MAX_PARALLEL    64
+/* Open file descriptors kept beyond those in use. */
+#define SRC_MAX_FDS 128
+/* Idle curl handles kept (each may hold a live connection). */
+#define SRC_POOL 64
+/* Distinct blocks one readv may name (16 TiB in 1 MiB blocks). */
+#define SRC_MAX_NEED ((size_t)1 << 24)
+/* Initial hash table sizes (powers of two). */
+#define SRC_OBJ_BUCKETS 256
+#define SRC_BLK_BUCKETS 1024
+
+enum obj_kind { OBJ_FILE, OBJ_HTTP };
+
+struct src_obj {
+	struct src_obj *next; /* hash chain */
+	char *uri;
+	uint64_t hash;
+	enum obj_kind kind;
+	int64_t size;	  /* -1 until known; s->lock */
+	int fd;		  /* file: -1 while closed; s->lock */
+	int fd_users;	  /* readvs using fd; s->lock */
+	uint64_t fd_tick; /* last pin, to close the idlest fd first; s->lock */
+};
+
+struct src_blk {
+	struct src_blk *hnext;	     /* hash chain */
+	struct src_blk *prev, *next; /* LRU list, most recent after s->lru */
+	struct src_obj *obj;
+	int64_t idx;
+	int64_t len; /* bytes held (the capacity while being filled) */
+	atomic_int refs;
+	uint8_t data[];
+};
+
+struct mlfs_src {
+	struct mlfs_src_opts o; /* defaults applied */
+	pthread_mutex_t lock;
+	struct src_obj **objs; /* hash table by URI */
+	size_t nobj_buckets, nobjs;
+	int nfds;
+	uint64_t tick;
+	struct src_blk **blks; /* hash table by (obj, idx) */
+	size_t nblk_buckets;
+	struct src_blk lru; /* sentinel of the LRU list */
+	int64_t cached_bytes, cached_blocks;
+	CURL *pool[SRC_POOL];
+	int npool;
+	_Atomic int64_t hits, misses, requests, retries, failures, bytes_fetched;
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+__attribute__((format(printf, 4, 5))) static int errf(char *why, size_t whylen, int rc,
+						      const char *fmt, ...)
+{
+	va_list ap;
+
+	if (why && whylen) {
+		va_start(ap, fmt);
+		vsnprintf(why, whylen, fmt, ap);
+		va_end(ap);
+	}
+	return rc;
+}
+
+static void stat_add(_Atomic int64_t *c, int64_t n)
+{
+	atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
+
+static uint64_t hash_str(const char *s)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * 0x100000001b3ULL;
+	return h;
+}
+
+static uint64_t hash_blk(const struct src_obj *o, int64_t idx)
+{
+	uint64_t h = o->hash ^ ((uint64_t)idx * 0x9e3779b97f4a7c15ULL);
+
+	h ^= h >> 29;
+	h *= 0xbf58476d1ce4e5b9ULL;
+	return h ^ (h >> 32);
+}
+
+static void sleep_ms(int64_t ms)
+{
+	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+static bool has_prefix(const char *s, const char *p)
+{
+	return strncasecmp(s, p, strlen(p)) == 0;
+}
+
+/* The kind of @uri, or -EINVAL with the reason in @why. */
+static int uri_kind(const char *uri, enum obj_kind *kind, char *why, size_t whylen)
+{
+	const char *rest;
+
+	if (!uri)
+		return errf(why, whylen, -EINVAL, "no URI");
+	if (strnlen(uri, MLFS_SRC_MAX_URI + 1) > MLFS_SRC_MAX_URI)
+		return errf(why, whylen, -EINVAL, "%.64s...: URI longer than %d bytes", uri,
+			    MLFS_SRC_MAX_URI);
+	if (has_prefix(uri, "file://")) {
+		if (uri[7] != '/' || !uri[8])
+			return errf(why, whylen, -EINVAL,
+				    "%s: not a local absolute file URI (file:///path)", uri);
+		*kind = OBJ_FILE;
+		return 0;
+	}
+	if (has_prefix(uri, "http://"))
+		rest = uri + 7;
+	else if (has_prefix(uri, "https://"))
+		rest = uri + 8;
+	else
+		return errf(why, whylen, -EINVAL,
+			    "%s: unsupported URI (file:///path, http:// or https:// expected)",
+			    uri);
+	if (!*rest || *rest == '/' || *rest == '?' || *rest == '#')
+		return errf(why, whylen, -EINVAL, "%s: URI without a host", uri);
+	for (const char *p = uri; *p; p++)
+		if ((uint8_t)*p <= 0x20 || (uint8_t)*p == 0x7f)
+			return errf(why, whylen, -EINVAL,
+				    "%s: URI holds a space or control character", uri);
+	*kind = OBJ_HTTP;
+	return 0;
+}
+
+/* ------------------------------------------------------------ object table */
+
+static int obj_table_grow(struct mlfs_src *s)
+{
+	size_t nb = s->nobj_buckets * 2;
+	struct src_obj **t = calloc(nb, sizeof(*t));
+
+	if (!t)
+		return -ENOMEM;
+	for (size_t i = 0; i < s->nobj_buckets; i++) {
+		for (struct src_obj *o = s->objs[i], *next; o; o = next) {
+			next = o->next;
+			o->next = t[o->hash & (nb - 1)];
+			t[o->hash & (nb - 1)] = o;
+		}
+	}
+	free(s->objs);
+	s->objs = t;
+	s->nobj_buckets = nb;
+	return 0;
+}
+
+/* The object of @uri, created on first use; lives until mlfs_src_free. */
+static int obj_get(struct mlfs_src *s, const char *uri, struct src_obj **out, char *why,
+		   size_t whylen)
+{
+	enum obj_kind kind;
+	uint64_t h;
+	struct src_obj *o;
+	int rc = uri_kind(uri, &kind, why, whylen);
+
+	if (rc)
+		return rc;
+	h = hash_str(uri);
+	pthread_mutex_lock(&s->lock);
+	for (o = s->objs[h & (s->nobj_buckets - 1)]; o; o = o->next)
+		if (o->hash == h && !strcmp(o->uri, uri))
+			goto found;
+	if (s->nobjs >= s->nobj_buckets)
+		obj_table_grow(s); /* on ENOMEM chains just grow longer */
+	o = calloc(1, sizeof(*o));
+	if (!o || !(o->uri = strdup(uri))) {
+		free(o);
+		pthread_mutex_unlock(&s->lock);
+		return errf(why, whylen, -ENOMEM, "%s: out of memory", uri);
+	}
+	o->hash = h;
+	o->kind = kind;
+	o->size = -1;
+	o->fd = -1;
+	o->next = s->objs[h & (s->nobj_buckets - 1)];
+	s->objs[h & (s->nobj_buckets - 1)] = o;
+	s->nobjs++;
+found:
+	pthread_mutex_unlock(&s->lock);
+	*out = o;
+	return 0;
+}
+
+static int64_t obj_size(struct mlfs_src *s, struct src_obj *o)
+{
+	pthread_mutex_lock(&s->lock);
+	int64_t size = o->size;
+	pthread_mutex_unlock(&s->lock);
+	return size;
+}
+
+/* Records @size learned from a reply; -EIO when it contradicts an earlier one. */
+static int obj_set_size(struct mlfs_src *s, struct src_obj *o, int64_t size, char *why,
+			size_t whylen)
+{
+	int64_t old;
+
+	pthread_mutex_lock(&s->lock);
+	old = o->size;
+	if (old < 0)
+		o->size = size;
+	pthread_mutex_unlock(&s->lock);
+	if (old >= 0 && old != size)
+		return errf(why, whylen, -EIO,
+			    "%s: size changed from %" PRId64 " to %" PRId64 " bytes", o->uri, old,
+			    size);
+	return 0;
+}
+
+/* Closes the least recently pinned idle fd, if any; returns it (to close). Lock held. */
+static int fd_evict(struct mlfs_src *s)
+{
+	struct src_obj *idlest = NULL;
+	int fd;
+
+	for (size_t i = 0; i < s->nobj_buckets; i++)
+		for (struct src_obj *o = s->objs[i]; o; o = o->next)
+			if (o->fd >= 0 && !o->fd_users && (!idlest || o->fd_tick < idlest->fd_tick))
+				idlest = o;
+	if (!idlest)
+		return -1;
+	fd = idlest->fd;
+	idlest->fd = -1;
+	s->nfds--;
+	return fd;
+}
+
+/* Opens file object @o if needed and pins its fd (*@fd) until file_unpin. */
+static int file_pin(struct mlfs_src *s, struct src_obj *o, int *fd, char *why, size_t whylen)
+{
+	struct stat st;
+	int nfd, extra = -1, idle = -1;
+
+	pthread_mutex_lock(&s->lock);
+	if (o->fd >= 0) {
+		o->fd_users++;
+		o->fd_tick = ++s->tick;
+		*fd = o->fd;
+		pthread_mutex_unlock(&s->lock);
+		return 0;
+	}
+	pthread_mutex_unlock(&s->lock);
+
+	nfd = open(o->uri + 7, O_RDONLY | O_CLOEXEC);
+	if (nfd < 0)
+		return errf(why, whylen, -EIO, "%s: %m", o->uri);
+	if (fstat(nfd, &st)) {
+		int e = errno;
+		close(nfd);
+		errno = e;
+		return errf(why, whylen, -EIO, "%s: %m", o->uri);
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(nfd);
+		return errf(why, whylen, -EIO, "%s: not a regular file", o->uri);
+	}
+	pthread_mutex_lock(&s->lock);
+	if (o->fd >= 0) {
+		extra = nfd; /* another thread opened it meanwhile */
+	} else {
+		o->fd = nfd;
+		o->size = st.st_size;
+		s->nfds++;
+	}
+	o->fd_users++;
+	o->fd_tick = ++s->tick;
+	*fd = o->fd;
+	if (s->nfds > SRC_MAX_FDS)
+		idle = fd_evict(s);
+	pthread_mutex_unlock(&s->lock);
+	if (extra >= 0)
+		close(extra);
+	if (idle >= 0)
+		close(idle);
+	return 0;
+}
+
+static void file_unpin(struct mlfs_src *s, struct src_obj *o)
+{
+	pthread_mutex_lock(&s->lock);
+	assert(o->fd_users > 0);
+	o->fd_users--;
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* ------------------------------------------------------------------ cache */
+
+static struct src_blk *blk_new(struct src_obj *o, int64_t idx, int64_t len)
+{
+	struct src_blk *b = malloc(sizeof(*b) + (size_t)len);
+
+	if (!b)
+		return NULL;
+	b->hnext = b->prev = b->next = NULL;
+	b->obj = o;
+	b->idx = idx;
+	b->len = len;
+	atomic_init(&b->refs, 1);
+	return b;
+}
+
+/* Drops a reference; true when it was the last (the caller frees). */
+static bool blk_unref(struct src_blk *b)
+{
+	return atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1;
+}
+
+/* Lock held. */
+static struct src_blk *cache_find(struct mlfs_src *s, struct src_obj *o, int64_t idx)
+{
+	struct src_blk *b = s->blks[hash_blk(o, idx) & (s->nblk_buckets - 1)];
+
+	while (b && (b->obj != o || b->idx != idx))
+		b = b->hnext;
+	return b;
+}
+
+static void lru_unlink(struct src_blk *b)
+{
+	b->prev->next = b->next;
+	b->next->prev = b->prev;
+}
+
+static void lru_push(struct mlfs_src *s, struct src_blk *b)
+{
+	b->prev = &s->lru;
+	b->next = s->lru.next;
+	s->lru.next->prev = b;
+	s->lru.next = b;
+}
+
+/* Lock held. */
+static void cache_table_grow(struct mlfs_src *s)
+{
+	size_t nb = s->nblk_buckets * 2;
+	struct src_blk **t = calloc(nb, sizeof(*t));
+
+	if (!t)
+		return; /* chains just grow longer */
+	for (size_t i = 0; i < s->nblk_buckets; i++) {
+		for (struct src_blk *b = s->blks[i], *next; b; b = next) {
+			next = b->hnext;
+			size_t k = hash_blk(b->obj, b->idx) & (nb - 1);
+			b->hnext = t[k];
+			t[k] = b;
+		}
+	}
+	free(s->blks);
+	s->blks = t;
+	s->nblk_buckets = nb;
+}
+
+/* Lock held. Removes @b from the table and list; returns it when unreferenced. */
+static struct src_blk *cache_remove(struct mlfs_src *s, struct src_blk *b)
+{
+	struct src_blk **pp = &s->blks[hash_blk(b->obj, b->idx) & (s->nblk_buckets - 1)];
+
+	while (*pp != b)
+		pp = &(*pp)->hnext;
+	*pp = b->hnext;
+	lru_unlink(b);
+	s->cached_bytes -= b->len;
+	s->cached_blocks--;
+	return blk_unref(b) ? b : NULL;
+}
+
+/* Hands complete block @b (one reference, ours) to the cache, evicting LRU blocks. */
+static void cache_insert(struct mlfs_src *s, struct src_blk *b)
+{
+	struct src_blk *dead = NULL, *victim;
+
+	pthread_mutex_lock(&s->lock);
+	if (b->len > s->o.cache_bytes || cache_find(s, b->obj, b->idx)) {
+		pthread_mutex_unlock(&s->lock);
+		free(b); /* too big, or a concurrent readv cached it first */
+		return;
+	}
+	if ((size_t)s->cached_blocks >= s->nblk_buckets * 2)
+		cache_table_grow(s);
+	size_t k = hash_blk(b->obj, b->idx) & (s->nblk_buckets - 1);
+	b->hnext = s->blks[k];
+	s->blks[k] = b;
+	lru_push(s, b);
+	s->cached_bytes += b->len;
+	s->cached_blocks++;
+	while (s->cached_bytes > s->o.cache_bytes) {
+		victim = s->lru.prev;
+		assert(victim != &s->lru && victim != b);
+		if ((victim = cache_remove(s, victim))) {
+			victim->hnext = dead;
+			dead = victim;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	while (dead) {
+		victim = dead;
+		dead = dead->hnext;
+		free(victim);
+	}
+}
+
+/* ---------------------------------------------------------------- options */
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+
+static void curl_init_once(void)
+{
+	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+struct mlfs_src *mlfs_src_new(const struct mlfs_src_opts *opts)
+{
+	struct mlfs_src_opts o = opts ? *opts : (struct mlfs_src_opts){0};
+	struct mlfs_src *s;
+
+	pthread_once(&curl_once, curl_init_once);
+	if (curl_init_rc != CURLE_OK)
+		return NULL;
+	if (o.cache_bytes <= 0)
+		o.cache_bytes = SRC_DEF_CACHE;
+	if (o.block_bytes <= 0)
+		o.block_bytes = SRC_DEF_BLOCK;
+	if (o.block_bytes > ((int64_t)1 << 40))
+		o.block_bytes = (int64_t)1 << 40;
+	if (o.retries < 0)
+		o.retries = SRC_DEF_RETRIES;
+	if (o.retries > SRC_MAX_RETRIES)
+		o.retries = SRC_MAX_RETRIES;
+	if (o.timeout_ms <= 0)
+		o.timeout_ms = SRC_DEF_TIMEOUT;
+	if (o.backoff_ms <= 0)
+		o.backoff_ms = SRC_DEF_BACKOFF;
+	if (o.max_backoff_ms <= 0)
+		o.max_backoff_ms = SRC_DEF_MAX_BACKOFF;
+	if (o.max_request_bytes <= 0)
+		o.max_request_bytes = SRC_DEF_REQUEST;
+	if (o.max_request_bytes < o.block_bytes)
+		o.max_request_bytes = o.block_bytes;
+	if (o.parallel <= 0)
+		o.parallel = SRC_DEF_PARALLEL;
+	if (o.parallel > SRC_MAX_PARALLEL)
+		o.parallel = SRC_MAX_PARALLEL;
+
+	if (!(s = calloc(1, sizeof(*s))))
+		return NULL;
+	s->o = o;
+	s->nobj_buckets = SRC_OBJ_BUCKETS;
+	s->nblk_buckets = SRC_BLK_BUCKETS;
+	s->objs = calloc(s->nobj_buckets, sizeof(*s->objs));
+	s->blks = calloc(s->nblk_buckets, sizeof(*s->blks));
+	if (!s->objs || !s->blks) {
+		free(s->objs);
+		free(s->blks);
+		free(s);
+		return NULL;
+	}
+	s->lru.next = s->lru.prev = &s->lru;
+	pthread_mutex_init(&s->lock, NULL);
+	return s;
+}
+
+void mlfs_src_free(struct mlfs_src *s)
+{
+	if (!s)
+		return;
+	while (s->lru.next != &s->lru) {
+		struct src_blk *b = s->lru.next;
+		lru_unlink(b);
+		free(b);
+	}
+	for (size_t i = 0; i < s->nobj_buckets; i++) {
+		for (struct src_obj *o = s->objs[i], *next; o; o = next) {
+			next = o->next;
+			if (o->fd >= 0)
+				close(o->fd);
+			free(o->uri);
+			free(o);
+		}
+	}
+	for (int i = 0; i < s->npool; i++)
+		curl_easy_cleanup(s->pool[i]);
+	free(s->objs);
+	free(s->blks);
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+}
+
+void mlfs_src_stats(struct mlfs_src *s, struct mlfs_src_stats *out)
+{
+	out->hits = atomic_load(&s->hits);
+	out->misses = atomic_load(&s->misses);
+	out->requests = atomic_load(&s->requests);
+	out->retries = atomic_load(&s->retries);
+	out->failures = atomic_load(&s->failures);
+	out->bytes_fetched = atomic_load(&s->bytes_fetched);
+	pthread_mutex_lock(&s->lock);
+	out->cached_bytes = s->cached_bytes;
+	out->cached_blocks = s->cached_blocks;
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* ------------------------------------------------------------------- HTTP */
+
+/*
+ * One HTTP transfer: a range (a >= 0: bytes a..b into blks, B bytes each
+ * but possibly the last) or a whole object (a < 0: into buf, at most max).
+ */
+struct xfer {
+	int64_t a, b;
+	struct src_blk **blks;
+	int64_t B;
+	int64_t max;
+	uint8_t *buf;
+	size_t cap;
+	/* the reply, reset before each attempt */
+	long status;
+	bool have_cr, cr_unsat, have_clen, checked;
+	int64_t cr_a, cr_b, cr_total; /* cr_total -1: unknown ("*") */
+	int64_t clen;
+	int64_t got; /* body bytes kept */
+	int fail_rc; /* set by a callback that aborted the transfer */
+	char fail[160];
+	/* the outcome of a successful range transfer */
+	int64_t total; /* object size learned, -1 if none */
+};
+
+static void xfer_reset(struct xfer *x)
+{
+	x->status = 0;
+	x->have_cr = x->cr_unsat = x->have_clen = x->checked = false;
+	x->cr_a = x->cr_b = x->cr_total = x->clen = -1;
+	x->got = 0;
+	x->fail_rc = 0;
+	x->fail[0] = 0;
+	x->total = -1;
+}
+
+/* A decimal of 1 to 18 digits (below 2^63) at *@p. */
+static bool parse_num(const char **p, const char *end, int64_t *out)
+{
+	int64_t v = 0;
+	int n = 0;
+
+	while (*p < end && **p >= '0' && **p <= '9') {
+		if (++n > 18)
+			return false;
+		v = v * 10 + (**p - '0');
+		(*p)++;
+	}
+	*out = v;
+	return n > 0;
+}
+
+static const char *skip_ws(const char *p, const char *end)
+{
+	while (p < end && (*p == ' ' || *p == '\t'))
+		p++;
+	return p;
+}
+
+/* The value of header line [@p, @end) when its name is @name, else NULL. */
+static const char *header_value(const char *p, const char *end, const char *name)
+{
+	size_t n = strlen(name);
+
+	if ((size_t)(end - p) <= n || strncasecmp(p, name, n) || p[n] != ':')
+		return NULL;
+	return skip_ws(p + n + 1, end);
+}
+
+/* Content-Range: "bytes a-b/total", "bytes a-b/ *" or "bytes * /total". */
+static void parse_content_range(struct xfer *x, const char *p, const char *end)
+{
+	int64_t a, b, t = -1;
+
+	if (end - p < 6 || strncasecmp(p, "bytes", 5) || (p[5] != ' ' && p[5] != '\t'))
+		return;
+	p = skip_ws(p + 5, end);
+	if (p < end && *p == '*') {
+		if (++p >= end || *p++ != '/' || !parse_num(&p, end, &t) || skip_ws(p, end) != end)
+			return;
+		x->cr_unsat = true;
+		x->cr_total = t;
+		return;
+	}
+	if (!parse_num(&p, end, &a) || p >= end || *p++ != '-')
+		return;
+	if (!parse_num(&p, end, &b) || p >= end || *p++ != '/')
+		return;
+	if (p < end && *p == '*')
+		p++;
+	else if (!parse_num(&p, end, &t))
+		return;
+	if (skip_ws(p, end) != end || b < a || (t >= 0 && b >= t))
+		return;
+	x->have_cr = true;
+	x->cr_a = a;
+	x->cr_b = b;
+	x->cr_total = t;
+}
+
+static size_t on_header(char *line, size_t size, size_t n, void *arg)
+{
+	struct xfer *x = arg;
+	const char *p = line, *end = line + size * n, *v;
+
+	while (end > p && (end[-1] == '\r' || end[-1] == '\n'))
+		end--;
+	if (end - p >= 5 && !memcmp(p, "HTTP/", 5)) {
+		/* A new reply (after a redirect or a 100 Continue): forget the last. */
+		int64_t code;
+		xfer_reset(x);
+		while (p < end && *p != ' ')
+			p++;
+		p = skip_ws(p, end);
+		if (parse_num(&p, end, &code) && code >= 100 && code <= 999)
+			x->status = (long)code;
+	} else if ((v = header_value(p, end, "content-length"))) {
+		int64_t len;
+		if (parse_num(&v, end, &len) && skip_ws(v, end) == end) {
+			x->have_clen = true;
+			x->clen = len;
+		}
+		if (x->a < 0 && x->status == 200 && x->have_clen && x->clen > x->max) {
+			snprintf(x->fail, sizeof(x->fail),
+				 "holds %" PRId64 " bytes, more than %" PRId64, x->clen, x->max);
+			x->fail_rc = -EFBIG;
+			return 0;
+		}
+	} else if ((v = header_value(p, end, "content-range"))) {
+		parse_content_range(x, v, end);
+	}
+	return size * n;
+}
+
+/* Checks a 206's Content-Range against the bytes asked; false (and x->fail) if wrong. */
+static bool range_ok(struct xfer *x)
+{
+	x->checked = true;
+	if (!x->have_cr)
+		snprintf(x->fail, sizeof(x->fail), "HTTP 206 without a valid Content-Range");
+	else if (x->cr_a != x->a || x->cr_b > x->b)
+		snprintf(x->fail, sizeof(x->fail),
+			 "Content-Range bytes %" PRId64 "-%" PRId64 " for bytes %" PRId64
+			 "-%" PRId64 " asked",
+			 x->cr_a, x->cr_b, x->a, x->b);
+	else
+		return true;
+	x->fail_rc = -EIO;
+	return false;
+}
+
+static void scatter(struct xfer *x, const char *data, size_t n)
+{
+	while (n) {
+		struct src_blk *k = x->blks[x->got / x->B];
+		int64_t o = x->got % x->B;
+		size_t c = (size_t)(k->len - o) < n ? (size_t)(k->len - o) : n;
+
+		memcpy(k->data + o, data, c);
+		data += c;
+		n -= c;
+		x->got += (int64_t)c;
+	}
+}
+
+static size_t on_body_whole(struct xfer *x, const char *data, size_t n)
+{
+	if (x->status != 200)
+		return n; /* an error page: dropped */
+	if ((int64_t)n > x->max - x->got) {
+		snprintf(x->fail, sizeof(x->fail), "holds more than %" PRId64 " bytes", x->max);
+		x->fail_rc = -EFBIG;
+		return 0;
+	}
+	if ((size_t)x->got + n > x->cap) {
+		size_t want = (size_t)x->got + n, cap = x->cap * 2;
+		if (cap < 65536)
+			cap = 65536;
+		if (x->have_clen && (size_t)x->clen > cap)
+			cap = (size_t)x->clen;
+		if (cap < want)
+			cap = want;
+		if ((int64_t)cap > x->max)
+			cap = (size_t)x->max;
+		uint8_t *buf = realloc(x->buf, cap);
+		if (!buf) {
+			snprintf(x->fail, sizeof(x->fail), "out of memory");
+			x->fail_rc = -ENOMEM;
+			return 0;
+		}
+		x->buf = buf;
+		x->cap = cap;
+	}
+	memcpy(x->buf + x->got, data, n);
+	x->got += (int64_t)n;
+	return n;
+}
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct xfer *x = arg;
+	size_t n = size * nmemb;
+
+	if (x->a < 0)
+		return on_body_whole(x, data, n);
+	if (x->status == 206) {
+		if (!x->checked && !range_ok(x))
+			return 0;
+		if ((int64_t)n > x->cr_b - x->a + 1 - x->got) {
+			snprintf(x->fail, sizeof(x->fail), "body longer than its Content-Range");
+			x->fail_rc = -EIO;
+			return 0;
+		}
+	} else if (x->status == 200) {
+		/* The whole object: acceptable only if it is what was asked. */
+		if (x->a != 0) {
+			snprintf(x->fail, sizeof(x->fail), "HTTP 200 to a range request");
+			x->fail_rc = -EIO;
+			return 0;
+		}
+		if ((int64_t)n > x->b - x->a + 1 - x->got) {
+			snprintf(x->fail, sizeof(x->fail),
+				 "HTTP 200 with more than the %" PRId64 " bytes asked",
+				 x->b - x->a + 1);
+			x->fail_rc = -EIO;
+			return 0;
+		}
+	} else {
+		return n; /* an error page: dropped */
+	}
+	scatter(x, data, n);
+	return n;
+}
+
+enum attempt { ATT_OK, ATT_RETRY, ATT_FATAL };
+
+static bool curl_retryable(CURLcode res)
+{
+	switch (res) {
+	case CURLE_UNSUPPORTED_PROTOCOL:
+	case CURLE_FAILED_INIT:
+	case CURLE_URL_MALFORMAT:
+	case CURLE_NOT_BUILT_IN:
+	case CURLE_OUT_OF_MEMORY:
+	case CURLE_BAD_FUNCTION_ARGUMENT:
+	case CURLE_TOO_MANY_REDIRECTS:
+	case CURLE_UNKNOWN_OPTION:
+	case CURLE_PEER_FAILED_VERIFICATION:
+	case CURLE_SSL_CACERT_BADFILE:
+	case CURLE_LOGIN_DENIED:
+		return false;
+	default:
+		return true;
+	}
+}
+
+static bool status_retryable(long status)
+{
+	return status >= 500 || status == 408 || status == 429;
+}
+
+/* Judges a finished attempt; @msg gets the reason of a failure. */
+static enum attempt judge(struct xfer *x, CURLcode res, const char *errbuf, int *rc, char *msg,
+			  size_t msglen)
+{
+	*rc = -EIO;
+	if (x->fail_rc) {
+		snprintf(msg, msglen, "%s", x->fail);
+		*rc = x->fail_rc;
+		return x->fail_rc == -EIO ? ATT_RETRY : ATT_FATAL;
+	}
+	if (res != CURLE_OK) {
+		snprintf(msg, msglen, "%s", errbuf[0] ? errbuf : curl_easy_strerror(res));
+		if (res == CURLE_OUT_OF_MEMORY)
+			*rc = -ENOMEM;
+		return curl_retryable(res) ? ATT_RETRY : ATT_FATAL;
+	}
+	if (x->a < 0) {
+		if (x->status == 200) {
+			if (x->have_clen && x->got != x->clen) {
+				snprintf(msg, msglen,
+					 "short body: %" PRId64 " of %" PRId64 " bytes", x->got,
+					 x->clen);
+				return ATT_RETRY;
+			}
+			return ATT_OK;
+		}
+	} else if (x->status == 206) {
+		if (!x->checked && !range_ok(x)) {
+			snprintf(msg, msglen, "%s", x->fail);
+			return ATT_RETRY;
+		}
+		if (x->got != x->cr_b - x->a + 1) {
+			snprintf(msg, msglen, "short body: %" PRId64 " of %" PRId64 " bytes",
+				 x->got, x->cr_b - x->a + 1);
+			return ATT_RETRY;
+		}
+		int64_t want = x->b;
+		if (x->cr_total >= 0 && x->cr_total - 1 < want)
+			want = x->cr_total - 1;
+		if (x->cr_b != want) {
+			snprintf(msg, msglen,
+				 "Content-Range ends at byte %" PRId64 ", %" PRId64 " expected",
+				 x->cr_b, want);
+			return ATT_RETRY;
+		}
+		x->total = x->cr_total;
+		return ATT_OK;
+	} else if (x->status == 200) {
+		if (x->a != 0) {
+			snprintf(msg, msglen, "HTTP 200 to a range request");
+			return ATT_RETRY;
+		}
+		if (!x->have_clen || x->got != x->clen) {
+			snprintf(msg, msglen, "HTTP 200 without a matching Content-Length");
+			return ATT_RETRY;
+		}
+		x->total = x->got;
+		return ATT_OK;
+	} else if (x->status == 416 && x->cr_unsat) {
+		/* Past the end: not a failure of the source, the size tells. */
+		x->total = x->cr_total;
+		return ATT_OK;
+	}
+	if (!x->status) {
+		snprintf(msg, msglen, "no HTTP status");
+		return ATT_RETRY;
+	}
+	snprintf(msg, msglen, "HTTP %ld", x->status);
+	return status_retryable(x->status) ? ATT_RETRY : ATT_FATAL;
+}
+
+static CURL *pool_get(struct mlfs_src *s)
+{
+	CURL *h = NULL;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->npool)
+		h = s->pool[--s->npool];
+	pthread_mutex_unlock(&s->lock);
+	return h ? h : curl_easy_init();
+}
+
+static void pool_put(struct mlfs_src *s, CURL *h)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->npool < SRC_POOL) {
+		s->pool[s->npool++] = h;
+		h = NULL;
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (h)
+		curl_easy_cleanup(h);
+}
+
+static void http_setup(struct mlfs_src *s, CURL *h, const char *uri, struct xfer *x,
+		       const char *range, char *errbuf)
+{
+	/* Reset keeps the handle's live connections. */
+	curl_easy_reset(h);
+	curl_easy_setopt(h, CURLOPT_URL, uri);
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)s->o.timeout_ms);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)s->o.timeout_ms);
+	curl_easy_setopt(h, CURLOPT_FAILONERROR, 0L);
+	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
+	curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+#else
+	curl_easy_setopt(h, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+	curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+	curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+	curl_easy_setopt(h, CURLOPT_USERAGENT, "mlfs");
+	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
+	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+	if (range)
+		curl_easy_setopt(h, CURLOPT_RANGE, range);
+}
+
+/*
+ * Runs attempts of transfer @x of @uri until one succeeds, one fails for
+ * good or the retries are spent; stops retrying once *@stop is set
+ * (-ECANCELED). On failure @why names @uri and the reason.
+ */
+static int http_run(struct mlfs_src *s, const char *uri, struct xfer *x, atomic_int *stop,
+		    char *why, size_t whylen)
+{
+	char errbuf[CURL_ERROR_SIZE], msg[256], range[48];
+	int64_t delay = s->o.backoff_ms;
+	enum attempt res = ATT_FATAL;
+	int rc = -EIO, att;
+	CURL *h = pool_get(s);
+
+	if (!h)
+		return errf(why, whylen, -ENOMEM, "%s: out of memory", uri);
+	if (x->a >= 0)
+		snprintf(range, sizeof(range), "%" PRId64 "-%" PRId64, x->a, x->b);
+	for (att = 0;; att++) {
+		if (att > 0) {
+			if (stop && atomic_load(stop)) {
+				rc = -ECANCELED;
+				break;
+			}
+			sleep_ms(delay);
+			delay = delay * 2 > s->o.max_backoff_ms ? s->o.max_backoff_ms : delay * 2;
+			stat_add(&s->retries, 1);
+		}
+		xfer_reset(x);
+		errbuf[0] = 0;
+		http_setup(s, h, uri, x, x->a >= 0 ? range : NULL, errbuf);
+		stat_add(&s->requests, 1);
+		CURLcode cres = curl_easy_perform(h);
+		res = judge(x, cres, errbuf, &rc, msg, sizeof(msg));
+		if (res != ATT_RETRY || att >= s->o.retries)
+			break;
+	}
+	pool_put(s, h);
+	if (rc == -ECANCELED)
+		return rc;
+	if (res == ATT_OK) {
+		stat_add(&s->bytes_fetched, x->got);
+		return 0;
+	}
+	stat_add(&s->failures, 1);
+	if (res == ATT_RETRY || att > 0)
+		return errf(why, whylen, rc, "%s: %s after %d attempt%s", uri, msg, att + 1,
+			    att ? "s" : "");
+	return errf(why, whylen, rc, "%s: %s", uri, msg);
+}
+
+/* ------------------------------------------------------------------ fetch */
+
+static int fetch_file(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **data, size_t *len,
+		      char *why, size_t whylen)
+{
+	struct stat st;
+	uint8_t *buf;
+	int64_t got = 0;
+	int rc, fd = open(uri + 7, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return errf(why, whylen, -EIO, "%s: %m", uri);
+	if (fstat(fd, &st)) {
+		rc = errf(why, whylen, -EIO, "%s: %m", uri);
+		goto err_close;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		rc = errf(why, whylen, -EIO, "%s: not a regular file", uri);
+		goto err_close;
+	}
+	if (st.st_size > max) {
+		rc = errf(why, whylen, -EFBIG, "%s: holds %" PRId64 " bytes, more than %" PRId64,
+			  uri, (int64_t)st.st_size, max);
+		goto err_close;
+	}
+	stat_add(&s->requests, 1);
+	if (!(buf = malloc(st.st_size ? (size_t)st.st_size : 1))) {
+		rc = errf(why, whylen, -ENOMEM, "%s: out of memory", uri);
+		goto err_close;
+	}
+	while (got < st.st_size) {
+		ssize_t n = pread(fd, buf + got, (size_t)(st.st_size - got), got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			rc = errf(why, whylen, -EIO, "%s: %m", uri);
+			stat_add(&s->failures, 1);
+			goto err_free_buf;
+		}
+		if (n == 0)
+			break; /* shrank meanwhile: what is there */
+		got += n;
+	}
+	close(fd);
+	stat_add(&s->bytes_fetched, got);
+	*data = buf;
+	*len = (size_t)got;
+	return 0;
+
+err_free_buf:
+	free(buf);
+err_close:
+	close(fd);
+	return rc;
+}
+
+int mlfs_src_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **data, size_t *len,
+		   char *why, size_t whylen)
+{
+	enum obj_kind kind;
+	int rc;
+
+	*data = NULL;
+	*len = 0;
+	if (why && whylen)
+		why[0] = 0;
+	if ((rc = uri_kind(uri, &kind, why, whylen)))
+		return rc;
+	if (max < 0)
+		return errf(why, whylen, -EINVAL, "%s: negative size bound", uri);
+	if (kind == OBJ_FILE)
+		return fetch_file(s, uri, max, data, len, why, whylen);
+
+	struct xfer x = {.a = -1, .max = max};
+	if ((rc = http_run(s, uri, &x, NULL, why, whylen))) {
+		free(x.buf);
+		return rc;
+	}
+	if (!x.buf && !(x.buf = malloc(1)))
+		return errf(why, whylen, -ENOMEM, "%s: out of memory", uri);
+	*data = x.buf;
+	*len = (size_t)x.got;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ readv */
+
+/* The ranges of one object: ord[lo, hi). */
+struct grp {
+	struct src_obj *obj;
+	size_t lo, hi;
+	int fd; /* file: pinned fd, else -1 */
+};
+
+/* A block a readv needs; needs are sorted by (grp, idx) and distinct. */
+struct need {
+	uint32_t grp;
+	int64_t idx;
+	struct src_blk *hit; /* pinned cached block, or NULL */
+};
+
+/* A run of missing blocks fetched as one request. */
+struct req {
+	uint32_t grp;
+	int64_t first;
+	int nblk;
+	int rc; /* 0, -EIO, -ENOMEM, or -ECANCELED (not run) */
+	char why[512];
+};
+
+struct rv {
+	struct mlfs_src *s;
+	const struct mlfs_range *r;
+	struct src_obj **robj; /* per range */
+	size_t *ord;	       /* ranges with len > 0, by (obj, off) */
+	int64_t *pmax;	       /* pmax[k]: max end of the ranges ord[lo..k] of k's group */
+	size_t nord;
+	struct grp *grps;
+	size_t ngrps;
+	struct req *reqs;
+	size_t nreqs;
+	atomic_size_t next; /* next request to run */
+	atomic_int stop;    /* a request failed: start no more */
+};
+
+static int cmp_ord(const void *pa, const void *pb, void *arg)
+{
+	const struct rv *rv = arg;
+	size_t a = *(const size_t *)pa, b = *(const size_t *)pb;
+	uintptr_t oa = (uintptr_t)rv->robj[a], ob = (uintptr_t)rv->robj[b];
+
+	if (oa != ob)
+		return oa < ob ? -1 : 1;
+	if (rv->r[a].off != rv->r[b].off)
+		return rv->r[a].off < rv->r[b].off ? -1 : 1;
+	return a < b ? -1 : a > b;
+}
+
+/* Copies bytes [@start, @start + @len) of group @g's object to the ranges holding them. */
+static void copy_out(struct rv *rv, const struct grp *g, int64_t start, const uint8_t *data,
+		     int64_t len)
+{
+	int64_t end = start + len;
+	size_t lo = g->lo, hi = g->hi;
+
+	/* The first range that may reach @start: pmax is non-decreasing. */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (rv->pmax[mid] > start)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	for (size_t k = lo; k < g->hi; k++) {
+		const struct mlfs_range *r = &rv->r[rv->ord[k]];
+		if (r->off >= end)
+			break;
+		int64_t a = r->off > start ? r->off : start;
+		int64_t b = r->off + r->len < end ? r->off + r->len : end;
+		if (a < b)
+			memcpy((uint8_t *)r->dst + (a - r->off), data + (a - start),
+			       (size_t)(b - a));
+	}
+}
+
+/* Every range of a group whose object size is known must lie within it. */
+static int check_sizes(struct rv *rv, char *why, size_t whylen)
+{
+	for (size_t gi = 0; gi < rv->ngrps; gi++) {
+		const struct grp *g = &rv->grps[gi];
+		int64_t size = obj_size(rv->s, g->obj);
+		if (size < 0)
+			continue;
+		for (size_t k = g->lo; k < g->hi; k++) {
+			const struct mlfs_range *r = &rv->r[rv->ord[k]];
+			if (r->off + r->len > size)
+				return errf(why, whylen, -EIO,
+					    "%s: holds %" PRId64 " bytes, bytes %" PRId64
+					    "-%" PRId64 " asked",
+					    g->obj->uri, size, r->off, r->off + r->len - 1);
+		}
+	}
+	return 0;
+}
+
+static int file_read(struct mlfs_src *s, const struct grp *g, struct src_blk **blks, int nb,
+		     int64_t a, char *why, size_t whylen)
+{
+	int64_t pos = a;
+
+	stat_add(&s->requests, 1);
+	for (int j = 0; j < nb; j++) {
+		for (int64_t done = 0; done < blks[j]->len;) {
+			ssize_t n =
+			    pread(g->fd, blks[j]->data + done, (size_t)(blks[j]->len - done), pos);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0)
+				return errf(why, whylen, -EIO, "%s: %m", g->obj->uri);
+			if (n == 0)
+				return errf(why, whylen, -EIO,
+					    "%s: ends at byte %" PRId64
+					    ", shorter than when opened (changed?)",
+					    g->obj->uri, pos);
+			done += n;
+			pos += n;
+		}
+	}
+	stat_add(&s->bytes_fetched, pos - a);
+	return 0;
+}
+
+/* Fetches request @rq, copies its bytes to the dsts, hands its blocks to the cache. */
+static int run_req(struct rv *rv, struct req *rq)
+{
+	struct mlfs_src *s = rv->s;
+	const struct grp *g = &rv->grps[rq->grp];
+	int64_t B = s->o.block_bytes, a = rq->first * B, span = (int64_t)rq->nblk * B, end;
+	int64_t size = obj_size(s, g->obj), got_end;
+	struct src_blk **blks;
+	int nb, rc = 0;
+
+	if (span > INT64_MAX - a)
+		span = INT64_MAX - a;
+	end = a + span;
+	if (size >= 0 && end > size)
+		end = size;
+	if (a >= end)
+		return 0; /* past the end: check_sizes will say */
+	nb = (int)((end - a + B - 1) / B);
+	if (!(blks = calloc((size_t)nb, sizeof(*blks))))
+		return errf(rq->why, sizeof(rq->why), -ENOMEM, "%s: out of memory", g->obj->uri);
+	for (int j = 0; j < nb; j++) {
+		int64_t bs = a + j * B, bl = end - bs < B ? end - bs : B;
+		if (!(blks[j] = blk_new(g->obj, rq->first + j, bl))) {
+			rc = errf(rq->why, sizeof(rq->why), -ENOMEM, "%s: out of memory",
+				  g->obj->uri);
+			goto out;
+		}
+	}
+
+	if (g->obj->kind == OBJ_FILE) {
+		if ((rc = file_read(s, g, blks, nb, a, rq->why, sizeof(rq->why)))) {
+			stat_add(&s->failures, 1);
+			goto out;
+		}
+		got_end = end;
+	} else {
+		struct xfer x = {.a = a, .b = end - 1, .blks = blks, .B = B};
+		if ((rc = http_run(s, g->obj->uri, &x, &rv->stop, rq->why, sizeof(rq->why))))
+			goto out;
+		if (x.total >= 0 &&
+		    (rc = obj_set_size(s, g->obj, x.total, rq->why, sizeof(rq->why))))
+			goto out;
+		got_end = a + x.got;
+	}
+
+	for (int j = 0; j < nb; j++) {
+		struct src_blk *k = blks[j];
+		int64_t bs = a + j * B;
+		blks[j] = NULL;
+		if (bs >= got_end) {
+			free(k); /* past the object's end */
+			continue;
+		}
+		if (got_end - bs < k->len) {
+			/* The object's last block: keep only its bytes. */
+			struct src_blk *t = realloc(k, sizeof(*k) + (size_t)(got_end - bs));
+			k = t ? t : k;
+			k->len = got_end - bs;
+		}
+		copy_out(rv, g, bs, k->data, k->len);
+		cache_insert(s, k);
+	}
+out:
+	for (int j = 0; j < nb; j++)
+		free(blks[j]);
+	free(blks);
+	return rc;
+}
+
+static void *run_worker(void *arg)
+{
+	struct rv *rv = arg;
+	size_t i;
+
+	while ((i = atomic_fetch_add(&rv->next, 1)) < rv->nreqs) {
+		struct req *rq = &rv->reqs[i];
+		if (atomic_load(&rv->stop)) {
+			rq->rc = -ECANCELED;
+			continue;
+		}
+		if ((rq->rc = run_req(rv, rq)) && rq->rc != -ECANCELED)
+			atomic_store(&rv->stop, 1);
+	}
+	return NULL;
+}
+
+/* Runs all requests on up to opts.parallel threads, the caller's included. */
+static void run_all(struct rv *rv)
+{
+	pthread_t tid[SRC_MAX_PARALLEL];
+	size_t want = rv->nreqs < (size_t)rv->s->o.parallel ? rv->nreqs : (size_t)rv->s->o.parallel;
+	size_t nt = 0;
+
+	atomic_init(&rv->next, 0);
+	atomic_init(&rv->stop, 0);
+	while (nt + 1 < want && !pthread_create(&tid[nt], NULL, run_worker, rv))
+		nt++; /* on failure, fewer threads do the work */
+	run_worker(rv);
+	for (size_t i = 0; i < nt; i++)
+		pthread_join(tid[i], NULL);
+}
+
+/* Builds rv->grps and rv->pmax from the sorted rv->ord. */
+static int make_groups(struct rv *rv)
+{
+	size_t g = 0;
+
+	if (!(rv->pmax = malloc(rv->nord * sizeof(*rv->pmax))) ||
+	    !(rv->grps = calloc(rv->nord, sizeof(*rv->grps))))
+		return -ENOMEM;
+	for (size_t k = 0; k < rv->nord; k++) {
+		const struct mlfs_range *r = &rv->r[rv->ord[k]];
+		struct src_obj *o = rv->robj[rv->ord[k]];
+		int64_t end = r->off + r->len;
+		if (k == 0 || o != rv->grps[g - 1].obj) {
+			rv->grps[g++] = (struct grp){.obj = o, .lo = k, .hi = k, .fd = -1};
+		} else if (rv->pmax[k - 1] > end) {
+			end = rv->pmax[k - 1];
+		}
+		rv->pmax[k] = end;
+		rv->grps[g - 1].hi = k + 1;
+	}
+	rv->ngrps = g;
+	return 0;
+}
+
+/* The distinct blocks the ranges need, sorted by (group, index). */
+static int make_needs(struct rv *rv, struct need **out, size_t *nout, char *why, size_t whylen)
+{
+	int64_t B = rv->s->o.block_bytes;
+	struct need *needs = NULL;
+	size_t n = 0;
+
+	for (int pass = 0; pass < 2; pass++) {
+		n = 0;
+		for (size_t gi = 0; gi < rv->ngrps; gi++) {
+			int64_t last = -1;
+			for (size_t k = rv->grps[gi].lo; k < rv->grps[gi].hi; k++) {
+				const struct mlfs_range *r = &rv->r[rv->ord[k]];
+				int64_t first = r->off / B, lastb = (r->off + r->len - 1) / B;
+				if (first <= last)
+					first = last + 1;
+				if (first > lastb)
+					continue;
+				if ((uint64_t)(lastb - first) >= SRC_MAX_NEED - n)
+					return errf(why, whylen, -ENOMEM,
+						    "%s: more than %zu blocks asked at once",
+						    rv->grps[gi].obj->uri, SRC_MAX_NEED);
+				for (int64_t i = first; pass && i <= lastb; i++)
+					needs[n + (size_t)(i - first)] =
+					    (struct need){.grp = (uint32_t)gi, .idx = i};
+				n += (size_t)(lastb - first + 1);
+				last = lastb;
+			}
+		}
+		if (!pass && !(needs = calloc(n ? n : 1, sizeof(*needs))))
+			return errf(why, whylen, -ENOMEM, "out of memory");
+	}
+	*out = needs;
+	*nout = n;
+	return 0;
+}
+
+/* Pins the cached needed blocks, copies them out, unpins them. */
+static void serve_hits(struct rv *rv, struct need *needs, size_t nneed)
+{
+	struct mlfs_src *s = rv->s;
+	int64_t hits = 0;
+
+	pthread_mutex_lock(&s->lock);
+	for (size_t i = 0; i < nneed; i++) {
+		struct src_blk *b = cache_find(s, rv->grps[needs[i].grp].obj, needs[i].idx);
+		if (b) {
+			atomic_fetch_add(&b->refs, 1);
+			lru_unlink(b);
+			lru_push(s, b);
+			needs[i].hit = b;
+			hits++;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	stat_add(&s->hits, hits);
+	stat_add(&s->misses, (int64_t)nneed - hits);
+	for (size_t i = 0; i < nneed; i++) {
+		struct src_blk *b = needs[i].hit;
+		if (!b)
+			continue;
+		copy_out(rv, &rv->grps[needs[i].grp], b->idx * s->o.block_bytes, b->data, b->len);
+		if (blk_unref(b))
+			free(b); /* evicted while we copied */
+	}
+}
+
+/* Groups runs of missing blocks into requests of at most max_request_bytes. */
+static int make_reqs(struct rv *rv, const struct need *needs, size_t nneed)
+{
+	int64_t maxblk = rv->s->o.max_request_bytes / rv->s->o.block_bytes;
+	struct req *rq = NULL;
+
+	if (maxblk > INT32_MAX)
+		maxblk = INT32_MAX;
+	if (!(rv->reqs = malloc((nneed ? nneed : 1) * sizeof(*rv->reqs))))
+		return -ENOMEM;
+	rv->nreqs = 0;
+	for (size_t i = 0; i < nneed; i++) {
+		if (needs[i].hit)
+			continue;
+		if (!rq || rq->grp != needs[i].grp || rq->first + rq->nblk != needs[i].idx ||
+		    rq->nblk >= maxblk) {
+			rq = &rv->reqs[rv->nreqs++];
+			rq->grp = needs[i].grp;
+			rq->first = needs[i].idx;
+			rq->nblk = 0;
+			rq->rc = 0;
+			rq->why[0] = 0;
+		}
+		rq->nblk++;
+	}
+	return 0;
+}
+
+int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, char *why,
+		   size_t whylen)
+{
+	struct rv rv = {.s = s, .r = r};
+	struct need *needs = NULL;
+	size_t nneed = 0;
+	int rc = 0;
+
+	if (why && whylen)
+		why[0] = 0;
+	if (!n)
+		return 0;
+	if (!r)
+		return errf(why, whylen, -EINVAL, "no ranges");
+	if (!(rv.robj = calloc(n, sizeof(*rv.robj))) || !(rv.ord = malloc(n * sizeof(*rv.ord)))) {
+		rc = errf(why, whylen, -ENOMEM, "out of memory");
+		goto out;
+	}
+
+	/* 1. Objects, files opened, ranges checked against known sizes. */
+	for (size_t i = 0; i < n; i++) {
+		if (r[i].off < 0 || r[i].len < 0 || r[i].off > INT64_MAX - r[i].len ||
+		    (r[i].len && !r[i].dst)) {
+			rc = errf(why, whylen, -EINVAL,
+				  "%s: bad range %zu (offset %" PRId64 ", length %" PRId64 ")",
+				  r[i].uri ? r[i].uri : "(null)", i, r[i].off, r[i].len);
+			goto out;
+		}
+		if (i && r[i].uri && r[i - 1].uri && !strcmp(r[i].uri, r[i - 1].uri))
+			rv.robj[i] = rv.robj[i - 1];
+		else if ((rc = obj_get(s, r[i].uri, &rv.robj[i], why, whylen)))
+			goto out;
+		if (r[i].len)
+			rv.ord[rv.nord++] = i;
+	}
+	if (!rv.nord)
+		goto out;
+	qsort_r(rv.ord, rv.nord, sizeof(*rv.ord), cmp_ord, &rv);
+	if ((rc = make_groups(&rv))) {
+		rc = errf(why, whylen, rc, "out of memory");
+		goto out;
+	}
+	for (size_t gi = 0; gi < rv.ngrps; gi++) {
+		struct grp *g = &rv.grps[gi];
+		if (g->obj->kind == OBJ_FILE && (rc = file_pin(s, g->obj, &g->fd, why, whylen)))
+			goto out;
+	}
+	if ((rc = check_sizes(&rv, why, whylen)))
+		goto out;
+
+	/* 2, 3. The blocks needed; the cached ones served at once. */
+	if ((rc = make_needs(&rv, &needs, &nneed, why, whylen)))
+		goto out;
+	serve_hits(&rv, needs, nneed);
+
+	/* 4. The missing ones, fetched. */
+	if ((rc = make_reqs(&rv, needs, nneed))) {
+		rc = errf(why, whylen, rc, "out of memory");
+		goto out;
+	}
+	if (rv.nreqs)
+		run_all(&rv);
+	for (size_t i = 0; i < rv.nreqs; i++) {
+		if (rv.reqs[i].rc && rv.reqs[i].rc != -ECANCELED) {
+			rc = errf(why, whylen, rv.reqs[i].rc, "%s", rv.reqs[i].why);
+			goto out;
+		}
+	}
+
+	/* 5. Sizes learned from the replies. */
+	rc = check_sizes(&rv, why, whylen);
+out:
+	for (size_t gi = 0; gi < rv.ngrps; gi++)
+		if (rv.grps[gi].fd >= 0)
+			file_unpin(s, rv.grps[gi].obj);
+	free(rv.reqs);
+	free(needs);
+	free(rv.grps);
+	free(rv.pmax);
+	free(rv.ord);
+	free(rv.robj);
+	return rc;
+}
+
+/* -------------------------------------------------------------------- URIs */
+
+/* Length of @s's "scheme://" prefix, or 0. */
+static size_t scheme_len(const char *s)
+{
+	size_t i = 0;
+
+	if (!((s[0] >= 'a' && s[0] <= 'z') || (s[0] >= 'A' && s[0] <= 'Z')))
+		return 0;
+	while ((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+	       (s[i] >= '0' && s[i] <= '9') || s[i] == '+' || s[i] == '-' || s[i] == '.')
+		i++;
+	return strncmp(s + i, "://", 3) ? 0 : i + 3;
+}
+
+char *mlfs_uri_join(const char *base, const char *ref)
+{
+	size_t sl, dir, n;
+	char *out;
+
+	if (!base || !ref || !*ref)
+		return NULL;
+	if (scheme_len(ref))
+		return strdup(ref);
+	if (ref[0] == '/' || !(sl = scheme_len(base)))
+		return NULL;
+	for (const char *p = ref; *p;) {
+		size_t c = strcspn(p, "/");
+		if (c == 2 && p[0] == '.' && p[1] == '.')
+			return NULL;
+		p += c;
+		if (*p)
+			p++;
+	}
+	/* The directory: up to the last '/' of the path (before any query). */
+	n = sl + strcspn(base + sl, "?#");
+	dir = n;
+	while (dir > sl && base[dir - 1] != '/')
+		dir--;
+	if (!(out = malloc(n + strlen(ref) + 2)))
+		return NULL;
+	if (dir > sl && (dir > sl + 1 || base[sl] == '/')) {
+		/* "file:///d/x" -> "file:///d/"; "http://h/d/x" -> "http://h/d/" */
+		memcpy(out, base, dir);
+		out[dir] = 0;
+	} else {
+		/* "http://host" or "http://host?q": the root. */
+		size_t hl = sl + strcspn(base + sl, "/?#");
+		memcpy(out, base, hl);
+		out[hl] = '/';
+		out[hl + 1] = 0;
+	}
+	strcat(out, ref);
+	return out;
+}

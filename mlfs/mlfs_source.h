@@ -1,0 +1,122 @@
+/*
+ * mlfs_source.h - dataset shard sources (file://, http://, https://) behind a
+ * byte-bounded block cache.
+ *
+ * An object is named by a URI: "file:///abs/path", "http://host[:port]/path"
+ * or "https://...". Objects are read in blocks of opts.block_bytes (block i
+ * is bytes [i*B, (i+1)*B), the last one may be short) through an LRU cache
+ * bounded by opts.cache_bytes. Objects are assumed immutable while a source
+ * is alive: a cached block is never re-validated.
+ *
+ * Threads: every function may be called from any thread, and several threads
+ * may use one source at once (FUSE workers, the prefetch thread), except that
+ * mlfs_src_free must not race with any other call on the same source.
+ * mlfs_src_readv and mlfs_src_fetch block on I/O (network included, with
+ * retries): do not call them from a thread that must not block.
+ *
+ * Link with libcurl (pkg-config libcurl).
+ */
+#ifndef MLFS_MLFS_SOURCE_H
+#define MLFS_MLFS_SOURCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Longest URI accepted, in bytes. */
+#define MLFS_SRC_MAX_URI 4096
+
+/* Options of a source. Zero (or negative, where noted) fields take defaults. */
+struct mlfs_src_opts {
+	int64_t cache_bytes;	   /* block cache bound; <= 0: 1 GiB */
+	int64_t block_bytes;	   /* cache block; <= 0: 1 MiB */
+	int retries;		   /* extra attempts after a failed request; < 0: 5 (at most 100) */
+	int timeout_ms;		   /* per request, connect and total; <= 0: 30000 */
+	int backoff_ms;		   /* first retry delay, doubled each retry; <= 0: 20 */
+	int max_backoff_ms;	   /* cap of one retry delay; <= 0: 2000 */
+	int64_t max_request_bytes; /* cap of one coalesced request; <= 0: 16 MiB (>= one block) */
+	int parallel;		   /* concurrent requests of one readv; <= 0: 8 (at most 64) */
+};
+
+struct mlfs_src;
+
+/*
+ * A new source with options @o (NULL: all defaults). Initialises libcurl
+ * globally once per process (pthread_once). Returns NULL when out of memory
+ * or when libcurl cannot be initialised. Free with mlfs_src_free.
+ */
+struct mlfs_src *mlfs_src_new(const struct mlfs_src_opts *o);
+
+/* Frees @s (NULL is fine): cached blocks, open files, HTTP connections. */
+void mlfs_src_free(struct mlfs_src *s);
+
+/*
+ * Reads a whole object of at most @max bytes (an index, an offsets table),
+ * bypassing the block cache. On success returns 0, *@data (malloc'd, owned
+ * by the caller, never NULL, not NUL-terminated) and *@len. Over HTTP: a GET
+ * without Range that must answer 200, retried like mlfs_src_readv.
+ *
+ * Errors (*@data = NULL, *@len = 0, one line in @why of @whylen bytes,
+ * always NUL-terminated; @why may be NULL when @whylen is 0):
+ *   -EINVAL  bad or unsupported URI, or @max < 0
+ *   -EFBIG   the object holds more than @max bytes
+ *   -EIO     unreadable: the message names the URI and the reason, e.g.
+ *            "http://h/index.json: HTTP 503 after 6 attempts"
+ *   -ENOMEM  out of memory
+ */
+int mlfs_src_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **data, size_t *len,
+		   char *why, size_t whylen);
+
+/* Bytes [off, off + len) of object @uri, to be copied to @dst. */
+struct mlfs_range {
+	const char *uri;
+	int64_t off, len;
+	void *dst;
+};
+
+/*
+ * Fills the @len bytes at each @r[i].dst with bytes [off, off + len) of
+ * object @r[i].uri, through the cache. Missing blocks are fetched together:
+ * runs of adjacent missing blocks of one object become one request of at
+ * most max_request_bytes, up to opts.parallel requests at once. Ranges may
+ * overlap and name any number of objects; zero-length ranges are ignored.
+ *
+ * All or nothing: returns 0 when every range was filled, else an error and
+ * the dst bytes are unspecified (partly written). Errors, with one line in
+ * @why (conventions of mlfs_src_fetch):
+ *   -EINVAL  a bad or unsupported URI, a negative offset or length
+ *   -EIO     an object unreadable after the retries, or a range past its
+ *            end; the message names the URI and the reason, e.g.
+ *            "http://h/x.bin: HTTP 500 after 6 attempts",
+ *            "file:///d/s.bin: holds 100 bytes, bytes 96-131 asked"
+ *   -ENOMEM  out of memory
+ * Thread-safe; the ranges and dsts are borrowed for the call only.
+ */
+int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, char *why,
+		   size_t whylen);
+
+/* Counters since mlfs_src_new; a snapshot (not one atomic read). */
+struct mlfs_src_stats {
+	int64_t hits;	       /* blocks a readv found in the cache */
+	int64_t misses;	       /* blocks a readv had to fetch */
+	int64_t requests;      /* requests sent, every attempt counted (file reads, HTTP) */
+	int64_t retries;       /* of those, the repeated attempts */
+	int64_t failures;      /* requests that failed for good (after their retries) */
+	int64_t bytes_fetched; /* bytes of successful replies */
+	int64_t cached_bytes;  /* bytes now in the cache (<= cache_bytes) */
+	int64_t cached_blocks; /* blocks now in the cache */
+};
+
+void mlfs_src_stats(struct mlfs_src *s, struct mlfs_src_stats *out);
+
+/*
+ * @ref resolved against @base (a URI with a scheme, e.g. an index's URI):
+ * @ref itself when it has a scheme ("file://", "http://", "https://", or any
+ * other "scheme://", which mlfs_src_* then refuse), else @base's directory
+ * (up to its last '/', ignoring any "?query" or "#fragment") followed by
+ * @ref. Refuses (NULL) an empty @ref, one that starts with '/' or holds a
+ * ".." path component, and a @base without a scheme.
+ * Returns a malloc'd string owned by the caller, NULL on error or ENOMEM.
+ */
+char *mlfs_uri_join(const char *base, const char *ref);
+
+#endif

@@ -1,0 +1,195 @@
+#!/usr/bin/python3
+"""Dataset benchmark: reading the views of consecutive steps through the mount
+(np.load of ranks/<r>/data/<s>.npy) vs what a naive loader does with the same
+shards (np.memmap of each shard, fancy indexing with the ids of <s>.ids.npy),
+measured in the same run on the same files.
+
+A file:// dataset of GPT-style records (int32 [2049]) in 8 shards, config tp1
+pp1 dp2, global_batch 256, shuffle true. Rows:
+- warm: both sides have the records in memory (page cache for the direct
+  reader, the daemon's block cache for the mount), after one untimed pass;
+- cold: a fresh mount, the shards' pages dropped from the page cache
+  (posix_fadvise DONTNEED after fsync), vs the direct reader with the same
+  pages dropped. The daemon reads whole 1 MiB blocks, the direct reader only
+  the pages it touches, so this row also shows that difference.
+
+Usage: bench_data.py [--size-mib N] [--steps N] [--dir DIR]
+   (default 512 MiB in a temporary folder under /tmp, 128 steps)
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MLFS = os.path.join(ROOT, os.environ.get("BUILD", "build"), "mlfs")
+
+SEQ = 2049          # int32 values per record
+REC_BYTES = SEQ * 4
+SHARDS = 8
+GB = 256
+DP = 2
+
+
+class Mount:
+    def __init__(self, tmp, name, devices=2):
+        self.dir = os.path.join(tmp, name)
+        os.makedirs(self.dir)
+        cluster = os.path.join(tmp, f"{name}-cluster.json")
+        with open(cluster, "w") as f:
+            json.dump({"nodes": [{"id": "n0", "addr": "127.0.0.1:7070", "devices": devices}]}, f)
+        self.err = open(os.path.join(tmp, f"{name}.err"), "w")
+        self.proc = subprocess.Popen([MLFS, "mount", self.dir, "--node", "n0", "--cluster",
+                                      cluster, "-f"], stderr=self.err)
+        for _ in range(500):
+            if os.path.ismount(self.dir):
+                return
+            time.sleep(0.02)
+        raise RuntimeError("mount did not appear")
+
+    def write(self, name, obj):
+        with open(os.path.join(self.dir, name), "w") as f:
+            f.write(json.dumps(obj))
+
+    def view(self, r, s, ext=".npy"):
+        return os.path.join(self.dir, "ranks", str(r), "data", f"{s}{ext}")
+
+    def close(self):
+        subprocess.run(["fusermount3", "-u", self.dir], check=True)
+        assert self.proc.wait(timeout=30) == 0
+
+
+def make_dataset(d, size_mib):
+    """8 shards of random int32 records, sizes a little uneven; returns counts."""
+    total = (size_mib << 20) // REC_BYTES
+    base = total // SHARDS
+    counts = [base + (i % 3) - 1 for i in range(SHARDS)]
+    counts[-1] += total - sum(counts)
+    rng = np.random.default_rng(0)
+    for i, c in enumerate(counts):
+        with open(os.path.join(d, f"shard{i:02d}.bin"), "wb") as f:
+            for lo in range(0, c, 4096):
+                f.write(rng.integers(0, 50257, (min(4096, c - lo), SEQ), dtype=np.int32).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+    subprocess.run([MLFS, "dataset", "index", d, "--dtype", "int32", "--shape", str(SEQ)],
+                   check=True, capture_output=True)
+    return counts
+
+
+def drop_cache(d, counts):
+    for i in range(len(counts)):
+        fd = os.open(os.path.join(d, f"shard{i:02d}.bin"), os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def setup_mount(tmp, name, d):
+    m = Mount(tmp, name)
+    m.write("schema.json", {"model": "bench", "num_layers": 0, "states": {"model": {}},
+                            "tensors": [{"name": "w", "dtype": "float32", "shape": [4]}]})
+    m.write("config.json", {"version": 1, "tp": 1, "pp": 1, "dp": DP, "nodes": ["n0"],
+                            "dataset": {"index": "file://" + os.path.join(d, "index.json"),
+                                        "global_batch": GB, "seed": 1, "shuffle": True}})
+    return m
+
+
+def mount_pass(m, steps):
+    """Reads every view of @steps for both DP ranks; returns (seconds, bytes)."""
+    t0 = time.perf_counter()
+    nbytes = 0
+    for s in steps:
+        for r in range(DP):
+            nbytes += np.load(m.view(r, s)).nbytes
+    return time.perf_counter() - t0, nbytes
+
+
+class Direct:
+    """The naive loader: a memory map of each shard, fancy indexing by global id."""
+
+    def __init__(self, d, counts):
+        self.maps = [np.memmap(os.path.join(d, f"shard{i:02d}.bin"), np.int32, "r",
+                               shape=(c, SEQ)) for i, c in enumerate(counts)]
+        self.starts = np.cumsum([0] + counts[:-1])
+
+    def read(self, ids):
+        sh = np.searchsorted(self.starts, ids, "right") - 1
+        loc = ids - self.starts[sh]
+        out = np.empty((len(ids), SEQ), np.int32)
+        for h in np.unique(sh):
+            sel = sh == h
+            out[sel] = self.maps[h][loc[sel]]
+        return out
+
+    def run(self, all_ids):
+        t0 = time.perf_counter()
+        nbytes = 0
+        for ids in all_ids:
+            nbytes += self.read(ids).nbytes
+        return time.perf_counter() - t0, nbytes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-mib", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--dir", default="/tmp", help="where the shards go (not tmpfs for the "
+                    "cold row)")
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
+        d = os.path.join(tmp, "ds")
+        os.makedirs(d)
+        counts = make_dataset(d, a.size_mib)
+        n = sum(counts)
+        steps = range(min(a.steps, n // GB))
+
+        # Cold: a fresh mount, the shards out of the page cache.
+        drop_cache(d, counts)
+        m = setup_mount(tmp, "cold", d)
+        try:
+            t_mcold, nb = mount_pass(m, steps)
+            all_ids = [np.load(m.view(r, s, ".ids.npy")) for s in steps for r in range(DP)]
+        finally:
+            m.close()
+        direct = Direct(d, counts)
+        drop_cache(d, counts)
+        t_dcold, nb_d = direct.run(all_ids)
+        assert nb == nb_d
+
+        # Warm: one untimed pass each, then the best of --reps.
+        m = setup_mount(tmp, "warm", d)
+        try:
+            mount_pass(m, steps)
+            direct.run(all_ids)
+            for s in list(steps)[:4] + list(steps)[-2:]:  # the two readers agree
+                for r in range(DP):
+                    ids = np.load(m.view(r, s, ".ids.npy"))
+                    assert np.array_equal(ids, all_ids[s * DP + r])
+                    assert np.array_equal(np.load(m.view(r, s)), direct.read(ids))
+            t_mwarm = min(mount_pass(m, steps)[0] for _ in range(a.reps))
+            t_dwarm = min(direct.run(all_ids)[0] for _ in range(a.reps))
+        finally:
+            m.close()
+        gib = nb / (1 << 30)
+        rows.append(("warm (cached)", gib / t_mwarm, gib / t_dwarm, ">= 0.7x"))
+        rows.append(("cold (first pass)", gib / t_mcold, gib / t_dcold, "-"))
+    print(f"dataset benchmark: {a.size_mib} MiB in {SHARDS} shards of int32 [{SEQ}] records "
+          f"({n} records), tp1 pp1 dp{DP}, global_batch {GB}, shuffle, {len(steps)} steps "
+          f"x {DP} ranks ({nb >> 20} MiB of views), {os.cpu_count()} CPUs "
+          f"(reference measured in the same run)\n")
+    print("| pass | mount GiB/s | direct memmap GiB/s | ratio mount/direct | goal |")
+    print("|---|---|---|---|---|")
+    for name, v, ref, goal in rows:
+        print(f"| {name} | {v:.2f} | {ref:.2f} | {v / ref:.2f}x | {goal} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

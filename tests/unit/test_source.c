@@ -1,0 +1,966 @@
+/*
+ * test_source.c - dataset sources and their block cache (mlfs/mlfs_source.c).
+ *
+ * The file:// tests read a temporary directory of random files and compare
+ * every byte. The HTTP tests serve the same directory with
+ * tests/e2e/rangeserver.py, run as a child process (the binary must run from
+ * the repository root, as `make unit` does; a server that does not start is a
+ * failure, never a skip), and switch its failure injection at run time
+ * through its /__set endpoint: whatever the server does wrong, a read either
+ * returns exactly the file's bytes or fails with -EIO and writes nothing.
+ */
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mlfs/mlfs_source.h"
+#include "tests/unit/unit.h"
+
+#define PYTHON	    "/usr/bin/python3"
+#define SERVER	    "tests/e2e/rangeserver.py"
+#define SENTINEL    0x5a
+#define MAX_URI_LEN 512
+
+/* The files served; content[i] holds file i's bytes. */
+static const char *const names[] = {"a.bin", "b.bin", "small.bin", "empty.bin", "index.json"};
+static const int64_t sizes[] = {300007, 65536, 100, 0, 0 /* set from the text */};
+#define NFILES	  5
+#define F_A	  0
+#define F_B	  1
+#define F_SMALL	  2
+#define F_EMPTY	  3
+#define F_INDEX	  4
+#define INDEX_TXT "{\"records\": \"fixed\", \"dtype\": \"int32\", \"shape\": [129]}\n"
+
+static char dir[64];
+static uint8_t *content[NFILES];
+static int64_t fsize[NFILES];
+
+/* A rangeserver.py child. */
+struct server {
+	pid_t pid;
+	int port;
+};
+static struct server srv = {.pid = -1};
+/* Set once the HTTP group's server ran: the HTTP tests must not be skipped. */
+static bool http_started;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+
+static uint64_t rnd(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return rng_state;
+}
+
+static void file_uri(char *buf, int f)
+{
+	snprintf(buf, MAX_URI_LEN, "file://%s/%s", dir, names[f]);
+}
+
+static void http_uri(char *buf, int port, const char *name)
+{
+	snprintf(buf, MAX_URI_LEN, "http://127.0.0.1:%d/%s", port, name);
+}
+
+/* ------------------------------------------------------------- fixtures */
+
+static int make_files(void **state)
+{
+	(void)state;
+	strcpy(dir, "/tmp/mlfs-src-XXXXXX");
+	if (!mkdtemp(dir))
+		return -1;
+	for (int f = 0; f < NFILES; f++) {
+		char path[MAX_URI_LEN];
+		fsize[f] = f == F_INDEX ? (int64_t)strlen(INDEX_TXT) : sizes[f];
+		content[f] = malloc((size_t)fsize[f] + 1);
+		if (!content[f])
+			return -1;
+		if (f == F_INDEX)
+			memcpy(content[f], INDEX_TXT, (size_t)fsize[f]);
+		else
+			for (int64_t i = 0; i < fsize[f]; i++)
+				content[f][i] = (uint8_t)(rnd() >> 24);
+		snprintf(path, sizeof(path), "%s/%s", dir, names[f]);
+		FILE *fp = fopen(path, "wb");
+		if (!fp || fwrite(content[f], 1, (size_t)fsize[f], fp) != (size_t)fsize[f])
+			return -1;
+		fclose(fp);
+	}
+	char sub[MAX_URI_LEN];
+	snprintf(sub, sizeof(sub), "%s/subdir", dir);
+	return mkdir(sub, 0700);
+}
+
+static void remove_files(void)
+{
+	char cmd[128];
+
+	for (int f = 0; f < NFILES; f++)
+		free(content[f]);
+	if (dir[0]) {
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "test_source: could not remove %s\n", dir);
+	}
+}
+
+/*
+ * Starts rangeserver.py over dir with the extra arguments @extra (NULL-
+ * terminated) and reads its "PORT n" line. Fails the test when it cannot.
+ */
+static void server_start(struct server *sv, const char *const *extra)
+{
+	const char *argv[24] = {PYTHON, SERVER, "--root", dir, "--port", "0"};
+	int p[2], n = 6;
+	char line[64] = "";
+	size_t len = 0;
+
+	while (extra && *extra && n < 22)
+		argv[n++] = *extra++;
+	argv[n] = NULL;
+	if (access(PYTHON, X_OK) || access(SERVER, R_OK)) {
+		print_error("cannot run %s %s (run from the repository root)\n", PYTHON, SERVER);
+		fail();
+	}
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	sv->pid = fork();
+	assert_true(sv->pid >= 0);
+	if (sv->pid == 0) {
+		dup2(p[1], 1);
+		execv(PYTHON, (char *const *)argv);
+		_exit(127);
+	}
+	close(p[1]);
+	/* Up to 15 s for the first line. */
+	for (int waited = 0; !memchr(line, '\n', len) && len + 1 < sizeof(line) && waited < 150;) {
+		struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+		if (poll(&pfd, 1, 100) == 0) {
+			waited++;
+			continue;
+		}
+		ssize_t got = read(p[0], line + len, sizeof(line) - 1 - len);
+		if (got <= 0)
+			break;
+		len += (size_t)got;
+		line[len] = 0;
+	}
+	close(p[0]);
+	if (sscanf(line, "PORT %d", &sv->port) != 1 || sv->port <= 0) {
+		print_error("%s did not start (first line \"%s\")\n", SERVER, line);
+		kill(sv->pid, SIGKILL);
+		waitpid(sv->pid, NULL, 0);
+		sv->pid = -1;
+		fail();
+	}
+}
+
+static void server_stop(struct server *sv)
+{
+	if (sv->pid <= 0)
+		return;
+	kill(sv->pid, SIGTERM);
+	waitpid(sv->pid, NULL, 0);
+	sv->pid = -1;
+}
+
+/* GET /__set?@query (through mlfs_src_fetch, which must work for this). */
+static void server_set(int port, const char *query)
+{
+	struct mlfs_src *s = mlfs_src_new(NULL);
+	char uri[MAX_URI_LEN], why[512];
+	uint8_t *data;
+	size_t len;
+
+	assert_non_null(s);
+	snprintf(uri, sizeof(uri), "http://127.0.0.1:%d/__set?%s", port, query);
+	int rc = mlfs_src_fetch(s, uri, 4096, &data, &len, why, sizeof(why));
+	if (rc)
+		print_error("%s: %s\n", uri, why);
+	assert_int_equal(rc, 0);
+	free(data);
+	mlfs_src_free(s);
+}
+
+/* The server's request counters. */
+static void server_stats(int port, long *requests, long *failed)
+{
+	struct mlfs_src *s = mlfs_src_new(NULL);
+	char uri[MAX_URI_LEN], why[512], text[512];
+	uint8_t *data;
+	size_t len;
+
+	assert_non_null(s);
+	snprintf(uri, sizeof(uri), "http://127.0.0.1:%d/__stats", port);
+	assert_int_equal(mlfs_src_fetch(s, uri, sizeof(text) - 1, &data, &len, why, sizeof(why)),
+			 0);
+	memcpy(text, data, len);
+	text[len] = 0;
+	assert_int_equal(sscanf(text, "{\"requests\": %ld, \"failed\": %ld", requests, failed), 2);
+	free(data);
+	mlfs_src_free(s);
+}
+
+static int http_setup(void **state)
+{
+	(void)state;
+	server_start(&srv, NULL);
+	http_started = true;
+	return 0;
+}
+
+static int http_teardown(void **state)
+{
+	(void)state;
+	server_stop(&srv);
+	return 0;
+}
+
+/* --------------------------------------------------------------- helpers */
+
+static struct mlfs_src *src_new(int64_t block, int64_t cache, int64_t request, int retries)
+{
+	struct mlfs_src_opts o = {.block_bytes = block,
+				  .cache_bytes = cache,
+				  .max_request_bytes = request,
+				  .retries = retries,
+				  .backoff_ms = 1,
+				  .max_backoff_ms = 4,
+				  .timeout_ms = 5000,
+				  .parallel = 4};
+	struct mlfs_src *s = mlfs_src_new(&o);
+
+	assert_non_null(s);
+	return s;
+}
+
+static struct mlfs_src_stats stats(struct mlfs_src *s)
+{
+	struct mlfs_src_stats st;
+
+	mlfs_src_stats(s, &st);
+	return st;
+}
+
+/* Reads bytes [@off, @off + @len) of @uri into a scratch buffer; returns the readv's rc. */
+static int read1(struct mlfs_src *s, const char *uri, int64_t off, int64_t len, char *why,
+		 size_t whylen)
+{
+	uint8_t *dst = malloc(len ? (size_t)len : 1);
+	struct mlfs_range r = {.uri = uri, .off = off, .len = len, .dst = dst};
+
+	assert_non_null(dst);
+	int rc = mlfs_src_readv(s, &r, 1, why, whylen);
+	free(dst);
+	return rc;
+}
+
+/* Reads [@off, @off + @len) of file @f through @uri and checks every byte. */
+static void check_read(struct mlfs_src *s, const char *uri, int f, int64_t off, int64_t len)
+{
+	uint8_t *dst = malloc(len ? (size_t)len : 1);
+	struct mlfs_range r = {.uri = uri, .off = off, .len = len, .dst = dst};
+	char why[512];
+
+	assert_non_null(dst);
+	int rc = mlfs_src_readv(s, &r, 1, why, sizeof(why));
+	if (rc)
+		print_error("%s bytes %" PRId64 "+%" PRId64 ": %s\n", uri, off, len, why);
+	assert_int_equal(rc, 0);
+	assert_memory_equal(dst, content[f] + off, (size_t)len);
+	free(dst);
+}
+
+/*
+ * @iters readvs of 1 to 6 random ranges (of random files, some overlapping,
+ * some zero-length) through URIs made by @mk; every byte checked.
+ */
+static void random_reads(struct mlfs_src *s, int port, int iters, uint64_t seed)
+{
+	uint64_t st = seed * 0x2545f4914f6cdd1dULL + 1;
+	char uris[6][MAX_URI_LEN], why[512];
+
+	for (int it = 0; it < iters; it++) {
+		struct mlfs_range r[6];
+		int fi[6], n = 1 + (int)((st = st * 6364136223846793005ULL + 1) >> 61) % 6;
+		for (int i = 0; i < n; i++) {
+			st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+			fi[i] = (int)((st >> 33) % 3); /* a, b or small */
+			int64_t size = fsize[fi[i]];
+			int64_t off = (int64_t)((st >> 20) % (uint64_t)size);
+			int64_t len = (int64_t)((st >> 5) % (uint64_t)(size - off + 1));
+			if (i == 2)
+				len = len % 64; /* short ones too, 0 included */
+			if (port)
+				http_uri(uris[i], port, names[fi[i]]);
+			else
+				file_uri(uris[i], fi[i]);
+			r[i] = (struct mlfs_range){.uri = uris[i], .off = off, .len = len};
+			r[i].dst = malloc(len ? (size_t)len : 1);
+			assert_non_null(r[i].dst);
+		}
+		int rc = mlfs_src_readv(s, r, (size_t)n, why, sizeof(why));
+		if (rc)
+			print_error("readv: %s\n", why);
+		assert_int_equal(rc, 0);
+		for (int i = 0; i < n; i++) {
+			assert_memory_equal(r[i].dst, content[fi[i]] + r[i].off, (size_t)r[i].len);
+			free(r[i].dst);
+		}
+	}
+}
+
+/* --------------------------------------------------------------- file:// */
+
+static void test_file_random(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(4096, 65536, 32768, 0);
+
+	random_reads(s, 0, 300, 1);
+	struct mlfs_src_stats st = stats(s);
+	assert_true(st.hits > 0);
+	assert_true(st.misses > 0);
+	assert_true(st.cached_bytes <= 65536);
+	assert_int_equal(st.failures, 0);
+	assert_int_equal(st.retries, 0);
+	mlfs_src_free(s);
+
+	/* Default options, one read of a whole file. */
+	char uri[MAX_URI_LEN];
+	assert_non_null(s = mlfs_src_new(NULL));
+	file_uri(uri, F_A);
+	check_read(s, uri, F_A, 0, fsize[F_A]);
+	mlfs_src_free(s);
+	mlfs_src_free(NULL);
+}
+
+static void test_file_hits_coalesce(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(4096, 1 << 20, 32768, 0);
+	char uri[MAX_URI_LEN];
+	struct mlfs_src_stats st;
+
+	file_uri(uri, F_A);
+	check_read(s, uri, F_A, 0, 8 * 4096); /* 8 missing blocks: one request */
+	st = stats(s);
+	assert_int_equal(st.misses, 8);
+	assert_int_equal(st.hits, 0);
+	assert_int_equal(st.requests, 1);
+	assert_int_equal(st.bytes_fetched, 8 * 4096);
+	assert_int_equal(st.cached_bytes, 8 * 4096);
+	assert_int_equal(st.cached_blocks, 8);
+	check_read(s, uri, F_A, 0, 8 * 4096); /* all cached */
+	check_read(s, uri, F_A, 100, 100);
+	st = stats(s);
+	assert_int_equal(st.hits, 9);
+	assert_int_equal(st.requests, 1);
+	check_read(s, uri, F_A, 6 * 4096 + 5, 6 * 4096); /* blocks 6-12: 2 hits, 5 misses */
+	st = stats(s);
+	assert_int_equal(st.hits, 11);
+	assert_int_equal(st.misses, 13);
+	assert_int_equal(st.requests, 2);
+	/* The last, short block. */
+	check_read(s, uri, F_A, fsize[F_A] - 10, 10);
+	st = stats(s);
+	assert_int_equal(st.cached_bytes, 13 * 4096 + fsize[F_A] % 4096);
+	mlfs_src_free(s);
+
+	/* Requests of at most 3 blocks: 8 blocks take 3. */
+	s = src_new(4096, 1 << 20, 3 * 4096, 0);
+	check_read(s, uri, F_A, 0, 8 * 4096);
+	assert_int_equal(stats(s).requests, 3);
+	mlfs_src_free(s);
+
+	/* Two ranges of two files in one readv; a gap makes two requests. */
+	char uri_b[MAX_URI_LEN];
+	file_uri(uri_b, F_B);
+	s = src_new(4096, 1 << 20, 1 << 20, 0);
+	uint8_t d[4][5000];
+	struct mlfs_range r[4] = {{uri, 0, 5000, d[0]},
+				  {uri_b, 60000, 5000, d[1]},
+				  {uri, 20000, 5000, d[2]},
+				  {uri, 2000, 5000, d[3]}};
+	char why[256];
+	assert_int_equal(mlfs_src_readv(s, r, 4, why, sizeof(why)), 0);
+	assert_memory_equal(d[0], content[F_A], 5000);
+	assert_memory_equal(d[1], content[F_B] + 60000, 5000);
+	assert_memory_equal(d[2], content[F_A] + 20000, 5000);
+	assert_memory_equal(d[3], content[F_A] + 2000, 5000);
+	st = stats(s);
+	assert_int_equal(st.misses, 2 + 3 + 2); /* a: 0-1 and 4-6, b: 14-15 */
+	mlfs_src_free(s);
+}
+
+static void test_file_lru(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(4096, 4 * 4096, 4096, 0);
+	char uri[MAX_URI_LEN];
+	struct mlfs_src_stats st;
+
+	file_uri(uri, F_A);
+	for (int b = 0; b < 4; b++)
+		check_read(s, uri, F_A, b * 4096, 4096);
+	st = stats(s);
+	assert_int_equal(st.cached_blocks, 4);
+	assert_int_equal(st.cached_bytes, 4 * 4096);
+	check_read(s, uri, F_A, 0, 10);		 /* block 0 now most recent */
+	check_read(s, uri, F_A, 4 * 4096, 4096); /* evicts block 1, the LRU */
+	st = stats(s);
+	assert_int_equal(st.hits, 1);
+	assert_int_equal(st.cached_bytes, 4 * 4096);
+	check_read(s, uri, F_A, 0, 10);
+	assert_int_equal(stats(s).hits, 2);
+	check_read(s, uri, F_A, 4096, 10);
+	st = stats(s);
+	assert_int_equal(st.hits, 2);
+	assert_int_equal(st.misses, 6);
+
+	/* One readv of 16 times the cache. */
+	check_read(s, uri, F_A, 1000, 64 * 4096);
+	st = stats(s);
+	assert_true(st.cached_bytes <= 4 * 4096);
+	assert_int_equal(st.cached_blocks, 4);
+	/* A cache smaller than one block keeps nothing, reads still work. */
+	mlfs_src_free(s);
+	s = src_new(4096, 1000, 4096, 0);
+	check_read(s, uri, F_A, 0, 10000);
+	check_read(s, uri, F_A, 0, 10000);
+	st = stats(s);
+	assert_int_equal(st.cached_bytes, 0);
+	assert_int_equal(st.hits, 0);
+	mlfs_src_free(s);
+}
+
+static void test_file_errors(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(64, 1 << 20, 1 << 20, 0);
+	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64], why[MAX_URI_LEN + 128];
+
+	file_uri(uri, F_SMALL);
+	check_read(s, uri, F_SMALL, 0, 100);
+	assert_int_equal(read1(s, uri, 96, 36, why, sizeof(why)), -EIO);
+	snprintf(want, sizeof(want), "%s: holds 100 bytes, bytes 96-131 asked", uri);
+	assert_string_equal(why, want);
+	assert_int_equal(read1(s, uri, 100, 1, why, sizeof(why)), -EIO);
+	assert_int_equal(read1(s, uri, 100, 0, why, sizeof(why)), 0); /* empty: ignored */
+	assert_int_equal(read1(s, uri, 5000, 0, why, sizeof(why)), 0);
+
+	file_uri(uri, F_EMPTY);
+	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "holds 0 bytes"));
+
+	snprintf(uri, sizeof(uri), "file://%s/missing.bin", dir);
+	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
+	snprintf(want, sizeof(want), "%s: No such file or directory", uri);
+	assert_string_equal(why, want);
+	snprintf(uri, sizeof(uri), "file://%s/subdir", dir);
+	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "not a regular file"));
+
+	/* One bad range fails the readv, good ones beside it or not. */
+	char good[MAX_URI_LEN];
+	uint8_t d1[10], d2[10];
+	file_uri(good, F_A);
+	snprintf(uri, sizeof(uri), "file://%s/missing.bin", dir);
+	struct mlfs_range r[2] = {{good, 0, 10, d1}, {uri, 0, 10, d2}};
+	assert_int_equal(mlfs_src_readv(s, r, 2, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "missing.bin"));
+	/* A small why buffer is NUL-terminated; NULL is fine with 0. */
+	assert_int_equal(mlfs_src_readv(s, r, 2, why, 8), -EIO);
+	assert_int_equal(strlen(why), 7);
+	assert_int_equal(mlfs_src_readv(s, r, 2, NULL, 0), -EIO);
+	assert_int_equal(mlfs_src_readv(s, r, 0, why, sizeof(why)), 0);
+	mlfs_src_free(s);
+}
+
+static void test_bad_uris(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(64, 1 << 20, 1 << 20, 0);
+	static const char *const bad[] = {
+	    "",
+	    "a.bin",
+	    "/tmp/a.bin",
+	    "file:/tmp/a.bin",
+	    "file://host/a.bin",
+	    "file://",
+	    "file:///",
+	    "ftp://h/a.bin",
+	    "s3://b/a.bin",
+	    "http://",
+	    "http:///a.bin",
+	    "https://",
+	    "http://h/a b.bin",
+	    "http://h/a\tb",
+	    "HTTPX://h/a.bin",
+	};
+	char why[256], good[MAX_URI_LEN];
+	uint8_t d[4], *data = (uint8_t *)1;
+	size_t len = 1;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+		assert_int_equal(read1(s, bad[i], 0, 1, why, sizeof(why)), -EINVAL);
+		assert_true(why[0]);
+		assert_int_equal(mlfs_src_fetch(s, bad[i], 100, &data, &len, why, sizeof(why)),
+				 -EINVAL);
+		assert_null(data);
+		assert_int_equal(len, 0);
+	}
+	assert_int_equal(read1(s, NULL, 0, 1, why, sizeof(why)), -EINVAL);
+	char *longuri = malloc(MLFS_SRC_MAX_URI + 100);
+	assert_non_null(longuri);
+	memset(longuri, 'x', MLFS_SRC_MAX_URI + 99);
+	memcpy(longuri, "file:///", 8);
+	longuri[MLFS_SRC_MAX_URI + 99] = 0;
+	assert_int_equal(read1(s, longuri, 0, 1, why, sizeof(why)), -EINVAL);
+	free(longuri);
+
+	file_uri(good, F_A);
+	struct mlfs_range r = {good, -1, 1, d};
+	assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EINVAL);
+	r = (struct mlfs_range){good, 0, -1, d};
+	assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EINVAL);
+	r = (struct mlfs_range){good, INT64_MAX, 1, d};
+	assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EINVAL);
+	r = (struct mlfs_range){good, 0, 1, NULL};
+	assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EINVAL);
+	assert_int_equal(mlfs_src_readv(s, NULL, 1, why, sizeof(why)), -EINVAL);
+	assert_int_equal(mlfs_src_fetch(s, good, -1, &data, &len, why, sizeof(why)), -EINVAL);
+	/* A huge range of a known file: past its end, not an allocation. */
+	r = (struct mlfs_range){good, 0, INT64_MAX, d};
+	assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "holds 300007 bytes"));
+	mlfs_src_free(s);
+}
+
+static void test_uri_join(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *base, *ref, *want;
+	} cases[] = {
+	    {"file:///data/train/index.json", "shard0.bin", "file:///data/train/shard0.bin"},
+	    {"file:///data/train/index.json", "sub/s.bin", "file:///data/train/sub/s.bin"},
+	    {"file:///index.json", "s.bin", "file:///s.bin"},
+	    {"file:///d/", "s.bin", "file:///d/s.bin"},
+	    {"file:///d/i.json", "./s.bin", "file:///d/./s.bin"},
+	    {"file:///d/i.json", "a..b.bin", "file:///d/a..b.bin"},
+	    {"file:///d/i.json", "https://x.org/s.bin", "https://x.org/s.bin"},
+	    {"file:///d/i.json", "file:///e/s.bin", "file:///e/s.bin"},
+	    {"file:///d/i.json", "http://h/../s.bin", "http://h/../s.bin"},
+	    {"http://h:8080/train/index.json", "s0.bin", "http://h:8080/train/s0.bin"},
+	    {"https://h/a/b/index.json?sig=x/y", "s0.bin", "https://h/a/b/s0.bin"},
+	    {"http://h/index.json#frag", "s0.bin", "http://h/s0.bin"},
+	    {"http://h", "s0.bin", "http://h/s0.bin"},
+	    {"http://h?q=1", "s0.bin", "http://h/s0.bin"},
+	    {"file:///d/i.json", "..", NULL},
+	    {"file:///d/i.json", "../s.bin", NULL},
+	    {"file:///d/i.json", "a/../s.bin", NULL},
+	    {"file:///d/i.json", "a/..", NULL},
+	    {"file:///d/i.json", "/etc/passwd", NULL},
+	    {"file:///d/i.json", "", NULL},
+	    {"/d/i.json", "s.bin", NULL},
+	    {"index.json", "s.bin", NULL},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+		char *got = mlfs_uri_join(cases[i].base, cases[i].ref);
+		if (!cases[i].want) {
+			if (got)
+				print_error("join(%s, %s) = %s, want NULL\n", cases[i].base,
+					    cases[i].ref, got);
+			assert_null(got);
+			continue;
+		}
+		assert_non_null(got);
+		assert_string_equal(got, cases[i].want);
+		free(got);
+	}
+	assert_null(mlfs_uri_join(NULL, "a"));
+	assert_null(mlfs_uri_join("file:///a", NULL));
+}
+
+static void test_file_fetch(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(64, 1 << 20, 1 << 20, 0);
+	char uri[MAX_URI_LEN], why[MAX_URI_LEN + 128];
+	uint8_t *data;
+	size_t len;
+
+	file_uri(uri, F_INDEX);
+	assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, why, sizeof(why)), 0);
+	assert_int_equal(len, fsize[F_INDEX]);
+	assert_memory_equal(data, content[F_INDEX], len);
+	free(data);
+	assert_int_equal(mlfs_src_fetch(s, uri, fsize[F_INDEX], &data, &len, why, sizeof(why)), 0);
+	free(data);
+	assert_int_equal(mlfs_src_fetch(s, uri, 5, &data, &len, why, sizeof(why)), -EFBIG);
+	assert_null(data);
+	assert_non_null(strstr(why, uri));
+	file_uri(uri, F_EMPTY);
+	assert_int_equal(mlfs_src_fetch(s, uri, 0, &data, &len, why, sizeof(why)), 0);
+	assert_non_null(data);
+	assert_int_equal(len, 0);
+	free(data);
+	snprintf(uri, sizeof(uri), "file://%s/missing.json", dir);
+	assert_int_equal(mlfs_src_fetch(s, uri, 100, &data, &len, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, uri));
+	assert_int_equal(stats(s).cached_bytes, 0);
+	mlfs_src_free(s);
+}
+
+struct racer {
+	struct mlfs_src *s;
+	int port;
+	uint64_t seed;
+};
+
+static void *racer_main(void *arg)
+{
+	struct racer *r = arg;
+
+	random_reads(r->s, r->port, 40, r->seed);
+	return NULL;
+}
+
+/* Several threads on one source with a small cache: evictions under reads. */
+static void race(struct mlfs_src *s, int port)
+{
+	pthread_t t[4];
+	struct racer rc[4];
+
+	for (int i = 0; i < 4; i++) {
+		rc[i] = (struct racer){s, port, 100 + (uint64_t)i};
+		assert_int_equal(pthread_create(&t[i], NULL, racer_main, &rc[i]), 0);
+	}
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+}
+
+static void test_file_threads(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(4096, 8 * 4096, 16384, 0);
+
+	race(s, 0);
+	struct mlfs_src_stats st = stats(s);
+	assert_true(st.cached_bytes <= 8 * 4096);
+	assert_true(st.hits > 0);
+	mlfs_src_free(s);
+}
+
+/* ------------------------------------------------------------------ HTTP */
+
+static void test_http_exact(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(4096, 65536, 32768, 2);
+	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64], why[MAX_URI_LEN + 128];
+	long req, failed;
+	struct mlfs_src_stats st;
+
+	server_set(srv.port, "fail_rate=0&fail_always=0&reset=1");
+	random_reads(s, srv.port, 200, 2);
+	st = stats(s);
+	assert_int_equal(st.retries, 0);
+	assert_int_equal(st.failures, 0);
+	assert_true(st.hits > 0);
+	assert_true(st.cached_bytes <= 65536);
+	server_stats(srv.port, &req, &failed);
+	assert_int_equal(req, st.requests);
+	assert_int_equal(failed, 0);
+	mlfs_src_free(s);
+
+	/* Whole files with default options (last block clamped by the reply). */
+	assert_non_null(s = mlfs_src_new(NULL));
+	http_uri(uri, srv.port, names[F_A]);
+	check_read(s, uri, F_A, 0, fsize[F_A]);
+	check_read(s, uri, F_A, fsize[F_A] - 1, 1);
+	assert_int_equal(stats(s).hits, 1);
+	mlfs_src_free(s);
+
+	/* Coalescing: 8 missing blocks, one request to the server. */
+	s = src_new(4096, 1 << 20, 32768, 2);
+	server_set(srv.port, "reset=1");
+	check_read(s, uri, F_A, 0, 8 * 4096);
+	server_stats(srv.port, &req, &failed);
+	assert_int_equal(req, 1);
+	assert_int_equal(stats(s).requests, 1);
+	mlfs_src_free(s);
+
+	/* Past the end, the size learned from the reply: a short 206, then a 416. */
+	http_uri(uri, srv.port, names[F_SMALL]);
+	snprintf(want, sizeof(want), "%s: holds 100 bytes, bytes 96-131 asked", uri);
+	s = src_new(64, 1 << 20, 1 << 20, 2);
+	assert_int_equal(read1(s, uri, 96, 36, why, sizeof(why)), -EIO);
+	assert_string_equal(why, want);
+	assert_int_equal(read1(s, uri, 96, 36, why, sizeof(why)), -EIO); /* size now known */
+	assert_string_equal(why, want);
+	check_read(s, uri, F_SMALL, 0, 100);
+	mlfs_src_free(s);
+	s = src_new(64, 1 << 20, 1 << 20, 2);
+	assert_int_equal(read1(s, uri, 200, 10, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "holds 100 bytes, bytes 200-209 asked"));
+	assert_int_equal(stats(s).retries, 0);
+	http_uri(uri, srv.port, names[F_EMPTY]);
+	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "holds 0 bytes"));
+	assert_int_equal(stats(s).cached_bytes, 0);
+	mlfs_src_free(s);
+}
+
+static void test_http_flaky(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(4096, 32768, 16384, 20);
+	struct mlfs_src_stats st;
+	char uri[MAX_URI_LEN], why[512];
+	uint8_t *data;
+	size_t len;
+
+	server_set(srv.port, "fail_rate=0.3&seed=7&reset=1&modes=500,503,429,408,drop,truncate,"
+			     "ignore-range,short,badrange");
+	random_reads(s, srv.port, 100, 3);
+	race(s, srv.port);
+	http_uri(uri, srv.port, names[F_INDEX]);
+	for (int i = 0; i < 20; i++) {
+		assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, why, sizeof(why)), 0);
+		assert_int_equal(len, fsize[F_INDEX]);
+		assert_memory_equal(data, content[F_INDEX], len);
+		free(data);
+	}
+	st = stats(s);
+	assert_true(st.retries > 0);
+	assert_int_equal(st.failures, 0);
+	assert_true(st.cached_bytes <= 32768);
+	long req, failed;
+	server_stats(srv.port, &req, &failed);
+	assert_true(failed > 0);
+	/* curl may resend a request dropped on a reused connection by itself. */
+	assert_true(req >= st.requests);
+	mlfs_src_free(s);
+
+	/* A server ignoring Range half the time never yields wrong bytes. */
+	server_set(srv.port, "fail_rate=0.5&modes=ignore-range");
+	s = src_new(4096, 32768, 16384, 20);
+	random_reads(s, srv.port, 60, 4);
+	assert_true(stats(s).retries > 0);
+	mlfs_src_free(s);
+	server_set(srv.port, "fail_rate=0");
+}
+
+/* Every failure mode, always on: -EIO after the retries, nothing written or cached. */
+static void test_http_modes(void **state)
+{
+	(void)state;
+	static const char *const modes[] = {"500",	"503",	 "429",	     "408",	    "drop",
+					    "truncate", "short", "badrange", "ignore-range"};
+	char uri[MAX_URI_LEN], q[128], why[MAX_URI_LEN + 128];
+	uint8_t dst[3000];
+
+	http_uri(uri, srv.port, names[F_A]);
+	for (size_t m = 0; m < sizeof(modes) / sizeof(*modes); m++) {
+		struct mlfs_src *s = src_new(4096, 1 << 20, 32768, 2);
+		struct mlfs_range r = {uri, 5000, sizeof(dst), dst};
+		snprintf(q, sizeof(q), "fail_rate=1&modes=%s&reset=1", modes[m]);
+		server_set(srv.port, q);
+		memset(dst, SENTINEL, sizeof(dst));
+		assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EIO);
+		if (!strstr(why, uri) || !strstr(why, "after 3 attempts")) {
+			print_error("mode %s: \"%s\"\n", modes[m], why);
+			fail();
+		}
+		for (size_t i = 0; i < sizeof(dst); i++)
+			assert_int_equal(dst[i], SENTINEL);
+		struct mlfs_src_stats st = stats(s);
+		assert_int_equal(st.cached_bytes, 0);
+		assert_int_equal(st.requests, 3);
+		assert_int_equal(st.retries, 2);
+		assert_int_equal(st.failures, 1);
+		assert_int_equal(st.bytes_fetched, 0);
+		long req, failed;
+		server_stats(srv.port, &req, &failed);
+		assert_int_equal(req, 3);
+		assert_int_equal(failed, 3);
+		mlfs_src_free(s);
+	}
+	/* A status code names itself. */
+	server_set(srv.port, "fail_rate=1&modes=503");
+	struct mlfs_src *s = src_new(4096, 1 << 20, 32768, 1);
+	char want[MAX_URI_LEN + 64];
+	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	snprintf(want, sizeof(want), "%s: HTTP 503 after 2 attempts", uri);
+	assert_string_equal(why, want);
+	mlfs_src_free(s);
+
+	/* A 200 with the whole object is fine when the whole object was asked. */
+	server_set(srv.port, "fail_rate=1&modes=ignore-range&reset=1");
+	s = src_new(4096, 1 << 20, 32768, 0);
+	http_uri(uri, srv.port, names[F_SMALL]);
+	check_read(s, uri, F_SMALL, 10, 50);
+	check_read(s, uri, F_SMALL, 0, 100);
+	assert_int_equal(stats(s).requests, 1);
+	mlfs_src_free(s);
+	server_set(srv.port, "fail_rate=0");
+}
+
+static void test_http_404(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(4096, 1 << 20, 32768, 5);
+	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64], why[MAX_URI_LEN + 128];
+	uint8_t *data;
+	size_t len;
+	long req, failed;
+
+	server_set(srv.port, "fail_rate=0&reset=1");
+	http_uri(uri, srv.port, "missing.bin");
+	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	snprintf(want, sizeof(want), "%s: HTTP 404", uri);
+	assert_string_equal(why, want);
+	assert_int_equal(mlfs_src_fetch(s, uri, 100, &data, &len, why, sizeof(why)), -EIO);
+	assert_string_equal(why, want);
+	struct mlfs_src_stats st = stats(s);
+	assert_int_equal(st.retries, 0);
+	assert_int_equal(st.requests, 2);
+	assert_int_equal(st.failures, 2);
+	server_stats(srv.port, &req, &failed);
+	assert_int_equal(req, 2);
+
+	/* Other statuses that are not retried. */
+	server_set(srv.port, "fail_rate=1&modes=403");
+	http_uri(uri, srv.port, names[F_A]);
+	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "HTTP 403"));
+	assert_null(strstr(why, "attempts"));
+	assert_int_equal(stats(s).retries, 0);
+	server_set(srv.port, "fail_rate=0");
+	mlfs_src_free(s);
+}
+
+static void test_http_fetch(void **state)
+{
+	(void)state;
+	struct mlfs_src *s = src_new(4096, 1 << 20, 32768, 20);
+	char uri[MAX_URI_LEN], why[MAX_URI_LEN + 128];
+	uint8_t *data;
+	size_t len;
+
+	server_set(srv.port, "fail_rate=0");
+	http_uri(uri, srv.port, names[F_INDEX]);
+	assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, why, sizeof(why)), 0);
+	assert_int_equal(len, fsize[F_INDEX]);
+	assert_memory_equal(data, content[F_INDEX], len);
+	free(data);
+	assert_int_equal(mlfs_src_fetch(s, uri, 5, &data, &len, why, sizeof(why)), -EFBIG);
+	assert_null(data);
+	assert_non_null(strstr(why, uri));
+	http_uri(uri, srv.port, names[F_A]);
+	assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, why, sizeof(why)), 0);
+	assert_int_equal(len, fsize[F_A]);
+	assert_memory_equal(data, content[F_A], len);
+	free(data);
+	http_uri(uri, srv.port, names[F_EMPTY]);
+	assert_int_equal(mlfs_src_fetch(s, uri, 0, &data, &len, why, sizeof(why)), 0);
+	assert_int_equal(len, 0);
+	assert_non_null(data);
+	free(data);
+	assert_int_equal(stats(s).cached_bytes, 0);
+	mlfs_src_free(s);
+}
+
+/* A server started with --fail-always: -EIO after the retries, every one sent. */
+static void test_http_fail_always(void **state)
+{
+	(void)state;
+	static const char *const args[] = {"--fail-always", "--fail-modes", "500", NULL};
+	struct server sv = {.pid = -1};
+	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64], why[MAX_URI_LEN + 128];
+	long req, failed;
+
+	server_start(&sv, args);
+	struct mlfs_src *s = src_new(4096, 1 << 20, 32768, 3);
+	http_uri(uri, sv.port, names[F_A]);
+	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	snprintf(want, sizeof(want), "%s: HTTP 500 after 4 attempts", uri);
+	assert_string_equal(why, want);
+	server_stats(sv.port, &req, &failed);
+	assert_int_equal(req, 4);
+	assert_int_equal(failed, 4);
+	server_stop(&sv);
+
+	/* Nobody listening any more: connection errors, retried, then -EIO. */
+	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, uri));
+	assert_non_null(strstr(why, "after 4 attempts"));
+	struct mlfs_src_stats st = stats(s);
+	assert_int_equal(st.retries, 6);
+	assert_int_equal(st.failures, 2);
+	mlfs_src_free(s);
+}
+
+/* A server that does not answer in time: the timeout, retried. */
+static void test_http_timeout(void **state)
+{
+	(void)state;
+	struct mlfs_src_opts o = {
+	    .block_bytes = 4096, .retries = 1, .backoff_ms = 1, .timeout_ms = 300};
+	struct mlfs_src *s = mlfs_src_new(&o);
+	char uri[MAX_URI_LEN], why[MAX_URI_LEN + 128];
+
+	assert_non_null(s);
+	server_set(srv.port, "fail_rate=1&modes=stall");
+	http_uri(uri, srv.port, names[F_A]);
+	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, uri));
+	assert_non_null(strstr(why, "after 2 attempts"));
+	assert_non_null(strcasestr(why, "timed out"));
+	mlfs_src_free(s);
+	server_set(srv.port, "fail_rate=0");
+}
+
+int main(void)
+{
+	const struct CMUnitTest file_tests[] = {
+	    cmocka_unit_test(test_file_random), cmocka_unit_test(test_file_hits_coalesce),
+	    cmocka_unit_test(test_file_lru),	cmocka_unit_test(test_file_errors),
+	    cmocka_unit_test(test_bad_uris),	cmocka_unit_test(test_uri_join),
+	    cmocka_unit_test(test_file_fetch),	cmocka_unit_test(test_file_threads),
+	};
+	const struct CMUnitTest http_tests[] = {
+	    cmocka_unit_test(test_http_exact),	 cmocka_unit_test(test_http_flaky),
+	    cmocka_unit_test(test_http_modes),	 cmocka_unit_test(test_http_404),
+	    cmocka_unit_test(test_http_fetch),	 cmocka_unit_test(test_http_fail_always),
+	    cmocka_unit_test(test_http_timeout),
+	};
+	int failed;
+
+	signal(SIGPIPE, SIG_IGN);
+	if (make_files(NULL)) {
+		fprintf(stderr, "test_source: cannot write the test files\n");
+		remove_files();
+		return 1;
+	}
+	failed = cmocka_run_group_tests_name("file", file_tests, NULL, NULL);
+	failed += cmocka_run_group_tests_name("http", http_tests, http_setup, http_teardown);
+	server_stop(&srv);
+	remove_files();
+	if (!http_started)
+		fprintf(stderr, "test_source: the HTTP tests did not run\n");
+	return failed || !http_started ? 1 : 0;
+}
