@@ -32,6 +32,7 @@
 #define MAX_INDEX_BYTES	 ((int64_t)64 << 20)
 #define MAX_RECORD_BYTES ((int64_t)1 << 30)
 #define QUEUE_CAP	 256
+#define POOL_CAP	 8
 
 struct slice {
 	int64_t first, count;
@@ -62,15 +63,56 @@ struct mlfs_dataset {
 	bool thread_started;
 	int64_t assembled, view_hits, failures;
 	char error[512];
+	/* Buffers of freed views, pages already mapped: a new view reuses one
+	 * instead of faulting in fresh pages (most of the cost of assembly). */
+	pthread_mutex_t pool_lock; /* a leaf: taken with or without ds->lock */
+	struct xf_buf *pool[POOL_CAP];
+	int npool;
 };
 
 /* ---------------------------------------------------------------- views */
+
+/* A buffer of at least @len bytes for a view: a pooled one that is not much
+ * larger, or a new one. NULL with *rc set. */
+static struct xf_buf *buf_get(struct mlfs_dataset *ds, int64_t len, int *rc)
+{
+	int best = -1;
+	pthread_mutex_lock(&ds->pool_lock);
+	for (int i = 0; i < ds->npool; i++) {
+		int64_t cap = ds->pool[i]->size;
+		if (cap >= len && cap - len <= len / 8 + 4096 &&
+		    (best < 0 || cap < ds->pool[best]->size))
+			best = i;
+	}
+	struct xf_buf *b = best < 0 ? NULL : ds->pool[best];
+	if (b)
+		ds->pool[best] = ds->pool[--ds->npool];
+	pthread_mutex_unlock(&ds->pool_lock);
+	return b ? b : xf_buf_new(ds->mem, len, rc);
+}
+
+/* Keeps @b for reuse when the pool has room (the newest win). */
+static void buf_put(struct mlfs_dataset *ds, struct xf_buf *b)
+{
+	if (!b)
+		return;
+	pthread_mutex_lock(&ds->pool_lock);
+	struct xf_buf *drop = b;
+	if (atomic_load(&b->refs) == 1) {
+		drop = ds->npool == POOL_CAP ? ds->pool[0] : NULL;
+		if (drop)
+			ds->pool[0] = ds->pool[--ds->npool];
+		ds->pool[ds->npool++] = b;
+	}
+	pthread_mutex_unlock(&ds->pool_lock);
+	xf_buf_put(drop);
+}
 
 void mlfs_dview_put(struct mlfs_dview *v)
 {
 	if (!v || atomic_fetch_sub(&v->refs, 1) != 1)
 		return;
-	xf_buf_put(v->data);
+	buf_put(v->ds, v->data);
 	free(v->ids);
 	free(v->offs);
 	free(v);
@@ -157,7 +199,8 @@ static int assemble(struct mlfs_dataset *ds, struct mlfs_dview *v, char *why, si
 		r[j].len = record_len(ds, sh, local);
 		v->offs[j + 1] = v->offs[j] + r[j].len;
 	}
-	if (!(v->data = xf_buf_new(ds->mem, v->offs[v->count], &rc))) {
+	v->len = v->offs[v->count];
+	if (!(v->data = buf_get(ds, v->len, &rc))) {
 		snprintf(why, whylen, "%s", rc == -ENOSPC ? "the view does not fit in --max-memory"
 							  : "out of memory");
 		goto out;
@@ -201,6 +244,7 @@ int mlfs_data_get(struct mlfs_dataset *ds, int64_t first, int64_t count, struct 
 		return -ENOMEM;
 	}
 	atomic_init(&v->refs, 2); /* the cache's and ours */
+	v->ds = ds;
 	v->first = first;
 	v->count = count;
 	lru_push(ds, v);
@@ -236,7 +280,7 @@ void mlfs_dview_body(const struct mlfs_dview *v, enum mlfs_dfile kind, const uin
 	case MLFS_DF_NPY:
 	case MLFS_DF_BIN:
 		*body = v->data->data;
-		*len = (size_t)v->data->size;
+		*len = (size_t)v->len;
 		return;
 	case MLFS_DF_IDS:
 		*body = (const uint8_t *)v->ids;
@@ -517,6 +561,8 @@ static void dataset_free(struct mlfs_dataset *ds)
 		lru_unlink(ds, v);
 		mlfs_dview_put(v);
 	}
+	while (ds->npool)
+		xf_buf_put(ds->pool[--ds->npool]);
 	for (int i = 0; ds->ix && i < ds->ix->nshards; i++) {
 		if (ds->uris)
 			free(ds->uris[i]);
@@ -529,6 +575,7 @@ static void dataset_free(struct mlfs_dataset *ds)
 	if (ds->src)
 		mlfs_src_free(ds->src);
 	free(ds->index_uri);
+	pthread_mutex_destroy(&ds->pool_lock);
 	pthread_cond_destroy(&ds->ready);
 	pthread_cond_destroy(&ds->queued);
 	pthread_mutex_destroy(&ds->lock);
@@ -547,6 +594,7 @@ int mlfs_dataset_open(const struct ptc_config *c, const struct mlfs_data_opts *o
 		return -ENOMEM;
 	atomic_init(&ds->refs, 1);
 	pthread_mutex_init(&ds->lock, NULL);
+	pthread_mutex_init(&ds->pool_lock, NULL);
 	pthread_cond_init(&ds->ready, NULL);
 	pthread_cond_init(&ds->queued, NULL);
 	ds->seed = c->dataset_seed;
@@ -555,7 +603,7 @@ int mlfs_dataset_open(const struct ptc_config *c, const struct mlfs_data_opts *o
 	ds->mem = mem;
 	ds->prefetch = o->prefetch;
 	ds->maxviews = 8 * (o->prefetch + 2) < 16 ? 16 : 8 * (o->prefetch + 2);
-	struct mlfs_src_opts so = {.cache_bytes = o->cache_bytes, .retries = -1};
+	struct mlfs_src_opts so = {.cache_bytes = o->cache_bytes, .retries = -1, .file_direct = true};
 	if (!(ds->index_uri = strdup(c->dataset_index)) || !(ds->src = mlfs_src_new(&so)))
 		goto err;
 	if ((rc = load(ds, why, sizeof(why)))) {
@@ -604,14 +652,15 @@ json_t *mlfs_data_status(struct mlfs_dataset *ds)
 	mlfs_src_stats(ds->src, &s);
 	pthread_mutex_lock(&ds->lock);
 	json_t *o = json_pack(
-		"{ss sI sI ss sI sI sI sI s{sI sI sI sI sI sI sI} so}", "index", ds->index_uri,
+		"{ss sI sI ss sI sI sI sI s{sI sI sI sI sI sI sI sI} so}", "index", ds->index_uri,
 		"records", (json_int_t)ds->ix->total, "shards", (json_int_t)ds->ix->nshards,
 		"kind", ds->ix->records == PTC_RECORDS_FIXED ? "fixed" : "variable", "views_assembled",
 		(json_int_t)ds->assembled, "view_hits", (json_int_t)ds->view_hits,
 		"view_failures", (json_int_t)ds->failures, "views_cached", (json_int_t)ds->nviews,
 		"cache", "hits", (json_int_t)s.hits, "misses", (json_int_t)s.misses, "requests",
 		(json_int_t)s.requests, "retries", (json_int_t)s.retries, "failures",
-		(json_int_t)s.failures, "bytes_fetched", (json_int_t)s.bytes_fetched,
+		(json_int_t)s.failures, "bytes_fetched", (json_int_t)s.bytes_fetched, "direct_reads",
+		(json_int_t)s.direct_reads,
 		"cached_bytes", (json_int_t)s.cached_bytes, "last_error",
 		ds->error[0] ? json_string(ds->error) : json_null());
 	pthread_mutex_unlock(&ds->lock);

@@ -56,8 +56,10 @@ int64_t mlfs_data_file_size(const struct mlfs_dataset *ds, int64_t first, int64_
 /* An assembled view: the records of samples [first, first + count). */
 struct mlfs_dview {
 	atomic_int refs;
+	struct mlfs_dataset *ds; /* outlives its views: every holder holds it too */
 	int64_t first, count;
-	struct xf_buf *data; /* the records, back to back */
+	struct xf_buf *data; /* the records, back to back (maybe a larger buffer) */
+	int64_t len;	     /* bytes of records in data */
 	int64_t *ids;	     /* [count] */
 	int64_t *offs;	     /* [count + 1] byte offsets into data */
 	int state;	     /* 0 being assembled, 1 ready, < 0 failed (-errno) */

@@ -499,11 +499,34 @@ static void target_done(struct target *t)
 	pthread_mutex_unlock(&store->lock);
 }
 
+/* How long the kernel may cache a name (@entry) or attributes. Paths whose
+ * inode never changes (the rank directories and data/: inodes are paths,
+ * and operations resolve them against the current view, so a vanished one
+ * answers ENOENT) are cached briefly, which saves a view open three lookups;
+ * a view's attributes belong to its inode (keyed by its samples). Everything
+ * else is looked up every time: a partition path gets a new inode per
+ * content, a view path per slice. */
+static double ent_timeout(const struct ent *e, bool entry)
+{
+	switch (e->kind) {
+	case K_RANKS:
+	case K_RANK:
+	case K_DDIR:
+		return 5.0;
+	case K_DFILE:
+		return entry ? 0.0 : 5.0;
+	default:
+		return 0.0;
+	}
+}
+
 static void reply_entry(fuse_req_t req, const char *path, const struct ent *e,
 			const struct mlfs_view *v)
 {
 	struct fuse_entry_param ep = {0};
 	fill_attr(e, v, &ep.attr);
+	ep.entry_timeout = ent_timeout(e, true);
+	ep.attr_timeout = ent_timeout(e, false);
 	uint64_t gen = ent_gen(v, e);
 	pthread_mutex_unlock(&store->lock);
 	if (!(ep.ino = ino_lookup(path, gen, ep.attr.st_size))) {
@@ -617,10 +640,11 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		stb.st_size = (off_t)(f->hdr_len + (size_t)f->buf->size);
 	else if (t.stale)
 		stb.st_size = t.size;
+	double timeout = t.stale ? 0.0 : ent_timeout(&t.e, false);
 	target_done(&t);
 	mlfs_view_put(t.v);
 	stb.st_ino = ino;
-	fuse_reply_attr(req, &stb, 0);
+	fuse_reply_attr(req, &stb, timeout);
 }
 
 static int text_append(struct fh *f, const char *buf, size_t size, off_t off)

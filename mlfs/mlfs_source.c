@@ -24,6 +24,12 @@
  * cache holds at most parallel * max_request_bytes of its own. (5) Check the
  * ranges against the sizes learned meanwhile.
  *
+ * file_direct: after (1), the ranges of file objects are cut into spans of
+ * adjacent ranges and each span is one preadv into its dsts, tried first
+ * with RWF_NOWAIT (the page cache, on the caller's thread: no thread is
+ * started for a warm view) and otherwise on up to `parallel` threads. Such
+ * objects never enter (2)-(4): the page cache is their cache.
+ *
  * HTTP: pooled curl easy handles (the pool keeps connections alive). Every
  * number read from a reply is bounded (18 digits) and checked before use;
  * the body is written only into buffers sized from the request, never from
@@ -46,6 +52,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -109,7 +116,7 @@ struct mlfs_src {
 	int64_t cached_bytes, cached_blocks;
 	CURL *pool[SRC_POOL];
 	int npool;
-	_Atomic int64_t hits, misses, requests, retries, failures, bytes_fetched;
+	_Atomic int64_t hits, misses, requests, retries, failures, bytes_fetched, direct_reads;
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -570,6 +577,7 @@ void mlfs_src_stats(struct mlfs_src *s, struct mlfs_src_stats *out)
 	out->retries = atomic_load(&s->retries);
 	out->failures = atomic_load(&s->failures);
 	out->bytes_fetched = atomic_load(&s->bytes_fetched);
+	out->direct_reads = atomic_load(&s->direct_reads);
 	pthread_mutex_lock(&s->lock);
 	out->cached_bytes = s->cached_bytes;
 	out->cached_blocks = s->cached_blocks;
@@ -1103,7 +1111,8 @@ int mlfs_src_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **d
 struct grp {
 	struct src_obj *obj;
 	size_t lo, hi;
-	int fd; /* file: pinned fd, else -1 */
+	int fd;	     /* file: pinned fd, else -1 */
+	bool direct; /* read with preadv, not through the cache (file_direct) */
 };
 
 /* A block a readv needs; needs are sorted by (grp, idx) and distinct. */
@@ -1361,6 +1370,8 @@ static int make_needs(struct rv *rv, struct need **out, size_t *nout, char *why,
 		n = 0;
 		for (size_t gi = 0; gi < rv->ngrps; gi++) {
 			int64_t last = -1;
+			if (rv->grps[gi].direct)
+				continue;
 			for (size_t k = rv->grps[gi].lo; k < rv->grps[gi].hi; k++) {
 				const struct mlfs_range *r = &rv->r[rv->ord[k]];
 				int64_t first = r->off / B, lastb = (r->off + r->len - 1) / B;
@@ -1445,6 +1456,168 @@ static int make_reqs(struct rv *rv, const struct need *needs, size_t nneed)
 	return 0;
 }
 
+/* ---------------------------------------------------------- direct reads */
+
+/* Ranges of one preadv: at most this many, adjacent in the file. */
+#define SPAN_IOV 256
+
+/* A run of ranges ord[lo, hi) of one direct group, adjacent in its file. */
+struct span {
+	uint32_t grp;
+	size_t lo, hi;
+	int64_t off, len;
+	bool pending; /* not served from the page cache: read blocking */
+};
+
+struct dv {
+	struct rv *rv;
+	struct span *spans;
+	size_t nspans;
+	size_t *todo; /* indices of pending spans */
+	size_t ntodo;
+	atomic_size_t next;
+	atomic_int failed; /* the first failure writes why */
+	int rc;
+	char why[512];
+};
+
+/* Reads span @sp into its dsts. With RWF_NOWAIT in @flags, -EAGAIN unless
+ * all of it came from the page cache (then it is read again, blocking). */
+static int span_read(struct rv *rv, const struct span *sp, int flags, char *why, size_t whylen)
+{
+	struct iovec iov[SPAN_IOV], *v = iov;
+	const struct grp *g = &rv->grps[sp->grp];
+	int nv = 0;
+	int64_t pos = sp->off, end = sp->off + sp->len;
+
+	for (size_t k = sp->lo; k < sp->hi; k++) {
+		const struct mlfs_range *r = &rv->r[rv->ord[k]];
+		iov[nv++] = (struct iovec){r->dst, (size_t)r->len};
+	}
+	while (pos < end) {
+		ssize_t got = preadv2(g->fd, v, nv, pos, flags);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0 && flags && (errno == EAGAIN || errno == EOPNOTSUPP))
+			return -EAGAIN;
+		if (got < 0)
+			return errf(why, whylen, -EIO, "%s: %m", g->obj->uri);
+		if (got == 0)
+			return errf(why, whylen, -EIO,
+				    "%s: ends at byte %" PRId64 ", shorter than when opened (changed?)",
+				    g->obj->uri, pos);
+		pos += got;
+		while (got > 0) { /* consume the iovecs filled */
+			if ((size_t)got >= v->iov_len) {
+				got -= (ssize_t)v->iov_len;
+				v++;
+				nv--;
+			} else {
+				v->iov_base = (uint8_t *)v->iov_base + got;
+				v->iov_len -= (size_t)got;
+				got = 0;
+			}
+		}
+	}
+	stat_add(&rv->s->direct_reads, 1);
+	stat_add(&rv->s->bytes_fetched, sp->len);
+	return 0;
+}
+
+static void *direct_worker(void *arg)
+{
+	struct dv *d = arg;
+	size_t i;
+	char why[512];
+
+	while ((i = atomic_fetch_add(&d->next, 1)) < d->ntodo && !atomic_load(&d->failed)) {
+		int rc = span_read(d->rv, &d->spans[d->todo[i]], 0, why, sizeof(why));
+		if (rc && !atomic_exchange(&d->failed, 1)) {
+			d->rc = rc;
+			snprintf(d->why, sizeof(d->why), "%s", why);
+		}
+	}
+	return NULL;
+}
+
+/* The direct groups' spans, cut where ranges stop being adjacent. */
+static int make_spans(struct rv *rv, struct span **out, size_t *nout)
+{
+	int64_t maxlen = rv->s->o.max_request_bytes;
+	struct span *sp = NULL, *cur = NULL;
+	size_t n = 0, cap = 0;
+
+	for (size_t gi = 0; gi < rv->ngrps; gi++) {
+		if (!rv->grps[gi].direct)
+			continue;
+		cur = NULL;
+		for (size_t k = rv->grps[gi].lo; k < rv->grps[gi].hi; k++) {
+			const struct mlfs_range *r = &rv->r[rv->ord[k]];
+			if (cur && r->off == cur->off + cur->len && cur->hi - cur->lo < SPAN_IOV &&
+			    cur->len <= maxlen - r->len) {
+				cur->hi = k + 1;
+				cur->len += r->len;
+				continue;
+			}
+			if (n == cap) {
+				struct span *b = realloc(sp, (cap = cap ? 2 * cap : 64) * sizeof(*sp));
+				if (!b) {
+					free(sp);
+					return -ENOMEM;
+				}
+				sp = b;
+			}
+			cur = &sp[n++];
+			*cur = (struct span){(uint32_t)gi, k, k + 1, r->off, r->len, false};
+		}
+	}
+	*out = sp;
+	*nout = n;
+	return 0;
+}
+
+/* Reads the direct groups: page-cache hits on this thread, the rest on up
+ * to opts.parallel threads. */
+static int read_direct(struct rv *rv, char *why, size_t whylen)
+{
+	struct dv d = {.rv = rv};
+	pthread_t tid[SRC_MAX_PARALLEL];
+	size_t nt = 0;
+	int rc;
+
+	if ((rc = make_spans(rv, &d.spans, &d.nspans)))
+		return errf(why, whylen, rc, "out of memory");
+	if (d.nspans && !(d.todo = malloc(d.nspans * sizeof(*d.todo)))) {
+		free(d.spans);
+		return errf(why, whylen, -ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < d.nspans; i++) {
+		rc = span_read(rv, &d.spans[i], RWF_NOWAIT, why, whylen);
+		if (rc == -EAGAIN)
+			d.todo[d.ntodo++] = i;
+		else if (rc)
+			goto out;
+	}
+	rc = 0;
+	if (d.ntodo) {
+		size_t want = d.ntodo < (size_t)rv->s->o.parallel ? d.ntodo
+								   : (size_t)rv->s->o.parallel;
+		atomic_init(&d.next, 0);
+		atomic_init(&d.failed, 0);
+		while (nt + 1 < want && !pthread_create(&tid[nt], NULL, direct_worker, &d))
+			nt++; /* on failure, fewer threads do the work */
+		direct_worker(&d);
+		for (size_t i = 0; i < nt; i++)
+			pthread_join(tid[i], NULL);
+		if (atomic_load(&d.failed))
+			rc = errf(why, whylen, d.rc, "%s", d.why);
+	}
+out:
+	free(d.todo);
+	free(d.spans);
+	return rc;
+}
+
 int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, char *why,
 		   size_t whylen)
 {
@@ -1491,8 +1664,11 @@ int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, cha
 		struct grp *g = &rv.grps[gi];
 		if (g->obj->kind == OBJ_FILE && (rc = file_pin(s, g->obj, &g->fd, why, whylen)))
 			goto out;
+		g->direct = g->obj->kind == OBJ_FILE && s->o.file_direct;
 	}
 	if ((rc = check_sizes(&rv, why, whylen)))
+		goto out;
+	if (s->o.file_direct && (rc = read_direct(&rv, why, whylen)))
 		goto out;
 
 	/* 2, 3. The blocks needed; the cached ones served at once. */

@@ -20,6 +20,7 @@
 #define MLFS_MLFS_SOURCE_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Longest URI accepted, in bytes. */
@@ -35,6 +36,7 @@ struct mlfs_src_opts {
 	int max_backoff_ms;	   /* cap of one retry delay; <= 0: 2000 */
 	int64_t max_request_bytes; /* cap of one coalesced request; <= 0: 16 MiB (>= one block) */
 	int parallel;		   /* concurrent requests of one readv; <= 0: 8 (at most 64) */
+	bool file_direct;	   /* file:// ranges bypass the block cache (see readv) */
 };
 
 struct mlfs_src;
@@ -80,6 +82,12 @@ struct mlfs_range {
  * most max_request_bytes, up to opts.parallel requests at once. Ranges may
  * overlap and name any number of objects; zero-length ranges are ignored.
  *
+ * With opts.file_direct, file:// ranges skip the block cache (the kernel's
+ * page cache already holds file data): runs of adjacent ranges are read
+ * with one preadv straight into their dsts, first without waiting for I/O
+ * (RWF_NOWAIT: served from the page cache on the caller's thread), the rest
+ * on up to opts.parallel threads so a cold disk sees many requests at once.
+ *
  * All or nothing: returns 0 when every range was filled, else an error and
  * the dst bytes are unspecified (partly written). Errors, with one line in
  * @why (conventions of mlfs_src_fetch):
@@ -101,7 +109,8 @@ struct mlfs_src_stats {
 	int64_t requests;      /* requests sent, every attempt counted (file reads, HTTP) */
 	int64_t retries;       /* of those, the repeated attempts */
 	int64_t failures;      /* requests that failed for good (after their retries) */
-	int64_t bytes_fetched; /* bytes of successful replies */
+	int64_t bytes_fetched; /* bytes of successful replies (direct file reads too) */
+	int64_t direct_reads;  /* file_direct preadv calls that completed */
 	int64_t cached_bytes;  /* bytes now in the cache (<= cache_bytes) */
 	int64_t cached_blocks; /* blocks now in the cache */
 };
