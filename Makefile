@@ -112,6 +112,7 @@ bench: deps
 	$(MAKE) all $(BUILD)/tests/bench_plan
 	./$(BUILD)/tests/bench_plan
 	$(PY) tests/bench/bench_store.py --size-mib 1024
+	$(PY) tests/bench/bench_data.py --size-mib 512
 
 $(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
 	@mkdir -p $(dir $@)

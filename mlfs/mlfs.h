@@ -13,7 +13,7 @@ struct mlfs_options {
 	const char *cluster_path;
 	int64_t max_memory; /* bytes; 0 = 90% of physical memory */
 	bool foreground;
-	int threads; /* transformer threads; 0 = online CPUs */
+	int threads;	    /* transformer threads; 0 = online CPUs */
 	int64_t data_cache; /* dataset block cache bytes; 0 = 1 GiB */
 	int prefetch;	    /* dataset steps assembled ahead; < 0 = 4 */
 };

@@ -52,8 +52,8 @@ struct mlfs_dataset {
 	int prefetch;
 
 	pthread_mutex_t lock;
-	pthread_cond_t ready;  /* a view left state 0 */
-	pthread_cond_t queued; /* the queue got work or stop */
+	pthread_cond_t ready;		/* a view left state 0 */
+	pthread_cond_t queued;		/* the queue got work or stop */
 	struct mlfs_dview *head, *tail; /* most recently used first */
 	int nviews, maxviews;
 	struct slice queue[QUEUE_CAP];
@@ -201,8 +201,8 @@ static int assemble(struct mlfs_dataset *ds, struct mlfs_dview *v, char *why, si
 	}
 	v->len = v->offs[v->count];
 	if (!(v->data = buf_get(ds, v->len, &rc))) {
-		snprintf(why, whylen, "%s", rc == -ENOSPC ? "the view does not fit in --max-memory"
-							  : "out of memory");
+		snprintf(why, whylen, "%s",
+			 rc == -ENOSPC ? "the view does not fit in --max-memory" : "out of memory");
 		goto out;
 	}
 	for (int64_t j = 0; j < v->count; j++)
@@ -358,10 +358,10 @@ int mlfs_data_name(const struct mlfs_dataset *ds, const char *name, size_t n, in
 		enum mlfs_dfile kind;
 		bool fixed, variable;
 	} kinds[] = {
-		{".ids.npy", MLFS_DF_IDS, true, true},
-		{".offsets.npy", MLFS_DF_OFFSETS, false, true},
-		{".npy", MLFS_DF_NPY, true, false},
-		{".bin", MLFS_DF_BIN, false, true},
+	    {".ids.npy", MLFS_DF_IDS, true, true},
+	    {".offsets.npy", MLFS_DF_OFFSETS, false, true},
+	    {".npy", MLFS_DF_NPY, true, false},
+	    {".bin", MLFS_DF_BIN, false, true},
 	};
 	size_t digits = 0;
 	int64_t s = 0;
@@ -393,8 +393,8 @@ void mlfs_data_format_name(int64_t step, enum mlfs_dfile kind, char *buf, size_t
 	snprintf(buf, cap, "%" PRId64 "%s", step, suffix[kind]);
 }
 
-int mlfs_data_slice(const struct mlfs_dataset *ds, const struct ptc_cursor *c, int64_t step,
-		    int d, int64_t *first, int64_t *count)
+int mlfs_data_slice(const struct mlfs_dataset *ds, const struct ptc_cursor *c, int64_t step, int d,
+		    int64_t *first, int64_t *count)
 {
 	int64_t base, batch, limit;
 	int dp = ptc_cursor_dp(c, step);
@@ -458,12 +458,12 @@ static int load_offsets(struct mlfs_dataset *ds, int i, const char *uri, char *w
 	int rc = mlfs_src_fetch(ds->src, uri, n * 8 + 4096, &data, &len, why, whylen);
 
 	if (rc)
-		return rc == -EFBIG ? (snprintf(why, whylen,
-						"%s: larger than %" PRId64 " offsets of %" PRId64
-						" records",
-						uri, n, sh->count),
-				       -EINVAL)
-				    : rc;
+		return rc == -EFBIG
+			   ? (snprintf(why, whylen,
+				       "%s: larger than %" PRId64 " offsets of %" PRId64 " records",
+				       uri, n, sh->count),
+			      -EINVAL)
+			   : rc;
 	size_t skip = 0;
 	if (len >= 6 && memcmp(data, "\x93NUMPY", 6) == 0) {
 		char e[256];
@@ -526,8 +526,9 @@ static int load(struct mlfs_dataset *ds, char *why, size_t whylen)
 	for (int i = 0; i < n; i++) {
 		const struct ptc_shard *sh = &ds->ix->shards[i];
 		if (!(ds->uris[i] = mlfs_uri_join(ds->index_uri, sh->uri))) {
-			snprintf(why, whylen, "index.json: shards[%d].uri \"%s\" is not a valid URI",
-				 i, sh->uri);
+			snprintf(why, whylen,
+				 "index.json: shards[%d].uri \"%s\" is not a valid URI", i,
+				 sh->uri);
 			return -EINVAL;
 		}
 		if (ds->ix->records != PTC_RECORDS_VARIABLE)
@@ -603,7 +604,8 @@ int mlfs_dataset_open(const struct ptc_config *c, const struct mlfs_data_opts *o
 	ds->mem = mem;
 	ds->prefetch = o->prefetch;
 	ds->maxviews = 8 * (o->prefetch + 2) < 16 ? 16 : 8 * (o->prefetch + 2);
-	struct mlfs_src_opts so = {.cache_bytes = o->cache_bytes, .retries = -1, .file_direct = true};
+	struct mlfs_src_opts so = {
+	    .cache_bytes = o->cache_bytes, .retries = -1, .file_direct = true};
 	if (!(ds->index_uri = strdup(c->dataset_index)) || !(ds->src = mlfs_src_new(&so)))
 		goto err;
 	if ((rc = load(ds, why, sizeof(why)))) {
@@ -652,17 +654,16 @@ json_t *mlfs_data_status(struct mlfs_dataset *ds)
 	mlfs_src_stats(ds->src, &s);
 	pthread_mutex_lock(&ds->lock);
 	json_t *o = json_pack(
-		"{ss sI sI ss sI sI sI sI s{sI sI sI sI sI sI sI sI} so}", "index", ds->index_uri,
-		"records", (json_int_t)ds->ix->total, "shards", (json_int_t)ds->ix->nshards,
-		"kind", ds->ix->records == PTC_RECORDS_FIXED ? "fixed" : "variable", "views_assembled",
-		(json_int_t)ds->assembled, "view_hits", (json_int_t)ds->view_hits,
-		"view_failures", (json_int_t)ds->failures, "views_cached", (json_int_t)ds->nviews,
-		"cache", "hits", (json_int_t)s.hits, "misses", (json_int_t)s.misses, "requests",
-		(json_int_t)s.requests, "retries", (json_int_t)s.retries, "failures",
-		(json_int_t)s.failures, "bytes_fetched", (json_int_t)s.bytes_fetched, "direct_reads",
-		(json_int_t)s.direct_reads,
-		"cached_bytes", (json_int_t)s.cached_bytes, "last_error",
-		ds->error[0] ? json_string(ds->error) : json_null());
+	    "{ss sI sI ss sI sI sI sI s{sI sI sI sI sI sI sI sI} so}", "index", ds->index_uri,
+	    "records", (json_int_t)ds->ix->total, "shards", (json_int_t)ds->ix->nshards, "kind",
+	    ds->ix->records == PTC_RECORDS_FIXED ? "fixed" : "variable", "views_assembled",
+	    (json_int_t)ds->assembled, "view_hits", (json_int_t)ds->view_hits, "view_failures",
+	    (json_int_t)ds->failures, "views_cached", (json_int_t)ds->nviews, "cache", "hits",
+	    (json_int_t)s.hits, "misses", (json_int_t)s.misses, "requests", (json_int_t)s.requests,
+	    "retries", (json_int_t)s.retries, "failures", (json_int_t)s.failures, "bytes_fetched",
+	    (json_int_t)s.bytes_fetched, "direct_reads", (json_int_t)s.direct_reads, "cached_bytes",
+	    (json_int_t)s.cached_bytes, "last_error",
+	    ds->error[0] ? json_string(ds->error) : json_null());
 	pthread_mutex_unlock(&ds->lock);
 	return o;
 }

@@ -45,8 +45,8 @@ void mlfs_data_format_name(int64_t step, enum mlfs_dfile kind, char *buf, size_t
 
 /* The stream samples [*first, *first + *count) of DP rank @d of @dp at
  * @step; -ENODATA when the step is before the cursor or past the last epoch. */
-int mlfs_data_slice(const struct mlfs_dataset *ds, const struct ptc_cursor *c, int64_t step,
-		    int d, int64_t *first, int64_t *count);
+int mlfs_data_slice(const struct mlfs_dataset *ds, const struct ptc_cursor *c, int64_t step, int d,
+		    int64_t *first, int64_t *count);
 
 /* Size in bytes of file @kind of the view of samples [first, first+count);
  * its .npy header (if any) is formatted into @hdr. Cheap: no shard I/O. */
@@ -58,11 +58,11 @@ struct mlfs_dview {
 	atomic_int refs;
 	struct mlfs_dataset *ds; /* outlives its views: every holder holds it too */
 	int64_t first, count;
-	struct xf_buf *data; /* the records, back to back (maybe a larger buffer) */
-	int64_t len;	     /* bytes of records in data */
-	int64_t *ids;	     /* [count] */
-	int64_t *offs;	     /* [count + 1] byte offsets into data */
-	int state;	     /* 0 being assembled, 1 ready, < 0 failed (-errno) */
+	struct xf_buf *data;		/* the records, back to back (maybe a larger buffer) */
+	int64_t len;			/* bytes of records in data */
+	int64_t *ids;			/* [count] */
+	int64_t *offs;			/* [count + 1] byte offsets into data */
+	int state;			/* 0 being assembled, 1 ready, < 0 failed (-errno) */
 	struct mlfs_dview *prev, *next; /* cache LRU */
 };
 

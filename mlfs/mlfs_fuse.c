@@ -390,7 +390,7 @@ static void fill_attr(const struct ent *e, const struct mlfs_view *v, struct sta
 		size_t hlen;
 		stb->st_mode = S_IFREG | 0444;
 		stb->st_size = (off_t)mlfs_data_file_size(v->ds, e->first, e->count, e->dkind, hdr,
-							   sizeof(hdr), &hlen);
+							  sizeof(hdr), &hlen);
 		return;
 	}
 	case K_TDIR:
@@ -584,7 +584,11 @@ static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_dat
 
 /* ---------------------------------------------------------- file handles */
 
+/* An open file. Referenced by its open (until release) and by each read in
+ * progress: a reply may still be read from its buffers after the kernel
+ * completed the request and the file was released. */
 struct fh {
+	atomic_int refs;
 	enum kind kind;
 	struct mlfs_view *v;
 	int rank, state, tensor;
@@ -613,7 +617,7 @@ struct fh {
 
 static void fh_free(struct fh *f)
 {
-	if (!f)
+	if (!f || atomic_fetch_sub(&f->refs, 1) != 1)
 		return;
 	xf_buf_put(f->buf);
 	xf_buf_put(f->wdata);
@@ -722,6 +726,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	rc = -ENOMEM;
 	if (!(f = calloc(1, sizeof(*f))))
 		goto out_locked;
+	atomic_init(&f->refs, 1);
 	f->kind = t.e.kind;
 	f->v = t.v;
 	t.v = NULL;
@@ -859,11 +864,19 @@ static void reply_parts(fuse_req_t req, const char *hdr, size_t hlen, const uint
 	fuse_reply_iov(req, iov, iov[1].iov_len ? 2 : 1);
 }
 
+static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fh *f);
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
 	struct fh *f = FH(fi);
-	(void)ino;
+	atomic_fetch_add(&f->refs, 1);
+	read_fh(req, ino, size, off, f);
+	fh_free(f);
+}
+
+static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fh *f)
+{
 	if (f->kind == K_PART || f->kind == K_FFILE) {
 		reply_parts(req, f->hdr, f->hdr_len, f->buf->data, (size_t)f->buf->size, size, off);
 		return;
@@ -1241,6 +1254,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 /* ------------------------------------------------------------ directories */
 
 struct dirbuf {
+	atomic_int refs; /* the open's and each readdir's (see struct fh) */
 	char *p;
 	size_t size, cap;
 	size_t *ends; /* end offset of each entry */
@@ -1297,6 +1311,15 @@ static void list_views(fuse_req_t req, struct dirbuf *b, const struct mlfs_view 
 	}
 }
 
+static void dirbuf_put(struct dirbuf *b)
+{
+	if (b && atomic_fetch_sub(&b->refs, 1) == 1) {
+		free(b->p);
+		free(b->ends);
+		free(b);
+	}
+}
+
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct target t;
@@ -1304,6 +1327,8 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	int rc = b ? target_get(ino, &t) : -ENOMEM;
 	char num[16];
 
+	if (b)
+		atomic_init(&b->refs, 1);
 	if (rc) {
 		free(b);
 		fuse_reply_err(req, -rc);
@@ -1366,9 +1391,7 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	target_done(&t);
 	mlfs_view_put(t.v);
 	if (rc) {
-		free(b->p);
-		free(b->ends);
-		free(b);
+		dirbuf_put(b);
 		fuse_reply_err(req, -rc);
 		return;
 	}
@@ -1389,6 +1412,7 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		fuse_reply_buf(req, NULL, 0);
 		return;
 	}
+	atomic_fetch_add(&b->refs, 1);
 	/* Offsets are entry boundaries; send whole entries only. */
 	size_t end = (size_t)off, o = (size_t)off;
 	for (size_t i = 0; i < b->n; i++) {
@@ -1399,15 +1423,13 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		end = b->ends[i];
 	}
 	fuse_reply_buf(req, b->p + o, end - o);
+	dirbuf_put(b);
 }
 
 static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct dirbuf *b = (struct dirbuf *)(uintptr_t)fi->fh;
 	(void)ino;
-	free(b->p);
-	free(b->ends);
-	free(b);
+	dirbuf_put((struct dirbuf *)(uintptr_t)fi->fh);
 	fuse_reply_err(req, 0);
 }
 
@@ -1490,6 +1512,8 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	target_done(&t);
 	mlfs_view_put(t.v);
 	struct fh *f = calloc(1, sizeof(*f));
+	if (f)
+		atomic_init(&f->refs, 1);
 	if (!f || !(ep.ino = ino_lookup(path, 0, 0))) {
 		free(f);
 		fuse_reply_err(req, ENOMEM);
@@ -1805,6 +1829,7 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	char *argv[] = {"mlfs", "-o", "fsname=mlfs,subtype=mlfs,default_permissions", NULL};
 	struct fuse_args args = FUSE_ARGS_INIT(3, argv);
 	struct fuse_session *se = fuse_session_new(&args, &ops, sizeof(ops), NULL);
+	fuse_opt_free_args(&args); /* the session keeps what it needs */
 	if (!se)
 		goto out_store;
 	if (fuse_set_signal_handlers(se))

@@ -1504,7 +1504,8 @@ static int span_read(struct rv *rv, const struct span *sp, int flags, char *why,
 			return errf(why, whylen, -EIO, "%s: %m", g->obj->uri);
 		if (got == 0)
 			return errf(why, whylen, -EIO,
-				    "%s: ends at byte %" PRId64 ", shorter than when opened (changed?)",
+				    "%s: ends at byte %" PRId64
+				    ", shorter than when opened (changed?)",
 				    g->obj->uri, pos);
 		pos += got;
 		while (got > 0) { /* consume the iovecs filled */
@@ -1560,7 +1561,8 @@ static int make_spans(struct rv *rv, struct span **out, size_t *nout)
 				continue;
 			}
 			if (n == cap) {
-				struct span *b = realloc(sp, (cap = cap ? 2 * cap : 64) * sizeof(*sp));
+				struct span *b =
+				    realloc(sp, (cap = cap ? 2 * cap : 64) * sizeof(*sp));
 				if (!b) {
 					free(sp);
 					return -ENOMEM;
@@ -1600,8 +1602,8 @@ static int read_direct(struct rv *rv, char *why, size_t whylen)
 	}
 	rc = 0;
 	if (d.ntodo) {
-		size_t want = d.ntodo < (size_t)rv->s->o.parallel ? d.ntodo
-								   : (size_t)rv->s->o.parallel;
+		size_t want =
+		    d.ntodo < (size_t)rv->s->o.parallel ? d.ntodo : (size_t)rv->s->o.parallel;
 		atomic_init(&d.next, 0);
 		atomic_init(&d.failed, 0);
 		while (nt + 1 < want && !pthread_create(&tid[nt], NULL, direct_worker, &d))

@@ -319,8 +319,8 @@ static int cursor_carry(const struct mlfs_view *old, struct mlfs_view *v, int64_
 		return -ENOMEM;
 	memcpy(v->cursor.segs, old->cursor.segs, n);
 	v->cursor.nsegs = old->cursor.nsegs;
-	int rc = ptc_cursor_advance(&v->cursor, step, v->config->dataset_global_batch,
-				    v->layout.dp);
+	int rc =
+	    ptc_cursor_advance(&v->cursor, step, v->config->dataset_global_batch, v->layout.dp);
 	if (rc == -ERANGE)
 		return ptc_errorf(err,
 				  "config.json: the ranks saved step %" PRId64
@@ -848,10 +848,11 @@ char *mlfs_store_status_json(struct mlfs_store *st)
 		json_t *segs = json_array();
 		for (int k = 0; k < v->cursor.nsegs; k++)
 			json_array_append_new(
-			    segs, json_pack("{sIsIsIsi}", "step", (json_int_t)v->cursor.segs[k].step,
-					    "sample", (json_int_t)v->cursor.segs[k].sample,
-					    "global_batch", (json_int_t)v->cursor.segs[k].batch,
-					    "dp", v->cursor.segs[k].dp));
+			    segs,
+			    json_pack("{sIsIsIsi}", "step", (json_int_t)v->cursor.segs[k].step,
+				      "sample", (json_int_t)v->cursor.segs[k].sample,
+				      "global_batch", (json_int_t)v->cursor.segs[k].batch, "dp",
+				      v->cursor.segs[k].dp));
 		json_object_set_new(d, "cursor", segs);
 		json_object_set_new(o, "dataset", d);
 	}

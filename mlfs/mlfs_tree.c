@@ -100,7 +100,8 @@ static int insert(struct mlfs_tnode *root, const char *state, const char *tensor
 
 static void tree_sort(struct mlfs_tnode *t)
 {
-	qsort(t->child, (size_t)t->nchild, sizeof(*t->child), cmp_tnode);
+	if (t->nchild > 1) /* child is NULL when there are none */
+		qsort(t->child, (size_t)t->nchild, sizeof(*t->child), cmp_tnode);
 	for (int i = 0; i < t->nchild; i++)
 		tree_sort(t->child[i]);
 }

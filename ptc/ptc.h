@@ -168,7 +168,7 @@ struct ptc_config {
 	char *dataset_index;
 	uint64_t dataset_seed;
 	int64_t dataset_global_batch;
-	bool dataset_shuffle; /* default true */
+	bool dataset_shuffle;	/* default true */
 	int64_t dataset_epochs; /* 0: no limit */
 };
 

@@ -14,8 +14,8 @@
 
 static const char *const config_keys[] = {"version", "tp",	 "pp",	    "dp",
 					  "nodes",   "replicas", "dataset", NULL};
-static const char *const dataset_keys[] = {"index", "seed", "global_batch", "shuffle",
-					     "epochs", NULL};
+static const char *const dataset_keys[] = {"index",   "seed",	"global_batch",
+					   "shuffle", "epochs", NULL};
 static const char *const cluster_keys[] = {"nodes", "token_file", NULL};
 static const char *const node_keys[] = {"id", "addr", "devices", NULL};
 

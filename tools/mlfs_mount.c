@@ -66,11 +66,14 @@ static int64_t parse_bytes(const char *s)
 
 int cmd_mount(int argc, char **argv)
 {
-	static const struct option opts[] = {
-	    {"node", required_argument, NULL, 'n'},	  {"cluster", required_argument, NULL, 'c'},
-	    {"max-memory", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
-	    {"foreground", no_argument, NULL, 'f'},	  {"data-cache", required_argument, NULL, 'D'},
-	    {"prefetch", required_argument, NULL, 'P'},	  {NULL, 0, NULL, 0}};
+	static const struct option opts[] = {{"node", required_argument, NULL, 'n'},
+					     {"cluster", required_argument, NULL, 'c'},
+					     {"max-memory", required_argument, NULL, 'm'},
+					     {"threads", required_argument, NULL, 't'},
+					     {"foreground", no_argument, NULL, 'f'},
+					     {"data-cache", required_argument, NULL, 'D'},
+					     {"prefetch", required_argument, NULL, 'P'},
+					     {NULL, 0, NULL, 0}};
 	struct mlfs_options o = {.prefetch = -1};
 	char *end;
 	int c;
@@ -120,8 +123,9 @@ int cmd_mount(int argc, char **argv)
 		}
 	}
 	if (optind != argc - 1 || !o.node_id || !o.cluster_path) {
-		fprintf(stderr, "usage: mlfs mount <mnt> --node ID --cluster cluster.json [-f] "
-				"[--max-memory BYTES] [--threads N] [--data-cache BYTES] [--prefetch N]\n");
+		fprintf(stderr,
+			"usage: mlfs mount <mnt> --node ID --cluster cluster.json [-f] "
+			"[--max-memory BYTES] [--threads N] [--data-cache BYTES] [--prefetch N]\n");
 		return 2;
 	}
 	o.mountpoint = argv[optind];

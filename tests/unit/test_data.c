@@ -857,7 +857,8 @@ static void test_cursor_property(void **state)
 					if (rnd(4) == 0)
 						batch = old; /* another dp, same global_batch */
 					batch = batch < dp ? dp : batch;
-					assert_int_equal(ptc_cursor_advance(&s.c, step, batch, dp), 0);
+					assert_int_equal(ptc_cursor_advance(&s.c, step, batch, dp),
+							 0);
 				}
 				assert_true(s.c.nsegs <= nsegs + 1);
 				if (batch == old && dp == old_dp)

@@ -403,6 +403,62 @@ static void test_file_hits_coalesce(void **state)
 	mlfs_src_free(s);
 }
 
+/* file_direct: file ranges are read with preadv into their dsts, adjacent
+ * ones together, and never enter the block cache. */
+static void test_file_direct(void **state)
+{
+	(void)state;
+	struct mlfs_src_opts o = {
+	    .block_bytes = 4096, .max_request_bytes = 1 << 20, .parallel = 4, .file_direct = true};
+	struct mlfs_src *s = mlfs_src_new(&o);
+	struct mlfs_src_stats st;
+	char uri[MAX_URI_LEN], why[MAX_URI_LEN + 128];
+
+	assert_non_null(s);
+	random_reads(s, 0, 300, 7);
+	st = stats(s);
+	assert_int_equal(st.hits + st.misses + st.cached_bytes + st.cached_blocks, 0);
+	assert_true(st.direct_reads > 0);
+	assert_int_equal(st.failures, 0);
+
+	/* Adjacent ranges given out of order: one preadv; a gap makes two; the
+	 * same range twice fills both dsts. */
+	file_uri(uri, F_A);
+	uint8_t d[5][1000];
+	struct mlfs_range r[5] = {{uri, 1100, 1000, d[0]},
+				  {uri, 100, 1000, d[1]},
+				  {uri, 2100, 1000, d[2]},
+				  {uri, 9000, 1000, d[3]},
+				  {uri, 9000, 1000, d[4]}};
+	int64_t before = stats(s).direct_reads;
+	assert_int_equal(mlfs_src_readv(s, r, 3, why, sizeof(why)), 0);
+	assert_int_equal(stats(s).direct_reads, before + 1);
+	assert_int_equal(mlfs_src_readv(s, r, 5, why, sizeof(why)), 0);
+	assert_int_equal(stats(s).direct_reads, before + 1 + 3);
+	for (int i = 0; i < 5; i++)
+		assert_memory_equal(d[i], content[F_A] + r[i].off, 1000);
+
+	/* Past the end: named, as through the cache. */
+	file_uri(uri, F_SMALL);
+	assert_int_equal(read1(s, uri, 96, 36, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "holds 100 bytes, bytes 96-131 asked"));
+
+	/* A file that shrank after it was opened: EIO naming it, not short data. */
+	char path[128];
+	snprintf(path, sizeof(path), "%s/shrinks.bin", dir);
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(content[F_A], 1, 50000, f), 50000);
+	assert_int_equal(fclose(f), 0);
+	snprintf(uri, sizeof(uri), "file://%s", path);
+	assert_int_equal(read1(s, uri, 0, 50000, why, sizeof(why)), 0);
+	assert_int_equal(truncate(path, 10000), 0);
+	assert_int_equal(read1(s, uri, 20000, 100, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "shrinks.bin: ends at byte 20000, shorter than when opened"));
+	unlink(path);
+	mlfs_src_free(s);
+}
+
 static void test_file_lru(void **state)
 {
 	(void)state;
@@ -937,10 +993,11 @@ static void test_http_timeout(void **state)
 int main(void)
 {
 	const struct CMUnitTest file_tests[] = {
-	    cmocka_unit_test(test_file_random), cmocka_unit_test(test_file_hits_coalesce),
-	    cmocka_unit_test(test_file_lru),	cmocka_unit_test(test_file_errors),
-	    cmocka_unit_test(test_bad_uris),	cmocka_unit_test(test_uri_join),
-	    cmocka_unit_test(test_file_fetch),	cmocka_unit_test(test_file_threads),
+	    cmocka_unit_test(test_file_random),	 cmocka_unit_test(test_file_hits_coalesce),
+	    cmocka_unit_test(test_file_lru),	 cmocka_unit_test(test_file_direct),
+	    cmocka_unit_test(test_file_errors),	 cmocka_unit_test(test_bad_uris),
+	    cmocka_unit_test(test_uri_join),	 cmocka_unit_test(test_file_fetch),
+	    cmocka_unit_test(test_file_threads),
 	};
 	const struct CMUnitTest http_tests[] = {
 	    cmocka_unit_test(test_http_exact),	 cmocka_unit_test(test_http_flaky),
