@@ -103,6 +103,11 @@ test: deps
 	$(MAKE) all
 	$(MAKE) unit
 	$(PY) -m pytest -q tests/e2e
+ifeq ($(SANITIZE),)
+	@echo "== again under AddressSanitizer and UBSan (build/asan)"
+	$(MAKE) BUILD=$(BUILD)/asan SANITIZE=address,undefined all unit
+	BUILD=$(BUILD)/asan $(PY) -m pytest -q tests/e2e
+endif
 
 demo: deps
 	$(MAKE) all
