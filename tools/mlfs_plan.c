@@ -110,34 +110,29 @@ static struct ptc_cluster *default_cluster(const struct ptc_config *a, const str
 	return cl;
 }
 
-typedef int (*parse_fn)(const char *, size_t, const char *, void **, struct ptc_error *);
-
-static int load(const char *path, parse_fn fn, void **out)
-{
-	struct ptc_error err = {""};
-	size_t len;
-	char *text = tools_read_file(path, &len);
-
-	if (!text)
-		return -1;
-	int rc = fn(text, len, path, out, &err);
-	free(text);
-	if (rc) {
-		fprintf(stderr, "mlfs: %s\n", rc == -ENOMEM ? "out of memory" : err.text);
-		return -1;
-	}
-	return 0;
-}
+/* Reads file @path and parses it with @fn into *@out; -1 after printing why. */
+#define LOAD(path, fn, out)                                                                  \
+	({                                                                                   \
+		struct ptc_error err_ = {""};                                                \
+		size_t len_;                                                                 \
+		char *text_ = tools_read_file((path), &len_);                                \
+		int rc_ = text_ ? fn(text_, len_, (path), (out), &err_) : -1;                \
+		free(text_);                                                                 \
+		if (text_ && rc_)                                                            \
+			fprintf(stderr, "mlfs: %s\n",                                       \
+				rc_ == -ENOMEM ? "out of memory" : err_.text);                \
+		rc_ ? -1 : 0;                                                                \
+	})
 
 static int load_inputs(struct plan_inputs *in, const char *schema, const char *from, const char *to,
 		       const char *cluster)
 {
-	if (load(schema, (parse_fn)ptc_schema_parse_text, (void **)&in->schema) ||
-	    load(from, (parse_fn)ptc_config_parse_text, (void **)&in->from) ||
-	    load(to, (parse_fn)ptc_config_parse_text, (void **)&in->to))
+	if (LOAD(schema, ptc_schema_parse_text, &in->schema) ||
+	    LOAD(from, ptc_config_parse_text, &in->from) ||
+	    LOAD(to, ptc_config_parse_text, &in->to))
 		return -1;
 	if (cluster)
-		return load(cluster, (parse_fn)ptc_cluster_parse_text, (void **)&in->cluster);
+		return LOAD(cluster, ptc_cluster_parse_text, &in->cluster);
 	in->cluster = default_cluster(in->from, in->to);
 	return in->cluster ? 0 : -1;
 }
