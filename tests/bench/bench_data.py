@@ -19,7 +19,6 @@ Usage: bench_data.py [--size-mib N] [--steps N] [--dir DIR]
    (default 512 MiB in a temporary folder under /tmp, 128 steps)
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -29,42 +28,14 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLFS = os.path.join(ROOT, os.environ.get("BUILD", "build"), "mlfs")
+from benchmount import MLFS, Mount
+
 
 SEQ = 2049          # int32 values per record
 REC_BYTES = SEQ * 4
 SHARDS = 8
 GB = 256
 DP = 2
-
-
-class Mount:
-    def __init__(self, tmp, name, devices=2):
-        self.dir = os.path.join(tmp, name)
-        os.makedirs(self.dir)
-        cluster = os.path.join(tmp, f"{name}-cluster.json")
-        with open(cluster, "w") as f:
-            json.dump({"nodes": [{"id": "n0", "addr": "127.0.0.1:7070", "devices": devices}]}, f)
-        self.err = open(os.path.join(tmp, f"{name}.err"), "w")
-        self.proc = subprocess.Popen([MLFS, "mount", self.dir, "--node", "n0", "--cluster",
-                                      cluster, "-f"], stderr=self.err)
-        for _ in range(500):
-            if os.path.ismount(self.dir):
-                return
-            time.sleep(0.02)
-        raise RuntimeError("mount did not appear")
-
-    def write(self, name, obj):
-        with open(os.path.join(self.dir, name), "w") as f:
-            f.write(json.dumps(obj))
-
-    def view(self, r, s, ext=".npy"):
-        return os.path.join(self.dir, "ranks", str(r), "data", f"{s}{ext}")
-
-    def close(self):
-        subprocess.run(["fusermount3", "-u", self.dir], check=True)
-        assert self.proc.wait(timeout=30) == 0
 
 
 def make_dataset(d, size_mib):
@@ -94,7 +65,7 @@ def drop_cache(d, counts):
 
 
 def setup_mount(tmp, name, d):
-    m = Mount(tmp, name)
+    m = Mount(tmp, name, devices=2)
     m.write("schema.json", {"model": "bench", "num_layers": 0, "states": {"model": {}},
                             "tensors": [{"name": "w", "dtype": "float32", "shape": [4]}]})
     m.write("config.json", {"version": 1, "tp": 1, "pp": 1, "dp": DP, "nodes": ["n0"],

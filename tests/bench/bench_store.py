@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLFS = os.path.join(ROOT, os.environ.get("BUILD", "build"), "mlfs")
+from benchmount import MLFS, Mount
+
 
 
 def best(fn, reps=3):
@@ -43,31 +43,6 @@ def read_file(path, out):
                 break
             n += got
     return n
-
-
-class Mount:
-    def __init__(self, tmp, devices=8):
-        self.dir = os.path.join(tmp, "mnt")
-        os.makedirs(self.dir)
-        cluster = os.path.join(tmp, "cluster.json")
-        with open(cluster, "w") as f:
-            json.dump({"nodes": [{"id": "n0", "addr": "127.0.0.1:7070", "devices": devices}]}, f)
-        self.err = open(os.path.join(tmp, "daemon.err"), "w")
-        self.proc = subprocess.Popen([MLFS, "mount", self.dir, "--node", "n0", "--cluster",
-                                      cluster, "-f"], stderr=self.err)
-        for _ in range(200):
-            if os.path.ismount(self.dir):
-                return
-            time.sleep(0.02)
-        raise RuntimeError("mount did not appear")
-
-    def write(self, name, obj):
-        with open(os.path.join(self.dir, name), "w") as f:
-            f.write(json.dumps(obj))
-
-    def close(self):
-        subprocess.run(["fusermount3", "-u", self.dir], check=True)
-        assert self.proc.wait(timeout=30) == 0
 
 
 def io_bench(tmp, size_mib):
