@@ -513,8 +513,13 @@ static double ent_timeout(const struct ent *e, bool entry)
 	case K_RANK:
 	case K_DDIR:
 		return 5.0;
+	case K_ROOT:
+	case K_FULL:
 	case K_DFILE:
 		return entry ? 0.0 : 5.0;
+	case K_TDIR:
+	case K_FDIR: /* a directory's attributes (the kernel checks them on every path walk) */
+		return entry || !e->tn || e->tn->tensor >= 0 ? 0.0 : 5.0;
 	default:
 		return 0.0;
 	}
