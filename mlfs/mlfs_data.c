@@ -396,22 +396,13 @@ void mlfs_data_format_name(int64_t step, enum mlfs_dfile kind, char *buf, size_t
 int mlfs_data_slice(const struct mlfs_dataset *ds, const struct ptc_cursor *c, int64_t step, int d,
 		    int64_t *first, int64_t *count)
 {
-	int64_t base, batch, limit;
-	int dp = ptc_cursor_dp(c, step);
-
-	if (dp < 1 || d < 0 || d >= dp || ptc_cursor_samples(c, step, &base, &batch))
-		return -ENODATA;
-	/* With an epoch limit the last step is the one whose batch starts before
-	 * the end of the last epoch; its batch stops there, so every DP rank
-	 * agrees on it and nothing of the last epoch is dropped. */
-	if (ds->epochs && !__builtin_mul_overflow(ds->epochs, ds->ix->total, &limit)) {
-		if (base >= limit)
-			return -ENODATA;
-		if (batch > limit - base)
-			batch = limit - base;
-	}
-	ptc_data_split(base, batch, dp, d, first, count);
-	return 0;
+	int64_t limit = 0; /* no epoch limit, or one past int64 */
+	if (ds->epochs && __builtin_mul_overflow(ds->epochs, ds->ix->total, &limit))
+		limit = 0;
+	/* Steps keep the dp they ran with: a DP rank that step did not have has
+	 * no view of it. */
+	return ptc_data_slice(c, step, ptc_cursor_dp(c, step), d, limit, first, count) ? -ENODATA
+										       : 0;
 }
 
 int64_t mlfs_data_file_size(const struct mlfs_dataset *ds, int64_t first, int64_t count,

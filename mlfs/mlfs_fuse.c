@@ -836,7 +836,7 @@ out_locked:
 		fi->keep_cache = !stale; /* this inode's pages are this content's */
 	else if (f->kind == K_PART)
 		fi->direct_io = 1; /* nothing staged reaches the page cache */
-	fi->noflush = !write; /* a reader's flush does nothing: spare the round trip */
+	fi->noflush = !write;	   /* a reader's flush does nothing: spare the round trip */
 	fi->fh = (uintptr_t)f;
 	if (fuse_reply_open(req, fi))
 		fh_free(f);

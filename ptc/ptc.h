@@ -233,14 +233,13 @@ struct ptc_cursor {
 int ptc_cursor_samples(const struct ptc_cursor *c, int64_t step, int64_t *samples, int64_t *batch);
 /* The data parallelism of @step (its segment's), or 0 when it has none. */
 int ptc_cursor_dp(const struct ptc_cursor *c, int64_t step);
-/* Slice @d of @dp of the batch [base, base + batch): balanced and contiguous,
- * the first batch % dp slices one sample larger. */
-void ptc_data_split(int64_t base, int64_t batch, int dp, int d, int64_t *first, int64_t *count);
-/* The stream samples of DP rank @d of @dp at @step: ptc_data_split of the
- * step's batch. -EINVAL for a bad @dp or @d, -ENODATA for an unreachable
- * step. */
-int ptc_data_slice(const struct ptc_cursor *c, int64_t step, int dp, int d, int64_t *first,
-		   int64_t *count);
+/* The stream samples of DP rank @d of @dp at @step: the balanced contiguous
+ * slice d of the step's batch (the first batch % dp slices one sample
+ * larger). With @limit > 0 (the samples of the whole run) a step whose batch
+ * starts at or past @limit has none, and the batch that crosses it is cut
+ * there. -EINVAL for a bad @dp or @d, -ENODATA for an unreachable step. */
+int ptc_data_slice(const struct ptc_cursor *c, int64_t step, int dp, int d, int64_t limit,
+		   int64_t *first, int64_t *count);
 /* From @step on, steps consume @batch samples cut into @dp slices (a
  * reconfiguration saved at @step). Segments after @step are dropped.
  * 0, -ERANGE (bad step, batch or dp), -ENOMEM. */

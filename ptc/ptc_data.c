@@ -244,22 +244,25 @@ int ptc_cursor_dp(const struct ptc_cursor *c, int64_t step)
 	return ptc_cursor_samples(c, step, &samples, &batch) ? 0 : cursor_seg(c, step)->dp;
 }
 
-void ptc_data_split(int64_t base, int64_t batch, int dp, int d, int64_t *first, int64_t *count)
-{
-	int64_t q = batch / dp, rem = batch % dp;
-	*first = base + d * q + (d < rem ? d : rem);
-	*count = q + (d < rem);
-}
-
-int ptc_data_slice(const struct ptc_cursor *c, int64_t step, int dp, int d, int64_t *first,
-		   int64_t *count)
+int ptc_data_slice(const struct ptc_cursor *c, int64_t step, int dp, int d, int64_t limit,
+		   int64_t *first, int64_t *count)
 {
 	int64_t base, batch;
 	if (dp < 1 || d < 0 || d >= dp)
 		return -EINVAL;
 	if (ptc_cursor_samples(c, step, &base, &batch))
 		return -ENODATA;
-	ptc_data_split(base, batch, dp, d, first, count);
+	/* The last step is the one whose batch starts before @limit; its batch
+	 * stops there, so every DP rank agrees on it and nothing is dropped. */
+	if (limit > 0) {
+		if (base >= limit)
+			return -ENODATA;
+		if (batch > limit - base)
+			batch = limit - base;
+	}
+	int64_t q = batch / dp, rem = batch % dp;
+	*first = base + d * q + (d < rem ? d : rem);
+	*count = q + (d < rem);
 	return 0;
 }
 

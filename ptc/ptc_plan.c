@@ -559,7 +559,8 @@ static int cmp_op(const void *a, const void *b)
 		return x->f < y->f ? -1 : 1;
 	CMP(dst_node)
 	CMP(phase)
-	CMP(dst_rank) CMP(state) CMP(tensor) CMP(dst_row)
+	CMP(dst_rank)
+	CMP(state) CMP(tensor) CMP(dst_row)
 #undef CMP
 	    return 0;
 }

@@ -111,17 +111,17 @@ static struct ptc_cluster *default_cluster(const struct ptc_config *a, const str
 }
 
 /* Reads file @path and parses it with @fn into *@out; -1 after printing why. */
-#define LOAD(path, fn, out)                                                                  \
-	({                                                                                   \
-		struct ptc_error err_ = {""};                                                \
-		size_t len_;                                                                 \
-		char *text_ = tools_read_file((path), &len_);                                \
-		int rc_ = text_ ? fn(text_, len_, (path), (out), &err_) : -1;                \
-		free(text_);                                                                 \
-		if (text_ && rc_)                                                            \
-			fprintf(stderr, "mlfs: %s\n",                                       \
-				rc_ == -ENOMEM ? "out of memory" : err_.text);                \
-		rc_ ? -1 : 0;                                                                \
+#define LOAD(path, fn, out)                                                                        \
+	({                                                                                         \
+		struct ptc_error err_ = {""};                                                      \
+		size_t len_;                                                                       \
+		char *text_ = tools_read_file((path), &len_);                                      \
+		int rc_ = text_ ? fn(text_, len_, (path), (out), &err_) : -1;                      \
+		free(text_);                                                                       \
+		if (text_ && rc_)                                                                  \
+			fprintf(stderr, "mlfs: %s\n",                                              \
+				rc_ == -ENOMEM ? "out of memory" : err_.text);                     \
+		rc_ ? -1 : 0;                                                                      \
 	})
 
 static int load_inputs(struct plan_inputs *in, const char *schema, const char *from, const char *to,

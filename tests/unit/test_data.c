@@ -568,7 +568,7 @@ static void check_step(const struct ptc_cursor *c, int64_t step, int dp, int64_t
 	for (int d = 0; d < dp; d++) {
 		int64_t first = -1, count = -1;
 
-		assert_int_equal(ptc_data_slice(c, step, dp, d, &first, &count), 0);
+		assert_int_equal(ptc_data_slice(c, step, dp, d, 0, &first, &count), 0);
 		assert_int_equal(first, next);
 		assert_int_equal(count, batch / dp + (d < batch % dp));
 		assert_true(count >= 1);
@@ -587,6 +587,14 @@ static void test_cursor_design_example(void **state)
 	cursor_init(&c, 0, 0, 64, 2);
 	check_step(&c, 0, 2, 0, 64);
 	check_step(&c, 99, 2, 99 * 64, 64);
+	/* A run of 150 samples: step 2 (from 128) is cut to 22, step 3 has none. */
+	assert_int_equal(ptc_data_slice(&c, 2, 2, 1, 150, &first, &count), 0);
+	assert_int_equal(first, 139);
+	assert_int_equal(count, 11);
+	assert_int_equal(ptc_data_slice(&c, 1, 2, 1, 150, &first, &count), 0);
+	assert_int_equal(count, 32);
+	assert_int_equal(ptc_data_slice(&c, 3, 2, 0, 150, &first, &count), -ENODATA);
+	assert_int_equal(ptc_data_slice(&c, 2, 2, 0, 128, &first, &count), -ENODATA);
 	assert_int_equal(ptc_cursor_advance(&c, 100, 96, 3), 0);
 	assert_int_equal(c.nsegs, 2);
 	assert_int_equal(ptc_cursor_dp(&c, 99), 2);
@@ -594,7 +602,7 @@ static void test_cursor_design_example(void **state)
 	check_step(&c, 99, 2, 99 * 64, 64);
 	check_step(&c, 100, 3, 6400, 96);
 	check_step(&c, 101, 3, 6496, 96);
-	assert_int_equal(ptc_data_slice(&c, 101, 3, 2, &first, &count), 0);
+	assert_int_equal(ptc_data_slice(&c, 101, 3, 2, 0, &first, &count), 0);
 	assert_int_equal(first, 6496 + 64);
 	assert_int_equal(count, 32);
 
@@ -602,7 +610,7 @@ static void test_cursor_design_example(void **state)
 	assert_int_equal(ptc_cursor_advance(&c, 102, 10, 4), 0);
 	static const int64_t want[] = {3, 3, 2, 2};
 	for (int d = 0; d < 4; d++) {
-		assert_int_equal(ptc_data_slice(&c, 102, 4, d, &first, &count), 0);
+		assert_int_equal(ptc_data_slice(&c, 102, 4, d, 0, &first, &count), 0);
 		assert_int_equal(count, want[d]);
 	}
 	check_step(&c, 103, 4, 6592 + 10, 10);
@@ -654,8 +662,8 @@ static void test_cursor_errors(void **state)
 	assert_int_equal(ptc_cursor_samples(&c, INT64_MIN, &samples, &batch), -ENODATA);
 	assert_int_equal(ptc_cursor_samples(&c, 4, &samples, &batch), -ENODATA);
 	assert_int_equal(ptc_cursor_samples(&c, 0, &samples, &batch), -ENODATA);
-	assert_int_equal(ptc_data_slice(&c, 4, 1, 0, &first, &count), -ENODATA);
-	assert_int_equal(ptc_data_slice(&c, -1, 1, 0, &first, &count), -ENODATA);
+	assert_int_equal(ptc_data_slice(&c, 4, 1, 0, 0, &first, &count), -ENODATA);
+	assert_int_equal(ptc_data_slice(&c, -1, 1, 0, 0, &first, &count), -ENODATA);
 	assert_int_equal(samples, -7);
 	assert_int_equal(first, -7);
 	check_step(&c, 5, 3, 1000, 3);
@@ -663,7 +671,7 @@ static void test_cursor_errors(void **state)
 	/* Huge steps: -ENODATA, not a wrapped sample. */
 	assert_int_equal(ptc_cursor_samples(&c, INT64_MAX / 2, &samples, &batch), -ENODATA);
 	assert_int_equal(ptc_cursor_samples(&c, INT64_MAX, &samples, &batch), -ENODATA);
-	assert_int_equal(ptc_data_slice(&c, INT64_MAX / 2, 2, 1, &first, &count), -ENODATA);
+	assert_int_equal(ptc_data_slice(&c, INT64_MAX / 2, 2, 1, 0, &first, &count), -ENODATA);
 	/* The largest reachable step still works; its batch ends at INT64_MAX at most. */
 	int64_t last = 5 + (INT64_MAX - 1000) / 3 - 1;
 	assert_int_equal(ptc_cursor_samples(&c, last, &samples, &batch), 0);
@@ -694,15 +702,15 @@ static void test_cursor_errors(void **state)
 	check_step(&c, 12, 4, 1015 + 8, 4);
 
 	/* Bad DP ranks. */
-	assert_int_equal(ptc_data_slice(&c, 12, 0, 0, &first, &count), -EINVAL);
-	assert_int_equal(ptc_data_slice(&c, 12, 4, 4, &first, &count), -EINVAL);
-	assert_int_equal(ptc_data_slice(&c, 12, 4, -1, &first, &count), -EINVAL);
+	assert_int_equal(ptc_data_slice(&c, 12, 0, 0, 0, &first, &count), -EINVAL);
+	assert_int_equal(ptc_data_slice(&c, 12, 4, 4, 0, &first, &count), -EINVAL);
+	assert_int_equal(ptc_data_slice(&c, 12, 4, -1, 0, &first, &count), -EINVAL);
 	free(c.segs);
 
 	/* A cursor without segments has no steps. */
 	struct ptc_cursor empty = {0, NULL};
 	assert_int_equal(ptc_cursor_samples(&empty, 0, &samples, &batch), -ENODATA);
-	assert_int_equal(ptc_data_slice(&empty, 0, 1, 0, &first, &count), -ENODATA);
+	assert_int_equal(ptc_data_slice(&empty, 0, 1, 0, 0, &first, &count), -ENODATA);
 	assert_int_equal(ptc_cursor_advance(&empty, 0, 1, 1), -ERANGE);
 }
 
@@ -760,7 +768,7 @@ static void sim_check_stream(const struct sim *s)
 		for (int d = 0; d < s->dp[st]; d++) {
 			int64_t first, count;
 
-			assert_int_equal(ptc_data_slice(&s->c, st, s->dp[st], d, &first, &count),
+			assert_int_equal(ptc_data_slice(&s->c, st, s->dp[st], d, 0, &first, &count),
 					 0);
 			for (int64_t g = first; g < first + count; g++) {
 				assert_int_equal(g, next);
