@@ -560,7 +560,8 @@ static int cmp_op(const void *a, const void *b)
 	CMP(dst_node)
 	CMP(phase)
 	CMP(dst_rank)
-	CMP(state) CMP(tensor) CMP(dst_row)
+	CMP(state)
+	CMP(tensor) CMP(dst_row)
 #undef CMP
 	    return 0;
 }

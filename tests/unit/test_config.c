@@ -3,55 +3,8 @@
  */
 #include "tests/unit/unit.h"
 
-static int parse_config(const char *text, struct ptc_config **out, struct ptc_error *err)
-{
-	char *s = unit_json(text);
-	int rc = ptc_config_parse_text(s, strlen(s), "config.json", out, err);
-
-	free(s);
-	return rc;
-}
-
-static int parse_cluster(const char *text, struct ptc_cluster **out, struct ptc_error *err)
-{
-	char *s = unit_json(text);
-	int rc = ptc_cluster_parse_text(s, strlen(s), "cluster.json", out, err);
-
-	free(s);
-	return rc;
-}
-
-static void config_fails_at(const char *file, int line, const char *text, const char *exact, ...)
-{
-	struct ptc_config *c = (struct ptc_config *)1;
-	struct ptc_error err = {.text = ""};
-	int rc = parse_config(text, &c, &err);
-	va_list ap;
-
-	if (rc == 0)
-		ptc_config_free(c);
-	else
-		_assert_true(c == NULL, "*out == NULL on error", file, line);
-	va_start(ap, exact);
-	unit_check_error(file, line, rc, err.text, "config.json: ", exact, ap);
-	va_end(ap);
-}
-
-static void cluster_fails_at(const char *file, int line, const char *text, const char *exact, ...)
-{
-	struct ptc_cluster *c = (struct ptc_cluster *)1;
-	struct ptc_error err = {.text = ""};
-	int rc = parse_cluster(text, &c, &err);
-	va_list ap;
-
-	if (rc == 0)
-		ptc_cluster_free(c);
-	else
-		_assert_true(c == NULL, "*out == NULL on error", file, line);
-	va_start(ap, exact);
-	unit_check_error(file, line, rc, err.text, "cluster.json: ", exact, ap);
-	va_end(ap);
-}
+UNIT_PARSER(config, struct ptc_config, "config.json", ptc_config_parse_text, ptc_config_free)
+UNIT_PARSER(cluster, struct ptc_cluster, "cluster.json", ptc_cluster_parse_text, ptc_cluster_free)
 
 #define CONFIG_FAILS_EXACT(text, msg)  config_fails_at(__FILE__, __LINE__, text, msg, NULL)
 #define CONFIG_FAILS(text, ...)	       config_fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)

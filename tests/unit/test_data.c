@@ -30,14 +30,7 @@ static int64_t rnd(int64_t n)
 
 /* ------------------------------------------------------------ index.json */
 
-static int parse_index(const char *text, struct ptc_index **out, struct ptc_error *err)
-{
-	char *s = unit_json(text);
-	int rc = ptc_index_parse_text(s, strlen(s), "index.json", out, err);
-
-	free(s);
-	return rc;
-}
+UNIT_PARSER(index, struct ptc_index, "index.json", ptc_index_parse_text, ptc_index_free)
 
 static struct ptc_index *index_ok(const char *text)
 {
@@ -50,22 +43,6 @@ static struct ptc_index *index_ok(const char *text)
 	assert_int_equal(rc, 0);
 	assert_non_null(ix);
 	return ix;
-}
-
-static void index_fails_at(const char *file, int line, const char *text, const char *exact, ...)
-{
-	struct ptc_index *ix = (struct ptc_index *)1;
-	struct ptc_error err = {.text = ""};
-	int rc = parse_index(text, &ix, &err);
-	va_list ap;
-
-	if (rc == 0)
-		ptc_index_free(ix);
-	else
-		_assert_true(ix == NULL, "*out == NULL on error", file, line);
-	va_start(ap, exact);
-	unit_check_error(file, line, rc, err.text, "index.json: ", exact, ap);
-	va_end(ap);
 }
 
 #define INDEX_FAILS_EXACT(text, msg) index_fails_at(__FILE__, __LINE__, text, msg, NULL)

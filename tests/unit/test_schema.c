@@ -3,35 +3,13 @@
  */
 #include "tests/unit/unit.h"
 
-static int parse(const char *text, struct ptc_schema **out, struct ptc_error *err)
-{
-	char *s = unit_json(text);
-	int rc = ptc_schema_parse_text(s, strlen(s), "schema.json", out, err);
+/* parse_schema(); schema_fails_at(): the parse must fail with -EINVAL and a
+ * message equal to @exact (when non-NULL) containing every string of the
+ * NULL-terminated list. */
+UNIT_PARSER(schema, struct ptc_schema, "schema.json", ptc_schema_parse_text, ptc_schema_free)
 
-	free(s);
-	return rc;
-}
-
-/* Parses @text, which must fail with -EINVAL and a message equal to @exact
- * (when non-NULL) and containing every string of the NULL-terminated list. */
-static void fails_at(const char *file, int line, const char *text, const char *exact, ...)
-{
-	struct ptc_schema *s = (struct ptc_schema *)1;
-	struct ptc_error err = {.text = ""};
-	int rc = parse(text, &s, &err);
-	va_list ap;
-
-	if (rc == 0)
-		ptc_schema_free(s);
-	else
-		_assert_true(s == NULL, "*out == NULL on error", file, line);
-	va_start(ap, exact);
-	unit_check_error(file, line, rc, err.text, "schema.json: ", exact, ap);
-	va_end(ap);
-}
-
-#define FAILS_EXACT(text, msg) fails_at(__FILE__, __LINE__, text, msg, NULL)
-#define FAILS(text, ...)       fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)
+#define FAILS_EXACT(text, msg) schema_fails_at(__FILE__, __LINE__, text, msg, NULL)
+#define FAILS(text, ...)       schema_fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)
 
 /* A one-tensor schema: {'num_layers': 2, 'tensors': [<tensor>]}. */
 #define ONE(tensor) "{'num_layers': 2, 'tensors': [" tensor "]}"
@@ -543,7 +521,7 @@ static struct ptc_schema *parse_ok(const char *text)
 {
 	struct ptc_schema *s = NULL;
 	struct ptc_error err = {.text = ""};
-	int rc = parse(text, &s, &err);
+	int rc = parse_schema(text, &s, &err);
 
 	if (rc != 0)
 		print_error("parse failed: %d %s\n", rc, err.text);

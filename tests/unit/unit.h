@@ -61,4 +61,38 @@ static inline void unit_check_error(const char *file, int line, int rc, const ch
 	}
 }
 
+/*
+ * UNIT_PARSER(name, type, file, parse_text, free_fn) defines, for a ptc
+ * reader of @file:
+ *   int parse_<name>(text, type **out, struct ptc_error *err): parses @text
+ *     (single quotes as in unit_json) with @parse_text, named @file;
+ *   void <name>_fails_at(file, line, text, exact, ...): the parse must fail
+ *     as unit_check_error says, with the message prefixed "<file>: " and
+ *     *out NULL (a parse that succeeds is freed with @free_fn and fails).
+ */
+#define UNIT_PARSER(name, type, file_, parse_text, free_fn)                                        \
+	__attribute__((unused)) static int parse_##name(const char *text, type **out,              \
+							struct ptc_error *err)                     \
+	{                                                                                          \
+		char *s = unit_json(text);                                                         \
+		int rc = parse_text(s, strlen(s), file_, out, err);                                \
+		free(s);                                                                           \
+		return rc;                                                                         \
+	}                                                                                          \
+	__attribute__((unused)) static void name##_fails_at(                                       \
+	    const char *file, int line, const char *text, const char *exact, ...)                  \
+	{                                                                                          \
+		type *out = (type *)1;                                                             \
+		struct ptc_error err = {.text = ""};                                               \
+		int rc = parse_##name(text, &out, &err);                                           \
+		va_list ap;                                                                        \
+		if (rc == 0)                                                                       \
+			free_fn(out);                                                              \
+		else                                                                               \
+			_assert_true(out == NULL, "*out == NULL on error", file, line);            \
+		va_start(ap, exact);                                                               \
+		unit_check_error(file, line, rc, err.text, file_ ": ", exact, ap);                 \
+		va_end(ap);                                                                        \
+	}
+
 #endif
