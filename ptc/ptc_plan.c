@@ -555,15 +555,18 @@ static int cmp_op(const void *a, const void *b)
 {
 	const struct ptc_op *x = a, *y = b;
 #define CMP(f)                                                                                     \
-	if (x->f != y->f)                                                                          \
-		return x->f < y->f ? -1 : 1;
-	CMP(dst_node)
-	CMP(phase)
-	CMP(dst_rank)
-	CMP(state)
-	CMP(tensor) CMP(dst_row)
+	do {                                                                                       \
+		if (x->f != y->f)                                                                  \
+			return x->f < y->f ? -1 : 1;                                               \
+	} while (0)
+	CMP(dst_node);
+	CMP(phase);
+	CMP(dst_rank);
+	CMP(state);
+	CMP(tensor);
+	CMP(dst_row);
 #undef CMP
-	    return 0;
+	return 0;
 }
 
 static int check_inputs(const struct ptc_layout *from, const struct ptc_layout *to,
