@@ -1206,28 +1206,63 @@ static int check_sizes(struct rv *rv, char *why, size_t whylen)
 	return 0;
 }
 
+/* Ranges of one preadv: at most this many. */
+#define SPAN_IOV 256
+
+/* Fills the @nv iovecs at @v (@len bytes in all) from group @g's file at
+ * @pos. With RWF_NOWAIT in @flags, -EAGAIN unless the page cache held all of
+ * it (the caller then reads it again, blocking). */
+static int file_preadv(const struct grp *g, struct iovec *v, int nv, int64_t pos, int64_t len,
+		       int flags, char *why, size_t whylen)
+{
+	for (int64_t end = pos + len; pos < end;) {
+		ssize_t got = preadv2(g->fd, v, nv, pos, flags);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0 && flags && (errno == EAGAIN || errno == EOPNOTSUPP))
+			return -EAGAIN;
+		if (got < 0)
+			return errf(why, whylen, -EIO, "%s: %m", g->obj->uri);
+		if (got == 0)
+			return errf(why, whylen, -EIO,
+				    "%s: ends at byte %" PRId64
+				    ", shorter than when opened (changed?)",
+				    g->obj->uri, pos);
+		pos += got;
+		while (got > 0) { /* consume the iovecs filled */
+			if ((size_t)got >= v->iov_len) {
+				got -= (ssize_t)v->iov_len;
+				v++;
+				nv--;
+			} else {
+				v->iov_base = (uint8_t *)v->iov_base + got;
+				v->iov_len -= (size_t)got;
+				got = 0;
+			}
+		}
+	}
+	return 0;
+}
+
+/* Reads the @nb adjacent blocks at @blks from byte @a on, SPAN_IOV a call. */
 static int file_read(struct mlfs_src *s, const struct grp *g, struct src_blk **blks, int nb,
 		     int64_t a, char *why, size_t whylen)
 {
+	struct iovec iov[SPAN_IOV];
 	int64_t pos = a;
 
 	stat_add(&s->requests, 1);
-	for (int j = 0; j < nb; j++) {
-		for (int64_t done = 0; done < blks[j]->len;) {
-			ssize_t n =
-			    pread(g->fd, blks[j]->data + done, (size_t)(blks[j]->len - done), pos);
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n < 0)
-				return errf(why, whylen, -EIO, "%s: %m", g->obj->uri);
-			if (n == 0)
-				return errf(why, whylen, -EIO,
-					    "%s: ends at byte %" PRId64
-					    ", shorter than when opened (changed?)",
-					    g->obj->uri, pos);
-			done += n;
-			pos += n;
+	for (int j = 0; j < nb;) {
+		int nv = 0;
+		int64_t len = 0;
+		for (; j < nb && nv < SPAN_IOV; j++) {
+			iov[nv++] = (struct iovec){blks[j]->data, (size_t)blks[j]->len};
+			len += blks[j]->len;
 		}
+		int rc = file_preadv(g, iov, nv, pos, len, 0, why, whylen);
+		if (rc)
+			return rc;
+		pos += len;
 	}
 	stat_add(&s->bytes_fetched, pos - a);
 	return 0;
@@ -1458,9 +1493,6 @@ static int make_reqs(struct rv *rv, const struct need *needs, size_t nneed)
 
 /* ---------------------------------------------------------- direct reads */
 
-/* Ranges of one preadv: at most this many, adjacent in the file. */
-#define SPAN_IOV 256
-
 /* A run of ranges ord[lo, hi) of one direct group, adjacent in its file. */
 struct span {
 	uint32_t grp;
@@ -1481,45 +1513,19 @@ struct dv {
 	char why[512];
 };
 
-/* Reads span @sp into its dsts. With RWF_NOWAIT in @flags, -EAGAIN unless
- * all of it came from the page cache (then it is read again, blocking). */
+/* Reads span @sp into its dsts (see file_preadv for @flags). */
 static int span_read(struct rv *rv, const struct span *sp, int flags, char *why, size_t whylen)
 {
-	struct iovec iov[SPAN_IOV], *v = iov;
-	const struct grp *g = &rv->grps[sp->grp];
+	struct iovec iov[SPAN_IOV];
 	int nv = 0;
-	int64_t pos = sp->off, end = sp->off + sp->len;
 
 	for (size_t k = sp->lo; k < sp->hi; k++) {
 		const struct mlfs_range *r = &rv->r[rv->ord[k]];
 		iov[nv++] = (struct iovec){r->dst, (size_t)r->len};
 	}
-	while (pos < end) {
-		ssize_t got = preadv2(g->fd, v, nv, pos, flags);
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got < 0 && flags && (errno == EAGAIN || errno == EOPNOTSUPP))
-			return -EAGAIN;
-		if (got < 0)
-			return errf(why, whylen, -EIO, "%s: %m", g->obj->uri);
-		if (got == 0)
-			return errf(why, whylen, -EIO,
-				    "%s: ends at byte %" PRId64
-				    ", shorter than when opened (changed?)",
-				    g->obj->uri, pos);
-		pos += got;
-		while (got > 0) { /* consume the iovecs filled */
-			if ((size_t)got >= v->iov_len) {
-				got -= (ssize_t)v->iov_len;
-				v++;
-				nv--;
-			} else {
-				v->iov_base = (uint8_t *)v->iov_base + got;
-				v->iov_len -= (size_t)got;
-				got = 0;
-			}
-		}
-	}
+	int rc = file_preadv(&rv->grps[sp->grp], iov, nv, sp->off, sp->len, flags, why, whylen);
+	if (rc)
+		return rc;
 	stat_add(&rv->s->direct_reads, 1);
 	stat_add(&rv->s->bytes_fetched, sp->len);
 	return 0;
