@@ -847,9 +847,12 @@ static struct fh *FH(struct fuse_file_info *fi)
 	return (struct fh *)(uintptr_t)fi->fh;
 }
 
-/* Copies [off, off+size) of header+data into a new reply buffer. */
+/* Replies bytes [off, off+size) of header+data, with no copy on our side:
+ * data alone through a pipe when @splice (large partitions: measured a
+ * little faster cold), else one writev (dataset views: measured faster,
+ * their replies being 1 MiB or less). */
 static void reply_parts(fuse_req_t req, const char *hdr, size_t hlen, const uint8_t *data,
-			size_t dlen, size_t size, off_t off)
+			size_t dlen, size_t size, off_t off, bool splice)
 {
 	size_t total = hlen + dlen, o = (size_t)off;
 	if (o >= total) {
@@ -858,10 +861,15 @@ static void reply_parts(fuse_req_t req, const char *hdr, size_t hlen, const uint
 	}
 	if (size > total - o)
 		size = total - o;
-	if (o >= hlen) { /* data only: no copy on our side */
+	if (o >= hlen && splice) {
 		struct fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
 		bv.buf[0].mem = (void *)(data + (o - hlen));
 		fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
+		return;
+	}
+	if (o >= hlen) {
+		struct iovec one = {(void *)(data + (o - hlen)), size};
+		fuse_reply_iov(req, &one, 1);
 		return;
 	}
 	struct iovec iov[2] = {{(void *)(hdr + o), hlen - o < size ? hlen - o : size},
@@ -884,14 +892,15 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fh *f)
 {
 	if (f->kind == K_PART || f->kind == K_FFILE) {
-		reply_parts(req, f->hdr, f->hdr_len, f->buf->data, (size_t)f->buf->size, size, off);
+		reply_parts(req, f->hdr, f->hdr_len, f->buf->data, (size_t)f->buf->size, size, off,
+			    true);
 		return;
 	}
 	if (f->kind == K_DFILE) {
 		const uint8_t *body;
 		size_t len;
 		mlfs_dview_body(f->dview, f->dkind, &body, &len);
-		reply_parts(req, f->hdr, f->hdr_len, body, len, size, off);
+		reply_parts(req, f->hdr, f->hdr_len, body, len, size, off, false);
 		return;
 	}
 	if (f->kind == K_JOB) {
@@ -921,7 +930,7 @@ static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 		text = f->text ? f->text : "";
 		n = f->text ? strlen(f->text) : 0;
 	}
-	reply_parts(req, "", 0, (const uint8_t *)text, n, size, off);
+	reply_parts(req, "", 0, (const uint8_t *)text, n, size, off, false);
 }
 
 /* Declared header length from the first bytes, 0 when unknown yet. */

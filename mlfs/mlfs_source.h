@@ -110,7 +110,7 @@ struct mlfs_src_stats {
 	int64_t retries;       /* of those, the repeated attempts */
 	int64_t failures;      /* requests that failed for good (after their retries) */
 	int64_t bytes_fetched; /* bytes of successful replies (direct file reads too) */
-	int64_t direct_reads;  /* file_direct preadv calls that completed */
+	int64_t direct_reads;  /* file_direct spans read (a copy from a mapping or a preadv) */
 	int64_t cached_bytes;  /* bytes now in the cache (<= cache_bytes) */
 	int64_t cached_blocks; /* blocks now in the cache */
 };

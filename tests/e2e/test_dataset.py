@@ -524,6 +524,33 @@ def test_variable_records(mount_factory, tmp_path):
 
 # ------------------------------------------------------------ 5. HTTP
 
+def test_shard_shrinks_under_the_mount(mount_factory, tmp_path):
+    """The daemon reads file shards through a memory map: a shard cut short
+    while mounted gives EIO naming it (the SIGBUS is caught), never a crash
+    or wrong bytes, and the views read fine again once the shard is whole."""
+    d = tmp_path / "ds"
+    n = write_fixed(d, [400, 50])
+    whole = (d / "shard0.bin").read_bytes()
+    m = mount_factory(extra_args=("--prefetch", "1"))
+    cfg = dataset_cfg(1, 1, 1, 1, file_uri(d), 10, shuffle=False, epochs=1)
+    m.setup(SCHEMA, cfg)
+    cur = Cursor(10, 1, n)
+    assert np.array_equal(step_ids(m, cfg, cur, 0), np.arange(10))  # shard0 mapped
+    time.sleep(0.3)  # the prefetch of step 1
+    with open(d / "shard0.bin", "r+b") as f:
+        f.truncate(10 * REC * 4)
+    expect_errno(errno.EIO, m.read, "ranks/0/data/30.npy")
+    err = m.status()["error"]
+    assert "shard0.bin" in err and "shorter than when opened" in err, err
+    # Reopened: the next read names the new size.
+    expect_errno(errno.EIO, m.read, "ranks/0/data/31.npy")
+    err = m.status()["error"]
+    assert "shard0.bin: holds 5160 bytes" in err, err
+    (d / "shard0.bin").write_bytes(whole)
+    for s in [1, 30, 31, 39, 40]:
+        assert np.array_equal(step_ids(m, cfg, cur, s), np.arange(10 * s, 10 * s + 10))
+
+
 def http_get(port, path):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
         return r.read()
