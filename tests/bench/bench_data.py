@@ -17,6 +17,9 @@ Rows:
 - re-read: the views of a warm pass read again (the kernel keeps a view's
   pages), vs np.load of the same views saved on tmpfs (/dev/shm): what any
   file interface costs per step (open, header, read, close);
+- tp2: a mount of config tp2 dp2; per step, the second rank of each DP group
+  reads the view the first one read (they share its inode, so the page
+  cache), vs the same tmpfs reference;
 - cold: a fresh mount, the shards' pages dropped (posix_fadvise DONTNEED after
   fsync), vs the memmap gather with the same pages dropped.
 
@@ -69,11 +72,11 @@ def drop_cache(d, counts):
         os.close(fd)
 
 
-def setup_mount(tmp, name, d):
-    m = Mount(tmp, name, devices=2)
+def setup_mount(tmp, name, d, extra_args=(), tp=1):
+    m = Mount(tmp, name, devices=tp * DP, extra_args=extra_args)
     m.write("schema.json", {"model": "bench", "num_layers": 0, "states": {"model": {}},
                             "tensors": [{"name": "w", "dtype": "float32", "shape": [4]}]})
-    m.write("config.json", {"version": 1, "tp": 1, "pp": 1, "dp": DP, "nodes": ["n0"],
+    m.write("config.json", {"version": 1, "tp": tp, "pp": 1, "dp": DP, "nodes": ["n0"],
                             "dataset": {"index": "file://" + os.path.join(d, "index.json"),
                                         "global_batch": GB, "seed": 1, "shuffle": True}})
     return m
@@ -87,6 +90,25 @@ def mount_pass(m, steps):
         for r in range(DP):
             nbytes += np.load(m.view(r, s)).nbytes
     return time.perf_counter() - t0, nbytes
+
+
+def shared_pass(m, steps, tp):
+    """Reads step by step the views of all tp * DP ranks; returns (seconds,
+    bytes) of the reads whose view another rank of its DP group read before
+    (the same inode: from the page cache)."""
+    t_shared, nbytes = 0.0, 0
+    for s in steps:
+        seen = set()
+        for r in range(tp * DP):
+            path = m.view(r, s)
+            ino = os.stat(path).st_ino
+            t0 = time.perf_counter()
+            n = np.load(path).nbytes
+            if ino in seen:
+                t_shared += time.perf_counter() - t0
+                nbytes += n
+            seen.add(ino)
+    return t_shared, nbytes
 
 
 def tmpfs_pass(paths):
@@ -209,12 +231,23 @@ def main():
         finally:
             m.close()
             direct.close()
+
+        # tp2: the other rank of each DP group reads the view the first one
+        # read (one inode per DP group: the page cache the first filled).
+        m = setup_mount(tmp, "tp2", d, tp=2)
+        try:
+            t_shared = min(shared_pass(m, range(S * (rep + 1), S * (rep + 2)), 2)[0]
+                           for rep in range(a.reps))
+        finally:
+            m.close()
         gib = nb / (1 << 30)
         rows.append(("warm, first read vs memmap gather", gib / min(t_mwarm),
                      gib / min(t_dwarm), ">= 0.7x"))
         rows.append(("warm, first read vs pread per record", gib / min(t_mwarm),
                      gib / min(t_pwarm), ">= 0.7x"))
         rows.append(("re-read vs np.load of the same views on tmpfs", gib / min(t_rwarm),
+                     gib / t_twarm, "-"))
+        rows.append(("tp2, second rank of a DP group vs np.load on tmpfs", gib / t_shared,
                      gib / t_twarm, "-"))
         rows.append(("cold vs memmap gather", gib / t_mcold, gib / t_dcold, "-"))
     print(f"dataset benchmark: {a.size_mib} MiB in {SHARDS} shards of int32 [{SEQ}] records "

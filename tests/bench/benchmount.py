@@ -10,7 +10,7 @@ MLFS = os.path.join(ROOT, os.environ.get("BUILD", "build"), "mlfs")
 
 
 class Mount:
-    def __init__(self, tmp, name="mnt", devices=8):
+    def __init__(self, tmp, name="mnt", devices=8, extra_args=()):
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
         cluster = os.path.join(tmp, f"{name}-cluster.json")
@@ -18,7 +18,7 @@ class Mount:
             json.dump({"nodes": [{"id": "n0", "addr": "127.0.0.1:7070", "devices": devices}]}, f)
         self.err = open(os.path.join(tmp, f"{name}.err"), "w")
         self.proc = subprocess.Popen([MLFS, "mount", self.dir, "--node", "n0", "--cluster",
-                                      cluster, "-f"], stderr=self.err)
+                                      cluster, "-f", *extra_args], stderr=self.err)
         for _ in range(500):
             if os.path.ismount(self.dir):
                 return
