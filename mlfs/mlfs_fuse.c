@@ -18,12 +18,6 @@
  * getattr with the size it had. Writers use direct I/O, so nothing they
  * write reaches the page cache before the commit at close.
  *
- * A dataset view's generation is its slice, and its inode is keyed by the
- * path of its DP group's first local rank: the ranks of a group (same
- * bytes) share one inode and so one page cache. A view is assembled at
- * open unless its inode was read before (the kernel may hold its pages and
- * send no read); then at the first read.
- *
  * Partition writes go to a private staging buffer and become visible at
  * close (flush), after the NPY header was checked against the partition
  * (as soon as it is complete: a wrong header fails that write with EINVAL).
@@ -56,8 +50,7 @@
 
 struct inode {
 	uint64_t ino, nlookup;
-	uint64_t gen; /* partitions: buffer id; views: slice hash; 0 for everything else */
-	bool read;    /* views: read once, the kernel may hold its pages */
+	uint64_t gen; /* partitions: buffer id; 0 for everything else */
 	off_t size;   /* partitions: st_size when this generation was current */
 	char *path;
 	struct inode *hnext;
@@ -127,19 +120,6 @@ static int ino_get(fuse_ino_t ino, char *buf, size_t cap, uint64_t *gen, off_t *
 	}
 	pthread_mutex_unlock(&inodes.lock);
 	return rc;
-}
-
-/* Sets (@set) and returns whether @ino was read. */
-static bool ino_read(fuse_ino_t ino, bool set)
-{
-	bool was = false;
-	pthread_mutex_lock(&inodes.lock);
-	if (ino < inodes.n && inodes.byino[ino]) {
-		was = inodes.byino[ino]->read;
-		inodes.byino[ino]->read |= set;
-	}
-	pthread_mutex_unlock(&inodes.lock);
-	return was;
 }
 
 static int ino_path(fuse_ino_t ino, char *buf, size_t cap)
@@ -545,33 +525,14 @@ static double ent_timeout(const struct ent *e, bool entry)
 	}
 }
 
-/* The inode path of dataset view @path: the ranks of a DP group see the
- * same bytes, so the view of the group's first local rank names the inode
- * of all (like hard links): the page cache one rank filled serves the
- * others. Lock held. */
-static void view_key(const struct mlfs_view *v, const struct ent *e, const char *path, char *key,
-		     size_t cap)
-{
-	const struct ptc_layout *l = &v->layout;
-	int r0 = l->node_first_rank[store->node], d = l->ranks[e->rank].d;
-	while (l->ranks[r0].d != d) /* e->rank is local: found by then */
-		r0++;
-	snprintf(key, cap, "ranks/%d/data/%s", r0, strrchr(path, '/') + 1);
-}
-
 static void reply_entry(fuse_req_t req, const char *path, const struct ent *e,
 			const struct mlfs_view *v)
 {
 	struct fuse_entry_param ep = {0};
-	char key[4096];
 	fill_attr(e, v, &ep.attr);
 	ep.entry_timeout = ent_timeout(e, true);
 	ep.attr_timeout = ent_timeout(e, false);
 	uint64_t gen = ent_gen(v, e);
-	if (e->kind == K_DFILE) {
-		view_key(v, e, path, key, sizeof(key));
-		path = key;
-	}
 	pthread_mutex_unlock(&store->lock);
 	if (!(ep.ino = ino_lookup(path, gen, ep.attr.st_size))) {
 		fuse_reply_err(req, ENOMEM);
@@ -654,8 +615,7 @@ struct fh {
 	bool wbase; /* not truncated: unwritten bytes are the current content */
 	int64_t wend;
 	/* dataset views */
-	_Atomic(struct mlfs_dview *) dview; /* assembled at open or the first read */
-	atomic_int dview_err;		    /* its assembly failed: no second try */
+	struct mlfs_dview *dview;
 	enum mlfs_dfile dkind;
 	int64_t step, first, count;
 };
@@ -666,7 +626,7 @@ static void fh_free(struct fh *f)
 		return;
 	xf_buf_put(f->buf);
 	xf_buf_put(f->wdata);
-	mlfs_dview_put(atomic_load(&f->dview));
+	mlfs_dview_put(f->dview);
 	mlfs_view_put(f->v);
 	free(f->text);
 	free(f->w);
@@ -739,36 +699,21 @@ static char *snapshot_text(const struct ent *e, const struct mlfs_view *v)
 	}
 }
 
-/* The assembled records of the dataset view open as @f: assembled at open,
- * unless its inode was read before (a view read again, or by another rank
- * of its DP group, which shares the inode: the kernel may hold its pages,
- * keep_cache, and then no read comes); then at the first read. A failure
- * is final for @f (the kernel asks again after a failed read ahead). No
- * lock held. */
-static int fh_dview(struct fh *f, struct mlfs_dview **out)
+/* Assembles (or finds) the records of a dataset view for @f and queues the
+ * next steps of its DP group. No lock held. */
+static int open_view(struct fh *f)
 {
 	char why[512];
-	struct mlfs_dview *v = atomic_load(&f->dview), *none = NULL;
-	int rc = atomic_load(&f->dview_err);
-	if (v || rc) {
-		*out = v;
-		return rc;
-	}
-	rc = mlfs_data_get(f->v->ds, f->first, f->count, &v, why, sizeof(why));
+	const struct ptc_layout *l = &f->v->layout;
+	int rc = mlfs_data_get(f->v->ds, f->first, f->count, &f->dview, why, sizeof(why));
 	if (rc) {
 		char msg[700];
 		snprintf(msg, sizeof(msg), "dataset: ranks/%d/data/%" PRId64 ": %s", f->rank,
 			 f->step, why);
 		mlfs_store_note_error(store, msg);
-		rc = rc == -ENOSPC || rc == -ENOMEM ? rc : -EIO;
-		atomic_store(&f->dview_err, rc);
-		return rc;
+		return rc == -ENOSPC || rc == -ENOMEM ? rc : -EIO;
 	}
-	if (!atomic_compare_exchange_strong(&f->dview, &none, v)) {
-		mlfs_dview_put(v); /* a concurrent read got it first */
-		v = none;
-	}
-	*out = v;
+	mlfs_data_prefetch(f->v->ds, &f->v->cursor, l->ranks[f->rank].d, f->step + 1);
 	return 0;
 }
 
@@ -875,14 +820,8 @@ out_locked:
 		f->text_len = f->text ? strlen(f->text) : 0;
 		rc = f->text ? 0 : -ENOMEM;
 	}
-	if (rc == 0 && f->kind == K_DFILE) {
-		struct mlfs_dview *dv;
-		if (!ino_read(ino, false))
-			rc = fh_dview(f, &dv);
-		if (rc == 0) /* the next steps of its DP group, ahead */
-			mlfs_data_prefetch(f->v->ds, &f->v->cursor, f->v->layout.ranks[f->rank].d,
-					   f->step + 1);
-	}
+	if (rc == 0 && f->kind == K_DFILE)
+		rc = open_view(f);
 	if (rc == 0 && f->kind == K_FFILE) {
 		f->hdr_len =
 		    mlfs_full_header(store->schema, f->state, f->tensor, f->hdr, sizeof(f->hdr));
@@ -893,8 +832,10 @@ out_locked:
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	if ((f->kind == K_PART && !write) || f->kind == K_DFILE)
+	if (f->kind == K_PART && !write)
 		fi->keep_cache = !stale; /* this inode's pages are this content's */
+	else if (f->kind == K_DFILE)
+		fi->direct_io = 1; /* read once: straight to the reader, no page cache */
 	else if (f->kind == K_PART)
 		fi->direct_io = 1; /* nothing staged reaches the page cache */
 	fi->noflush = !write;	   /* a reader's flush does nothing: spare the round trip */
@@ -960,14 +901,7 @@ static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 	if (f->kind == K_DFILE) {
 		const uint8_t *body;
 		size_t len;
-		struct mlfs_dview *dv;
-		int rc = fh_dview(f, &dv);
-		if (rc) {
-			fuse_reply_err(req, -rc);
-			return;
-		}
-		mlfs_dview_body(dv, f->dkind, &body, &len);
-		ino_read(ino, true);
+		mlfs_dview_body(f->dview, f->dkind, &body, &len);
 		reply_parts(req, f->hdr, f->hdr_len, body, len, size, off, false);
 		return;
 	}

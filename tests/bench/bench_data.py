@@ -4,8 +4,8 @@
 shard files directly, measured in the same run on the same files.
 
 A file:// dataset of GPT-style records (int32 [2049]) in 8 shards, config tp1
-pp1 dp2, global_batch 256, shuffle true. Each step is read once, as in
-training. References, given the ids of each view (<s>.ids.npy):
+pp1 dp2, global_batch 256 (--global-batch), shuffle true. Each step is read
+once, as in training. References, given the ids of each view (<s>.ids.npy):
 - memmap gather: an np.memmap of every shard, fancy-indexed with the ids
   (the fastest way to get the records without mlfs; every page of the maps
   touched beforehand, so it is a memory copy);
@@ -18,13 +18,15 @@ Rows:
   pages), vs np.load of the same views saved on tmpfs (/dev/shm): what any
   file interface costs per step (open, header, read, close);
 - tp2: a mount of config tp2 dp2; per step, the second rank of each DP group
-  reads the view the first one read (they share its inode, so the page
-  cache), vs the same tmpfs reference;
+  reads the view the first one read (the daemon holds it assembled), vs the
+  same tmpfs reference;
 - cold: a fresh mount, the shards' pages dropped (posix_fadvise DONTNEED after
   fsync), vs the memmap gather with the same pages dropped.
 
 Usage: bench_data.py [--size-mib N] [--steps N] [--dir DIR] [--reps N]
-   (default 512 MiB in a temporary folder under /tmp, 64 steps, 3 reps)
+                     [--global-batch N]
+   (default 512 MiB in a temporary folder under /tmp, 64 steps, 3 reps,
+   global_batch 256: views of 1 MiB)
 """
 import argparse
 import os
@@ -94,20 +96,19 @@ def mount_pass(m, steps):
 
 def shared_pass(m, steps, tp):
     """Reads step by step the views of all tp * DP ranks; returns (seconds,
-    bytes) of the reads whose view another rank of its DP group read before
-    (the same inode: from the page cache)."""
+    bytes) of the reads of a view that another rank of its DP group read
+    before (same ids)."""
     t_shared, nbytes = 0.0, 0
     for s in steps:
         seen = set()
         for r in range(tp * DP):
-            path = m.view(r, s)
-            ino = os.stat(path).st_ino
+            ids = np.load(m.view(r, s, ".ids.npy")).tobytes()
             t0 = time.perf_counter()
-            n = np.load(path).nbytes
-            if ino in seen:
+            n = np.load(m.view(r, s)).nbytes
+            if ids in seen:
                 t_shared += time.perf_counter() - t0
                 nbytes += n
-            seen.add(ino)
+            seen.add(ids)
     return t_shared, nbytes
 
 
@@ -175,7 +176,11 @@ def main():
     ap.add_argument("--dir", default="/tmp", help="where the shards go (not tmpfs for the "
                     "cold row)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--global-batch", type=int, default=256,
+                    help="records a step (256: views of 1 MiB a DP rank)")
     a = ap.parse_args()
+    global GB
+    GB = a.global_batch
     rows = []
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         d = os.path.join(tmp, "ds")
@@ -233,7 +238,7 @@ def main():
             direct.close()
 
         # tp2: the other rank of each DP group reads the view the first one
-        # read (one inode per DP group: the page cache the first filled).
+        # read (assembled once, cached by the daemon).
         m = setup_mount(tmp, "tp2", d, tp=2)
         try:
             t_shared = min(shared_pass(m, range(S * (rep + 1), S * (rep + 2)), 2)[0]

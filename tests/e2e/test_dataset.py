@@ -448,16 +448,11 @@ def test_views(mount_factory, tmp_path):
         for (a, b), files in zip(cur.slices(s), views):
             ids = check_fixed_view(files, b - a)
             assert np.array_equal(ids, np.arange(a, b))
-            np.load(m.p("ranks/5/data", f"{s}.npy"), mmap_mode="r")  # memory maps work
-    # The ranks of a DP group share each view's inode (one page cache), the
-    # groups do not.
-    for ext in FIXED_EXTS:
-        inos = [os.stat(m.p("ranks", r, "data", f"3{ext}")).st_ino for r in range(8)]
-        groups = {}
-        for r, ino in enumerate(inos):
-            groups.setdefault(coords(cfg, r)[1], set()).add(ino)
-        assert all(len(g) == 1 for g in groups.values()), (ext, inos)
-        assert len(set.union(*groups.values())) == 2, (ext, inos)
+            # Views are direct I/O: private memory maps work, shared ones are
+            # refused by the kernel (libfuse 3.14 cannot ask for them).
+            path = m.p("ranks/5/data", f"{s}.npy")
+            assert np.array_equal(np.load(path, mmap_mode="c"), np.load(path))
+            expect_errno(errno.ENODEV, np.load, path, mmap_mode="r")
     check_listing(m, cfg, 0)
     # The listing follows the saved step.
     write_steps(m, cfg, 4)
@@ -549,11 +544,8 @@ def test_shard_shrinks_under_the_mount(mount_factory, tmp_path):
     with open(d / "shard0.bin", "r+b") as f:
         f.truncate(10 * REC * 4)
     expect_errno(errno.EIO, m.read, "ranks/0/data/30.npy")
-    # The copy met SIGBUS ("shorter than when opened"); the kernel may have
-    # asked again, and then the reopened file named its size.
     err = m.status()["error"]
-    assert "shard0.bin" in err, err
-    assert "shorter than when opened" in err or "holds 5160 bytes" in err, err
+    assert "shard0.bin" in err and "shorter than when opened" in err, err
     # Reopened: the next read names the new size.
     expect_errno(errno.EIO, m.read, "ranks/0/data/31.npy")
     err = m.status()["error"]
