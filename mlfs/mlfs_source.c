@@ -28,7 +28,9 @@
  * adjacent ranges. A pinned file is also mapped (read-only, shared), and
  * its spans are copied from the mapping on the caller's thread: from the
  * page cache that is a memcpy, 8x cheaper than a preadv per record. After
- * a copy that took long (a page had to come from the disk), and for files
+ * a copy that took long and whose next span is not all in the page cache
+ * (mincore: the slow copy waited for the disk, not for first mappings of
+ * its pages), and for files
  * that could not be mapped, each span is one preadv into its dsts, tried
  * with RWF_NOWAIT (the page cache) and otherwise on up to `parallel`
  * threads, so a cold disk sees many requests at once (measured: better
@@ -1734,6 +1736,30 @@ static int make_spans(struct rv *rv, struct span **out, size_t *nout)
 	return 0;
 }
 
+/* Whether the pages of span @sp, if mapped, are in the page cache. */
+static bool span_resident(struct rv *rv, const struct span *sp)
+{
+	const uint8_t *map = rv->grps[sp->grp].map;
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	unsigned char vec[64];
+
+	if (!map)
+		return false;
+	uintptr_t a = (uintptr_t)(map + sp->off) & ~(pg - 1),
+		  end = (uintptr_t)(map + sp->off + sp->len);
+	while (a < end) {
+		size_t n = (end - a + pg - 1) / pg;
+		n = n < sizeof(vec) ? n : sizeof(vec);
+		if (mincore((void *)a, n * pg, vec))
+			return false;
+		for (size_t i = 0; i < n; i++)
+			if (!(vec[i] & 1))
+				return false;
+		a += n * pg;
+	}
+	return true;
+}
+
 /* Reads the direct groups: copies from the mappings on this thread until
  * one waited for the disk; then, and for files without a mapping, preadv:
  * page-cache hits on this thread, the rest on up to opts.parallel threads. */
@@ -1761,9 +1787,11 @@ static int read_direct(struct rv *rv, char *why, size_t whylen)
 			int64_t t0 = now_ns();
 			if ((rc = span_copy(rv, &d.spans[i], why, whylen)))
 				goto out;
-			/* Slower than 50 us + 1 ns a byte: a page came from the
-			 * disk, the rest may too: preadv, in parallel. */
-			cold = now_ns() - t0 > 50000 + d.spans[i].len;
+			/* Slower than 50 us + 1 ns a byte: pages came from the
+			 * disk (the rest may too: preadv, in parallel), or were
+			 * only mapped for the first time (go on copying). */
+			if (now_ns() - t0 > 50000 + d.spans[i].len && i + 1 < d.nspans)
+				cold = !span_resident(rv, &d.spans[i + 1]);
 			continue;
 		}
 		rc = span_read(rv, &d.spans[i], RWF_NOWAIT, why, whylen);
