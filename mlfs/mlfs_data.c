@@ -321,10 +321,15 @@ static void *prefetch_main(void *arg)
 	return NULL;
 }
 
-void mlfs_data_prefetch(struct mlfs_dataset *ds, const struct ptc_cursor *c, int d, int64_t from)
+void mlfs_data_prefetch(struct mlfs_dataset *ds, const struct ptc_cursor *c, int d, int64_t from,
+			int64_t n)
 {
 	pthread_mutex_lock(&ds->lock);
-	for (int64_t s = from; s < from + ds->prefetch; s++) {
+	if (n < ds->prefetch)
+		n = ds->prefetch;
+	else if (ds->maxviews < 8 * (n + 2)) /* windows: room for the next ones */
+		ds->maxviews = (int)(8 * (n + 2));
+	for (int64_t s = from; s < from + n; s++) {
 		struct slice sl;
 		if (mlfs_data_slice(ds, c, s, d, &sl.first, &sl.count))
 			break;
@@ -350,8 +355,26 @@ void mlfs_data_prefetch(struct mlfs_dataset *ds, const struct ptc_cursor *c, int
 
 /* ----------------------------------------------------------- names, sizes */
 
+/* Parses the decimal number at @name (no leading zero) into *@v; returns
+ * its length, 0 when there is none. */
+static size_t parse_step(const char *name, size_t n, int64_t *v)
+{
+	size_t digits = 0;
+	int64_t s = 0;
+
+	while (digits < n && name[digits] >= '0' && name[digits] <= '9') {
+		if (s > (INT64_MAX - 9) / 10)
+			return 0;
+		s = s * 10 + (name[digits++] - '0');
+	}
+	if (digits > 1 && name[0] == '0')
+		return 0;
+	*v = s;
+	return digits;
+}
+
 int mlfs_data_name(const struct mlfs_dataset *ds, const char *name, size_t n, int64_t *step,
-		   enum mlfs_dfile *kind)
+		   int64_t *nsteps, enum mlfs_dfile *kind)
 {
 	static const struct {
 		const char *suffix;
@@ -363,23 +386,28 @@ int mlfs_data_name(const struct mlfs_dataset *ds, const char *name, size_t n, in
 	    {".npy", MLFS_DF_NPY, true, false},
 	    {".bin", MLFS_DF_BIN, false, true},
 	};
-	size_t digits = 0;
-	int64_t s = 0;
+	int64_t s, e = -1;
+	size_t digits = parse_step(name, n, &s), more;
 
-	while (digits < n && name[digits] >= '0' && name[digits] <= '9') {
-		if (s > (INT64_MAX - 9) / 10)
-			return -ENOENT;
-		s = s * 10 + (name[digits++] - '0');
-	}
-	if (digits == 0 || (digits > 1 && name[0] == '0'))
+	if (digits == 0)
 		return -ENOENT;
+	if (digits < n && name[digits] == '-') { /* a window [s, e) */
+		if (!(more = parse_step(name + digits + 1, n - digits - 1, &e)) || e <= s ||
+		    e - s > MLFS_DATA_WINDOW_MAX)
+			return -ENOENT;
+		digits += 1 + more;
+	}
 	bool fixed = ds->ix->records == PTC_RECORDS_FIXED;
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
 		size_t k = strlen(kinds[i].suffix);
 		if (n - digits == k && memcmp(name + digits, kinds[i].suffix, k) == 0) {
 			if (fixed ? !kinds[i].fixed : !kinds[i].variable)
 				return -ENOENT;
+			/* windows: fixed records only, and a step dimension more */
+			if (e >= 0 && (!fixed || ds->ix->ndim + 2 > PTC_MAX_DIMS))
+				return -ENOENT;
 			*step = s;
+			*nsteps = e >= 0 ? e - s : 0;
 			*kind = kinds[i].kind;
 			return 0;
 		}
@@ -406,20 +434,23 @@ int mlfs_data_slice(const struct mlfs_dataset *ds, const struct ptc_cursor *c, i
 }
 
 int64_t mlfs_data_file_size(const struct mlfs_dataset *ds, int64_t first, int64_t count,
-			    enum mlfs_dfile kind, char *hdr, size_t cap, size_t *hlen)
+			    int64_t nsteps, enum mlfs_dfile kind, char *hdr, size_t cap,
+			    size_t *hlen)
 {
 	const struct ptc_index *ix = ds->ix;
-	int64_t shape[PTC_MAX_DIMS + 1] = {count};
+	int64_t shape[PTC_MAX_DIMS + 2] = {nsteps, count};
+	int w = nsteps > 0; /* a window: the steps are the first dimension */
+	int64_t n = nsteps > 0 ? nsteps * count : count;
 
 	*hlen = 0;
 	switch (kind) {
 	case MLFS_DF_NPY:
-		memcpy(shape + 1, ix->shape, (size_t)ix->ndim * sizeof(int64_t));
-		*hlen = mlfs_npy_format(ix->dtype, ix->ndim + 1, shape, hdr, cap);
-		return (int64_t)*hlen + count * ix->record_bytes;
+		memcpy(shape + 2, ix->shape, (size_t)ix->ndim * sizeof(int64_t));
+		*hlen = mlfs_npy_format(ix->dtype, ix->ndim + 1 + w, shape + 1 - w, hdr, cap);
+		return (int64_t)*hlen + n * ix->record_bytes;
 	case MLFS_DF_IDS:
-		*hlen = mlfs_npy_format(PTC_INT64, 1, shape, hdr, cap);
-		return (int64_t)*hlen + count * 8;
+		*hlen = mlfs_npy_format(PTC_INT64, 1 + w, shape + 1 - w, hdr, cap);
+		return (int64_t)*hlen + n * 8;
 	case MLFS_DF_OFFSETS:
 		shape[0] = count + 1;
 		*hlen = mlfs_npy_format(PTC_INT64, 1, shape, hdr, cap);
@@ -434,6 +465,25 @@ int64_t mlfs_data_file_size(const struct mlfs_dataset *ds, int64_t first, int64_
 	}
 	}
 	return 0;
+}
+
+int mlfs_data_window(const struct mlfs_dataset *ds, const struct ptc_cursor *c, int64_t step,
+		     int64_t nsteps, int d, int64_t *firsts, int64_t *count)
+{
+	int rc = 0;
+
+	for (int64_t i = nsteps - 1; i >= 0; i--) { /* the last first: past the end? */
+		int64_t first, n;
+		int err = mlfs_data_slice(ds, c, step + i, d, &first, &n);
+		if (err)
+			return err;
+		if (i < nsteps - 1 && n != *count)
+			rc = -EINVAL;
+		*count = n;
+		if (firsts)
+			firsts[i] = first;
+	}
+	return rc;
 }
 
 /* ----------------------------------------------------------------- open */

@@ -36,10 +36,16 @@ const struct ptc_index *mlfs_dataset_index(const struct mlfs_dataset *ds);
 /* The files of a view. */
 enum mlfs_dfile { MLFS_DF_NPY, MLFS_DF_IDS, MLFS_DF_BIN, MLFS_DF_OFFSETS };
 
-/* Parses a view name ("12.npy", "12.ids.npy", "12.bin", "12.offsets.npy")
- * of @n bytes; -ENOENT when it is none or not of this dataset's kind. */
+/* Longest window of steps one file may hold ("<s>-<e>.npy"). */
+#define MLFS_DATA_WINDOW_MAX 64
+
+/* Parses a view name ("12.npy", "12.ids.npy", "12.bin", "12.offsets.npy";
+ * for fixed records also windows "12-20.npy", "12-20.ids.npy": steps
+ * [12, 20)) of @n bytes: its first step, its kind and *@nsteps, 0 for a
+ * step's view, e - s for a window of at most MLFS_DATA_WINDOW_MAX steps.
+ * -ENOENT when it is none or not of this dataset's kind. */
 int mlfs_data_name(const struct mlfs_dataset *ds, const char *name, size_t n, int64_t *step,
-		   enum mlfs_dfile *kind);
+		   int64_t *nsteps, enum mlfs_dfile *kind);
 /* Formats the name of (@step, @kind) into @buf. */
 void mlfs_data_format_name(int64_t step, enum mlfs_dfile kind, char *buf, size_t cap);
 
@@ -48,10 +54,20 @@ void mlfs_data_format_name(int64_t step, enum mlfs_dfile kind, char *buf, size_t
 int mlfs_data_slice(const struct mlfs_dataset *ds, const struct ptc_cursor *c, int64_t step, int d,
 		    int64_t *first, int64_t *count);
 
-/* Size in bytes of file @kind of the view of samples [first, first+count);
- * its .npy header (if any) is formatted into @hdr. Cheap: no shard I/O. */
+/* The slices of DP rank @d at steps [@step, @step + @nsteps): firsts[i]
+ * (when @firsts is not NULL) and their common *@count. -ENODATA when a
+ * step has none, -EINVAL when their lengths differ (the last batch of a
+ * run, or a change of dp or global_batch within the window). */
+int mlfs_data_window(const struct mlfs_dataset *ds, const struct ptc_cursor *c, int64_t step,
+		     int64_t nsteps, int d, int64_t *firsts, int64_t *count);
+
+/* Size in bytes of file @kind of the view of samples [first, first+count),
+ * or with @nsteps > 0 of a window of @nsteps such views (fixed records:
+ * arrays [nsteps, count, ...]); its .npy header (if any) is formatted into
+ * @hdr. Cheap: no shard I/O. */
 int64_t mlfs_data_file_size(const struct mlfs_dataset *ds, int64_t first, int64_t count,
-			    enum mlfs_dfile kind, char *hdr, size_t cap, size_t *hlen);
+			    int64_t nsteps, enum mlfs_dfile kind, char *hdr, size_t cap,
+			    size_t *hlen);
 
 /* An assembled view: the records of samples [first, first + count). */
 struct mlfs_dview {
@@ -76,9 +92,10 @@ void mlfs_dview_put(struct mlfs_dview *v);
 void mlfs_dview_body(const struct mlfs_dview *v, enum mlfs_dfile kind, const uint8_t **body,
 		     size_t *len);
 
-/* Queues the views of DP rank @d of @dp for steps [from, from + prefetch)
+/* Queues the views of DP rank @d for steps [from, from + max(prefetch, @n))
  * for assembly in the background (those not cached). */
-void mlfs_data_prefetch(struct mlfs_dataset *ds, const struct ptc_cursor *c, int d, int64_t from);
+void mlfs_data_prefetch(struct mlfs_dataset *ds, const struct ptc_cursor *c, int d, int64_t from,
+			int64_t n);
 
 /* Figures for status.json (new reference). */
 json_t *mlfs_data_status(struct mlfs_dataset *ds);

@@ -212,6 +212,8 @@ struct ent {
 	enum kind kind;
 	int rank, state, tensor;
 	int64_t step, first, count; /* K_DFILE: the step and its samples */
+	int64_t nsteps;		    /* K_DFILE: a window of steps, or 0 */
+	uint64_t whash;		    /* K_DFILE window: its steps' slices */
 	enum mlfs_dfile dkind;
 	const struct mlfs_tnode *tn;
 	struct mlfs_job *job;
@@ -298,11 +300,20 @@ static int resolve(const char *path, struct mlfs_view *v, struct ent *e)
 			e->kind = K_DDIR;
 			if ((n = next_comp(&p, &c)) == 0)
 				return 0;
-			if (mlfs_data_name(v->ds, c, n, &e->step, &e->dkind) || next_comp(&p, &c))
+			if (mlfs_data_name(v->ds, c, n, &e->step, &e->nsteps, &e->dkind) ||
+			    next_comp(&p, &c))
 				return -ENOENT;
 			e->kind = K_DFILE;
-			return mlfs_data_slice(v->ds, &v->cursor, e->step, v->layout.ranks[r].d,
-					       &e->first, &e->count);
+			if (!e->nsteps)
+				return mlfs_data_slice(v->ds, &v->cursor, e->step,
+						       v->layout.ranks[r].d, &e->first, &e->count);
+			int64_t firsts[MLFS_DATA_WINDOW_MAX];
+			int rc = mlfs_data_window(v->ds, &v->cursor, e->step, e->nsteps,
+						  v->layout.ranks[r].d, firsts, &e->count);
+			e->first = firsts[0];
+			for (int64_t k = 0; k < e->nsteps && rc == 0; k++)
+				e->whash = (e->whash ^ (uint64_t)firsts[k]) * 1099511628211ull;
+			return rc;
 		}
 		e->kind = K_TDIR;
 		e->tn = v->stage_tree[v->layout.ranks[r].p];
@@ -389,8 +400,8 @@ static void fill_attr(const struct ent *e, const struct mlfs_view *v, struct sta
 	case K_DFILE: {
 		size_t hlen;
 		stb->st_mode = S_IFREG | 0444;
-		stb->st_size = (off_t)mlfs_data_file_size(v->ds, e->first, e->count, e->dkind, hdr,
-							  sizeof(hdr), &hlen);
+		stb->st_size = (off_t)mlfs_data_file_size(v->ds, e->first, e->count, e->nsteps,
+							  e->dkind, hdr, sizeof(hdr), &hlen);
 		return;
 	}
 	case K_TDIR:
@@ -459,7 +470,8 @@ static uint64_t ent_gen(const struct mlfs_view *v, const struct ent *e)
 	if (e->kind != K_DFILE)
 		return 0;
 	uint64_t h = path_hash("", (uint64_t)e->first * 0x9e3779b97f4a7c15ull ^
-				       (uint64_t)e->count << 8 ^ (uint64_t)e->dkind);
+				       (uint64_t)e->count << 8 ^ (uint64_t)e->dkind ^
+				       e->whash * 31 ^ (uint64_t)e->nsteps << 40);
 	return h | 1ull << 63;
 }
 
@@ -616,8 +628,9 @@ struct fh {
 	int64_t wend;
 	/* dataset views */
 	struct mlfs_dview *dview;
+	struct mlfs_dview **wviews; /* a window: [nsteps] views */
 	enum mlfs_dfile dkind;
-	int64_t step, first, count;
+	int64_t step, first, count, nsteps;
 };
 
 static void fh_free(struct fh *f)
@@ -627,6 +640,9 @@ static void fh_free(struct fh *f)
 	xf_buf_put(f->buf);
 	xf_buf_put(f->wdata);
 	mlfs_dview_put(f->dview);
+	for (int64_t i = 0; f->wviews && i < f->nsteps; i++)
+		mlfs_dview_put(f->wviews[i]);
+	free(f->wviews);
 	mlfs_view_put(f->v);
 	free(f->text);
 	free(f->w);
@@ -699,13 +715,29 @@ static char *snapshot_text(const struct ent *e, const struct mlfs_view *v)
 	}
 }
 
-/* Assembles (or finds) the records of a dataset view for @f and queues the
- * next steps of its DP group. No lock held. */
+/* Assembles (or finds) the records of a dataset view for @f, or of each
+ * step of a window, and queues the next steps of its DP group. No lock
+ * held. */
 static int open_view(struct fh *f)
 {
 	char why[512];
 	const struct ptc_layout *l = &f->v->layout;
-	int rc = mlfs_data_get(f->v->ds, f->first, f->count, &f->dview, why, sizeof(why));
+	int d = l->ranks[f->rank].d, rc = 0;
+
+	if (!f->nsteps) {
+		rc = mlfs_data_get(f->v->ds, f->first, f->count, &f->dview, why, sizeof(why));
+	} else if (!(f->wviews = calloc((size_t)f->nsteps, sizeof(*f->wviews)))) {
+		return -ENOMEM;
+	}
+	for (int64_t i = 0; i < f->nsteps && rc == 0; i++) {
+		int64_t first, count;
+		rc = mlfs_data_slice(f->v->ds, &f->v->cursor, f->step + i, d, &first, &count);
+		if (rc == 0)
+			rc = mlfs_data_get(f->v->ds, first, count, &f->wviews[i], why,
+					   sizeof(why));
+		else
+			snprintf(why, sizeof(why), "step %" PRId64 " has no view", f->step + i);
+	}
 	if (rc) {
 		char msg[700];
 		snprintf(msg, sizeof(msg), "dataset: ranks/%d/data/%" PRId64 ": %s", f->rank,
@@ -713,7 +745,8 @@ static int open_view(struct fh *f)
 		mlfs_store_note_error(store, msg);
 		return rc == -ENOSPC || rc == -ENOMEM ? rc : -EIO;
 	}
-	mlfs_data_prefetch(f->v->ds, &f->v->cursor, l->ranks[f->rank].d, f->step + 1);
+	mlfs_data_prefetch(f->v->ds, &f->v->cursor, d, f->step + (f->nsteps ? f->nsteps : 1),
+			   f->nsteps);
 	return 0;
 }
 
@@ -800,8 +833,9 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		f->step = t.e.step;
 		f->first = t.e.first;
 		f->count = t.e.count;
-		mlfs_data_file_size(f->v->ds, f->first, f->count, f->dkind, f->hdr, sizeof(f->hdr),
-				    &f->hdr_len);
+		f->nsteps = t.e.nsteps;
+		mlfs_data_file_size(f->v->ds, f->first, f->count, f->nsteps, f->dkind, f->hdr,
+				    sizeof(f->hdr), &f->hdr_len);
 		break;
 	}
 	if (rc == 0 &&
@@ -880,6 +914,35 @@ static void reply_parts(fuse_req_t req, const char *hdr, size_t hlen, const uint
 	fuse_reply_iov(req, iov, iov[1].iov_len ? 2 : 1);
 }
 
+/* Bytes [off, off+size) of a window of views: its header, then the bodies
+ * of its steps' views back to back (all of one length), in one writev. */
+static void reply_window(fuse_req_t req, struct fh *f, size_t size, off_t off)
+{
+	struct iovec iov[MLFS_DATA_WINDOW_MAX + 1];
+	int n = 0;
+	size_t o = (size_t)off, hlen = f->hdr_len;
+
+	if (o < hlen && size) {
+		iov[n] = (struct iovec){f->hdr + o, hlen - o < size ? hlen - o : size};
+		size -= iov[n++].iov_len;
+		o = hlen;
+	}
+	for (int64_t i = 0; i < f->nsteps && size; i++) {
+		const uint8_t *body;
+		size_t len;
+		mlfs_dview_body(f->wviews[i], f->dkind, &body, &len);
+		if (o >= hlen + len) { /* before the range */
+			o -= len;
+			continue;
+		}
+		size_t a = o - hlen, k = len - a < size ? len - a : size;
+		iov[n++] = (struct iovec){(void *)(body + a), k};
+		size -= k;
+		o = hlen;
+	}
+	fuse_reply_iov(req, iov, n);
+}
+
 static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fh *f);
 
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -896,6 +959,10 @@ static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 	if (f->kind == K_PART || f->kind == K_FFILE) {
 		reply_parts(req, f->hdr, f->hdr_len, f->buf->data, (size_t)f->buf->size, size, off,
 			    true);
+		return;
+	}
+	if (f->kind == K_DFILE && f->wviews) {
+		reply_window(req, f, size, off);
 		return;
 	}
 	if (f->kind == K_DFILE) {

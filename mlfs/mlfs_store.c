@@ -479,7 +479,7 @@ void mlfs_store_prefetch(struct mlfs_store *st, struct mlfs_view *v, int64_t ste
 		int d = l->ranks[r].d;
 		if (!seen[d]) {
 			seen[d] = true;
-			mlfs_data_prefetch(v->ds, &v->cursor, d, step < 0 ? 0 : step);
+			mlfs_data_prefetch(v->ds, &v->cursor, d, step < 0 ? 0 : step, 0);
 		}
 	}
 	free(seen);

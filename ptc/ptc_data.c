@@ -118,9 +118,10 @@ int ptc_index_parse(const json_t *root, const char *file, struct ptc_index **out
 	}
 	ix->record_bytes = (int64_t)ptc_dtype_size(ix->dtype);
 	if (ix->records == PTC_RECORDS_FIXED) {
-		if (!json_is_array(shape) || json_array_size(shape) > PTC_MAX_DIMS) {
+		/* a view adds the batch dimension */
+		if (!json_is_array(shape) || json_array_size(shape) > PTC_MAX_DIMS - 1) {
 			ptc_errorf(err, "%s: \"shape\" must be an array of at most %d sizes", file,
-				   PTC_MAX_DIMS);
+				   PTC_MAX_DIMS - 1);
 			goto err;
 		}
 		ix->ndim = (int)json_array_size(shape);

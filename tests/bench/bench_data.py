@@ -16,6 +16,8 @@ Rows:
   page of them mapped by both readers (the memmaps touched; the daemon's
   mappings by an untimed pass over epoch 0); each repetition reads steps of
   later epochs that neither side read before (best of --reps);
+- windows: the same, reading --window steps (default 8) a file
+  (<s>-<e>.npy), vs the memmap gather of the same records;
 - re-read: the views of a warm pass read again (the kernel keeps a view's
   pages), vs np.load of the same views saved on tmpfs (/dev/shm): what any
   file interface costs per step (open, header, read, close);
@@ -178,6 +180,7 @@ def main():
     ap.add_argument("--dir", default="/tmp", help="where the shards go (not tmpfs for the "
                     "cold row)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--window", type=int, default=8, help="steps a window file holds")
     ap.add_argument("--global-batch", type=int, default=256,
                     help="records a step (256: views of 1 MiB a DP rank)")
     a = ap.parse_args()
@@ -229,6 +232,24 @@ def main():
                     v = np.load(m.view(r, s))
                     assert np.array_equal(v, direct.read(ids))
                     assert np.array_equal(v, direct.pread(ids))
+            # Windows of W steps (<s>-<s+W>.npy): one file for W views,
+            # on steps not read before.
+            t_mwin, t_dwin = [], []
+            for rep in range(a.reps):
+                lo = epoch + S * (a.reps + rep)
+                wins = [(w, w + a.window) for w in range(lo, lo + S - a.window + 1, a.window)]
+                t0 = time.perf_counter()
+                nbw = sum(np.load(m.view(r, f"{w}-{e}")).nbytes for w, e in wins
+                          for r in range(DP))
+                t_mwin.append(time.perf_counter() - t0)
+                wids = [np.load(m.view(r, f"{w}-{e}", ".ids.npy")).ravel() for w, e in wins
+                        for r in range(DP)]
+                t, nb_d = direct.run(wids)
+                assert nb_d == nbw
+                t_dwin.append(t)
+            w, e = wins[-1]
+            assert np.array_equal(np.load(m.view(1, f"{w}-{e}")).reshape(-1, SEQ),
+                                  direct.read(wids[-1]))
             shm = tempfile.mkdtemp(dir="/dev/shm")
             try:
                 paths = []
@@ -257,6 +278,9 @@ def main():
                      gib / min(t_dwarm), ">= 0.7x"))
         rows.append(("warm, first read vs pread per record", gib / min(t_mwarm),
                      gib / min(t_pwarm), ">= 0.7x"))
+        gibw = nbw / (1 << 30)
+        rows.append((f"warm, {a.window}-step windows vs memmap gather", gibw / min(t_mwin),
+                     gibw / min(t_dwin), ">= 0.7x"))
         rows.append(("re-read vs np.load of the same views on tmpfs", gib / min(t_rwarm),
                      gib / t_twarm, "-"))
         rows.append(("tp2, second rank of a DP group vs np.load on tmpfs", gib / t_shared,

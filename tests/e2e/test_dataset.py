@@ -496,6 +496,64 @@ def test_last_partial_batch(mount_factory, tmp_path, epochs):
     assert np.array_equal(step_ids(m, cfg, cur, last), np.arange(last * 12, epochs * n) % n)
 
 
+def test_windows(mount_factory, tmp_path):
+    """README "Windows": <s>-<e>.npy and <s>-<e>.ids.npy stack the views of
+    steps [s, e) of a rank: [e - s, local_batch, ...], through epoch ends
+    and reconfigurations, as long as the local batch does not change."""
+    d = tmp_path / "ds"
+    n = write_fixed(d, [40, 33, 37])  # 110 records; 12 a step: 220 in 18 steps + 4
+    m = mount_factory()
+    cfg = dataset_cfg(1, 2, 1, 2, file_uri(d), 12, seed=3, epochs=2)
+    m.setup(SCHEMA, cfg)
+
+    def window(r, s, e, m=m):
+        w = np.load(m.p("ranks", r, "data", f"{s}-{e}.npy"))
+        wid = np.load(m.p("ranks", r, "data", f"{s}-{e}.ids.npy"))
+        for k, step in enumerate(range(s, e)):
+            assert np.array_equal(w[k], np.load(m.p("ranks", r, "data", f"{step}.npy")))
+            assert np.array_equal(wid[k], np.load(m.p("ranks", r, "data", f"{step}.ids.npy")))
+        assert np.array_equal(w, fixed_records(wid.ravel()).reshape(w.shape))
+        for ext in FIXED_EXTS:
+            name = f"ranks/{r}/data/{s}-{e}{ext}"
+            assert os.path.getsize(m.p(name)) == len(m.read(name))
+        return w, wid
+
+    for r in range(4):
+        w, wid = window(r, 3, 8)
+        assert w.shape == (5, 6, REC) and wid.shape == (5, 6) and wid.dtype == np.int64
+    # Windows of both DP ranks through epoch 0 (steps 0-8: 108 of its 110
+    # records; step 9 holds its end): each record once.
+    by_d = {coords(cfg, r)[1]: r for r in range(4)}
+    ids = np.concatenate([window(by_d[dd], 0, 9)[1].ravel() for dd in range(2)])
+    assert len(ids) == 108 and len(set(ids.tolist())) == 108 and ids.max() < n
+    assert window(by_d[0], 6, 12)[0].shape == (6, 6, REC)  # across the epoch end
+    assert window(1, 0, 1)[0].shape == (1, 6, REC)
+    # The last step is shorter (4 records: 2 a DP rank): not in a window.
+    expect_errno(errno.EINVAL, m.read, "ranks/0/data/15-19.npy")
+    assert window(0, 15, 18)[0].shape == (3, 6, REC)
+    expect_errno(errno.ENODATA, m.read, "ranks/0/data/17-20.npy")
+    for name in ["8-8.npy", "9-8.npy", "1-66.npy", "01-3.npy", "1-03.npy", "1-.npy", "-3.npy",
+                 "1-3-5.npy", "1-3.bin"]:
+        expect_errno(errno.ENOENT, m.read, f"ranks/0/data/{name}")
+    # After a change of dp at step 6: windows before keep the old slices,
+    # a window across the change is refused (its local batch changes).
+    old = window(by_d[0], 2, 6)[1]
+    write_steps(m, cfg, 6)
+    cfg = dataset_cfg(2, 4, 1, 1, file_uri(d), 12, seed=3, epochs=2)
+    reconfigure(m, cfg)
+    for r in range(4):  # all of DP rank 0 now: the old slices of DP rank 0
+        assert np.array_equal(window(r, 2, 6)[1], old)
+    expect_errno(errno.EINVAL, m.read, "ranks/0/data/5-8.npy")
+    w, wid = window(3, 6, 9)
+    assert w.shape == (3, 12, REC)
+    # The longest window, in a run without an epoch limit.
+    m2 = mount_factory(name="long")
+    m2.setup(SCHEMA, dataset_cfg(1, 1, 1, 1, file_uri(d), 12, seed=3))
+    w, wid = window(0, 1, 65, m2)
+    assert w.shape == (64, 12, REC)
+    check_epochs(np.concatenate([np.load(m2.p("ranks/0/data/0.ids.npy")), wid.ravel()]), n)
+
+
 # ------------------------------------------------- 4. variable records
 
 def test_variable_records(mount_factory, tmp_path):
@@ -516,6 +574,8 @@ def test_variable_records(mount_factory, tmp_path):
     stream = np.concatenate(stream)
     assert np.array_equal(stream, np.arange(len(stream)) % n)
     expect_errno(errno.ENODATA, m.read, "ranks/0/data/15.bin")
+    for name in ["1-3.bin", "1-3.offsets.npy", "1-3.ids.npy"]:  # windows: fixed records
+        expect_errno(errno.ENOENT, m.read, f"ranks/0/data/{name}")
     # Shuffled: every epoch a permutation, contents match the ids.
     m2 = mount_factory(name="shuffled")
     cfg = dataset_cfg(1, 1, 1, 2, index, 8, seed=3)
