@@ -230,12 +230,13 @@ def check_var_view(files, local):
     return ids
 
 
-def step_ids(m, cfg, cur, s, var=False):
-    """Reads and checks step s on every rank; returns the step's ids in DP order."""
+def step_ids(m, cfg, cur, s, var=False, n=REC):
+    """Reads and checks step s on every rank (fixed records of @n int32);
+    returns the step's ids in DP order."""
     views = read_views(m, cfg, s, VAR_EXTS if var else FIXED_EXTS)
     out = []
     for d, ((a, b), files) in enumerate(zip(cur.slices(s), views)):
-        out.append((check_var_view if var else check_fixed_view)(files, b - a))
+        out.append(check_var_view(files, b - a) if var else check_fixed_view(files, b - a, n))
     return np.concatenate(out)
 
 
@@ -496,12 +497,14 @@ def test_last_partial_batch(mount_factory, tmp_path, epochs):
     assert np.array_equal(step_ids(m, cfg, cur, last), np.arange(last * 12, epochs * n) % n)
 
 
-def test_windows(mount_factory, tmp_path):
+@pytest.mark.parametrize("rec", [REC, 1100])
+def test_windows(mount_factory, tmp_path, rec):
     """README "Windows": <s>-<e>.npy and <s>-<e>.ids.npy stack the views of
     steps [s, e) of a rank: [e - s, local_batch, ...], through epoch ends
-    and reconfigurations, as long as the local batch does not change."""
+    and reconfigurations, as long as the local batch does not change (small
+    records, and records of 4400 bytes: replies span pages)."""
     d = tmp_path / "ds"
-    n = write_fixed(d, [40, 33, 37])  # 110 records; 12 a step: 220 in 18 steps + 4
+    n = write_fixed(d, [40, 33, 37], n=rec)  # 110 records; 12 a step: 220 in 18 steps + 4
     m = mount_factory()
     cfg = dataset_cfg(1, 2, 1, 2, file_uri(d), 12, seed=3, epochs=2)
     m.setup(SCHEMA, cfg)
@@ -512,7 +515,7 @@ def test_windows(mount_factory, tmp_path):
         for k, step in enumerate(range(s, e)):
             assert np.array_equal(w[k], np.load(m.p("ranks", r, "data", f"{step}.npy")))
             assert np.array_equal(wid[k], np.load(m.p("ranks", r, "data", f"{step}.ids.npy")))
-        assert np.array_equal(w, fixed_records(wid.ravel()).reshape(w.shape))
+        assert np.array_equal(w, fixed_records(wid.ravel(), rec).reshape(w.shape))
         for ext in FIXED_EXTS:
             name = f"ranks/{r}/data/{s}-{e}{ext}"
             assert os.path.getsize(m.p(name)) == len(m.read(name))
@@ -520,17 +523,17 @@ def test_windows(mount_factory, tmp_path):
 
     for r in range(4):
         w, wid = window(r, 3, 8)
-        assert w.shape == (5, 6, REC) and wid.shape == (5, 6) and wid.dtype == np.int64
+        assert w.shape == (5, 6, rec) and wid.shape == (5, 6) and wid.dtype == np.int64
     # Windows of both DP ranks through epoch 0 (steps 0-8: 108 of its 110
     # records; step 9 holds its end): each record once.
     by_d = {coords(cfg, r)[1]: r for r in range(4)}
     ids = np.concatenate([window(by_d[dd], 0, 9)[1].ravel() for dd in range(2)])
     assert len(ids) == 108 and len(set(ids.tolist())) == 108 and ids.max() < n
-    assert window(by_d[0], 6, 12)[0].shape == (6, 6, REC)  # across the epoch end
-    assert window(1, 0, 1)[0].shape == (1, 6, REC)
+    assert window(by_d[0], 6, 12)[0].shape == (6, 6, rec)  # across the epoch end
+    assert window(1, 0, 1)[0].shape == (1, 6, rec)
     # The last step is shorter (4 records: 2 a DP rank): not in a window.
     expect_errno(errno.EINVAL, m.read, "ranks/0/data/15-19.npy")
-    assert window(0, 15, 18)[0].shape == (3, 6, REC)
+    assert window(0, 15, 18)[0].shape == (3, 6, rec)
     expect_errno(errno.ENODATA, m.read, "ranks/0/data/17-20.npy")
     for name in ["8-8.npy", "9-8.npy", "1-66.npy", "01-3.npy", "1-03.npy", "1-.npy", "-3.npy",
                  "1-3-5.npy", "1-3.bin"]:
@@ -545,12 +548,12 @@ def test_windows(mount_factory, tmp_path):
         assert np.array_equal(window(r, 2, 6)[1], old)
     expect_errno(errno.EINVAL, m.read, "ranks/0/data/5-8.npy")
     w, wid = window(3, 6, 9)
-    assert w.shape == (3, 12, REC)
+    assert w.shape == (3, 12, rec)
     # The longest window, in a run without an epoch limit.
     m2 = mount_factory(name="long")
     m2.setup(SCHEMA, dataset_cfg(1, 1, 1, 1, file_uri(d), 12, seed=3))
     w, wid = window(0, 1, 65, m2)
-    assert w.shape == (64, 12, REC)
+    assert w.shape == (64, 12, rec)
     check_epochs(np.concatenate([np.load(m2.p("ranks/0/data/0.ids.npy")), wid.ravel()]), n)
 
 
@@ -588,31 +591,33 @@ def test_variable_records(mount_factory, tmp_path):
 
 # ------------------------------------------------------------ 5. HTTP
 
-def test_shard_shrinks_under_the_mount(mount_factory, tmp_path):
+@pytest.mark.parametrize("rec", [REC, 1100])
+def test_shard_shrinks_under_the_mount(mount_factory, tmp_path, rec):
     """The daemon reads file shards through a memory map: a shard cut short
     while mounted gives EIO naming it (the SIGBUS is caught), never a crash
-    or wrong bytes, and the views read fine again once the shard is whole."""
+    or wrong bytes, and the views read fine again once the shard is whole
+    (small records, and records of 4400 bytes: a copy spans pages)."""
     d = tmp_path / "ds"
-    n = write_fixed(d, [400, 50])
+    n = write_fixed(d, [400, 50], n=rec)
     whole = (d / "shard0.bin").read_bytes()
     m = mount_factory(extra_args=("--prefetch", "1"))
     cfg = dataset_cfg(1, 1, 1, 1, file_uri(d), 10, shuffle=False, epochs=1)
     m.setup(SCHEMA, cfg)
     cur = Cursor(10, 1, n)
-    assert np.array_equal(step_ids(m, cfg, cur, 0), np.arange(10))  # shard0 mapped
+    assert np.array_equal(step_ids(m, cfg, cur, 0, n=rec), np.arange(10))  # shard0 mapped
     time.sleep(0.3)  # the prefetch of step 1
     with open(d / "shard0.bin", "r+b") as f:
-        f.truncate(10 * REC * 4)
+        f.truncate(10 * rec * 4)
     expect_errno(errno.EIO, m.read, "ranks/0/data/30.npy")
     err = m.status()["error"]
     assert "shard0.bin" in err and "shorter than when opened" in err, err
     # Reopened: the next read names the new size.
     expect_errno(errno.EIO, m.read, "ranks/0/data/31.npy")
     err = m.status()["error"]
-    assert "shard0.bin: holds 5160 bytes" in err, err
+    assert f"shard0.bin: holds {10 * rec * 4} bytes" in err, err
     (d / "shard0.bin").write_bytes(whole)
     for s in [1, 30, 31, 39, 40]:
-        assert np.array_equal(step_ids(m, cfg, cur, s), np.arange(10 * s, 10 * s + 10))
+        assert np.array_equal(step_ids(m, cfg, cur, s, n=rec), np.arange(10 * s, 10 * s + 10))
 
 
 def http_get(port, path):
