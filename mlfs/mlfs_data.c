@@ -32,7 +32,7 @@
 #define MAX_INDEX_BYTES	 ((int64_t)64 << 20)
 #define MAX_RECORD_BYTES ((int64_t)1 << 30)
 #define QUEUE_CAP	 256
-#define POOL_CAP	 8
+#define POOL_SLOTS	 1024
 
 struct slice {
 	int64_t first, count;
@@ -66,8 +66,9 @@ struct mlfs_dataset {
 	/* Buffers of freed views, pages already mapped: a new view reuses one
 	 * instead of faulting in fresh pages (most of the cost of assembly). */
 	pthread_mutex_t pool_lock; /* a leaf: taken with or without ds->lock */
-	struct xf_buf *pool[POOL_CAP];
+	struct xf_buf *pool[POOL_SLOTS];
 	int npool;
+	atomic_int pool_max; /* as many as views may be cached, POOL_SLOTS at most */
 };
 
 /* ---------------------------------------------------------------- views */
@@ -88,7 +89,14 @@ static struct xf_buf *buf_get(struct mlfs_dataset *ds, int64_t len, int *rc)
 	if (b)
 		ds->pool[best] = ds->pool[--ds->npool];
 	pthread_mutex_unlock(&ds->pool_lock);
-	return b ? b : xf_buf_new(ds->mem, len, rc);
+	if (b || (b = xf_buf_new(ds->mem, len, rc)) || *rc != -ENOSPC)
+		return b;
+	/* --max-memory reached: give back the pooled buffers, try again */
+	pthread_mutex_lock(&ds->pool_lock);
+	while (ds->npool)
+		xf_buf_put(ds->pool[--ds->npool]);
+	pthread_mutex_unlock(&ds->pool_lock);
+	return xf_buf_new(ds->mem, len, rc);
 }
 
 /* Keeps @b for reuse when the pool has room (the newest win). */
@@ -99,7 +107,7 @@ static void buf_put(struct mlfs_dataset *ds, struct xf_buf *b)
 	pthread_mutex_lock(&ds->pool_lock);
 	struct xf_buf *drop = b;
 	if (atomic_load(&b->refs) == 1) {
-		drop = ds->npool == POOL_CAP ? ds->pool[0] : NULL;
+		drop = ds->npool >= atomic_load(&ds->pool_max) ? ds->pool[0] : NULL;
 		if (drop)
 			ds->pool[0] = ds->pool[--ds->npool];
 		ds->pool[ds->npool++] = b;
@@ -329,6 +337,7 @@ void mlfs_data_prefetch(struct mlfs_dataset *ds, const struct ptc_cursor *c, int
 		n = ds->prefetch;
 	else if (ds->maxviews < 8 * (n + 2)) /* windows: room for the next ones */
 		ds->maxviews = (int)(8 * (n + 2));
+	atomic_store(&ds->pool_max, ds->maxviews < POOL_SLOTS ? ds->maxviews : POOL_SLOTS);
 	for (int64_t s = from; s < from + n; s++) {
 		struct slice sl;
 		if (mlfs_data_slice(ds, c, s, d, &sl.first, &sl.count))
@@ -645,6 +654,7 @@ int mlfs_dataset_open(const struct ptc_config *c, const struct mlfs_data_opts *o
 	ds->mem = mem;
 	ds->prefetch = o->prefetch;
 	ds->maxviews = 8 * (o->prefetch + 2) < 16 ? 16 : 8 * (o->prefetch + 2);
+	atomic_init(&ds->pool_max, ds->maxviews < POOL_SLOTS ? ds->maxviews : POOL_SLOTS);
 	struct mlfs_src_opts so = {
 	    .cache_bytes = o->cache_bytes, .retries = -1, .file_direct = true};
 	if (!(ds->index_uri = strdup(c->dataset_index)) || !(ds->src = mlfs_src_new(&so)))

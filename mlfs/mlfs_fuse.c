@@ -469,9 +469,9 @@ static uint64_t ent_gen(const struct mlfs_view *v, const struct ent *e)
 		return v->parts.bufs[xf_parts_index(&v->parts, e->rank, e->state, e->tensor)]->id;
 	if (e->kind != K_DFILE)
 		return 0;
-	uint64_t h = path_hash("", (uint64_t)e->first * 0x9e3779b97f4a7c15ull ^
-				       (uint64_t)e->count << 8 ^ (uint64_t)e->dkind ^
-				       e->whash * 31 ^ (uint64_t)e->nsteps << 40);
+	uint64_t h =
+	    path_hash("", (uint64_t)e->first * 0x9e3779b97f4a7c15ull ^ (uint64_t)e->count << 8 ^
+			      (uint64_t)e->dkind ^ e->whash * 31 ^ (uint64_t)e->nsteps << 40);
 	return h | 1ull << 63;
 }
 
@@ -733,8 +733,7 @@ static int open_view(struct fh *f)
 		int64_t first, count;
 		rc = mlfs_data_slice(f->v->ds, &f->v->cursor, f->step + i, d, &first, &count);
 		if (rc == 0)
-			rc = mlfs_data_get(f->v->ds, first, count, &f->wviews[i], why,
-					   sizeof(why));
+			rc = mlfs_data_get(f->v->ds, first, count, &f->wviews[i], why, sizeof(why));
 		else
 			snprintf(why, sizeof(why), "step %" PRId64 " has no view", f->step + i);
 	}
