@@ -118,7 +118,7 @@ bench: deps
 	./$(BUILD)/tests/bench_plan
 	$(PY) tests/bench/bench_store.py --size-mib 1024
 	$(PY) tests/bench/bench_data.py --size-mib 512
-	$(PY) tests/bench/bench_data.py --size-mib 1024 --global-batch 2048 --steps 8
+	$(PY) tests/bench/bench_data.py --size-mib 1024 --global-batch 2048 --steps 16
 
 $(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
 	@mkdir -p $(dir $@)
