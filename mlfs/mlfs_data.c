@@ -6,13 +6,17 @@
  * slice has the same bytes under any config, so assembled views are cached
  * by slice and survive reconfigurations that keep the slice. Assembly maps
  * each sample to its record (ptc_data_perm, ptc_index_locate) and reads all
- * records of the view in one mlfs_src_readv, which coalesces them into
- * block requests through the byte-bounded block cache.
+ * records of the view in one mlfs_src_readv: file:// records are copied
+ * from the shards' mappings (the page cache), HTTP ones coalesced into
+ * block requests through the byte-bounded block cache. A window of steps
+ * (mlfs_fuse.c) is the views of its steps, each assembled and cached alone.
  *
  * A prefetch thread assembles the views of the next steps of each local DP
- * group; a reader that asks for a view being assembled waits for it rather
- * than reading the shards twice. A failed assembly is not cached: the next
- * open tries again.
+ * group (the next window's, after a window); a reader that asks for a view
+ * being assembled waits for it rather than reading the shards twice. A
+ * failed assembly is not cached: the next open tries again. Freed views'
+ * buffers are kept for new views (as many as views may be cached): fresh
+ * pages cost more than the copy into them.
  *
  * Threads: FUSE workers and the prefetch thread call mlfs_data_get; ds->lock
  * guards the view cache, the queue and the figures. No lock is held during
