@@ -72,10 +72,23 @@ struct mlfs_dataset {
 	pthread_mutex_t pool_lock; /* a leaf: taken with or without ds->lock */
 	struct xf_buf *pool[POOL_SLOTS];
 	int npool;
-	atomic_int pool_max; /* as many as views may be cached, POOL_SLOTS at most */
+	int64_t pool_bytes;
+	atomic_int pool_max;  /* as many as views may be cached, POOL_SLOTS at most */
+	int64_t cached_bytes; /* of the ready views in the cache; ds->lock */
 };
 
 /* ---------------------------------------------------------------- views */
+
+/* The memory the dataset may keep for views nobody reads: the cache's ready
+ * views up to an eighth of --max-memory, the pool up to a 32nd (checkpoints
+ * and reconfigurations share the bound). */
+static int64_t mem_share(const struct mlfs_dataset *ds, int div)
+{
+	int64_t limit = ds->mem && ds->mem->limit > 0 ? ds->mem->limit : (int64_t)8 << 30;
+	return limit / div;
+}
+
+static void drop_idle(struct mlfs_dataset *ds);
 
 /* A buffer of at least @len bytes for a view: a pooled one that is not much
  * larger, or a new one. NULL with *rc set. */
@@ -90,16 +103,14 @@ static struct xf_buf *buf_get(struct mlfs_dataset *ds, int64_t len, int *rc)
 			best = i;
 	}
 	struct xf_buf *b = best < 0 ? NULL : ds->pool[best];
-	if (b)
+	if (b) {
 		ds->pool[best] = ds->pool[--ds->npool];
+		ds->pool_bytes -= b->size;
+	}
 	pthread_mutex_unlock(&ds->pool_lock);
 	if (b || (b = xf_buf_new(ds->mem, len, rc)) || *rc != -ENOSPC)
 		return b;
-	/* --max-memory reached: give back the pooled buffers, try again */
-	pthread_mutex_lock(&ds->pool_lock);
-	while (ds->npool)
-		xf_buf_put(ds->pool[--ds->npool]);
-	pthread_mutex_unlock(&ds->pool_lock);
+	drop_idle(ds); /* --max-memory reached: give back what nobody reads */
 	return xf_buf_new(ds->mem, len, rc);
 }
 
@@ -108,16 +119,24 @@ static void buf_put(struct mlfs_dataset *ds, struct xf_buf *b)
 {
 	if (!b)
 		return;
+	struct xf_buf *drop[POOL_SLOTS + 1];
+	int ndrop = 0;
 	pthread_mutex_lock(&ds->pool_lock);
-	struct xf_buf *drop = b;
-	if (atomic_load(&b->refs) == 1) {
-		drop = ds->npool >= atomic_load(&ds->pool_max) ? ds->pool[0] : NULL;
-		if (drop)
+	if (atomic_load(&b->refs) != 1 || b->size > mem_share(ds, 32)) {
+		drop[ndrop++] = b;
+	} else { /* the oldest go first */
+		while (ds->npool && (ds->npool >= atomic_load(&ds->pool_max) ||
+				     ds->pool_bytes + b->size > mem_share(ds, 32))) {
+			drop[ndrop++] = ds->pool[0];
+			ds->pool_bytes -= ds->pool[0]->size;
 			ds->pool[0] = ds->pool[--ds->npool];
+		}
 		ds->pool[ds->npool++] = b;
+		ds->pool_bytes += b->size;
 	}
 	pthread_mutex_unlock(&ds->pool_lock);
-	xf_buf_put(drop);
+	while (ndrop)
+		xf_buf_put(drop[--ndrop]);
 }
 
 void mlfs_dview_put(struct mlfs_dview *v)
@@ -132,6 +151,9 @@ void mlfs_dview_put(struct mlfs_dview *v)
 
 static void lru_unlink(struct mlfs_dataset *ds, struct mlfs_dview *v)
 {
+	if (v->counted)
+		ds->cached_bytes -= v->len;
+	v->counted = false;
 	*(v->prev ? &v->prev->next : &ds->head) = v->next;
 	*(v->next ? &v->next->prev : &ds->tail) = v->prev;
 	v->prev = v->next = NULL;
@@ -159,13 +181,47 @@ static struct mlfs_dview *lru_find(struct mlfs_dataset *ds, int64_t first, int64
 static void lru_evict(struct mlfs_dataset *ds)
 {
 	struct mlfs_dview *v = ds->tail;
-	while (ds->nviews > ds->maxviews && v) {
+	while ((ds->nviews > ds->maxviews || ds->cached_bytes > mem_share(ds, 8)) && v) {
 		struct mlfs_dview *prev = v->prev;
 		if (v->state == 1) {
 			lru_unlink(ds, v);
 			mlfs_dview_put(v);
 		}
 		v = prev;
+	}
+}
+
+/* Frees the pooled buffers and the cached views nobody holds. */
+static void drop_idle(struct mlfs_dataset *ds)
+{
+	struct xf_buf *bufs[POOL_SLOTS];
+	int nbufs = 0;
+	struct mlfs_dview *idle = NULL;
+
+	pthread_mutex_lock(&ds->lock);
+	for (struct mlfs_dview *v = ds->head, *next; v; v = next) {
+		next = v->next;
+		if (v->state == 1 && atomic_load(&v->refs) == 1) {
+			lru_unlink(ds, v);
+			v->next = idle; /* off the list: a private chain */
+			idle = v;
+		}
+	}
+	pthread_mutex_unlock(&ds->lock);
+	pthread_mutex_lock(&ds->pool_lock);
+	while (ds->npool)
+		bufs[nbufs++] = ds->pool[--ds->npool];
+	ds->pool_bytes = 0;
+	pthread_mutex_unlock(&ds->pool_lock);
+	while (nbufs)
+		xf_buf_put(bufs[--nbufs]);
+	while (idle) {
+		struct mlfs_dview *v = idle;
+		idle = v->next;
+		v->next = NULL;
+		xf_buf_put(v->data); /* not back to the pool */
+		v->data = NULL;
+		mlfs_dview_put(v);
 	}
 }
 
@@ -273,6 +329,8 @@ int mlfs_data_get(struct mlfs_dataset *ds, int64_t first, int64_t count, struct 
 		snprintf(ds->error, sizeof(ds->error), "%s", why);
 	} else {
 		ds->assembled++;
+		ds->cached_bytes += v->len;
+		v->counted = true;
 		lru_evict(ds);
 	}
 	pthread_cond_broadcast(&ds->ready);

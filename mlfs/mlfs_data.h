@@ -79,6 +79,7 @@ struct mlfs_dview {
 	int64_t *ids;			/* [count] */
 	int64_t *offs;			/* [count + 1] byte offsets into data */
 	int state;			/* 0 being assembled, 1 ready, < 0 failed (-errno) */
+	bool counted;			/* its bytes are in the cache's cached_bytes */
 	struct mlfs_dview *prev, *next; /* cache LRU */
 };
 

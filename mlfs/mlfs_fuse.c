@@ -310,7 +310,7 @@ static int resolve(const char *path, struct mlfs_view *v, struct ent *e)
 			int64_t firsts[MLFS_DATA_WINDOW_MAX];
 			int rc = mlfs_data_window(v->ds, &v->cursor, e->step, e->nsteps,
 						  v->layout.ranks[r].d, firsts, &e->count);
-			e->first = firsts[0];
+			e->first = rc ? 0 : firsts[0];
 			for (int64_t k = 0; k < e->nsteps && rc == 0; k++)
 				e->whash = (e->whash ^ (uint64_t)firsts[k]) * 1099511628211ull;
 			return rc;
@@ -732,15 +732,20 @@ static int open_view(struct fh *f)
 	for (int64_t i = 0; i < f->nsteps && rc == 0; i++) {
 		int64_t first, count;
 		rc = mlfs_data_slice(f->v->ds, &f->v->cursor, f->step + i, d, &first, &count);
+		char err[400] = "no view";
 		if (rc == 0)
-			rc = mlfs_data_get(f->v->ds, first, count, &f->wviews[i], why, sizeof(why));
-		else
-			snprintf(why, sizeof(why), "step %" PRId64 " has no view", f->step + i);
+			rc = mlfs_data_get(f->v->ds, first, count, &f->wviews[i], err, sizeof(err));
+		snprintf(why, sizeof(why), "step %" PRId64 ": %s", f->step + i, err);
 	}
 	if (rc) {
-		char msg[700];
-		snprintf(msg, sizeof(msg), "dataset: ranks/%d/data/%" PRId64 ": %s", f->rank,
-			 f->step, why);
+		char msg[700], name[64], one[48];
+		mlfs_data_format_name(f->step, f->dkind, one, sizeof(one));
+		if (f->nsteps) /* a window: "<s>-<e>" and the suffix */
+			snprintf(name, sizeof(name), "%" PRId64 "-%" PRId64 "%s", f->step,
+				 f->step + f->nsteps, strchr(one, '.'));
+		else
+			snprintf(name, sizeof(name), "%s", one);
+		snprintf(msg, sizeof(msg), "dataset: ranks/%d/data/%s: %s", f->rank, name, why);
 		mlfs_store_note_error(store, msg);
 		return rc == -ENOSPC || rc == -ENOMEM ? rc : -EIO;
 	}

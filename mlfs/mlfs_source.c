@@ -28,15 +28,17 @@
  * adjacent ranges. A pinned file is also mapped (read-only, shared), and
  * its spans are copied from the mapping on the caller's thread: from the
  * page cache that is a memcpy, 8x cheaper than a preadv per record. After
- * a copy that took long and whose next span is not all in the page cache
- * (mincore: the slow copy waited for the disk, not for first mappings of
- * its pages), and for files
+ * a copy that took long and whose next span is not in the page cache (a
+ * read with RWF_NOWAIT: the slow copy waited for the disk, not for first
+ * mappings of its pages), and for files
  * that could not be mapped, each span is one preadv into its dsts, tried
  * with RWF_NOWAIT (the page cache) and otherwise on up to `parallel`
  * threads, so a cold disk sees many requests at once (measured: better
  * than MADV_WILLNEED and copies). Such objects never enter (2)-(4): the
  * page cache is their cache. A file
- * that shrank under its mapping raises SIGBUS in the copy; our handler
+ * that shrank under its mapping loses it before the copies (fstat once a
+ * readv: a mapping reads the rest of a cut page as zeros), and one that
+ * shrinks during them raises SIGBUS in the copy; our handler
  * (reinstalled if someone replaced it) turns it into EIO for that copy
  * (sigsetjmp guard, per thread) and the object is reopened when no readv
  * uses it any more, so the next readv sees its new size.
@@ -1648,9 +1650,17 @@ static int map_copy(void *dst, const uint8_t *src, size_t len)
 		return -EIO;
 	}
 	bus_guard = &jb;
+	atomic_signal_fence(memory_order_seq_cst); /* the copy stays inside */
 	memcpy(dst, src, len);
+	atomic_signal_fence(memory_order_seq_cst);
 	bus_guard = NULL;
 	return 0;
+}
+
+int mlfs_src_map_copy(void *dst, const void *src, size_t len)
+{
+	bus_ensure();
+	return map_copy(dst, src, len);
 }
 
 static int64_t now_ns(void)
@@ -1675,7 +1685,7 @@ static int span_copy(struct rv *rv, const struct span *sp, char *why, size_t why
 		pthread_mutex_unlock(&rv->s->lock);
 		return errf(why, whylen, -EIO,
 			    "%s: bytes %" PRId64 "-%" PRId64
-			    " unreadable, shorter than when opened (changed?)",
+			    " unreadable, shorter than when opened (changed?) or an I/O error",
 			    g->obj->uri, r->off, r->off + r->len - 1);
 	}
 	stat_add(&rv->s->direct_reads, 1);
@@ -1736,28 +1746,41 @@ static int make_spans(struct rv *rv, struct span **out, size_t *nout)
 	return 0;
 }
 
-/* Whether the pages of span @sp, if mapped, are in the page cache. */
-static bool span_resident(struct rv *rv, const struct span *sp)
+/* Whether the first and last byte of span @sp are in the page cache: a
+ * read that may not wait (mincore would not do: it reports every page
+ * resident to a process that could not open the file for writing). */
+static bool span_cached(struct rv *rv, const struct span *sp)
 {
-	const uint8_t *map = rv->grps[sp->grp].map;
-	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-	unsigned char vec[64];
+	uint8_t b;
+	struct iovec v = {&b, 1};
+	int fd = rv->grps[sp->grp].fd;
 
-	if (!map)
-		return false;
-	uintptr_t a = (uintptr_t)(map + sp->off) & ~(pg - 1),
-		  end = (uintptr_t)(map + sp->off + sp->len);
-	while (a < end) {
-		size_t n = (end - a + pg - 1) / pg;
-		n = n < sizeof(vec) ? n : sizeof(vec);
-		if (mincore((void *)a, n * pg, vec))
-			return false;
-		for (size_t i = 0; i < n; i++)
-			if (!(vec[i] & 1))
-				return false;
-		a += n * pg;
+	return preadv2(fd, &v, 1, sp->off, RWF_NOWAIT) == 1 &&
+	       preadv2(fd, &v, 1, sp->off + sp->len - 1, RWF_NOWAIT) == 1;
+}
+
+/* Whether the files of the mapped groups still hold what was mapped (a
+ * mapping reads the bytes between a new, shorter end and the end of its
+ * page as zeros, where a read would fail); those that do not lose their
+ * mapping: preadv then says what is missing, and the object is reopened. */
+static void check_maps(struct rv *rv)
+{
+	struct stat st;
+
+	for (size_t gi = 0; gi < rv->ngrps; gi++) {
+		struct grp *g = &rv->grps[gi];
+		if (!g->direct || !g->map)
+			continue;
+		pthread_mutex_lock(&rv->s->lock);
+		int64_t maplen = g->obj->maplen;
+		pthread_mutex_unlock(&rv->s->lock);
+		if (fstat(g->fd, &st) == 0 && st.st_size >= maplen)
+			continue;
+		pthread_mutex_lock(&rv->s->lock);
+		g->obj->reopen = true;
+		pthread_mutex_unlock(&rv->s->lock);
+		g->map = NULL;
 	}
-	return true;
 }
 
 /* Reads the direct groups: copies from the mappings on this thread until
@@ -1772,6 +1795,7 @@ static int read_direct(struct rv *rv, char *why, size_t whylen)
 
 	if ((rc = make_spans(rv, &d.spans, &d.nspans)))
 		return errf(why, whylen, rc, "out of memory");
+	check_maps(rv);
 	for (size_t gi = 0; gi < rv->ngrps; gi++)
 		if (rv->grps[gi].direct && rv->grps[gi].map) {
 			bus_ensure();
@@ -1791,7 +1815,7 @@ static int read_direct(struct rv *rv, char *why, size_t whylen)
 			 * disk (the rest may too: preadv, in parallel), or were
 			 * only mapped for the first time (go on copying). */
 			if (now_ns() - t0 > 50000 + d.spans[i].len && i + 1 < d.nspans)
-				cold = !span_resident(rv, &d.spans[i + 1]);
+				cold = !span_cached(rv, &d.spans[i + 1]);
 			continue;
 		}
 		rc = span_read(rv, &d.spans[i], RWF_NOWAIT, why, whylen);

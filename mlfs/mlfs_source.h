@@ -102,6 +102,14 @@ struct mlfs_range {
 int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, char *why,
 		   size_t whylen);
 
+/*
+ * Copies @len bytes at @src, in a shared mapping of a file, to @dst: 0, or
+ * -EIO when the file no longer holds them (it shrank meanwhile: the SIGBUS
+ * of the copy is caught by a handler installed if needed, with a guard per
+ * thread; a SIGBUS outside such a copy keeps its previous disposition).
+ */
+int mlfs_src_map_copy(void *dst, const void *src, size_t len);
+
 /* Counters since mlfs_src_new; a snapshot (not one atomic read). */
 struct mlfs_src_stats {
 	int64_t hits;	       /* blocks a readv found in the cache */

@@ -23,7 +23,8 @@ static int by_name(const struct dirent **a, const struct dirent **b)
 	return strcmp((*a)->d_name, (*b)->d_name);
 }
 
-/* "129" or "2,64" into @shape; the number of sizes or -1. */
+/* "129" or "2,64" into @shape; the number of sizes (at most PTC_MAX_DIMS - 1:
+ * a view adds the batch) or -1. */
 static int parse_shape(const char *s, int64_t *shape)
 {
 	int n = 0;
@@ -31,7 +32,7 @@ static int parse_shape(const char *s, int64_t *shape)
 		char *end;
 		errno = 0;
 		long long v = strtoll(s, &end, 10);
-		if (end == s || errno || v < 1 || v > ((int64_t)1 << 30) || n == PTC_MAX_DIMS ||
+		if (end == s || errno || v < 1 || v > ((int64_t)1 << 30) || n == PTC_MAX_DIMS - 1 ||
 		    (*end && *end != ','))
 			return -1;
 		shape[n++] = v;
@@ -172,7 +173,7 @@ int cmd_dataset(int argc, char **argv)
 				fprintf(stderr,
 					"mlfs dataset index: --shape \"%s\" is not a list of "
 					"positive sizes (at most %d)\n",
-					optarg, PTC_MAX_DIMS);
+					optarg, PTC_MAX_DIMS - 1);
 				return 2;
 			}
 			break;
