@@ -667,6 +667,9 @@ def test_http_views_equal_file_views(mount_factory, tmp_path, http_server):
         assert read_views(mh, cfg_h, s) == read_views(mf, cfg_f, s), f"step {s}"
         step_ids(mh, cfg_h, cur, s)
     expect_errno(errno.ENODATA, mh.read, "ranks/0/data/135.npy")
+    for r in range(4):  # windows too, through the block cache
+        for name in ["60-68.npy", "60-68.ids.npy", "125-134.npy"]:
+            assert mh.read(f"ranks/{r}/data/{name}") == mf.read(f"ranks/{r}/data/{name}")
     assert stats(port)["failed"] == 0
     assert mh.status()["error"] is None
 
