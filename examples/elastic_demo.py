@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """A training job's state on one mlfs node, re-sliced from tp2 pp2 dp2 to
-tp4 pp1 dp2 by rewriting config.json, and checked against NumPy slices.
+tp4 pp1 dp2 by rewriting config.json, and checked against NumPy slices;
+then its dataset views carried through a change of data parallelism
+(dp2 -> dp4): every record once, in the order of a run without the change.
 
 Run by `make demo` (after `make`); uses build/mlfs and examples/gpt-tiny.
 """
@@ -14,7 +16,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MLFS = os.path.join(ROOT, "build", "mlfs")
+MLFS = os.path.join(ROOT, os.environ.get("BUILD", "build"), "mlfs")
 EX = os.path.join(ROOT, "examples", "gpt-tiny")
 
 
@@ -44,6 +46,36 @@ def tp_slice(x, dim, tp, t, pad=None, chunks=1):
     return np.take(x, idx, axis=dim)
 
 
+REC = 8  # int32 values per dataset record: record i holds i * 100 + 0..7
+
+
+def write_dataset(d):
+    """Three raw shards of 400 records each and their index (mlfs dataset index)."""
+    os.makedirs(d)
+    for k in range(3):
+        ids = np.arange(k * 400, (k + 1) * 400)
+        (ids[:, None] * 100 + np.arange(REC)).astype(np.int32).tofile(
+            os.path.join(d, f"shard{k}.bin"))
+    sh(MLFS, "dataset", "index", d, "--dtype", "int32", "--shape", str(REC))
+    return "file://" + os.path.join(d, "index.json")
+
+
+def batch_ids(mnt, step):
+    """The global batch of @step as the DP ranks read it: their views' ids
+    in DP order (one rank per DP group), each view checked against its ids."""
+    by_d = {}
+    for r in sorted(os.listdir(os.path.join(mnt, "ranks")), key=int):
+        d = json.load(open(os.path.join(mnt, "ranks", r, "rank.json")))["dp"]
+        by_d.setdefault(d, r)
+    out = []
+    for d in sorted(by_d):
+        base = os.path.join(mnt, "ranks", by_d[d], "data", str(step))
+        ids, recs = np.load(base + ".ids.npy"), np.load(base + ".npy")
+        assert np.array_equal(recs, ids[:, None] * 100 + np.arange(REC)), (step, d)
+        out.append(ids)
+    return np.concatenate(out), len(by_d)
+
+
 def main():
     schema = json.load(open(os.path.join(EX, "schema.json")))
     with tempfile.TemporaryDirectory() as tmp:
@@ -63,8 +95,11 @@ def main():
             with open(os.path.join(mnt, "schema.json"), "w") as f:
                 json.dump(schema, f)
             # One node of 8 devices: the README's layouts on a single machine.
+            dataset = {"index": write_dataset(os.path.join(tmp, "data")), "global_batch": 16,
+                       "seed": 7}
             with open(os.path.join(mnt, "config.json"), "w") as f:
-                json.dump({"version": 1, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n0"]}, f)
+                json.dump({"version": 1, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n0"],
+                           "dataset": dataset}, f)
             print("ranks:", sorted(os.listdir(os.path.join(mnt, "ranks")), key=int))
             print("rank 5:", json.load(open(os.path.join(mnt, "ranks/5/rank.json"))))
 
@@ -99,7 +134,8 @@ def main():
 
             # Every rank saved step 100 (import set it); now change the layout.
             new = os.path.join(tmp, "tp4pp1dp2.json")
-            json.dump({"version": 2, "tp": 4, "pp": 1, "dp": 2, "nodes": ["n0"]}, open(new, "w"))
+            json.dump({"version": 2, "tp": 4, "pp": 1, "dp": 2, "nodes": ["n0"],
+                       "dataset": dataset}, open(new, "w"))
             sh(MLFS, "reconfigure", mnt, new)
             sh(MLFS, "status", mnt)
             checked = 0
@@ -118,6 +154,32 @@ def main():
             for (state, name), a in full.items():
                 assert np.array_equal(np.load(os.path.join(out, state, name + ".npy")), a)
             print("export equals the imported checkpoint")
+
+            # The dataset: the ranks saved step 100, so data/100.npy is their
+            # next batch. The global order of steps 100-105 under dp2 ...
+            before = [batch_ids(mnt, s)[0] for s in range(100, 106)]
+            print("steps 100-105 under dp2, global batches:",
+                  " ".join(str(b[:4].tolist())[:-1] + ", ...]" for b in before[:2]), "...")
+            # ... training reaches step 103, then the job grows to dp4.
+            for r in os.listdir(os.path.join(mnt, "ranks")):
+                with open(os.path.join(mnt, "ranks", r, "step"), "w") as f:
+                    f.write("103\n")
+            grow = os.path.join(tmp, "tp2pp1dp4.json")
+            json.dump({"version": 3, "tp": 2, "pp": 1, "dp": 4, "nodes": ["n0"],
+                       "dataset": dataset}, open(grow, "w"))
+            sh(MLFS, "reconfigure", mnt, grow)
+            after = []
+            for s in range(103, 106):
+                ids, dp = batch_ids(mnt, s)
+                assert dp == 4
+                after.append(ids)
+            seen = np.concatenate(before[:3] + after)
+            assert np.array_equal(seen, np.concatenate(before)), "order changed"
+            assert len(np.unique(seen)) == len(seen) == 96
+            print("steps 103-105 under dp4 (4 DP ranks of 4 records): the same 48 records "
+                  "in the same order; 96 records in 6 steps, each once")
+            w = np.load(os.path.join(mnt, "ranks/0/data/103-106.npy"))
+            print(f"ranks/0/data/103-106.npy (a window of 3 steps): shape {w.shape}")
         finally:
             subprocess.run([MLFS, "umount", mnt])
             rc = daemon.wait(timeout=30)

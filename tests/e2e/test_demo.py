@@ -1,0 +1,17 @@
+"""The README's worked example (examples/elastic_demo.py, run by `make demo`)
+keeps working: it mounts, imports, reconfigures, checks every partition and
+the dataset views through a dp change, and exits 0."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_elastic_demo():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "elastic_demo.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "against NumPy slices: equal" in out.stdout
+    assert "96 records in 6 steps, each once" in out.stdout
+    assert "unmounted; daemon exited 0" in out.stdout
