@@ -37,9 +37,19 @@
 #define MAX_RECORD_BYTES ((int64_t)1 << 30)
 #define QUEUE_CAP	 256
 #define POOL_SLOTS	 1024
+#define SIZE_SLOTS	 256
 
 struct slice {
 	int64_t first, count;
+};
+
+/* Byte sizes of variable-record views (a sum over their records, asked at
+ * every lookup and open), direct-mapped by slice. lock is a leaf. */
+struct sizes {
+	pthread_mutex_t lock;
+	struct {
+		int64_t first, count, bytes; /* count 0: empty */
+	} e[SIZE_SLOTS];
 };
 
 struct mlfs_dataset {
@@ -75,6 +85,7 @@ struct mlfs_dataset {
 	int64_t pool_bytes;
 	atomic_int pool_max;  /* as many as views may be cached, POOL_SLOTS at most */
 	int64_t cached_bytes; /* of the ready views in the cache; ds->lock */
+	struct sizes *sizes;
 };
 
 /* ---------------------------------------------------------------- views */
@@ -527,11 +538,26 @@ int64_t mlfs_data_file_size(const struct mlfs_dataset *ds, int64_t first, int64_
 		*hlen = mlfs_npy_format(PTC_INT64, 1, shape, hdr, cap);
 		return (int64_t)*hlen + (count + 1) * 8;
 	case MLFS_DF_BIN: {
+		struct sizes *c = ds->sizes;
 		int64_t total = 0, id, local;
+		size_t k =
+		    (size_t)(((uint64_t)first * 0x9e3779b97f4a7c15ull ^ (uint64_t)count) >> 56) %
+		    SIZE_SLOTS;
+		pthread_mutex_lock(&c->lock);
+		bool hit = count && c->e[k].count == count && c->e[k].first == first;
+		total = hit ? c->e[k].bytes : 0;
+		pthread_mutex_unlock(&c->lock);
+		if (hit)
+			return total;
 		for (int64_t j = 0; j < count; j++) {
 			int sh = sample_record(ds, first + j, &id, &local);
 			total += record_len(ds, sh, local);
 		}
+		pthread_mutex_lock(&c->lock);
+		c->e[k].first = first;
+		c->e[k].count = count;
+		c->e[k].bytes = total;
+		pthread_mutex_unlock(&c->lock);
 		return total;
 	}
 	}
@@ -689,6 +715,9 @@ static void dataset_free(struct mlfs_dataset *ds)
 		mlfs_src_free(ds->src);
 	free(ds->index_uri);
 	pthread_mutex_destroy(&ds->pool_lock);
+	if (ds->sizes)
+		pthread_mutex_destroy(&ds->sizes->lock);
+	free(ds->sizes);
 	pthread_cond_destroy(&ds->ready);
 	pthread_cond_destroy(&ds->queued);
 	pthread_mutex_destroy(&ds->lock);
@@ -719,8 +748,10 @@ int mlfs_dataset_open(const struct ptc_config *c, const struct mlfs_data_opts *o
 	atomic_init(&ds->pool_max, ds->maxviews < POOL_SLOTS ? ds->maxviews : POOL_SLOTS);
 	struct mlfs_src_opts so = {
 	    .cache_bytes = o->cache_bytes, .retries = -1, .file_direct = true};
-	if (!(ds->index_uri = strdup(c->dataset_index)) || !(ds->src = mlfs_src_new(&so)))
+	if (!(ds->index_uri = strdup(c->dataset_index)) || !(ds->src = mlfs_src_new(&so)) ||
+	    !(ds->sizes = calloc(1, sizeof(*ds->sizes))))
 		goto err;
+	pthread_mutex_init(&ds->sizes->lock, NULL);
 	if ((rc = load(ds, why, sizeof(why)))) {
 		if (rc != -ENOMEM)
 			ptc_errorf(err, "config.json: dataset.index %s: %s", ds->index_uri, why);
