@@ -283,6 +283,15 @@ found:
 	return 0;
 }
 
+/* Has file object @o closed and opened again once no readv uses it, so the
+ * next readv sees its size anew (it shrank, or may have grown). */
+static void obj_reopen(struct mlfs_src *s, struct src_obj *o)
+{
+	pthread_mutex_lock(&s->lock);
+	o->reopen = true;
+	pthread_mutex_unlock(&s->lock);
+}
+
 static int64_t obj_size(struct mlfs_src *s, struct src_obj *o)
 {
 	pthread_mutex_lock(&s->lock);
@@ -1255,11 +1264,8 @@ static int check_sizes(struct rv *rv, char *why, size_t whylen)
 			const struct mlfs_range *r = &rv->r[rv->ord[k]];
 			if (r->off + r->len <= size)
 				continue;
-			if (g->obj->kind == OBJ_FILE) { /* it may grow: look again next time */
-				pthread_mutex_lock(&rv->s->lock);
-				g->obj->reopen = true;
-				pthread_mutex_unlock(&rv->s->lock);
-			}
+			if (g->obj->kind == OBJ_FILE) /* it may grow: look again next time */
+				obj_reopen(rv->s, g->obj);
 			return errf(why, whylen, -EIO,
 				    "%s: holds %" PRId64 " bytes, bytes %" PRId64 "-%" PRId64
 				    " asked",
@@ -1561,7 +1567,6 @@ struct span {
 	uint32_t grp;
 	size_t lo, hi;
 	int64_t off, len;
-	bool pending; /* not served from the page cache: read blocking */
 };
 
 struct dv {
@@ -1680,9 +1685,7 @@ static int span_copy(struct rv *rv, const struct span *sp, char *why, size_t why
 		const struct mlfs_range *r = &rv->r[rv->ord[k]];
 		if (map_copy(r->dst, g->map + r->off, (size_t)r->len) == 0)
 			continue;
-		pthread_mutex_lock(&rv->s->lock);
-		g->obj->reopen = true; /* the next readv after this one sees its size */
-		pthread_mutex_unlock(&rv->s->lock);
+		obj_reopen(rv->s, g->obj);
 		return errf(why, whylen, -EIO,
 			    "%s: bytes %" PRId64 "-%" PRId64
 			    " unreadable, shorter than when opened (changed?) or an I/O error",
@@ -1738,7 +1741,7 @@ static int make_spans(struct rv *rv, struct span **out, size_t *nout)
 				sp = b;
 			}
 			cur = &sp[n++];
-			*cur = (struct span){(uint32_t)gi, k, k + 1, r->off, r->len, false};
+			*cur = (struct span){(uint32_t)gi, k, k + 1, r->off, r->len};
 		}
 	}
 	*out = sp;
@@ -1771,14 +1774,11 @@ static void check_maps(struct rv *rv)
 		struct grp *g = &rv->grps[gi];
 		if (!g->direct || !g->map)
 			continue;
-		pthread_mutex_lock(&rv->s->lock);
-		int64_t maplen = g->obj->maplen;
-		pthread_mutex_unlock(&rv->s->lock);
-		if (fstat(g->fd, &st) == 0 && st.st_size >= maplen)
+		/* maplen changes only when the file is opened again, which
+		 * waits until no readv pins it: no lock needed while we do */
+		if (fstat(g->fd, &st) == 0 && st.st_size >= g->obj->maplen)
 			continue;
-		pthread_mutex_lock(&rv->s->lock);
-		g->obj->reopen = true;
-		pthread_mutex_unlock(&rv->s->lock);
+		obj_reopen(rv->s, g->obj);
 		g->map = NULL;
 	}
 }
