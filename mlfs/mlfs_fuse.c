@@ -626,9 +626,9 @@ struct fh {
 	struct xf_buf *wdata;
 	bool wbase; /* not truncated: unwritten bytes are the current content */
 	int64_t wend;
-	/* dataset views */
-	struct mlfs_dview *dview;
-	struct mlfs_dview **wviews; /* a window: [nsteps] views */
+	/* dataset views: a step's (nsteps 0), or a window's, one a step */
+	struct mlfs_dview **views; /* [nviews] */
+	int64_t nviews;
 	enum mlfs_dfile dkind;
 	int64_t step, first, count, nsteps;
 };
@@ -639,10 +639,9 @@ static void fh_free(struct fh *f)
 		return;
 	xf_buf_put(f->buf);
 	xf_buf_put(f->wdata);
-	mlfs_dview_put(f->dview);
-	for (int64_t i = 0; f->wviews && i < f->nsteps; i++)
-		mlfs_dview_put(f->wviews[i]);
-	free(f->wviews);
+	for (int64_t i = 0; i < f->nviews; i++)
+		mlfs_dview_put(f->views[i]);
+	free(f->views);
 	mlfs_view_put(f->v);
 	free(f->text);
 	free(f->w);
@@ -720,22 +719,25 @@ static char *snapshot_text(const struct ent *e, const struct mlfs_view *v)
  * held. */
 static int open_view(struct fh *f)
 {
-	char why[512];
-	const struct ptc_layout *l = &f->v->layout;
-	int d = l->ranks[f->rank].d, rc = 0;
+	char why[512] = "";
+	int d = f->v->layout.ranks[f->rank].d, rc = 0;
+	int64_t n = f->nsteps ? f->nsteps : 1, count = f->count, firsts[MLFS_DATA_WINDOW_MAX];
 
-	if (!f->nsteps) {
-		rc = mlfs_data_get(f->v->ds, f->first, f->count, &f->dview, why, sizeof(why));
-	} else if (!(f->wviews = calloc((size_t)f->nsteps, sizeof(*f->wviews)))) {
+	firsts[0] = f->first;
+	if (f->nsteps && /* the slices resolve() checked, under the same view */
+	    (rc = mlfs_data_window(f->v->ds, &f->v->cursor, f->step, n, d, firsts, &count)))
+		snprintf(why, sizeof(why), "its steps have no views of one length");
+	if (!(f->views = calloc((size_t)n, sizeof(*f->views))))
 		return -ENOMEM;
-	}
-	for (int64_t i = 0; i < f->nsteps && rc == 0; i++) {
-		int64_t first, count;
-		rc = mlfs_data_slice(f->v->ds, &f->v->cursor, f->step + i, d, &first, &count);
-		char err[400] = "no view";
-		if (rc == 0)
-			rc = mlfs_data_get(f->v->ds, first, count, &f->wviews[i], err, sizeof(err));
-		snprintf(why, sizeof(why), "step %" PRId64 ": %s", f->step + i, err);
+	for (; f->nviews < n && rc == 0; f->nviews++) {
+		char err[400];
+		rc = mlfs_data_get(f->v->ds, firsts[f->nviews], count, &f->views[f->nviews], err,
+				   sizeof(err));
+		if (rc && f->nsteps) /* a window: which step */
+			snprintf(why, sizeof(why), "step %" PRId64 ": %s", f->step + f->nviews,
+				 err);
+		else if (rc)
+			snprintf(why, sizeof(why), "%s", err);
 	}
 	if (rc) {
 		char msg[700], name[64], one[48];
@@ -749,8 +751,7 @@ static int open_view(struct fh *f)
 		mlfs_store_note_error(store, msg);
 		return rc == -ENOSPC || rc == -ENOMEM ? rc : -EIO;
 	}
-	mlfs_data_prefetch(f->v->ds, &f->v->cursor, d, f->step + (f->nsteps ? f->nsteps : 1),
-			   f->nsteps);
+	mlfs_data_prefetch(f->v->ds, &f->v->cursor, d, f->step + n, f->nsteps);
 	return 0;
 }
 
@@ -918,9 +919,9 @@ static void reply_parts(fuse_req_t req, const char *hdr, size_t hlen, const uint
 	fuse_reply_iov(req, iov, iov[1].iov_len ? 2 : 1);
 }
 
-/* Bytes [off, off+size) of a window of views: its header, then the bodies
- * of its steps' views back to back (all of one length), in one writev. */
-static void reply_window(fuse_req_t req, struct fh *f, size_t size, off_t off)
+/* Bytes [off, off+size) of a dataset view or window: the header, then the
+ * bodies of its views back to back (all of one length), in one writev. */
+static void reply_views(fuse_req_t req, struct fh *f, size_t size, off_t off)
 {
 	struct iovec iov[MLFS_DATA_WINDOW_MAX + 1];
 	int n = 0;
@@ -931,10 +932,10 @@ static void reply_window(fuse_req_t req, struct fh *f, size_t size, off_t off)
 		size -= iov[n++].iov_len;
 		o = hlen;
 	}
-	for (int64_t i = 0; i < f->nsteps && size; i++) {
+	for (int64_t i = 0; i < f->nviews && size; i++) {
 		const uint8_t *body;
 		size_t len;
-		mlfs_dview_body(f->wviews[i], f->dkind, &body, &len);
+		mlfs_dview_body(f->views[i], f->dkind, &body, &len);
 		if (o >= hlen + len) { /* before the range */
 			o -= len;
 			continue;
@@ -965,15 +966,8 @@ static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 			    true);
 		return;
 	}
-	if (f->kind == K_DFILE && f->wviews) {
-		reply_window(req, f, size, off);
-		return;
-	}
 	if (f->kind == K_DFILE) {
-		const uint8_t *body;
-		size_t len;
-		mlfs_dview_body(f->dview, f->dkind, &body, &len);
-		reply_parts(req, f->hdr, f->hdr_len, body, len, size, off, false);
+		reply_views(req, f, size, off);
 		return;
 	}
 	if (f->kind == K_JOB) {
