@@ -1018,9 +1018,9 @@ static int64_t npy_declared_len(const uint8_t *b, size_t have)
 
 static void log_refusal(const char *what, const char *why)
 {
-	pthread_mutex_lock(&store->lock);
-	snprintf(store->error, sizeof(store->error), "%.200s: %.300s", what, why);
-	pthread_mutex_unlock(&store->lock);
+	char msg[512];
+	snprintf(msg, sizeof(msg), "%.200s: %.300s", what, why);
+	mlfs_store_note_error(store, msg);
 }
 
 /* Validates the complete staged header against the partition. */

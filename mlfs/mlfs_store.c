@@ -802,11 +802,8 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 	json_t *r = json_pack("{sbss}", "ok", rc == 0, "error", msg);
 	*reply = r ? json_dumps(r, JSON_COMPACT) : NULL;
 	json_decref(r);
-	if (rc) {
-		pthread_mutex_lock(&st->lock);
-		snprintf(st->error, sizeof(st->error), "%s", msg);
-		pthread_mutex_unlock(&st->lock);
-	}
+	if (rc)
+		mlfs_store_note_error(st, msg);
 	return rc;
 }
 
