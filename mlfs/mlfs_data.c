@@ -33,11 +33,10 @@
 #include "mlfs/mlfs_npy.h"
 #include "mlfs/mlfs_source.h"
 
-#define MAX_INDEX_BYTES	 ((int64_t)64 << 20)
-#define MAX_RECORD_BYTES ((int64_t)1 << 30)
-#define QUEUE_CAP	 256
-#define POOL_SLOTS	 1024
-#define SIZE_SLOTS	 256
+#define MAX_INDEX_BYTES ((int64_t)64 << 20)
+#define QUEUE_CAP	256
+#define POOL_SLOTS	1024
+#define SIZE_SLOTS	256
 
 struct slice {
 	int64_t first, count;
@@ -100,6 +99,13 @@ static int64_t mem_share(const struct mlfs_dataset *ds, int div)
 }
 
 static void drop_idle(struct mlfs_dataset *ds);
+
+/* Lets the cache hold @n views, and the pool as many buffers. */
+static void set_maxviews(struct mlfs_dataset *ds, int n)
+{
+	ds->maxviews = n;
+	atomic_store(&ds->pool_max, n < POOL_SLOTS ? n : POOL_SLOTS);
+}
 
 /* A buffer of at least @len bytes for a view: a pooled one that is not much
  * larger, or a new one. NULL with *rc set. */
@@ -409,8 +415,7 @@ void mlfs_data_prefetch(struct mlfs_dataset *ds, const struct ptc_cursor *c, int
 	if (n < ds->prefetch)
 		n = ds->prefetch;
 	else if (ds->maxviews < 8 * (n + 2)) /* windows: room for the next ones */
-		ds->maxviews = (int)(8 * (n + 2));
-	atomic_store(&ds->pool_max, ds->maxviews < POOL_SLOTS ? ds->maxviews : POOL_SLOTS);
+		set_maxviews(ds, (int)(8 * (n + 2)));
 	for (int64_t s = from; s < from + n; s++) {
 		struct slice sl;
 		if (mlfs_data_slice(ds, c, s, d, &sl.first, &sl.count))
@@ -628,12 +633,12 @@ static int load_offsets(struct mlfs_dataset *ds, int i, const char *uri, char *w
 	free(data);
 	for (int64_t k = 0; k < n; k++) {
 		int64_t o = ds->offs[i][k], prev = k ? ds->offs[i][k - 1] : 0;
-		if (o < 0 || (k && (o < prev || o - prev > MAX_RECORD_BYTES))) {
+		if (o < 0 || (k && (o < prev || o - prev > PTC_MAX_RECORD_BYTES))) {
 			snprintf(why, whylen,
 				 "%s: offset %" PRId64 " = %" PRId64
 				 " is not a valid record boundary (offsets must not decrease; "
 				 "records are at most %" PRId64 " bytes)",
-				 uri, k, o, MAX_RECORD_BYTES);
+				 uri, k, o, PTC_MAX_RECORD_BYTES);
 			return -EINVAL;
 		}
 	}
@@ -744,8 +749,7 @@ int mlfs_dataset_open(const struct ptc_config *c, const struct mlfs_data_opts *o
 	ds->epochs = c->dataset_epochs;
 	ds->mem = mem;
 	ds->prefetch = o->prefetch;
-	ds->maxviews = 8 * (o->prefetch + 2) < 16 ? 16 : 8 * (o->prefetch + 2);
-	atomic_init(&ds->pool_max, ds->maxviews < POOL_SLOTS ? ds->maxviews : POOL_SLOTS);
+	set_maxviews(ds, 8 * (o->prefetch + 2) < 16 ? 16 : 8 * (o->prefetch + 2));
 	struct mlfs_src_opts so = {
 	    .cache_bytes = o->cache_bytes, .retries = -1, .file_direct = true};
 	if (!(ds->index_uri = strdup(c->dataset_index)) || !(ds->src = mlfs_src_new(&so)) ||

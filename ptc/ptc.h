@@ -25,8 +25,10 @@
 
 #include <jansson.h>
 
-#define PTC_MAX_DIMS  8
-#define PTC_ERROR_MAX 512
+#define PTC_MAX_DIMS 8
+/* Largest dataset record (fixed or variable), in bytes. */
+#define PTC_MAX_RECORD_BYTES ((int64_t)1 << 30)
+#define PTC_ERROR_MAX	     512
 
 /* A caller-owned error message; text is "" when there is no error. */
 struct ptc_error {

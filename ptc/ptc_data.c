@@ -18,9 +18,8 @@
 
 #include "ptc/ptc_i.h"
 
-#define MAX_RECORD_BYTES ((int64_t)1 << 30)
-#define MAX_RECORDS	 ((int64_t)1 << 48)
-#define MAX_SHARDS	 (1 << 24)
+#define MAX_RECORDS ((int64_t)1 << 48)
+#define MAX_SHARDS  (1 << 24)
 
 static const char *const index_keys[] = {"records", "dtype", "shape", "shards", NULL};
 static const char *const shard_keys[] = {"uri", "count", "offsets", NULL};
@@ -128,12 +127,12 @@ int ptc_index_parse(const json_t *root, const char *file, struct ptc_index **out
 		for (int d = 0; d < ix->ndim; d++) {
 			const json_t *v = json_array_get(shape, (size_t)d);
 			if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-			    json_integer_value(v) > MAX_RECORD_BYTES ||
-			    ix->record_bytes * json_integer_value(v) > MAX_RECORD_BYTES) {
+			    json_integer_value(v) > PTC_MAX_RECORD_BYTES ||
+			    ix->record_bytes * json_integer_value(v) > PTC_MAX_RECORD_BYTES) {
 				ptc_errorf(err,
 					   "%s: shape[%d] must be a positive size (records of at "
 					   "most %" PRId64 " bytes)",
-					   file, d, MAX_RECORD_BYTES);
+					   file, d, PTC_MAX_RECORD_BYTES);
 				goto err;
 			}
 			ix->shape[d] = json_integer_value(v);
