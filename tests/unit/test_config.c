@@ -167,19 +167,6 @@ static void test_config_dataset(void **state)
 
 /* ------------------------------------------------------- config successes */
 
-static struct ptc_config *config_ok(const char *text)
-{
-	struct ptc_config *c = NULL;
-	struct ptc_error err = {.text = ""};
-	int rc = parse_config(text, &c, &err);
-
-	if (rc)
-		print_error("config parse failed: %s\n", err.text);
-	assert_int_equal(rc, 0);
-	assert_non_null(c);
-	return c;
-}
-
 static void test_config_design_example(void **state)
 {
 	struct ptc_config *c = config_ok("{\n  'version': 2,\n  'tp': 2, 'pp': 2, 'dp': 2,\n"

@@ -32,19 +32,6 @@ static int64_t rnd(int64_t n)
 
 UNIT_PARSER(index, struct ptc_index, "index.json", ptc_index_parse_text, ptc_index_free)
 
-static struct ptc_index *index_ok(const char *text)
-{
-	struct ptc_index *ix = NULL;
-	struct ptc_error err = {.text = ""};
-	int rc = parse_index(text, &ix, &err);
-
-	if (rc)
-		print_error("index parse failed: %s\n", err.text);
-	assert_int_equal(rc, 0);
-	assert_non_null(ix);
-	return ix;
-}
-
 #define INDEX_FAILS_EXACT(text, msg) index_fails_at(__FILE__, __LINE__, text, msg, NULL)
 #define INDEX_FAILS(text, ...)	     index_fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)
 
@@ -886,43 +873,7 @@ static void test_cursor_property(void **state)
 
 /* ------------------------------------------------------ config and change */
 
-static int parse_config(const char *text, struct ptc_config **out, struct ptc_error *err)
-{
-	char *s = unit_json(text);
-	int rc = ptc_config_parse_text(s, strlen(s), "config.json", out, err);
-
-	free(s);
-	return rc;
-}
-
-static struct ptc_config *config_ok(const char *text)
-{
-	struct ptc_config *c = NULL;
-	struct ptc_error err = {.text = ""};
-	int rc = parse_config(text, &c, &err);
-
-	if (rc)
-		print_error("config parse failed: %s\n", err.text);
-	assert_int_equal(rc, 0);
-	assert_non_null(c);
-	return c;
-}
-
-static void config_fails_at(const char *file, int line, const char *text, const char *exact, ...)
-{
-	struct ptc_config *c = (struct ptc_config *)1;
-	struct ptc_error err = {.text = ""};
-	int rc = parse_config(text, &c, &err);
-	va_list ap;
-
-	if (rc == 0)
-		ptc_config_free(c);
-	else
-		_assert_true(c == NULL, "*out == NULL on error", file, line);
-	va_start(ap, exact);
-	unit_check_error(file, line, rc, err.text, "config.json: ", exact, ap);
-	va_end(ap);
-}
+UNIT_PARSER(config, struct ptc_config, "config.json", ptc_config_parse_text, ptc_config_free)
 
 #define CONFIG_FAILS_EXACT(text, msg) config_fails_at(__FILE__, __LINE__, text, msg, NULL)
 #define CONFIG_FAILS(text, ...)	      config_fails_at(__FILE__, __LINE__, text, NULL, __VA_ARGS__, NULL)

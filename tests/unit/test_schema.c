@@ -517,20 +517,6 @@ static void test_tied_layer_tensor(void **state)
 
 /* -------------------------------------------------------------- successes */
 
-static struct ptc_schema *parse_ok(const char *text)
-{
-	struct ptc_schema *s = NULL;
-	struct ptc_error err = {.text = ""};
-	int rc = parse_schema(text, &s, &err);
-
-	if (rc != 0)
-		print_error("parse failed: %d %s\n", rc, err.text);
-	assert_int_equal(rc, 0);
-	assert_non_null(s);
-	assert_string_equal(err.text, "");
-	return s;
-}
-
 static void test_design_example(void **state)
 {
 	static const char *const names[] = {
@@ -554,7 +540,7 @@ static void test_design_example(void **state)
 	    "final_norm/weight",
 	    "output/weight",
 	};
-	struct ptc_schema *s = parse_ok(design_example);
+	struct ptc_schema *s = schema_ok(design_example);
 
 	(void)state;
 	assert_string_equal(s->model, "gpt-tiny");
@@ -638,9 +624,9 @@ static void test_design_example(void **state)
 
 static void test_defaults(void **state)
 {
-	struct ptc_schema *s = parse_ok("{'tensors': [{'name': 'w', 'dtype': 'int8', 'shape': []},"
-					" {'name': 'v', 'dtype': 'float16', 'shape': [3],"
-					"  'place': 'all'}]}");
+	struct ptc_schema *s = schema_ok("{'tensors': [{'name': 'w', 'dtype': 'int8', 'shape': []},"
+					 " {'name': 'v', 'dtype': 'float16', 'shape': [3],"
+					 "  'place': 'all'}]}");
 
 	(void)state;
 	assert_string_equal(s->model, "");
@@ -680,7 +666,7 @@ static void test_gqa_chunks_and_dtypes(void **state)
 		snprintf(text + strlen(text), sizeof(text) - strlen(text),
 			 ", {'name': 'dt/%s', 'dtype': '%s', 'shape': [1]}", dts[i], dts[i]);
 	strcat(text, "]}");
-	s = parse_ok(text);
+	s = schema_ok(text);
 	assert_int_equal(s->ntensors, 6 + PTC_DTYPE_COUNT);
 	for (int l = 0; l < 3; l++) {
 		const struct ptc_tensor *t = &s->tensors[l];
@@ -705,7 +691,7 @@ static void test_gqa_chunks_and_dtypes(void **state)
 
 static void test_tied_ok(void **state)
 {
-	struct ptc_schema *s = parse_ok(
+	struct ptc_schema *s = schema_ok(
 	    TWO("{'name': 'out', 'dtype': 'bfloat16', 'shape': [64, 8], 'split': {'dim': 0}, "
 		"'place': 'last', 'tied': 'emb'}"));
 
@@ -717,8 +703,8 @@ static void test_tied_ok(void **state)
 	ptc_schema_free(s);
 
 	/* A tensor tied to one that follows it in the file. */
-	s = parse_ok("{'tensors': [{'name': 'b', 'dtype': 'bool', 'shape': [4], 'place': 'last', "
-		     "'tied': 'z/a'}, {'name': 'z/a', 'dtype': 'bool', 'shape': [4]}]}");
+	s = schema_ok("{'tensors': [{'name': 'b', 'dtype': 'bool', 'shape': [4], 'place': 'last', "
+		      "'tied': 'z/a'}, {'name': 'z/a', 'dtype': 'bool', 'shape': [4]}]}");
 	assert_int_equal(s->tensors[0].tied, 1);
 	assert_int_equal(ptc_schema_logical(s, 0), 1);
 	ptc_schema_free(s);

@@ -66,6 +66,8 @@ static inline void unit_check_error(const char *file, int line, int rc, const ch
  * reader of @file:
  *   int parse_<name>(text, type **out, struct ptc_error *err): parses @text
  *     (single quotes as in unit_json) with @parse_text, named @file;
+ *   type *<name>_ok(text): the parse must succeed, with no message; returns
+ *     the result (free it with @free_fn);
  *   void <name>_fails_at(file, line, text, exact, ...): the parse must fail
  *     as unit_check_error says, with the message prefixed "<file>: " and
  *     *out NULL (a parse that succeeds is freed with @free_fn and fails).
@@ -78,6 +80,18 @@ static inline void unit_check_error(const char *file, int line, int rc, const ch
 		int rc = parse_text(s, strlen(s), file_, out, err);                                \
 		free(s);                                                                           \
 		return rc;                                                                         \
+	}                                                                                          \
+	__attribute__((unused)) static type *name##_ok(const char *text)                           \
+	{                                                                                          \
+		type *out = NULL;                                                                  \
+		struct ptc_error err = {.text = ""};                                               \
+		int rc = parse_##name(text, &out, &err);                                           \
+		if (rc)                                                                            \
+			print_error(file_ " parse failed: %d %s\n", rc, err.text);                 \
+		assert_int_equal(rc, 0);                                                           \
+		assert_non_null(out);                                                              \
+		assert_string_equal(err.text, "");                                                 \
+		return out;                                                                        \
 	}                                                                                          \
 	__attribute__((unused)) static void name##_fails_at(                                       \
 	    const char *file, int line, const char *text, const char *exact, ...)                  \
