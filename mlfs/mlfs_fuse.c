@@ -44,14 +44,46 @@
 #include "mlfs/mlfs_i.h"
 
 #define MAX_JOB_FILE ((size_t)64 << 20)
-#define MAX_CTL_TEXT ((size_t)64 << 20)
 
 /* ---------------------------------------------------------------- inodes */
 
+/*
+ * The content a partition or full-tensor inode names, fixed for the inode's
+ * life: the header and the buffers it was looked up with (one partition, or
+ * the tp partitions a full tensor is assembled from). Every open of the
+ * inode reads exactly this, so its kernel page cache and size can never mix
+ * two versions. Reference-counted: the inode holds one, each open in
+ * progress another. Pinned buffers stay counted in --max-memory until the
+ * kernel forgets the inode (see notify_*: it is told to, after a commit).
+ */
+struct pin {
+	atomic_int refs;
+	size_t hdr_len;
+	char hdr[512];
+	int nbufs; /* 1, or the layout's tp for a full tensor */
+	struct xf_buf *bufs[];
+};
+
+static void pin_put(struct pin *p)
+{
+	if (!p || atomic_fetch_sub(&p->refs, 1) != 1)
+		return;
+	for (int i = 0; i < p->nbufs; i++)
+		xf_buf_put(p->bufs[i]);
+	free(p);
+}
+
+static struct pin *pin_get(struct pin *p)
+{
+	if (p)
+		atomic_fetch_add(&p->refs, 1);
+	return p;
+}
+
 struct inode {
 	uint64_t ino, nlookup;
-	uint64_t gen; /* partitions: buffer id; 0 for everything else */
-	off_t size;   /* partitions: st_size when this generation was current */
+	uint64_t gen;	 /* partitions, full tensors: identity of the pinned content */
+	struct pin *pin; /* partitions and full tensors; NULL for the rest */
 	char *path;
 	struct inode *hnext;
 };
@@ -67,6 +99,8 @@ static struct {
 static struct mlfs_store *store;
 static uid_t owner_uid;
 static gid_t owner_gid;
+
+static void log_refusal(const char *what, const char *why);
 
 static uint64_t path_hash(const char *p, uint64_t gen)
 {
@@ -97,6 +131,7 @@ static void inodes_release(void)
 {
 	for (size_t i = 0; i < inodes.n; i++)
 		if (inodes.byino[i]) {
+			pin_put(inodes.byino[i]->pin);
 			free(inodes.byino[i]->path);
 			free(inodes.byino[i]);
 		}
@@ -104,18 +139,16 @@ static void inodes_release(void)
 	free(inodes.hash);
 }
 
-/* Path of @ino copied into @buf, its generation and size into @gen and
- * @size when given; -ESTALE when unknown. */
-static int ino_get(fuse_ino_t ino, char *buf, size_t cap, uint64_t *gen, off_t *size)
+/* Path of @ino copied into @buf, and a reference to its pinned content into
+ * @pin when given (NULL when it has none); -ESTALE when unknown. */
+static int ino_get(fuse_ino_t ino, char *buf, size_t cap, struct pin **pin)
 {
 	int rc = -ESTALE;
 	pthread_mutex_lock(&inodes.lock);
 	if (ino < inodes.n && inodes.byino[ino]) {
 		snprintf(buf, cap, "%s", inodes.byino[ino]->path);
-		if (gen)
-			*gen = inodes.byino[ino]->gen;
-		if (size)
-			*size = inodes.byino[ino]->size;
+		if (pin)
+			*pin = pin_get(inodes.byino[ino]->pin);
 		rc = 0;
 	}
 	pthread_mutex_unlock(&inodes.lock);
@@ -124,7 +157,7 @@ static int ino_get(fuse_ino_t ino, char *buf, size_t cap, uint64_t *gen, off_t *
 
 static int ino_path(fuse_ino_t ino, char *buf, size_t cap)
 {
-	return ino_get(ino, buf, cap, NULL, NULL);
+	return ino_get(ino, buf, cap, NULL);
 }
 
 static struct inode **hash_slot(const char *path, uint64_t gen)
@@ -135,9 +168,10 @@ static struct inode **hash_slot(const char *path, uint64_t gen)
 	return pp;
 }
 
-/* The inode of (@path, @gen), created if new, with one more lookup; @size
- * is recorded for partitions. 0 on ENOMEM. */
-static uint64_t ino_lookup(const char *path, uint64_t gen, off_t size)
+/* The inode of (@path, @gen), created if new, with one more lookup. A new
+ * inode takes over @pin; an existing one keeps its own and @pin is put.
+ * 0 on ENOMEM. */
+static uint64_t ino_lookup(const char *path, uint64_t gen, struct pin *pin)
 {
 	uint64_t ino = 0;
 	pthread_mutex_lock(&inodes.lock);
@@ -158,7 +192,8 @@ static uint64_t ino_lookup(const char *path, uint64_t gen, off_t size)
 		}
 		in->ino = inodes.n++;
 		in->gen = gen;
-		in->size = size;
+		in->pin = pin;
+		pin = NULL;
 		inodes.byino[in->ino] = in;
 		*pp = in;
 	}
@@ -166,6 +201,7 @@ static uint64_t ino_lookup(const char *path, uint64_t gen, off_t size)
 	ino = (*pp)->ino;
 out:
 	pthread_mutex_unlock(&inodes.lock);
+	pin_put(pin);
 	return ino;
 }
 
@@ -178,11 +214,144 @@ static void ino_forget(fuse_ino_t ino, uint64_t n)
 		if (in->nlookup == 0) {
 			*hash_slot(in->path, in->gen) = in->hnext;
 			inodes.byino[ino] = NULL;
-			free(in->path);
-			free(in);
+		} else {
+			in = NULL;
 		}
+	} else {
+		in = NULL;
 	}
 	pthread_mutex_unlock(&inodes.lock);
+	if (in) { /* outside the lock: the last put of a pin frees buffers */
+		pin_put(in->pin);
+		free(in->path);
+		free(in);
+	}
+}
+
+/* --------------------------------------------------------- notifications */
+
+/*
+ * After a commit the kernel is told to drop the names whose content changed
+ * (fuse_lowlevel_notify_inval_entry), so that it forgets the superseded
+ * inodes as soon as no file holds them open, and their pinned buffers are
+ * freed; without it they would stay until the next lookup of the same name
+ * or memory pressure. A thread of its own sends them: the kernel takes the
+ * directory's lock to drop a name, and a FUSE worker holding a request in
+ * that directory must never wait for it. The queue is bounded: past
+ * NOTIFY_MAX paths it collapses into one "everything" entry.
+ */
+#define NOTIFY_MAX 1024
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	char *paths[NOTIFY_MAX];
+	int n;
+	bool all, stop, running;
+	pthread_t thread;
+	struct fuse_session *se;
+} notes = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+/* Queues @path ("" = the whole ranks/ and full/ trees). Any thread. */
+static void notify_path(const char *path)
+{
+	pthread_mutex_lock(&notes.lock);
+	if (notes.running && !notes.all) {
+		char *p = *path && notes.n < NOTIFY_MAX ? strdup(path) : NULL;
+		if (p)
+			notes.paths[notes.n++] = p;
+		else
+			notes.all = true;
+		pthread_cond_signal(&notes.cond);
+	}
+	pthread_mutex_unlock(&notes.lock);
+}
+
+/* The store's "content changed" callback. */
+static void notify_store_changed(void *arg, const char *prefix)
+{
+	(void)arg;
+	notify_path(prefix);
+}
+
+/* Drops the kernel's name @path, if it knows its directory. */
+static void notify_one(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	char dir[4096];
+	uint64_t dino = 0;
+	size_t dlen = slash ? (size_t)(slash - path) : 0;
+
+	if (dlen >= sizeof(dir))
+		return;
+	memcpy(dir, path, dlen);
+	dir[dlen] = '\0';
+	pthread_mutex_lock(&inodes.lock);
+	struct inode *in = *hash_slot(dir, 0);
+	if (in)
+		dino = in->ino;
+	pthread_mutex_unlock(&inodes.lock);
+	const char *name = slash ? slash + 1 : path;
+	if (dino) /* an error means the kernel had no such name: nothing to drop */
+		fuse_lowlevel_notify_inval_entry(notes.se, dino, name, strlen(name));
+}
+
+static void *notify_main(void *arg)
+{
+	char *batch[NOTIFY_MAX];
+	(void)arg;
+	pthread_mutex_lock(&notes.lock);
+	for (;;) {
+		while (!notes.n && !notes.all && !notes.stop)
+			pthread_cond_wait(&notes.cond, &notes.lock);
+		if (notes.stop)
+			break;
+		int n = notes.n;
+		bool all = notes.all;
+		memcpy(batch, notes.paths, (size_t)n * sizeof(batch[0]));
+		notes.n = 0;
+		notes.all = false;
+		pthread_mutex_unlock(&notes.lock);
+		if (all) {
+			notify_one("ranks");
+			notify_one("full");
+		}
+		for (int i = 0; i < n; i++) {
+			if (!all)
+				notify_one(batch[i]);
+			free(batch[i]);
+		}
+		pthread_mutex_lock(&notes.lock);
+	}
+	for (int i = 0; i < notes.n; i++)
+		free(notes.paths[i]);
+	notes.n = 0;
+	pthread_mutex_unlock(&notes.lock);
+	return NULL;
+}
+
+static int notify_start(struct fuse_session *se)
+{
+	notes.se = se;
+	notes.running = true;
+	int rc = -pthread_create(&notes.thread, NULL, notify_main, NULL);
+	if (rc)
+		notes.running = false;
+	return rc;
+}
+
+/* Stops the thread; call once the session is unmounted (a notification in
+ * flight then fails instead of waiting for a request nobody serves). */
+static void notify_stop(void)
+{
+	pthread_mutex_lock(&notes.lock);
+	bool running = notes.running;
+	notes.stop = true;
+	notes.running = false;
+	pthread_cond_signal(&notes.cond);
+	pthread_mutex_unlock(&notes.lock);
+	if (running)
+		pthread_join(notes.thread, NULL);
 }
 
 /* ----------------------------------------------------------- resolution */
@@ -374,8 +543,9 @@ static char *step_text(int rank)
 	return s;
 }
 
-/* Fills @stb for @e; lock held. */
-static void fill_attr(const struct ent *e, const struct mlfs_view *v, struct stat *stb)
+/* Fills @stb for @e, whose content is @pin's when given; lock held. */
+static void fill_attr(const struct ent *e, const struct mlfs_view *v, const struct pin *pin,
+		      struct stat *stb)
 {
 	char hdr[512];
 	memset(stb, 0, sizeof(*stb));
@@ -446,9 +616,11 @@ static void fill_attr(const struct ent *e, const struct mlfs_view *v, struct sta
 		return;
 	case K_PART:
 		stb->st_mode = S_IFREG | 0644;
-		stb->st_size = (off_t)(mlfs_part_header(store->schema, &v->layout, e->rank,
-							e->state, e->tensor, hdr, sizeof(hdr)) +
-				       (size_t)part_bytes(v, e));
+		stb->st_size = pin ? (off_t)(pin->hdr_len + (size_t)pin->bufs[0]->size)
+				   : (off_t)(mlfs_part_header(store->schema, &v->layout, e->rank,
+							      e->state, e->tensor, hdr,
+							      sizeof(hdr)) +
+					     (size_t)part_bytes(v, e));
 		return;
 	case K_FFILE:
 		stb->st_mode = S_IFREG | 0444;
@@ -460,34 +632,67 @@ static void fill_attr(const struct ent *e, const struct mlfs_view *v, struct sta
 	stb->st_mode = S_IFREG | 0644;
 }
 
-/* The generation of an entity whose content changes: a partition's is the
- * id of its current buffer, a dataset view's its samples (high bit set);
- * 0 for the rest. Lock held. */
-static uint64_t ent_gen(const struct mlfs_view *v, const struct ent *e)
+/* The generation of an entity whose content changes, and for partitions and
+ * full tensors a new pin of that content (into @pin, NULL for the rest): a
+ * partition's generation is the id of its current buffer, a full tensor's a
+ * hash of its sources' ids (bit 62 set), a dataset view's its samples (bit
+ * 63 set); 0 for the rest. Lock held. 0 or -ENOMEM, -EIO. */
+static int ent_pin(const struct mlfs_view *v, const struct ent *e, uint64_t *gen, struct pin **pin)
 {
-	if (e->kind == K_PART)
-		return v->parts.bufs[xf_parts_index(&v->parts, e->rank, e->state, e->tensor)]->id;
-	if (e->kind != K_DFILE)
+	*gen = 0;
+	*pin = NULL;
+	if (e->kind == K_DFILE) {
+		uint64_t h = path_hash("", (uint64_t)e->first * 0x9e3779b97f4a7c15ull ^
+					       (uint64_t)e->count << 8 ^ (uint64_t)e->dkind ^
+					       e->whash * 31 ^ (uint64_t)e->nsteps << 40);
+		*gen = h | 1ull << 63;
 		return 0;
-	uint64_t h =
-	    path_hash("", (uint64_t)e->first * 0x9e3779b97f4a7c15ull ^ (uint64_t)e->count << 8 ^
-			      (uint64_t)e->dkind ^ e->whash * 31 ^ (uint64_t)e->nsteps << 40);
-	return h | 1ull << 63;
+	}
+	if (e->kind != K_PART && e->kind != K_FFILE)
+		return 0;
+	int n = e->kind == K_PART ? 1 : v->layout.tp;
+	struct pin *p = calloc(1, sizeof(*p) + (size_t)n * sizeof(p->bufs[0]));
+	if (!p)
+		return -ENOMEM;
+	atomic_init(&p->refs, 1);
+	p->nbufs = n;
+	if (e->kind == K_PART) {
+		p->bufs[0] = xf_buf_get(
+		    v->parts.bufs[xf_parts_index(&v->parts, e->rank, e->state, e->tensor)]);
+		p->hdr_len = mlfs_part_header(store->schema, &v->layout, e->rank, e->state,
+					      e->tensor, p->hdr, sizeof(p->hdr));
+		*gen = p->bufs[0]->id;
+	} else {
+		int rc = mlfs_view_full_sources(v, store->schema, store->node, e->state, e->tensor,
+						p->bufs);
+		if (rc < 0) {
+			pin_put(p);
+			return rc;
+		}
+		p->nbufs = rc;
+		p->hdr_len = mlfs_full_header(store->schema, e->state, e->tensor, p->hdr,
+					      sizeof(p->hdr));
+		uint64_t h = 1469598103934665603ull;
+		for (int i = 0; i < p->nbufs; i++)
+			h = (h ^ p->bufs[i]->id) * 1099511628211ull;
+		*gen = (h & ~(3ull << 62)) | 1ull << 62;
+	}
+	*pin = p;
+	return 0;
 }
 
-/* Resolves an inode under the lock: path, view ref, entity, attributes. */
+/* Resolves an inode under the lock: path, view ref, entity, and for
+ * partitions and full tensors the content the inode names. */
 struct target {
 	char path[4096];
 	struct mlfs_view *v;
 	struct ent e;
-	bool stale; /* a partition inode whose content was superseded */
-	off_t size; /* its size then */
+	struct pin *pin; /* a reference, or NULL */
 };
 
 static int target_get(fuse_ino_t ino, struct target *t)
 {
-	uint64_t gen;
-	int rc = ino_get(ino, t->path, sizeof(t->path), &gen, &t->size);
+	int rc = ino_get(ino, t->path, sizeof(t->path), &t->pin);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&store->lock);
@@ -498,17 +703,27 @@ static int target_get(fuse_ino_t ino, struct target *t)
 	if (rc) {
 		pthread_mutex_unlock(&store->lock);
 		mlfs_view_put(t->v);
+		pin_put(t->pin);
 		t->v = NULL;
+		t->pin = NULL;
 		return rc;
 	}
-	t->stale = gen != ent_gen(t->v, &t->e);
 	return 0; /* the lock is held */
 }
 
+/* Unlocks; the view and pin references stay the caller's (target_put). */
 static void target_done(struct target *t)
 {
 	(void)t;
 	pthread_mutex_unlock(&store->lock);
+}
+
+static void target_put(struct target *t)
+{
+	mlfs_view_put(t->v);
+	pin_put(t->pin);
+	t->v = NULL;
+	t->pin = NULL;
 }
 
 /* How long the kernel may cache a name (@entry) or attributes. Paths whose
@@ -537,16 +752,24 @@ static double ent_timeout(const struct ent *e, bool entry)
 	}
 }
 
+/* Replies the entry of @e (lock held; unlocks). */
 static void reply_entry(fuse_req_t req, const char *path, const struct ent *e,
 			const struct mlfs_view *v)
 {
 	struct fuse_entry_param ep = {0};
-	fill_attr(e, v, &ep.attr);
+	struct pin *pin;
+	uint64_t gen;
+	int rc = ent_pin(v, e, &gen, &pin);
+	if (rc) {
+		pthread_mutex_unlock(&store->lock);
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fill_attr(e, v, pin, &ep.attr);
 	ep.entry_timeout = ent_timeout(e, true);
 	ep.attr_timeout = ent_timeout(e, false);
-	uint64_t gen = ent_gen(v, e);
 	pthread_mutex_unlock(&store->lock);
-	if (!(ep.ino = ino_lookup(path, gen, ep.attr.st_size))) {
+	if (!(ep.ino = ino_lookup(path, gen, pin))) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
@@ -601,15 +824,50 @@ static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_dat
 
 /* ---------------------------------------------------------- file handles */
 
+/* Where a control text's top-level JSON value ends, found incrementally as
+ * the text grows (a text written 4 KiB at a time is scanned once, and parsed
+ * once, by the store, when it is complete). */
+struct jscan {
+	size_t pos;
+	int depth;
+	bool str, esc, started, done;
+};
+
+static void jscan_run(struct jscan *j, const char *t, size_t len)
+{
+	for (; j->pos < len && !j->done; j->pos++) {
+		char c = t[j->pos];
+		if (j->str) {
+			if (j->esc)
+				j->esc = false;
+			else if (c == '\\')
+				j->esc = true;
+			else if (c == '"')
+				j->str = false;
+		} else if (c == '"') {
+			j->str = true;
+		} else if (c == '{' || c == '[') {
+			j->depth++;
+			j->started = true;
+		} else if (c == '}' || c == ']') {
+			j->done = --j->depth <= 0; /* closed, or unbalanced: parse and say */
+		}
+	}
+}
+
 /* An open file. Referenced by its open (until release) and by each read in
  * progress: a reply may still be read from its buffers after the kernel
- * completed the request and the file was released. */
+ * completed the request and the file was released. Requests on one handle
+ * can run at once (threads sharing a descriptor): @lock guards everything
+ * a write, flush or setattr changes (text, staging, buf of a writer). */
 struct fh {
 	atomic_int refs;
+	pthread_mutex_t lock;
 	enum kind kind;
 	struct mlfs_view *v;
+	char *path; /* partitions and job/ files: for messages and notifications */
 	int rank, state, tensor;
-	bool write, dirty, committed;
+	bool write, dirty, committed, truncated;
 	int err; /* sticky: a refused write */
 	/* reading: a buffer snapshot behind a header, or a text */
 	struct xf_buf *buf;
@@ -617,15 +875,22 @@ struct fh {
 	size_t hdr_len;
 	char *text;
 	size_t text_len;
-	/* writing text files */
+	/* writing text files: the text, its capacity (counted in --max-memory) */
 	char *w;
 	size_t wlen, wcap;
+	struct jscan scan;
 	/* writing partitions: staged header and data */
 	uint8_t *whdr;
 	size_t whave, wtotal; /* header bytes held; declared header length (0 = unknown) */
 	struct xf_buf *wdata;
 	bool wbase; /* not truncated: unwritten bytes are the current content */
+	/* fresh writers (see fresh_*): opened, not yet written nor truncated */
+	fuse_ino_t ino;
+	pid_t pid;
+	struct fh *fresh_next;
+	atomic_bool fresh_listed;
 	int64_t wend;
+	struct pin *pin; /* full tensors: the sources, until assembled at open */
 	/* dataset views: a step's (nsteps 0), or a window's, one a step */
 	struct mlfs_dview **views; /* [nviews] */
 	int64_t nviews;
@@ -633,20 +898,81 @@ struct fh {
 	int64_t step, first, count, nsteps;
 };
 
+static struct fh *fh_new(enum kind kind)
+{
+	struct fh *f = calloc(1, sizeof(*f));
+	if (f) {
+		atomic_init(&f->refs, 1);
+		pthread_mutex_init(&f->lock, NULL);
+		f->kind = kind;
+	}
+	return f;
+}
+
 static void fh_free(struct fh *f)
 {
 	if (!f || atomic_fetch_sub(&f->refs, 1) != 1)
 		return;
+	if (f->w)
+		xf_mem_release(&store->mem, (int64_t)f->wcap + 1);
+	pthread_mutex_destroy(&f->lock);
+	free(f->path);
 	xf_buf_put(f->buf);
 	xf_buf_put(f->wdata);
 	for (int64_t i = 0; i < f->nviews; i++)
 		mlfs_dview_put(f->views[i]);
 	free(f->views);
 	mlfs_view_put(f->v);
+	pin_put(f->pin);
 	free(f->text);
 	free(f->w);
 	free(f->whdr);
 	free(f);
+}
+
+/*
+ * Without atomic O_TRUNC (see op_init) the kernel sends the truncation of an
+ * open(O_TRUNC) as a setattr *without* the file handle, right after the
+ * open, from the same thread. To apply it to that handle's staging (and not
+ * to the content others read), writers are listed here from their open to
+ * their first write or truncation, by inode and thread.
+ */
+static struct {
+	pthread_mutex_t lock;
+	struct fh *head;
+} fresh = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void fresh_add(struct fh *f, fuse_ino_t ino, pid_t pid)
+{
+	pthread_mutex_lock(&fresh.lock);
+	f->ino = ino;
+	f->pid = pid;
+	atomic_store(&f->fresh_listed, true);
+	f->fresh_next = fresh.head;
+	fresh.head = f;
+	pthread_mutex_unlock(&fresh.lock);
+}
+
+/* Removes @f, or when @f is NULL the handle of (@ino, @pid), from the list;
+ * returns it with a reference, or NULL. */
+static struct fh *fresh_take(struct fh *f, fuse_ino_t ino, pid_t pid)
+{
+	struct fh *found = NULL;
+	if (f && !atomic_load(&f->fresh_listed))
+		return NULL;
+	pthread_mutex_lock(&fresh.lock);
+	for (struct fh **pp = &fresh.head; *pp; pp = &(*pp)->fresh_next) {
+		struct fh *c = *pp;
+		if (f ? c == f : c->ino == ino && c->pid == pid) {
+			*pp = c->fresh_next;
+			atomic_store(&c->fresh_listed, false);
+			atomic_fetch_add(&c->refs, 1);
+			found = c;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&fresh.lock);
+	return found;
 }
 
 static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -658,36 +984,65 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	fill_attr(&t.e, t.v, &stb);
-	const struct fh *f = fi ? (const struct fh *)(uintptr_t)fi->fh : NULL;
-	if (f && f->kind == K_PART && !f->write) /* fstat: the open snapshot */
-		stb.st_size = (off_t)(f->hdr_len + (size_t)f->buf->size);
-	else if (t.stale)
-		stb.st_size = t.size;
-	double timeout = t.stale ? 0.0 : ent_timeout(&t.e, false);
+	(void)fi; /* an inode's attributes are its pinned content's, open or not */
+	fill_attr(&t.e, t.v, t.pin, &stb);
+	double timeout = ent_timeout(&t.e, false);
 	target_done(&t);
-	mlfs_view_put(t.v);
+	target_put(&t);
 	stb.st_ino = ino;
 	fuse_reply_attr(req, &stb, timeout);
 }
 
+/* The most bytes a control file's text may have (documented in the README). */
+static size_t text_limit(enum kind k)
+{
+	switch (k) {
+	case K_SCHEMA:
+		return MLFS_MAX_SCHEMA_TEXT;
+	case K_CONFIG:
+		return MLFS_MAX_CONFIG_TEXT;
+	case K_CTL:
+		return MLFS_MAX_CTL_TEXT;
+	default:
+		return 64; /* step */
+	}
+}
+
+/* Writes @size bytes at @off of a control file's text; its buffer is
+ * counted in --max-memory. f->lock held. 0, -EFBIG, -ENOSPC, -ENOMEM. */
 static int text_append(struct fh *f, const char *buf, size_t size, off_t off)
 {
-	if ((size_t)off + size > MAX_CTL_TEXT)
-		return -EFBIG;
 	size_t end = (size_t)off + size;
-	if (end > f->wcap) {
+	if (end > text_limit(f->kind) || (size_t)off > text_limit(f->kind)) {
+		char what[128];
+		snprintf(what, sizeof(what), "more than %zu bytes; refused", text_limit(f->kind));
+		log_refusal(f->kind == K_SCHEMA	  ? "schema.json"
+			    : f->kind == K_CONFIG ? "config.json"
+			    : f->kind == K_CTL	  ? MLFS_CTL_NAME
+						  : "step",
+			    what);
+		return -EFBIG;
+	}
+	if (end > f->wcap || !f->w) {
 		size_t cap = f->wcap ? f->wcap : 4096;
 		while (cap < end)
 			cap *= 2;
+		int64_t more = (int64_t)cap + 1 - (f->w ? (int64_t)f->wcap + 1 : 0);
+		int rc = xf_mem_reserve(&store->mem, more);
+		if (rc)
+			return rc;
 		char *w = realloc(f->w, cap + 1);
-		if (!w)
+		if (!w) {
+			xf_mem_release(&store->mem, more);
 			return -ENOMEM;
+		}
 		f->w = w;
 		f->wcap = cap;
 	}
 	if ((size_t)off > f->wlen)
 		memset(f->w + f->wlen, 0, (size_t)off - f->wlen);
+	if ((size_t)off < f->scan.pos) /* rewrites what was scanned: scan again */
+		memset(&f->scan, 0, sizeof(f->scan));
 	memcpy(f->w + off, buf, size);
 	if (end > f->wlen)
 		f->wlen = end;
@@ -767,17 +1122,14 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	bool write = acc != O_RDONLY;
 	rc = -ENOMEM;
-	if (!(f = calloc(1, sizeof(*f))))
+	if (!(f = fh_new(t.e.kind)))
 		goto out_locked;
-	atomic_init(&f->refs, 1);
-	f->kind = t.e.kind;
 	f->v = t.v;
 	t.v = NULL;
 	f->rank = t.e.rank;
 	f->state = t.e.state;
 	f->tensor = t.e.tensor;
 	f->write = write;
-	bool stale = t.stale;
 	switch (t.e.kind) {
 	case K_ROOT:
 	case K_RANKS:
@@ -813,21 +1165,35 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			free(cur);
 		}
 		break;
-	case K_PART: {
-		size_t i = xf_parts_index(&f->v->parts, f->rank, f->state, f->tensor);
+	case K_PART:
 		if (write && store->state == MLFS_TRANSFORMING) {
 			rc = -EBUSY;
 			break;
 		}
-		f->buf = xf_buf_get(f->v->parts.bufs[i]);
-		f->hdr_len = mlfs_part_header(store->schema, &f->v->layout, f->rank, f->state,
-					      f->tensor, f->hdr, sizeof(f->hdr));
+		if (write && !(f->path = strdup(t.path))) {
+			rc = -ENOMEM;
+			break;
+		}
+		if (write || !t.pin) { /* writers stage against the current content */
+			size_t i = xf_parts_index(&f->v->parts, f->rank, f->state, f->tensor);
+			f->buf = xf_buf_get(f->v->parts.bufs[i]);
+			f->hdr_len = mlfs_part_header(store->schema, &f->v->layout, f->rank,
+						      f->state, f->tensor, f->hdr, sizeof(f->hdr));
+		} else { /* readers read what the inode names */
+			f->buf = xf_buf_get(t.pin->bufs[0]);
+			memcpy(f->hdr, t.pin->hdr, t.pin->hdr_len);
+			f->hdr_len = t.pin->hdr_len;
+		}
 		f->wbase = !(fi->flags & O_TRUNC);
 		rc = 0;
 		break;
-	}
 	case K_FFILE:
-		rc = write ? -EACCES : 0;
+		rc = write ? -EACCES : t.pin ? 0 : -ESTALE;
+		if (rc == 0) {
+			f->pin = pin_get(t.pin);
+			memcpy(f->hdr, t.pin->hdr, t.pin->hdr_len);
+			f->hdr_len = t.pin->hdr_len;
+		}
 		break;
 	case K_DDIR:
 		rc = -EISDIR;
@@ -853,7 +1219,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 out_locked:
 	target_done(&t);
-	mlfs_view_put(t.v);
+	target_put(&t);
 	if (rc == 0 && f->kind == K_STATUS) {
 		f->text = mlfs_store_status_json(store);
 		f->text_len = f->text ? strlen(f->text) : 0;
@@ -862,25 +1228,31 @@ out_locked:
 	if (rc == 0 && f->kind == K_DFILE)
 		rc = open_view(f);
 	if (rc == 0 && f->kind == K_FFILE) {
-		f->hdr_len =
-		    mlfs_full_header(store->schema, f->state, f->tensor, f->hdr, sizeof(f->hdr));
-		rc = mlfs_store_assemble(store, f->v, f->state, f->tensor, &f->buf);
+		rc = mlfs_full_assemble(store->schema, f->state, f->tensor, f->pin->bufs,
+					f->pin->nbufs, &store->mem, &f->buf);
+		pin_put(f->pin);
+		f->pin = NULL;
 	}
 	if (rc) {
 		fh_free(f);
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	if (f->kind == K_PART && !write)
-		fi->keep_cache = !stale; /* this inode's pages are this content's */
+	if ((f->kind == K_PART || f->kind == K_FFILE) && !write)
+		fi->keep_cache = 1; /* this inode's pages are its pinned content's */
 	else if (f->kind == K_DFILE)
 		fi->direct_io = 1; /* read once: straight to the reader, no page cache */
 	else if (f->kind == K_PART)
 		fi->direct_io = 1; /* nothing staged reaches the page cache */
 	fi->noflush = !write;	   /* a reader's flush does nothing: spare the round trip */
 	fi->fh = (uintptr_t)f;
-	if (fuse_reply_open(req, fi))
+	if (write && (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA ||
+		      f->kind == K_STEP))
+		fresh_add(f, ino, fuse_req_ctx(req)->pid);
+	if (fuse_reply_open(req, fi)) {
+		fh_free(fresh_take(f, 0, 0));
 		fh_free(f);
+	}
 }
 
 static struct fh *FH(struct fuse_file_info *fi)
@@ -962,8 +1334,11 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fh *f)
 {
 	if (f->kind == K_PART || f->kind == K_FFILE) {
-		reply_parts(req, f->hdr, f->hdr_len, f->buf->data, (size_t)f->buf->size, size, off,
-			    true);
+		pthread_mutex_lock(&f->lock); /* a writer's flush replaces buf */
+		struct xf_buf *b = xf_buf_get(f->buf);
+		pthread_mutex_unlock(&f->lock);
+		reply_parts(req, f->hdr, f->hdr_len, b->data, (size_t)b->size, size, off, true);
+		xf_buf_put(b);
 		return;
 	}
 	if (f->kind == K_DFILE) {
@@ -983,7 +1358,7 @@ static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 		if (copy)
 			memcpy(copy, t.e.job->data + o, len);
 		target_done(&t);
-		mlfs_view_put(t.v);
+		target_put(&t);
 		if (len && !copy)
 			fuse_reply_err(req, ENOMEM);
 		else
@@ -991,13 +1366,21 @@ static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 		free(copy);
 		return;
 	}
-	const char *text = f->text ? f->text : "";
-	size_t n = f->text ? f->text_len : 0;
-	if (f->kind == K_CTL) {
-		text = f->text ? f->text : "";
-		n = f->text ? strlen(f->text) : 0;
-	}
-	reply_parts(req, "", 0, (const uint8_t *)text, n, size, off, false);
+	/* A text: the open's snapshot, or .mlfs-ctl's last reply, which a write
+	 * on the same handle may replace meanwhile: copy the range under the
+	 * lock. */
+	pthread_mutex_lock(&f->lock);
+	size_t n = f->text ? f->text_len : 0, o = (size_t)off;
+	size_t len = o < n ? (size < n - o ? size : n - o) : 0;
+	char *copy = len ? malloc(len) : NULL;
+	if (copy)
+		memcpy(copy, f->text + o, len);
+	pthread_mutex_unlock(&f->lock);
+	if (len && !copy)
+		fuse_reply_err(req, ENOMEM);
+	else
+		fuse_reply_buf(req, copy, len);
+	free(copy);
 }
 
 /* Declared header length from the first bytes, 0 when unknown yet. */
@@ -1018,9 +1401,31 @@ static int64_t npy_declared_len(const uint8_t *b, size_t have)
 
 static void log_refusal(const char *what, const char *why)
 {
-	char msg[512];
-	snprintf(msg, sizeof(msg), "%.200s: %.300s", what, why);
+	char msg[PTC_ERROR_MAX];
+	snprintf(msg, sizeof(msg), "%.300s: %.200s", what, why);
 	mlfs_store_note_error(store, msg);
+}
+
+/* Queues the names whose content a commit of (rank, state, tensor) of @v
+ * changed: the partition and its full tensor. */
+static void notify_part(const struct mlfs_view *v, int rank, int state, int tensor)
+{
+	const struct ptc_schema *s = store->schema;
+	char path[4096];
+	(void)v;
+	snprintf(path, sizeof(path), "ranks/%d/%s/%s.npy", rank, s->states[state].name,
+		 s->tensors[tensor].name);
+	notify_path(path);
+	snprintf(path, sizeof(path), "full/%s/%s.npy", s->states[state].name,
+		 s->tensors[ptc_schema_logical(s, tensor)].name);
+	notify_path(path);
+}
+
+/* Records why a write to @f's partition was refused; returns -EINVAL. */
+static int part_refuse(const struct fh *f, const char *why)
+{
+	log_refusal(f->path ? f->path : "partition", why);
+	return -EINVAL;
 }
 
 /* Validates the complete staged header against the partition. */
@@ -1038,14 +1443,7 @@ static int check_staged_header(struct fh *f)
 	if (rc == 0)
 		rc = mlfs_npy_check(&h, ptc_schema_dtype(store->schema, f->state, f->tensor), nd,
 				    shape, why, sizeof(why));
-	if (rc) {
-		char what[600];
-		snprintf(what, sizeof(what), "ranks/%d/%s/%s.npy", f->rank,
-			 store->schema->states[f->state].name, T->name);
-		log_refusal(what, why);
-		return -EINVAL;
-	}
-	return 0;
+	return rc ? part_refuse(f, why) : 0;
 }
 
 /* Stages a write into a partition file. */
@@ -1067,16 +1465,19 @@ static int part_write(struct fh *f, const uint8_t *buf, size_t size, int64_t off
 		if (f->wtotal == 0 || off < (int64_t)f->wtotal) { /* header bytes */
 			size_t cap = f->wtotal ? f->wtotal : MLFS_NPY_MAX_HEADER + 12;
 			if (off > (int64_t)f->whave || (size_t)off >= cap)
-				return -EINVAL; /* header must be written first, in order */
+				return part_refuse(f, "the .npy header must be written first, "
+						      "in order");
 			size_t n = size < cap - (size_t)off ? size : cap - (size_t)off;
 			memcpy(f->whdr + off, buf, n);
 			if ((size_t)off + n > f->whave)
 				f->whave = (size_t)off + n;
 			int64_t decl = npy_declared_len(f->whdr, f->whave);
 			if (decl < 0)
-				return -EINVAL;
+				return part_refuse(f, "not a .npy file (bad magic, version or "
+						      "header length)");
 			if (f->wtotal && decl && (size_t)decl != f->wtotal)
-				return -EINVAL;
+				return part_refuse(f, "the .npy header length changed while "
+						      "writing");
 			if (decl > 0) {
 				f->wtotal = (size_t)decl;
 				if (f->whave > f->wtotal)
@@ -1092,10 +1493,10 @@ static int part_write(struct fh *f, const uint8_t *buf, size_t size, int64_t off
 			continue;
 		}
 		if (f->whave < f->wtotal)
-			return -EINVAL;
+			return part_refuse(f, "data written before the .npy header was complete");
 		int64_t d = off - (int64_t)f->wtotal;
 		if (d + (int64_t)size > dlen)
-			return -EINVAL; /* past the partition's size */
+			return part_refuse(f, "written past the partition's size");
 		if (!f->wdata) {
 			if (!(f->wdata = xf_buf_new(&store->mem, dlen, &rc)))
 				return rc;
@@ -1111,40 +1512,46 @@ static int part_write(struct fh *f, const uint8_t *buf, size_t size, int64_t off
 	return 0;
 }
 
-/* Applies a complete control text at write time when it parses as JSON. */
+/* Applies a control text: config.json and schema.json at the write that
+ * completes their JSON value (parsed once, then), .mlfs-ctl at every write
+ * (one request each), step and any text that never completed at the flush
+ * (@final). f->lock held. */
 static int ctl_try_commit(struct fh *f, bool final)
 {
 	struct ptc_error err = {""};
+	const char *w = f->w ? f->w : "";
 	int rc = 0;
 
 	if (f->committed)
 		return 0;
-	if (!final && f->kind != K_STEP) {
-		json_t *j = json_loadb(f->w ? f->w : "", f->wlen, 0, NULL);
-		if (!j)
+	if (!final && (f->kind == K_CONFIG || f->kind == K_SCHEMA)) {
+		jscan_run(&f->scan, w, f->wlen);
+		if (!f->scan.done)
 			return 0; /* incomplete yet */
-		json_decref(j);
-	}
-	if (!final && f->kind == K_STEP)
+	} else if (!final && f->kind != K_CTL) {
 		return 0;
+	}
 	switch (f->kind) {
 	case K_CONFIG:
-		rc = mlfs_store_set_config(store, f->w ? f->w : "", f->wlen, &err);
+		rc = mlfs_store_set_config(store, w, f->wlen, &err);
 		break;
 	case K_SCHEMA:
-		rc = mlfs_store_set_schema(store, f->w ? f->w : "", f->wlen, &err);
+		rc = mlfs_store_set_schema(store, w, f->wlen, &err);
 		break;
 	case K_STEP:
-		rc = mlfs_store_set_step(store, f->rank, f->w ? f->w : "", f->wlen, &err);
+		rc = mlfs_store_set_step(store, f->rank, w, f->wlen, &err);
 		if (rc == -EINVAL)
 			log_refusal("step", err.text);
 		break;
-	case K_CTL:
+	case K_CTL: {
+		char *reply = NULL;
+		rc = mlfs_store_control(store, w, f->wlen, &reply);
 		free(f->text);
-		f->text = NULL;
-		rc = mlfs_store_control(store, f->w ? f->w : "", f->wlen, &f->text);
+		f->text = reply;
+		f->text_len = reply ? strlen(reply) : 0;
 		f->wlen = 0;
 		return rc;
+	}
 	default:
 		break;
 	}
@@ -1152,40 +1559,57 @@ static int ctl_try_commit(struct fh *f, bool final)
 	return rc;
 }
 
+/* Writes to a job/ file (store lock taken here). */
+static int job_write(fuse_ino_t ino, const char *buf, size_t size, off_t off)
+{
+	struct target t;
+	int rc = target_get(ino, &t);
+	if (rc)
+		return rc;
+	size_t end = (size_t)off + size;
+	if (end > MAX_JOB_FILE)
+		rc = -EFBIG;
+	else if (end > t.e.job->size)
+		rc = mlfs_job_truncate(t.e.job, end);
+	if (rc == 0) {
+		memcpy(t.e.job->data + off, buf, size);
+		clock_gettime(CLOCK_REALTIME, &t.e.job->mtime);
+	}
+	target_done(&t);
+	target_put(&t);
+	return rc;
+}
+
+static bool all_space(const char *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (b[i] != ' ' && b[i] != '\n' && b[i] != '\r' && b[i] != '\t')
+			return false;
+	return true;
+}
+
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 		     struct fuse_file_info *fi)
 {
 	struct fh *f = FH(fi);
-	int rc = f->err;
 
+	fh_free(fresh_take(f, 0, 0)); /* written: no longer fresh */
+	pthread_mutex_lock(&f->lock);
+	int rc = f->err;
 	if (rc == 0) {
 		switch (f->kind) {
 		case K_PART:
 			rc = part_write(f, (const uint8_t *)buf, size, off);
 			break;
-		case K_JOB: {
-			struct target t;
-			if ((rc = target_get(ino, &t)))
-				break;
-			size_t end = (size_t)off + size;
-			if (end > MAX_JOB_FILE)
-				rc = -EFBIG;
-			else if (end > t.e.job->size)
-				rc = mlfs_job_truncate(t.e.job, end);
-			if (rc == 0) {
-				memcpy(t.e.job->data + off, buf, size);
-				clock_gettime(CLOCK_REALTIME, &t.e.job->mtime);
-			}
-			target_done(&t);
-			mlfs_view_put(t.v);
+		case K_JOB:
+			rc = job_write(ino, buf, size, off);
 			break;
-		}
 		case K_CONFIG:
 		case K_SCHEMA:
 		case K_STEP:
 		case K_CTL:
-			if (f->committed)
-				rc = -EINVAL; /* one text per open */
+			if (f->committed) /* one text per open; trailing blanks are harmless */
+				rc = all_space(buf, size) ? 0 : -EINVAL;
 			else if ((rc = text_append(f, buf, size, f->kind == K_CTL ? 0 : off)) == 0)
 				rc = ctl_try_commit(f, f->kind == K_CTL);
 			break;
@@ -1193,35 +1617,32 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 			rc = -EACCES;
 		}
 	}
-	if (rc) {
-		if (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA)
-			f->err = rc;
+	if (rc == 0)
+		f->dirty = true;
+	else if (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA)
+		f->err = rc;
+	pthread_mutex_unlock(&f->lock);
+	if (rc)
 		fuse_reply_err(req, -rc);
-		return;
-	}
-	f->dirty = true;
-	fuse_reply_write(req, size);
+	else
+		fuse_reply_write(req, size);
 }
 
-/* Commits a staged partition write; 0 or a negative errno. */
+/* Commits a staged partition write; 0 or a negative errno. f->lock held. */
 static int part_commit(struct fh *f)
 {
 	int64_t dlen = (int64_t)f->buf->size;
 	int rc;
 
-	if (!f->whdr) { /* truncated and nothing written */
-		log_refusal("partition", "closed empty after truncation; previous content kept");
-		return -EINVAL;
-	}
-	if (f->wtotal == 0 || f->whave < f->wtotal)
-		return -EINVAL;
+	if (!f->whdr || f->wtotal == 0 || f->whave < f->wtotal)
+		return part_refuse(f, "closed before its header was complete; previous content "
+				      "kept");
 	if (f->wend != (int64_t)f->wtotal + dlen) {
 		char why[128];
 		snprintf(why, sizeof(why),
 			 "file is %" PRId64 " bytes, expected %" PRId64 "; previous content kept",
 			 f->wend, (int64_t)f->wtotal + dlen);
-		log_refusal("partition write", why);
-		return -EINVAL;
+		return part_refuse(f, why);
 	}
 	if (!f->wdata) { /* header rewritten, data unchanged */
 		if (!(f->wdata = xf_buf_new(&store->mem, dlen, &rc)))
@@ -1231,43 +1652,68 @@ static int part_commit(struct fh *f)
 	}
 	rc = mlfs_store_commit_part(store, f->v, f->rank, f->state, f->tensor, f->wdata);
 	if (rc == -ESTALE)
-		log_refusal("partition write", "the layout changed while the file was open");
-	return rc;
+		part_refuse(f, "the layout changed while the file was open");
+	else if (rc == -EBUSY)
+		part_refuse(f, "a reconfiguration is running; previous content kept");
+	if (rc)
+		return rc;
+	/* Later writes restage from the new content. */
+	xf_buf_put(f->buf);
+	f->buf = f->wdata;
+	f->wdata = NULL;
+	free(f->whdr);
+	f->whdr = NULL;
+	f->whave = f->wtotal = 0;
+	f->wbase = true;
+	f->committed = true;
+	notify_part(f->v, f->rank, f->state, f->tensor);
+	return 0;
 }
 
+/*
+ * A flush commits what was written since the open or the last commit: a
+ * partition must then be complete (else EINVAL, previous content kept), a
+ * control text applies. A flush with nothing written does nothing: a shell
+ * redirect opens with O_TRUNC, duplicates the descriptor and closes the
+ * original before anything is written.
+ */
 static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct fh *f = FH(fi);
-	int rc = f->err;
 	(void)ino;
 
-	if (rc == 0 && f->write && (f->dirty || (f->kind == K_PART && !f->wbase))) {
+	pthread_mutex_lock(&f->lock);
+	int rc = f->err;
+	if (rc == 0 && f->write && f->dirty) {
 		if (f->kind == K_PART)
 			rc = part_commit(f);
 		else if (f->kind == K_CONFIG || f->kind == K_SCHEMA || f->kind == K_STEP)
 			rc = ctl_try_commit(f, true);
-		if (rc == 0) {
+		if (rc == 0)
 			f->dirty = false;
-			f->wbase = true;
-			if (f->kind == K_PART) { /* later writes restage from the new content */
-				xf_buf_put(f->buf);
-				f->buf = f->wdata;
-				f->wdata = NULL;
-				free(f->whdr);
-				f->whdr = NULL;
-				f->whave = f->wtotal = 0;
-			}
-		}
-		if (rc)
+		else
 			f->err = rc;
 	}
+	pthread_mutex_unlock(&f->lock);
 	fuse_reply_err(req, -rc);
 }
 
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	struct fh *f = FH(fi);
 	(void)ino;
-	fh_free(FH(fi));
+
+	fh_free(fresh_take(f, 0, 0));
+	if (f->kind == K_PART && f->write) {
+		pthread_mutex_lock(&f->lock);
+		if (f->err == 0 && f->dirty) /* written after the last flush */
+			part_commit(f);
+		else if (f->err == 0 && f->truncated && !f->committed)
+			part_refuse(f, "truncated, then closed without a write; previous content "
+				       "kept");
+		pthread_mutex_unlock(&f->lock);
+	}
+	fh_free(f);
 	fuse_reply_err(req, 0);
 }
 
@@ -1286,32 +1732,46 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 {
 	struct target t;
 	struct stat stb;
-	int rc = target_get(ino, &t);
+	bool restaged = false;
+	struct fh *f = fresh_take(fi ? FH(fi) : NULL, ino, fuse_req_ctx(req)->pid);
 
+	if (!f && fi)
+		f = FH(fi), atomic_fetch_add(&f->refs, 1);
+	/* open(O_TRUNC) or ftruncate(fd, 0) on an open writer: restart its
+	 * staging. The inode keeps its size (its content is unchanged until a
+	 * commit); the lock is the handle's, taken before the store's. */
+	if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0 && f && f->write &&
+	    (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA ||
+	     f->kind == K_STEP)) {
+		pthread_mutex_lock(&f->lock);
+		f->wlen = 0;
+		memset(&f->scan, 0, sizeof(f->scan));
+		f->whave = f->wtotal = 0;
+		f->wbase = false;
+		f->truncated = true;
+		f->wend = 0;
+		xf_buf_put(f->wdata);
+		f->wdata = NULL;
+		free(f->whdr);
+		f->whdr = NULL;
+		pthread_mutex_unlock(&f->lock);
+		restaged = true;
+	}
+	fh_free(f);
+	int rc = target_get(ino, &t);
 	if (rc) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
 	if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
 		rc = -EPERM;
-	else if (to_set & FUSE_SET_ATTR_SIZE) {
-		struct fh *f = fi ? FH(fi) : NULL;
-		fill_attr(&t.e, t.v, &stb);
+	else if ((to_set & FUSE_SET_ATTR_SIZE) && !restaged) {
+		fill_attr(&t.e, t.v, t.pin, &stb);
 		if (t.e.kind == K_JOB)
 			rc = attr->st_size > (off_t)MAX_JOB_FILE
 				 ? -EFBIG
 				 : mlfs_job_truncate(t.e.job, (size_t)attr->st_size);
-		else if (f && f->write && attr->st_size == 0 &&
-			 (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA ||
-			  f->kind == K_STEP)) {
-			/* ftruncate(fd, 0) on an open writer: restart staging */
-			f->wlen = 0;
-			f->whave = f->wtotal = 0;
-			f->wbase = false;
-			f->wend = 0;
-			xf_buf_put(f->wdata);
-			f->wdata = NULL;
-		} else if (attr->st_size != stb.st_size) {
+		else if (attr->st_size != stb.st_size) {
 			rc = t.e.kind == K_PART ? -EINVAL : -EACCES;
 		}
 	}
@@ -1322,9 +1782,9 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		else
 			t.e.job->mtime = attr->st_mtim;
 	}
-	fill_attr(&t.e, t.v, &stb);
+	fill_attr(&t.e, t.v, t.pin, &stb);
 	target_done(&t);
-	mlfs_view_put(t.v);
+	target_put(&t);
 	if (rc) {
 		fuse_reply_err(req, -rc);
 		return;
@@ -1471,7 +1931,7 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		rc = -ENOTDIR;
 	}
 	target_done(&t);
-	mlfs_view_put(t.v);
+	target_put(&t);
 	if (rc) {
 		dirbuf_put(b);
 		fuse_reply_err(req, -rc);
@@ -1525,12 +1985,12 @@ static int job_dir(fuse_ino_t parent, struct target *t)
 		return rc;
 	if (t->e.kind != K_JOB) {
 		target_done(t);
-		mlfs_view_put(t->v);
+		target_put(t);
 		return -EPERM; /* the rest of the tree is fixed by schema and config */
 	}
 	if (!t->e.job->dir) {
 		target_done(t);
-		mlfs_view_put(t->v);
+		target_put(t);
 		return -ENOTDIR;
 	}
 	return 0;
@@ -1558,7 +2018,7 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 	}
 	if ((rc = mlfs_job_create(t.e.job, name, true, &j))) {
 		target_done(&t);
-		mlfs_view_put(t.v);
+		target_put(&t);
 		fuse_reply_err(req, -rc);
 		return;
 	}
@@ -1582,7 +2042,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	rc = mlfs_job_create(t.e.job, name, false, &j);
 	if (rc) {
 		target_done(&t);
-		mlfs_view_put(t.v);
+		target_put(&t);
 		fuse_reply_err(req, -rc);
 		return;
 	}
@@ -1590,18 +2050,15 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	struct ent e = {.kind = K_JOB, .job = j};
 	char path[4096 + 256];
 	snprintf(path, sizeof(path), "%s/%s", t.path, name);
-	fill_attr(&e, t.v, &ep.attr);
+	fill_attr(&e, t.v, NULL, &ep.attr);
 	target_done(&t);
-	mlfs_view_put(t.v);
-	struct fh *f = calloc(1, sizeof(*f));
-	if (f)
-		atomic_init(&f->refs, 1);
-	if (!f || !(ep.ino = ino_lookup(path, 0, 0))) {
-		free(f);
+	target_put(&t);
+	struct fh *f = fh_new(K_JOB);
+	if (!f || !(ep.ino = ino_lookup(path, 0, NULL))) {
+		fh_free(f);
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	f->kind = K_JOB;
 	f->write = true;
 	ep.attr.st_ino = ep.ino;
 	fi->fh = (uintptr_t)f;
@@ -1622,7 +2079,7 @@ static void job_remove(fuse_req_t req, fuse_ino_t parent, const char *name, bool
 	}
 	rc = mlfs_job_unlink(t.e.job, name, dir);
 	target_done(&t);
-	mlfs_view_put(t.v);
+	target_put(&t);
 	fuse_reply_err(req, -rc);
 }
 
@@ -1731,7 +2188,7 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 	if ((t.e.kind == K_PART || t.e.kind == K_FFILE) && strcmp(name, XATTR) == 0)
 		val = ptc_dtype_name(ptc_schema_dtype(store->schema, t.e.state, t.e.tensor));
 	target_done(&t);
-	mlfs_view_put(t.v);
+	target_put(&t);
 	if (!val)
 		fuse_reply_err(req, ENODATA);
 	else if (size == 0)
@@ -1752,7 +2209,7 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	}
 	bool has = t.e.kind == K_PART || t.e.kind == K_FFILE;
 	target_done(&t);
-	mlfs_view_put(t.v);
+	target_put(&t);
 	size_t n = has ? sizeof(XATTR) : 0;
 	if (size == 0)
 		fuse_reply_xattr(req, n);
@@ -1790,8 +2247,12 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
 		conn->want |= FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE;
-	if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)
-		conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+	/* No atomic O_TRUNC: with it the kernel sets the size of the inode a
+	 * writer opened to 0 and drops its pages, under the feet of readers of
+	 * the same inode (the same version). Without it, open(O_TRUNC) arrives
+	 * as a setattr on the writer's handle, which restarts its staging and
+	 * answers the inode's unchanged size. */
+	conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
 }
 
 static const struct fuse_lowlevel_ops ops = {
@@ -1927,10 +2388,16 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 		goto out_unmount;
 	fuse_loop_cfg_set_max_threads(lc, 16);
 	fuse_loop_cfg_set_idle_threads(lc, 8);
-	rc = fuse_session_loop_mt(se, lc) ? 1 : 0;
+	if (notify_start(se) == 0) {
+		st.changed = notify_store_changed;
+		rc = fuse_session_loop_mt(se, lc) ? 1 : 0;
+	} else {
+		fprintf(stderr, "mlfs mount: cannot start a thread\n");
+	}
 	fuse_loop_cfg_destroy(lc);
 out_unmount:
 	fuse_session_unmount(se);
+	notify_stop();
 out_signals:
 	fuse_remove_signal_handlers(se);
 out_session:

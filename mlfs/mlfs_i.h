@@ -131,10 +131,18 @@ void mlfs_store_note_error(struct mlfs_store *st, const char *msg);
 int mlfs_store_commit_part(struct mlfs_store *st, struct mlfs_view *v, int rank, int state,
 			   int tensor, struct xf_buf *b);
 
-/* Assembles the full logical tensor (state, tensor) from the view's local
- * partitions. 0, -ENOSPC, -ENOMEM, -EIO if a part is not on this node. */
-int mlfs_store_assemble(struct mlfs_store *st, struct mlfs_view *v, int state, int tensor,
-			struct xf_buf **out);
+/* The partitions a full tensor (state, tensor) is assembled from: one per
+ * TP rank (one when the tensor is not split), from the local ranks of @v,
+ * each with a new reference, into @srcs (room for v->layout.tp). Returns
+ * their number, or -EIO when a part is not on this node. Lock held (the
+ * buffer pointers of the current view change under it). */
+int mlfs_view_full_sources(const struct mlfs_view *v, const struct ptc_schema *s, int node,
+			   int state, int tensor, struct xf_buf **srcs);
+/* Assembles the full tensor from mlfs_view_full_sources' @srcs into a new
+ * buffer *@out from @mem. 0, -ENOSPC, -ENOMEM. Any thread, no lock. */
+int mlfs_full_assemble(const struct ptc_schema *s, int state, int tensor,
+		       struct xf_buf *const *srcs, int nsrcs, struct xf_mem *mem,
+		       struct xf_buf **out);
 
 /* NPY header of a partition or full tensor; returns its length. */
 size_t mlfs_part_header(const struct ptc_schema *s, const struct ptc_layout *l, int rank, int state,

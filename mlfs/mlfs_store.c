@@ -559,46 +559,52 @@ size_t mlfs_full_header(const struct ptc_schema *s, int state, int tensor, char 
 
 /* ----------------------------------------------------------- full tensors */
 
-int mlfs_store_assemble(struct mlfs_store *st, struct mlfs_view *v, int state, int tensor,
-			struct xf_buf **out)
+int mlfs_view_full_sources(const struct mlfs_view *v, const struct ptc_schema *s, int node,
+			   int state, int tensor, struct xf_buf **srcs)
 {
 	const struct ptc_layout *l = &v->layout;
-	const struct ptc_tensor *T = &st->schema->tensors[tensor];
-	int64_t outer, rowel,
-	    esz = (int64_t)ptc_dtype_size(ptc_schema_dtype(st->schema, state, tensor));
+	int r0 = l->node_first_rank[node], nr = l->node_nranks[node];
+	int n = s->tensors[tensor].split_dim < 0 ? 1 : l->tp;
+
+	for (int t = 0; t < n; t++) {
+		srcs[t] = NULL;
+		for (int r = r0; r >= 0 && r < r0 + nr && !srcs[t]; r++) {
+			if (l->ranks[r].t != t)
+				continue;
+			for (int a = 0; a < s->ntensors && !srcs[t]; a++)
+				if (ptc_schema_logical(s, a) == tensor)
+					srcs[t] = xf_buf_get(
+					    v->parts.bufs[xf_parts_index(&v->parts, r, state, a)]);
+		}
+		if (!srcs[t]) {
+			while (t > 0)
+				xf_buf_put(srcs[--t]);
+			return -EIO;
+		}
+	}
+	return n;
+}
+
+int mlfs_full_assemble(const struct ptc_schema *s, int state, int tensor,
+		       struct xf_buf *const *srcs, int nsrcs, struct xf_mem *mem,
+		       struct xf_buf **out)
+{
+	const struct ptc_tensor *T = &s->tensors[tensor];
+	int64_t outer, rowel, esz = (int64_t)ptc_dtype_size(ptc_schema_dtype(s, state, tensor));
 	int64_t n = T->split_dim < 0 ? 1 : T->shape[T->split_dim];
 	int rc;
 
 	ptc_tensor_geometry(T, &outer, &rowel);
-	struct xf_buf *b = xf_buf_new(&st->mem, outer * n * rowel * esz, &rc);
+	struct xf_buf *b = xf_buf_new(mem, outer * n * rowel * esz, &rc);
 	if (!b)
 		return rc;
-	int r0 = l->node_first_rank[st->node], nr = l->node_nranks[st->node];
-	for (int t = 0; t < l->tp; t++) {
-		struct xf_buf *src = NULL;
-		pthread_mutex_lock(&st->lock);
-		for (int r = r0; r >= 0 && r < r0 + nr && !src; r++) {
-			if (l->ranks[r].t != t)
-				continue;
-			for (int a = 0; a < st->schema->ntensors && !src; a++)
-				if (ptc_schema_logical(st->schema, a) == tensor)
-					src = xf_buf_get(
-					    v->parts.bufs[xf_parts_index(&v->parts, r, state, a)]);
-		}
-		pthread_mutex_unlock(&st->lock);
-		if (!src) {
-			xf_buf_put(b);
-			return -EIO;
-		}
+	for (int t = 0; t < nsrcs; t++) {
 		struct ptc_slice sl;
-		ptc_slice_compute(T, l->tp, t, &sl);
+		ptc_slice_compute(T, T->split_dim < 0 ? 1 : nsrcs, t, &sl);
 		for (int i = 0; i < sl.nsegs; i++)
 			if (sl.segs[i].global >= 0)
-				xf_copy_rows(b->data, n, sl.segs[i].global, src->data, sl.rows,
+				xf_copy_rows(b->data, n, sl.segs[i].global, srcs[t]->data, sl.rows,
 					     sl.segs[i].local, sl.segs[i].len, outer, rowel * esz);
-		xf_buf_put(src);
-		if (T->split_dim < 0)
-			break;
 	}
 	*out = b;
 	return 0;
