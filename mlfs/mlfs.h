@@ -13,9 +13,9 @@ struct mlfs_options {
 	const char *cluster_path;
 	int64_t max_memory; /* bytes; 0 = 90% of physical memory */
 	bool foreground;
-	int threads;	    /* transformer threads; 0 = online CPUs */
-	int64_t data_cache; /* dataset block cache bytes; 0 = 1 GiB */
-	int prefetch;	    /* dataset steps assembled ahead; < 0 = 4 */
+	int threads;	      /* transformer threads; 0 = online CPUs */
+	int64_t data_cache;   /* dataset block cache bytes; 0 = 1 GiB */
+	int prefetch;	      /* dataset steps assembled ahead; < 0 = 4 */
 	int http_timeout_ms;  /* dataset HTTP request receiving nothing this long fails; 0 = 10 s */
 	int http_deadline_ms; /* one read of a dataset source, retries included; 0 = 60 s */
 };
@@ -32,7 +32,7 @@ int mlfs_daemon_run(const struct mlfs_options *o);
  * EFBIG. Open writers' texts also count in --max-memory. */
 #define MLFS_MAX_SCHEMA_TEXT ((size_t)16 << 20)
 #define MLFS_MAX_CONFIG_TEXT ((size_t)1 << 20)
-#define MLFS_MAX_CTL_TEXT ((size_t)64 << 10)
+#define MLFS_MAX_CTL_TEXT    ((size_t)64 << 10)
 
 /* Name of the control file at the mount root used by `mlfs import`. */
 #define MLFS_CTL_NAME ".mlfs-ctl"

@@ -750,8 +750,11 @@ int mlfs_dataset_open(const struct ptc_config *c, const struct mlfs_data_opts *o
 	ds->mem = mem;
 	ds->prefetch = o->prefetch;
 	set_maxviews(ds, 8 * (o->prefetch + 2) < 16 ? 16 : 8 * (o->prefetch + 2));
-	struct mlfs_src_opts so = {
-	    .cache_bytes = o->cache_bytes, .retries = -1, .file_direct = true};
+	struct mlfs_src_opts so = {.cache_bytes = o->cache_bytes,
+				   .retries = -1,
+				   .timeout_ms = o->http_timeout_ms,
+				   .deadline_ms = o->http_deadline_ms,
+				   .file_direct = true};
 	if (!(ds->index_uri = strdup(c->dataset_index)) || !(ds->src = mlfs_src_new(&so)) ||
 	    !(ds->sizes = calloc(1, sizeof(*ds->sizes))))
 		goto err;

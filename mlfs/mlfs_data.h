@@ -15,8 +15,12 @@
 #include "transform/xf.h"
 
 struct mlfs_data_opts {
-	int64_t cache_bytes; /* block cache bound (--data-cache); 0 = 1 GiB */
-	int prefetch;	     /* steps assembled ahead per DP group (--prefetch) */
+	int64_t cache_bytes;  /* block cache bound (--data-cache); 0 = 1 GiB */
+	int prefetch;	      /* steps assembled ahead per DP group (--prefetch) */
+	int http_timeout_ms;  /* an HTTP request receiving nothing this long fails
+				 (--http-timeout); 0 = 10 s */
+	int http_deadline_ms; /* one read of a source, HTTP retries included
+				 (--http-deadline); 0 = 60 s */
 };
 
 struct mlfs_dataset;

@@ -2364,6 +2364,8 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 		return 1;
 	}
 	st.data_opts.cache_bytes = o->data_cache;
+	st.data_opts.http_timeout_ms = o->http_timeout_ms;
+	st.data_opts.http_deadline_ms = o->http_deadline_ms;
 	st.data_opts.prefetch = o->prefetch < 0 ? 4 : o->prefetch;
 	store = &st;
 	owner_uid = getuid();

@@ -46,7 +46,16 @@
  * HTTP: pooled curl easy handles (the pool keeps connections alive). Every
  * number read from a reply is bounded (18 digits) and checked before use;
  * the body is written only into buffers sized from the request, never from
- * the reply.
+ * the reply. Time: an attempt fails when nothing arrives for timeout_ms
+ * (the stamp of the last header or body bytes, checked by curl's progress
+ * callback, about once a second while idle), not after a fixed total, so a
+ * large range from a slow server that keeps sending is not cut by it; a
+ * whole readv or fetch has deadline_ms, which caps each attempt (curl's
+ * CURLOPT_TIMEOUT), the backoff sleeps and the retries.
+ *
+ * Files a user names (an index, offsets, shards) are opened with
+ * O_NONBLOCK and refused unless fstat says regular: opening a FIFO for
+ * reading would otherwise wait for a writer forever, uninterruptibly.
  *
  * Threads: s->lock guards the object table, the objects' size and fd fields,
  * the cache and the handle pool. It is never held across I/O, a sleep or a
@@ -80,7 +89,8 @@
 #define SRC_DEF_BLOCK	    ((int64_t)1 << 20)
 #define SRC_DEF_RETRIES	    5
 #define SRC_MAX_RETRIES	    100
-#define SRC_DEF_TIMEOUT	    30000
+#define SRC_DEF_TIMEOUT	    10000
+#define SRC_DEF_DEADLINE    60000
 #define SRC_DEF_BACKOFF	    20
 #define SRC_DEF_MAX_BACKOFF 2000
 #define SRC_DEF_REQUEST	    ((int64_t)16 << 20)
@@ -174,6 +184,14 @@ static uint64_t hash_blk(const struct src_obj *o, int64_t idx)
 	h ^= h >> 29;
 	h *= 0xbf58476d1ce4e5b9ULL;
 	return h ^ (h >> 32);
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
 static void sleep_ms(int64_t ms)
@@ -356,6 +374,35 @@ static void fd_evict(struct mlfs_src *s, struct opened *c)
 		obj_detach(s, idlest, c);
 }
 
+/*
+ * Opens @path for reading without waiting on it: -EIO naming @uri unless it
+ * is a regular file (a FIFO would block the open until a writer came, a
+ * device could block its reads). On success the fd (blocking again) and
+ * *@st.
+ */
+static int file_open(const char *uri, const char *path, struct stat *st, char *why, size_t whylen)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), flags, e;
+
+	if (fd < 0)
+		return errf(why, whylen, -EIO, "%s: %m", uri);
+	if (fstat(fd, st) || (flags = fcntl(fd, F_GETFL)) < 0)
+		goto err_close;
+	if (!S_ISREG(st->st_mode)) {
+		close(fd);
+		return errf(why, whylen, -EIO, "%s: not a regular file", uri);
+	}
+	if (fcntl(fd, F_SETFL, flags & ~O_NONBLOCK))
+		goto err_close;
+	return fd;
+
+err_close:
+	e = errno;
+	close(fd);
+	errno = e;
+	return errf(why, whylen, -EIO, "%s: %m", uri);
+}
+
 /* Opens file object @o if needed and pins its fd (*@fd) and mapping (*@map,
  * NULL when there is none or the file shrank under it) until file_unpin. */
 static int file_pin(struct mlfs_src *s, struct src_obj *o, int *fd, const uint8_t **map, char *why,
@@ -377,19 +424,8 @@ static int file_pin(struct mlfs_src *s, struct src_obj *o, int *fd, const uint8_
 	}
 	pthread_mutex_unlock(&s->lock);
 
-	nfd = open(o->uri + 7, O_RDONLY | O_CLOEXEC);
-	if (nfd < 0)
-		return errf(why, whylen, -EIO, "%s: %m", o->uri);
-	if (fstat(nfd, &st)) {
-		int e = errno;
-		close(nfd);
-		errno = e;
-		return errf(why, whylen, -EIO, "%s: %m", o->uri);
-	}
-	if (!S_ISREG(st.st_mode)) {
-		close(nfd);
-		return errf(why, whylen, -EIO, "%s: not a regular file", o->uri);
-	}
+	if ((nfd = file_open(o->uri, o->uri + 7, &st, why, whylen)) < 0)
+		return nfd;
 	if (s->o.file_direct && st.st_size > 0 && (uint64_t)st.st_size <= SIZE_MAX) {
 		void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, nfd, 0);
 		nmap = m == MAP_FAILED ? NULL : m; /* no mapping: preadv only */
@@ -574,6 +610,8 @@ struct mlfs_src *mlfs_src_new(const struct mlfs_src_opts *opts)
 		o.retries = SRC_MAX_RETRIES;
 	if (o.timeout_ms <= 0)
 		o.timeout_ms = SRC_DEF_TIMEOUT;
+	if (o.deadline_ms <= 0)
+		o.deadline_ms = SRC_DEF_DEADLINE;
 	if (o.backoff_ms <= 0)
 		o.backoff_ms = SRC_DEF_BACKOFF;
 	if (o.max_backoff_ms <= 0)
@@ -670,6 +708,8 @@ struct xfer {
 	int64_t got; /* body bytes kept */
 	int fail_rc; /* set by a callback that aborted the transfer */
 	char fail[160];
+	int64_t last_ns;  /* when the attempt began or last received bytes */
+	int64_t stall_ns; /* an attempt that receives nothing this long fails */
 	/* the outcome of a successful range transfer */
 	int64_t total; /* object size learned, -1 if none */
 };
@@ -754,6 +794,7 @@ static size_t on_header(char *line, size_t size, size_t n, void *arg)
 	struct xfer *x = arg;
 	const char *p = line, *end = line + size * n, *v;
 
+	x->last_ns = now_ns();
 	while (end > p && (end[-1] == '\r' || end[-1] == '\n'))
 		end--;
 	if (end - p >= 5 && !memcmp(p, "HTTP/", 5)) {
@@ -852,6 +893,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
 	struct xfer *x = arg;
 	size_t n = size * nmemb;
 
+	x->last_ns = now_ns();
 	if (x->a < 0)
 		return on_body_whole(x, data, n);
 	if (x->status == 206) {
@@ -881,6 +923,21 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
 	}
 	scatter(x, data, n);
 	return n;
+}
+
+/* curl's progress callback: fails an attempt that received nothing for x->stall_ns. */
+static int on_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+		       curl_off_t ulnow)
+{
+	struct xfer *x = arg;
+
+	(void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+	if (now_ns() - x->last_ns < x->stall_ns)
+		return 0;
+	snprintf(x->fail, sizeof(x->fail), "timed out (nothing received for %g s)",
+		 (double)x->stall_ns / 1e9);
+	x->fail_rc = -EIO;
+	return 1;
 }
 
 enum attempt { ATT_OK, ATT_RETRY, ATT_FATAL };
@@ -1004,15 +1061,20 @@ static void pool_put(struct mlfs_src *s, CURL *h)
 		curl_easy_cleanup(h);
 }
 
+/* Sets up @h for an attempt of @x that may take @left_ms at most. */
 static void http_setup(struct mlfs_src *s, CURL *h, const char *uri, struct xfer *x,
-		       const char *range, char *errbuf)
+		       const char *range, char *errbuf, int64_t left_ms)
 {
 	/* Reset keeps the handle's live connections. */
 	curl_easy_reset(h);
 	curl_easy_setopt(h, CURLOPT_URL, uri);
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)s->o.timeout_ms);
-	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)s->o.timeout_ms);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+			 (long)(left_ms < s->o.timeout_ms ? left_ms : s->o.timeout_ms));
+	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)left_ms);
+	curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+	curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+	curl_easy_setopt(h, CURLOPT_XFERINFODATA, x);
 	curl_easy_setopt(h, CURLOPT_FAILONERROR, 0L);
 	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
 	curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
@@ -1034,21 +1096,33 @@ static void http_setup(struct mlfs_src *s, CURL *h, const char *uri, struct xfer
 		curl_easy_setopt(h, CURLOPT_RANGE, range);
 }
 
+/* The end of a readv or fetch that begins now (CLOCK_MONOTONIC ns). */
+static int64_t deadline_from_now(const struct mlfs_src *s)
+{
+	return now_ns() + (int64_t)s->o.deadline_ms * 1000000;
+}
+
 /*
  * Runs attempts of transfer @x of @uri until one succeeds, one fails for
- * good or the retries are spent; stops retrying once *@stop is set
- * (-ECANCELED). On failure @why names @uri and the reason.
+ * good, the retries are spent or @deadline (CLOCK_MONOTONIC ns) comes;
+ * stops retrying once *@stop is set (-ECANCELED). On failure @why names
+ * @uri and the reason.
  */
 static int http_run(struct mlfs_src *s, const char *uri, struct xfer *x, atomic_int *stop,
-		    char *why, size_t whylen)
+		    int64_t deadline, char *why, size_t whylen)
 {
-	char errbuf[CURL_ERROR_SIZE], msg[256], range[48];
-	int64_t delay = s->o.backoff_ms;
+	char errbuf[CURL_ERROR_SIZE], msg[256] = "", prev[256], range[48];
+	int64_t delay = s->o.backoff_ms, left_ms;
 	enum attempt res = ATT_FATAL;
 	int rc = -EIO, att;
-	CURL *h = pool_get(s);
+	bool late = false; /* the deadline stopped the attempts */
+	CURL *h;
 
-	if (!h)
+	if ((left_ms = (deadline - now_ns()) / 1000000) <= 0)
+		return errf(why, whylen, -EIO,
+			    "%s: timed out before its request, deadline of %g s reached", uri,
+			    s->o.deadline_ms / 1e3);
+	if (!(h = pool_get(s)))
 		return errf(why, whylen, -ENOMEM, "%s: out of memory", uri);
 	if (x->a >= 0)
 		snprintf(range, sizeof(range), "%" PRId64 "-%" PRId64, x->a, x->b);
@@ -1058,16 +1132,35 @@ static int http_run(struct mlfs_src *s, const char *uri, struct xfer *x, atomic_
 				rc = -ECANCELED;
 				break;
 			}
+			left_ms = (deadline - now_ns()) / 1000000;
+			if (left_ms <= delay) {
+				late = true;
+				break;
+			}
 			sleep_ms(delay);
+			left_ms -= delay;
 			delay = delay * 2 > s->o.max_backoff_ms ? s->o.max_backoff_ms : delay * 2;
 			stat_add(&s->retries, 1);
 		}
 		xfer_reset(x);
+		x->last_ns = now_ns();
+		x->stall_ns = (int64_t)s->o.timeout_ms * 1000000;
 		errbuf[0] = 0;
-		http_setup(s, h, uri, x, x->a >= 0 ? range : NULL, errbuf);
+		http_setup(s, h, uri, x, x->a >= 0 ? range : NULL, errbuf, left_ms);
 		stat_add(&s->requests, 1);
 		CURLcode cres = curl_easy_perform(h);
+		memcpy(prev, msg, sizeof(msg));
 		res = judge(x, cres, errbuf, &rc, msg, sizeof(msg));
+		if (res == ATT_RETRY && cres == CURLE_OPERATION_TIMEDOUT &&
+		    deadline - now_ns() < 10 * 1000000) {
+			/* Cut by the deadline: the reason is the attempts before. */
+			if (att)
+				memcpy(msg, prev, sizeof(msg));
+			else
+				snprintf(msg, sizeof(msg), "timed out");
+			late = true;
+			break;
+		}
 		if (res != ATT_RETRY || att >= s->o.retries)
 			break;
 	}
@@ -1079,6 +1172,9 @@ static int http_run(struct mlfs_src *s, const char *uri, struct xfer *x, atomic_
 		return 0;
 	}
 	stat_add(&s->failures, 1);
+	if (late)
+		return errf(why, whylen, rc, "%s: %s after %d attempt%s, deadline of %g s reached",
+			    uri, msg, att + 1, att ? "s" : "", s->o.deadline_ms / 1e3);
 	if (res == ATT_RETRY || att > 0)
 		return errf(why, whylen, rc, "%s: %s after %d attempt%s", uri, msg, att + 1,
 			    att ? "s" : "");
@@ -1093,18 +1189,10 @@ static int fetch_file(struct mlfs_src *s, const char *uri, int64_t max, uint8_t 
 	struct stat st;
 	uint8_t *buf;
 	int64_t got = 0;
-	int rc, fd = open(uri + 7, O_RDONLY | O_CLOEXEC);
+	int rc, fd = file_open(uri, uri + 7, &st, why, whylen);
 
 	if (fd < 0)
-		return errf(why, whylen, -EIO, "%s: %m", uri);
-	if (fstat(fd, &st)) {
-		rc = errf(why, whylen, -EIO, "%s: %m", uri);
-		goto err_close;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		rc = errf(why, whylen, -EIO, "%s: not a regular file", uri);
-		goto err_close;
-	}
+		return fd;
 	if (st.st_size > max) {
 		rc = errf(why, whylen, -EFBIG, "%s: holds %" PRId64 " bytes, more than %" PRId64,
 			  uri, (int64_t)st.st_size, max);
@@ -1159,7 +1247,7 @@ int mlfs_src_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **d
 		return fetch_file(s, uri, max, data, len, why, whylen);
 
 	struct xfer x = {.a = -1, .max = max};
-	if ((rc = http_run(s, uri, &x, NULL, why, whylen))) {
+	if ((rc = http_run(s, uri, &x, NULL, deadline_from_now(s), why, whylen))) {
 		free(x.buf);
 		return rc;
 	}
@@ -1210,6 +1298,7 @@ struct rv {
 	size_t nreqs;
 	atomic_size_t next; /* next request to run */
 	atomic_int stop;    /* a request failed: start no more */
+	int64_t deadline;   /* HTTP requests give up then (CLOCK_MONOTONIC ns) */
 };
 
 static int cmp_ord(const void *pa, const void *pb, void *arg)
@@ -1374,7 +1463,8 @@ static int run_req(struct rv *rv, struct req *rq)
 		got_end = end;
 	} else {
 		struct xfer x = {.a = a, .b = end - 1, .blks = blks, .B = B};
-		if ((rc = http_run(s, g->obj->uri, &x, &rv->stop, rq->why, sizeof(rq->why))))
+		if ((rc = http_run(s, g->obj->uri, &x, &rv->stop, rv->deadline, rq->why,
+				   sizeof(rq->why))))
 			goto out;
 		if (x.total >= 0 &&
 		    (rc = obj_set_size(s, g->obj, x.total, rq->why, sizeof(rq->why))))
@@ -1668,14 +1758,6 @@ int mlfs_src_map_copy(void *dst, const void *src, size_t len)
 	return map_copy(dst, src, len);
 }
 
-static int64_t now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 /* Copies span @sp from its group's mapping into its dsts. */
 static int span_copy(struct rv *rv, const struct span *sp, char *why, size_t whylen)
 {
@@ -1847,7 +1929,7 @@ out:
 int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, char *why,
 		   size_t whylen)
 {
-	struct rv rv = {.s = s, .r = r};
+	struct rv rv = {.s = s, .r = r, .deadline = deadline_from_now(s)};
 	struct need *needs = NULL;
 	size_t nneed = 0;
 	int rc = 0;

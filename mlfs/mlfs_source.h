@@ -12,7 +12,8 @@
  * may use one source at once (FUSE workers, the prefetch thread), except that
  * mlfs_src_free must not race with any other call on the same source.
  * mlfs_src_readv and mlfs_src_fetch block on I/O (network included, with
- * retries): do not call them from a thread that must not block.
+ * retries, for at most about opts.deadline_ms over HTTP): do not call them
+ * from a thread that must not block.
  *
  * Link with libcurl (pkg-config libcurl).
  */
@@ -31,7 +32,10 @@ struct mlfs_src_opts {
 	int64_t cache_bytes;	   /* block cache bound; <= 0: 1 GiB */
 	int64_t block_bytes;	   /* cache block; <= 0: 1 MiB */
 	int retries;		   /* extra attempts after a failed request; < 0: 5 (at most 100) */
-	int timeout_ms;		   /* per request, connect and total; <= 0: 30000 */
+	int timeout_ms;		   /* HTTP: a request that receives nothing this long (connecting
+				      included) fails and is retried; <= 0: 10000 */
+	int deadline_ms;	   /* HTTP: one readv or fetch, every attempt and backoff included,
+				      fails after this long; <= 0: 60000 */
 	int backoff_ms;		   /* first retry delay, doubled each retry; <= 0: 20 */
 	int max_backoff_ms;	   /* cap of one retry delay; <= 0: 2000 */
 	int64_t max_request_bytes; /* cap of one coalesced request; <= 0: 16 MiB (>= one block) */
@@ -57,12 +61,18 @@ void mlfs_src_free(struct mlfs_src *s);
  * by the caller, never NULL, not NUL-terminated) and *@len. Over HTTP: a GET
  * without Range that must answer 200, retried like mlfs_src_readv.
  *
+ * A file must be a regular file: it is opened without blocking (a FIFO
+ * or a device is refused, never waited on).
+ *
  * Errors (*@data = NULL, *@len = 0, one line in @why of @whylen bytes,
  * always NUL-terminated; @why may be NULL when @whylen is 0):
  *   -EINVAL  bad or unsupported URI, or @max < 0
  *   -EFBIG   the object holds more than @max bytes
  *   -EIO     unreadable: the message names the URI and the reason, e.g.
- *            "http://h/index.json: HTTP 503 after 6 attempts"
+ *            "http://h/index.json: HTTP 503 after 6 attempts",
+ *            "file:///d/index.json: not a regular file",
+ *            "http://h/index.json: timed out (nothing received for 10 s) after
+ *            4 attempts, deadline of 60 s reached"
  *   -ENOMEM  out of memory
  */
 int mlfs_src_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **data, size_t *len,
@@ -88,12 +98,19 @@ struct mlfs_range {
  * (RWF_NOWAIT: served from the page cache on the caller's thread), the rest
  * on up to opts.parallel threads so a cold disk sees many requests at once.
  *
+ * HTTP requests are retried (connection errors, timeouts, 5xx, 408, 429,
+ * short or wrong replies) until opts.retries are spent or opts.deadline_ms
+ * has passed since the call began, whichever comes first; a request that
+ * receives nothing for opts.timeout_ms is a failed attempt, a slow one that
+ * keeps receiving is not.
+ *
  * All or nothing: returns 0 when every range was filled, else an error and
  * the dst bytes are unspecified (partly written). Errors, with one line in
  * @why (conventions of mlfs_src_fetch):
  *   -EINVAL  a bad or unsupported URI, a negative offset or length
- *   -EIO     an object unreadable after the retries, or a range past its
- *            end; the message names the URI and the reason, e.g.
+ *   -EIO     an object unreadable after the retries or the deadline, not a
+ *            regular file, or a range past its end; the message names the
+ *            URI and the reason, e.g.
  *            "http://h/x.bin: HTTP 500 after 6 attempts",
  *            "file:///d/s.bin: holds 100 bytes, bytes 96-131 asked"
  *   -ENOMEM  out of memory

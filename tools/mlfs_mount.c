@@ -64,6 +64,18 @@ static int64_t parse_bytes(const char *s)
 	return (int64_t)v << shift;
 }
 
+/* Parses whole seconds in [1, @max] into *@ms; false if it is not. */
+static bool parse_seconds(const char *s, int max, int *ms)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < 1 || v > max)
+		return false;
+	*ms = (int)v * 1000;
+	return true;
+}
+
 int cmd_mount(int argc, char **argv)
 {
 	static const struct option opts[] = {{"node", required_argument, NULL, 'n'},
@@ -73,6 +85,8 @@ int cmd_mount(int argc, char **argv)
 					     {"foreground", no_argument, NULL, 'f'},
 					     {"data-cache", required_argument, NULL, 'D'},
 					     {"prefetch", required_argument, NULL, 'P'},
+					     {"http-timeout", required_argument, NULL, 'T'},
+					     {"http-deadline", required_argument, NULL, 'L'},
 					     {NULL, 0, NULL, 0}};
 	struct mlfs_options o = {.prefetch = -1};
 	char *end;
@@ -111,6 +125,24 @@ int cmd_mount(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'T':
+			if (!parse_seconds(optarg, 3600, &o.http_timeout_ms)) {
+				fprintf(stderr,
+					"mlfs mount: --http-timeout \"%s\" is not a whole "
+					"number of seconds in [1, 3600]\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'L':
+			if (!parse_seconds(optarg, 86400, &o.http_deadline_ms)) {
+				fprintf(stderr,
+					"mlfs mount: --http-deadline \"%s\" is not a whole "
+					"number of seconds in [1, 86400]\n",
+					optarg);
+				return 2;
+			}
+			break;
 		case 't':
 			o.threads = atoi(optarg);
 			if (o.threads < 1 || o.threads > 1024) {
@@ -125,7 +157,8 @@ int cmd_mount(int argc, char **argv)
 	if (optind != argc - 1 || !o.node_id || !o.cluster_path) {
 		fprintf(stderr,
 			"usage: mlfs mount <mnt> --node ID --cluster cluster.json [-f] "
-			"[--max-memory BYTES] [--threads N] [--data-cache BYTES] [--prefetch N]\n");
+			"[--max-memory BYTES] [--threads N] [--data-cache BYTES] [--prefetch N] "
+			"[--http-timeout SECONDS] [--http-deadline SECONDS]\n");
 		return 2;
 	}
 	o.mountpoint = argv[optind];

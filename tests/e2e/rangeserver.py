@@ -15,10 +15,12 @@ Failure injection: each file GET fails with probability --fail-rate (or always w
   short         206 whose Content-Range and Content-Length cover half the range
   badrange      206 for the range shifted by one byte (wrong start, wrong bytes)
   stall         sleep --stall-seconds before answering (to trip client timeouts)
+  stall-body    send the headers and half the body, sleep --stall-seconds, send the rest
+  slow          send the body in 10 parts, --slow-gap seconds apart (slow but alive)
 
 Control endpoints (never fail, never counted):
   GET /__stats                   {"requests": n, "failed": m}   (file requests)
-  GET /__set?fail_rate=0.5&modes=500,drop&fail_always=0&reset=1
+  GET /__set?fail_rate=0.5&modes=500,drop&fail_always=0&reset=1&stall_seconds=60&slow_gap=0.2
                                  changes the failure settings; reset=1 zeroes counters
 
 CLI: rangeserver.py --root DIR [--port 0] ...; prints "PORT <n>" as its first line.
@@ -37,7 +39,7 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-MODES = ("drop", "truncate", "ignore-range", "short", "badrange", "stall")
+MODES = ("drop", "truncate", "ignore-range", "short", "badrange", "stall", "stall-body", "slow")
 
 
 def _check_modes(modes):
@@ -53,13 +55,14 @@ class RangeServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, addr, root, fail_rate=0.0, modes=("500",), seed=1, fail_always=False,
-                 stall_seconds=5.0, verbose=False):
+                 stall_seconds=5.0, verbose=False, slow_gap=0.2):
         super().__init__(addr, Handler)
         self.root = os.path.realpath(root)
         self.fail_rate = float(fail_rate)
         self.modes = _check_modes(modes)
         self.fail_always = bool(fail_always)
         self.stall_seconds = stall_seconds
+        self.slow_gap = slow_gap
         self.verbose = verbose
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
@@ -141,6 +144,10 @@ class Handler(BaseHTTPRequestHandler):
                         srv.modes = _check_modes(q["modes"][0].split(","))
                     if "fail_always" in q:
                         srv.fail_always = q["fail_always"][0] not in ("0", "false", "")
+                    if "stall_seconds" in q:
+                        srv.stall_seconds = float(q["stall_seconds"][0])
+                    if "slow_gap" in q:
+                        srv.slow_gap = float(q["slow_gap"][0])
                     if "seed" in q:
                         srv.rng.seed(int(q["seed"][0]))
                     if q.get("reset", ["0"])[0] not in ("0", ""):
@@ -151,7 +158,9 @@ class Handler(BaseHTTPRequestHandler):
         with srv.lock:
             body = json.dumps({"requests": srv.requests, "failed": srv.failed,
                                "fail_rate": srv.fail_rate, "modes": list(srv.modes),
-                               "fail_always": srv.fail_always}).encode()
+                               "fail_always": srv.fail_always,
+                               "stall_seconds": srv.stall_seconds,
+                               "slow_gap": srv.slow_gap}).encode()
         self.reply(200, body, [("Content-Type", "application/json")])
 
     def serve(self, head):
@@ -181,7 +190,7 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(int(mode), f"injected {mode}\n".encode())
             return
         if mode == "ignore-range" or rng is None:
-            self.send_full(200, data, None, head, truncate=(mode == "truncate"))
+            self.send_full(200, data, None, head, mode)
             return
         if rng == "unsat":
             self.reply(416, b"", [("Content-Range", f"bytes */{size}")], head=head)
@@ -194,10 +203,9 @@ class Handler(BaseHTTPRequestHandler):
                 a, b = a + 1, min(b + 1, size - 1)
             else:
                 a = b = max(0, a - 1)
-        self.send_full(206, data[a:b + 1], f"bytes {a}-{b}/{size}", head,
-                       truncate=(mode == "truncate"))
+        self.send_full(206, data[a:b + 1], f"bytes {a}-{b}/{size}", head, mode)
 
-    def send_full(self, code, body, content_range, head, truncate=False):
+    def send_full(self, code, body, content_range, head, mode=None):
         self.send_response(code)
         self.send_header("Accept-Ranges", "bytes")
         if content_range:
@@ -207,18 +215,32 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if head:
             return
-        if truncate:
+        if mode == "truncate":
             self.wfile.write(body[:len(body) // 2])
             self.wfile.flush()
             self.close_connection = True
+            return
+        if mode == "stall-body":
+            self.wfile.write(body[:len(body) // 2])
+            self.wfile.flush()
+            time.sleep(self.server.stall_seconds)
+            self.wfile.write(body[len(body) // 2:])
+            return
+        if mode == "slow":
+            for i in range(10):
+                if i:
+                    time.sleep(self.server.slow_gap)
+                self.wfile.write(body[len(body) * i // 10:len(body) * (i + 1) // 10])
+                self.wfile.flush()
             return
         self.wfile.write(body)
 
 
 def start(root, fail_rate=0.0, modes=("500",), seed=1, fail_always=False, stall_seconds=5.0,
-          host="127.0.0.1", port=0):
+          host="127.0.0.1", port=0, slow_gap=0.2):
     """Starts a server for `root` on a daemon thread; returns (server, port)."""
-    srv = RangeServer((host, port), root, fail_rate, modes, seed, fail_always, stall_seconds)
+    srv = RangeServer((host, port), root, fail_rate, modes, seed, fail_always, stall_seconds,
+                      slow_gap=slow_gap)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, srv.server_address[1]
 
@@ -233,11 +255,12 @@ def main(argv=None):
     ap.add_argument("--fail-always", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stall-seconds", type=float, default=5.0)
+    ap.add_argument("--slow-gap", type=float, default=0.2)
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     srv = RangeServer((args.host, args.port), args.root, args.fail_rate,
                       args.fail_modes.split(","), args.seed, args.fail_always,
-                      args.stall_seconds, args.verbose)
+                      args.stall_seconds, args.verbose, args.slow_gap)
     print(f"PORT {srv.server_address[1]}", flush=True)
     try:
         srv.serve_forever()

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import threading
 import time
 import urllib.request
 
@@ -734,6 +735,61 @@ def test_http_failures(mount_factory, tmp_path, http_server):
     assert np.array_equal(ids, np.arange(mid * HTTP_GB, (mid + 1) * HTTP_GB))
 
 
+def test_http_stall_bounded(mount_factory, tmp_path, http_server):
+    """A source that accepts requests and never answers: a view open fails with
+    EIO once the deadline (--http-deadline 5) stops the attempts, each cut after
+    --http-timeout 1 s without a byte, not after 6 attempts of 30 s; status.json
+    names the shard and says it timed out. A config naming such an index fails
+    as promptly (EINVAL)."""
+    d = tmp_path / "ds"
+    n = write_fixed(d, HTTP_COUNTS)
+    port = http_server(d)
+    cfg = dataset_cfg(1, 1, 1, 2, f"http://127.0.0.1:{port}/index.json", HTTP_GB, shuffle=False)
+    cur = Cursor(HTTP_GB, 2)
+    m = mount_factory(extra_args=("--http-timeout", "1", "--http-deadline", "5"))
+    m.setup(SCHEMA, cfg)
+    for s in range(3):
+        step_ids(m, cfg, cur, s)
+    settle(port)
+    http_get(port, "/__set?fail_always=1&modes=stall&stall_seconds=120&reset=1")
+    far = 403  # shard 3: not fetched before (test_http_failures)
+    t0 = time.monotonic()
+    expect_errno(errno.EIO, m.read, f"ranks/0/data/{far}.npy")
+    took = time.monotonic() - t0
+    assert 1 <= took < 20, took
+    err = m.status()["error"]
+    assert err and "shard3.bin" in err and "timed out" in err, err
+    assert "nothing received for 1 s" in err and "deadline of 5 s reached" in err, err
+    assert stats(port)["requests"] >= 2  # retried within the deadline
+
+    # The index itself from a stalled server: the config write fails as promptly.
+    cfg2 = dataset_cfg(2, 1, 1, 2, f"http://127.0.0.1:{port}/index.json", HTTP_GB,
+                       shuffle=False, seed=5)
+    m2 = mount_factory(name="fresh", extra_args=("--http-timeout", "1",
+                                                  "--http-deadline", "3"))
+    m2.write("schema.json", json.dumps(SCHEMA))
+    t0 = time.monotonic()
+    expect_errno(errno.EINVAL, m2.write, "config.json", json.dumps(cfg2))
+    took = time.monotonic() - t0
+    assert took < 15, took
+    st = m2.status()
+    assert st["version"] is None and "index.json" in st["error"], st
+    assert "timed out (nothing received for 1 s)" in st["error"], st
+    assert "deadline of 3 s reached" in st["error"], st
+    http_get(port, "/__set?fail_always=0&stall_seconds=5")
+    # Once the source answers again, the same view opens fine.
+    ids = step_ids(m, cfg, cur, far)
+    assert np.array_equal(ids, np.arange(far * HTTP_GB, (far + 1) * HTTP_GB))
+
+
+def test_http_options_refused(tmp_path):
+    for opt, bad in [("--http-timeout", "0"), ("--http-timeout", "1.5"),
+                     ("--http-deadline", "-3"), ("--http-deadline", "x")]:
+        p = run_mlfs("mount", tmp_path, "--node", "n0", "--cluster", tmp_path / "c.json",
+                     opt, bad, check=False)
+        assert p.returncode == 2 and opt in p.stderr and f'"{bad}"' in p.stderr, p.stderr
+
+
 def settle(port, quiet=0.5, timeout=20):
     """Waits until the server has seen no request for @quiet seconds (prefetch done)."""
     deadline = time.monotonic() + timeout
@@ -833,6 +889,79 @@ def test_corrupt_index_refused(mount, tmp_path, case):
     assert mount.read("config.json") == before
     assert sorted(os.listdir(mount.p("ranks"))) == ["0", "1"]
     assert "data" not in os.listdir(mount.p("ranks/0"))
+
+
+def call_or_release(fn, fifo, timeout=10):
+    """Runs fn() on a thread; returns the errno of the OSError it raised (0 if
+    none). A FIFO open that waits for a writer (the daemon before the fix: the
+    caller hung uninterruptibly) is released after @timeout s by opening @fifo
+    for writing, and the test fails instead of hanging."""
+    out = {}
+
+    def run():
+        try:
+            fn()
+            out["errno"] = 0
+        except OSError as e:
+            out["errno"] = e.errno
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        for _ in range(50):  # open for writing until the blocked reader takes it
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+            t.join(0.1)
+            if not t.is_alive():
+                break
+        pytest.fail(f"still blocked after {timeout} s: the daemon waits on the FIFO {fifo}")
+    return out["errno"]
+
+
+@pytest.mark.parametrize("which", ["index", "offsets"])
+def test_fifo_index_refused(mount, tmp_path, which):
+    """A FIFO named as the index (or as an offsets table) is refused at once
+    with EINVAL, status.json naming it, never waited on."""
+    d = tmp_path / "ds"
+    if which == "index":
+        write_fixed(d, [10, 5], index=False)
+        fifo = d / "index.json"
+    else:
+        write_variable(d, [6, 4])
+        fifo = d / "v0.off"
+        os.unlink(fifo)
+    os.mkfifo(fifo)
+    mount.write("schema.json", json.dumps(SCHEMA))
+    cfg = dataset_cfg(1, 1, 1, 2, file_uri(d), 4)
+    t0 = time.monotonic()
+    assert call_or_release(lambda: mount.write("config.json", json.dumps(cfg)),
+                           fifo) == errno.EINVAL
+    assert time.monotonic() - t0 < 5
+    st = mount.status()
+    assert st["version"] is None, st
+    assert f"{fifo}: not a regular file" in st["error"], st
+
+
+def test_fifo_shard_refused(mount_factory, tmp_path):
+    """A shard that is a FIFO: the view open fails with EIO, status.json naming
+    the shard and why, never waited on; the other shards' views still open."""
+    d = tmp_path / "ds"
+    write_fixed(d, [10, 5])
+    os.unlink(d / "shard1.bin")
+    os.mkfifo(d / "shard1.bin")
+    m = mount_factory(extra_args=("--prefetch", "1"))
+    cfg = dataset_cfg(1, 1, 1, 1, file_uri(d), 5, shuffle=False, epochs=1)
+    m.setup(SCHEMA, cfg)
+    t0 = time.monotonic()
+    assert call_or_release(lambda: m.read("ranks/0/data/2.npy"), d / "shard1.bin") == errno.EIO
+    assert time.monotonic() - t0 < 5
+    err = m.status()["error"]
+    assert f"{d / 'shard1.bin'}: not a regular file" in err, err
+    cur = Cursor(5, 1, 15)
+    assert np.array_equal(step_ids(m, cfg, cur, 1), np.arange(5, 10))
 
 
 # ------------------------------------------- 7. reconfiguration refusals

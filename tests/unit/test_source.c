@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mlfs/mlfs_source.h"
@@ -71,6 +72,14 @@ static void file_uri(char *buf, int f)
 static void http_uri(char *buf, int port, const char *name)
 {
 	snprintf(buf, MAX_URI_LEN, "http://127.0.0.1:%d/%s", port, name);
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
 /* ------------------------------------------------------------- fixtures */
@@ -552,6 +561,23 @@ static void test_file_errors(void **state)
 	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
 	assert_non_null(strstr(why, "not a regular file"));
 
+	/* A FIFO with no writer: refused at once, not waited on (the open
+	 * blocked forever; SIGALRM ends the test if it ever does again). */
+	char fifo[64 + 8];
+	uint8_t *data;
+	size_t len;
+	snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	snprintf(uri, sizeof(uri), "file://%s", fifo);
+	alarm(10);
+	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
+	snprintf(want, sizeof(want), "%s: not a regular file", uri);
+	assert_string_equal(why, want);
+	assert_int_equal(mlfs_src_fetch(s, uri, 100, &data, &len, why, sizeof(why)), -EIO);
+	assert_string_equal(why, want);
+	alarm(0);
+	unlink(fifo);
+
 	/* One bad range fails the readv, good ones beside it or not. */
 	char good[MAX_URI_LEN];
 	uint8_t d1[10], d2[10];
@@ -1015,6 +1041,108 @@ static void test_http_timeout(void **state)
 	server_set(srv.port, "fail_rate=0");
 }
 
+/* A slow server that keeps sending is not cut by the timeout: a range sent
+ * in 10 parts 0.25 s apart (over 2 s) reads fine with a 1 s timeout (the
+ * timeout was for the whole request, which failed it). */
+static void test_http_slow(void **state)
+{
+	(void)state;
+	struct mlfs_src_opts o = {.block_bytes = 1 << 20, .retries = 0, .timeout_ms = 1000};
+	struct mlfs_src *s = mlfs_src_new(&o);
+	char uri[MAX_URI_LEN];
+
+	assert_non_null(s);
+	server_set(srv.port, "fail_rate=1&modes=slow&slow_gap=0.25&reset=1");
+	http_uri(uri, srv.port, names[F_A]);
+	int64_t t0 = now_ms();
+	check_read(s, uri, F_A, 0, fsize[F_A]);
+	assert_true(now_ms() - t0 >= 2000);
+	assert_int_equal(stats(s).retries, 0);
+	mlfs_src_free(s);
+	server_set(srv.port, "fail_rate=0&slow_gap=0.2");
+}
+
+/* A server that stops sending in the middle of a body: the attempt fails
+ * about the timeout after the last bytes, and is retried. */
+static void test_http_stall_body(void **state)
+{
+	(void)state;
+	struct mlfs_src_opts o = {
+	    .block_bytes = 1 << 20, .retries = 1, .backoff_ms = 1, .timeout_ms = 1000};
+	struct mlfs_src *s = mlfs_src_new(&o);
+	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 128], why[MAX_URI_LEN + 128];
+
+	assert_non_null(s);
+	server_set(srv.port, "fail_rate=1&modes=stall-body&stall_seconds=30&reset=1");
+	http_uri(uri, srv.port, names[F_A]);
+	int64_t t0 = now_ms();
+	assert_int_equal(read1(s, uri, 0, fsize[F_A], why, sizeof(why)), -EIO);
+	int64_t ms = now_ms() - t0;
+	snprintf(want, sizeof(want), "%s: timed out (nothing received for 1 s) after 2 attempts",
+		 uri);
+	assert_string_equal(why, want);
+	if (ms < 2000 || ms > 8000) {
+		print_error("2 stalled attempts with a 1 s timeout took %" PRId64 " ms\n", ms);
+		fail();
+	}
+	assert_int_equal(stats(s).cached_bytes, 0);
+	mlfs_src_free(s);
+	server_set(srv.port, "fail_rate=0&stall_seconds=5");
+}
+
+/* The deadline stops the retries: a server that never answers, 100 retries
+ * allowed, a 1 s timeout and a 3 s deadline: -EIO after about 3 s, for a
+ * readv and a fetch alike (with no deadline the 101 attempts took 100 s). */
+static void test_http_deadline(void **state)
+{
+	(void)state;
+	struct mlfs_src_opts o = {.block_bytes = 4096,
+				  .retries = 100,
+				  .backoff_ms = 1,
+				  .timeout_ms = 1000,
+				  .deadline_ms = 3000};
+	struct mlfs_src *s = mlfs_src_new(&o);
+	char uri[MAX_URI_LEN], why[MAX_URI_LEN + 128];
+	uint8_t *data;
+	size_t len;
+
+	assert_non_null(s);
+	server_set(srv.port, "fail_rate=1&modes=stall&stall_seconds=30&reset=1");
+	http_uri(uri, srv.port, names[F_A]);
+	for (int fetch = 0; fetch < 2; fetch++) {
+		int64_t t0 = now_ms();
+		int rc = fetch ? mlfs_src_fetch(s, uri, 1 << 20, &data, &len, why, sizeof(why))
+			       : read1(s, uri, 0, 10, why, sizeof(why));
+		int64_t ms = now_ms() - t0;
+		assert_int_equal(rc, -EIO);
+		if (ms < 2900 || ms > 5000 || !strstr(why, uri) || !strstr(why, "timed out") ||
+		    !strstr(why, "attempts, deadline of 3 s reached")) {
+			print_error("%s after %" PRId64 " ms: \"%s\"\n", fetch ? "fetch" : "readv",
+				    ms, why);
+			fail();
+		}
+	}
+	struct mlfs_src_stats st = stats(s);
+	assert_true(st.requests >= 4 && st.requests <= 8);
+	assert_int_equal(st.failures, 2);
+	mlfs_src_free(s);
+
+	/* A deadline shorter than the timeout cuts the attempt itself. */
+	o.timeout_ms = 10000;
+	o.deadline_ms = 1500;
+	assert_non_null(s = mlfs_src_new(&o));
+	int64_t t0 = now_ms();
+	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	int64_t ms = now_ms() - t0;
+	char want[MAX_URI_LEN + 128];
+	snprintf(want, sizeof(want), "%s: timed out after 1 attempt, deadline of 1.5 s reached",
+		 uri);
+	assert_string_equal(why, want);
+	assert_true(ms >= 1400 && ms < 3000);
+	mlfs_src_free(s);
+	server_set(srv.port, "fail_rate=0&stall_seconds=5");
+}
+
 int main(void)
 {
 	const struct CMUnitTest file_tests[] = {
@@ -1025,10 +1153,11 @@ int main(void)
 	    cmocka_unit_test(test_file_threads),
 	};
 	const struct CMUnitTest http_tests[] = {
-	    cmocka_unit_test(test_http_exact),	 cmocka_unit_test(test_http_flaky),
-	    cmocka_unit_test(test_http_modes),	 cmocka_unit_test(test_http_404),
-	    cmocka_unit_test(test_http_fetch),	 cmocka_unit_test(test_http_fail_always),
-	    cmocka_unit_test(test_http_timeout),
+	    cmocka_unit_test(test_http_exact),	    cmocka_unit_test(test_http_flaky),
+	    cmocka_unit_test(test_http_modes),	    cmocka_unit_test(test_http_404),
+	    cmocka_unit_test(test_http_fetch),	    cmocka_unit_test(test_http_fail_always),
+	    cmocka_unit_test(test_http_timeout),    cmocka_unit_test(test_http_slow),
+	    cmocka_unit_test(test_http_stall_body), cmocka_unit_test(test_http_deadline),
 	};
 	int failed;
 
