@@ -26,6 +26,23 @@
 #include <jansson.h>
 
 #define PTC_MAX_DIMS 8
+
+/*
+ * Limits on what a schema and a config describe (README "Limits"). The
+ * daemon's metadata (names, trees, the partition table) grows with them and
+ * is not counted against --max-memory, so each is bounded here and refused
+ * at parse with a message naming the field and the limit. Paths stay within
+ * the kernel's NAME_MAX and, with a mount point of up to 1000 bytes, its
+ * PATH_MAX.
+ */
+#define PTC_MAX_LAYERS	   65536     /* "num_layers" */
+#define PTC_MAX_TENSORS	   131072    /* tensors after {L} expansion */
+#define PTC_MAX_STATES	   64	     /* states of a schema */
+#define PTC_MAX_FILES	   (1 << 20) /* states x tensors: the files of full/ */
+#define PTC_MAX_NAME	   255	     /* bytes of a path component, ".npy" included */
+#define PTC_MAX_PATH	   3072	     /* bytes of "<state>/<tensor>.npy" */
+#define PTC_MAX_PARTITIONS (1 << 24) /* ranks x states x tensors of a layout */
+
 /* Largest dataset record (fixed or variable), in bytes. */
 #define PTC_MAX_RECORD_BYTES ((int64_t)1 << 30)
 #define PTC_ERROR_MAX	     512
@@ -106,7 +123,8 @@ struct ptc_schema {
 /*
  * Parses and validates a schema. @name is the file name used in messages.
  * On success returns 0 and *out owns a new schema (ptc_schema_free).
- * On error returns -EINVAL (-ENOMEM) and fills @err.
+ * On error returns -EINVAL (-ENOMEM) and fills @err; a schema past one of
+ * the PTC_MAX_* limits is refused before the tensors are expanded.
  */
 int ptc_schema_parse(const json_t *root, const char *name, struct ptc_schema **out,
 		     struct ptc_error *err);
@@ -275,9 +293,9 @@ struct ptc_layout {
  * Places @config on @cluster for @schema. Fails with -EINVAL and @err when
  * the layout does not fit (unknown node, too few devices, more stages than
  * layers, a TP degree larger than a chunk it must split, padding past 2^40
- * elements). Repeated nodes are refused by ptc_config_parse.
- * @name is the config's file name for messages. Release with
- * ptc_layout_release.
+ * elements, more than PTC_MAX_PARTITIONS ranks x states x tensors).
+ * Repeated nodes are refused by ptc_config_parse. @name is the config's
+ * file name for messages. Release with ptc_layout_release.
  */
 int ptc_layout_init(struct ptc_layout *l, const struct ptc_schema *schema,
 		    const struct ptc_config *config, const struct ptc_cluster *cluster,

@@ -88,6 +88,14 @@ int ptc_layout_init(struct ptc_layout *l, const struct ptc_schema *schema,
 				  "%s: tp * pp * dp = %d ranks exceed the %" PRId64
 				  " devices of its %d nodes",
 				  file, l->world, devices, config->nnodes);
+	/* xf_parts holds a slot per (rank, state, tensor) of the whole world. */
+	int64_t slots = (int64_t)l->world * schema->nstates * schema->ntensors;
+	if (slots > PTC_MAX_PARTITIONS)
+		return ptc_errorf(err,
+				  "%s: tp * pp * dp = %d ranks x %d states x %d tensors = %" PRId64
+				  " partitions, more than the limit %d",
+				  file, l->world, schema->nstates, schema->ntensors, slots,
+				  PTC_MAX_PARTITIONS);
 	if (schema->num_layers > 0 && config->pp > schema->num_layers)
 		return ptc_errorf(err, "%s: \"pp\" = %d exceeds the %d layers of the schema", file,
 				  config->pp, schema->num_layers);

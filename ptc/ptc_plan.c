@@ -68,8 +68,8 @@ struct ctx {
 	int64_t lower_bound;
 
 	/* per tie group */
-	int *group, ngroup;    /* a tensor and the tensors tied to it */
-	int64_t row_bytes[64]; /* per state */
+	int *group, ngroup;		   /* a tensor and the tensors tied to it */
+	int64_t row_bytes[PTC_MAX_STATES]; /* per state */
 	struct ptc_slice *old_sl, *new_sl;
 	struct holder *hold;
 	size_t nhold, caphold;
@@ -574,8 +574,8 @@ static int check_inputs(const struct ptc_layout *from, const struct ptc_layout *
 {
 	if (from->schema != to->schema || from->cluster != to->cluster)
 		return ptc_errorf(err, "plan: both layouts must share one schema and cluster");
-	if (from->schema->nstates > 64)
-		return ptc_errorf(err, "plan: more than 64 states");
+	if (from->schema->nstates > PTC_MAX_STATES)
+		return ptc_errorf(err, "plan: more than %d states", PTC_MAX_STATES);
 	for (int n = 0; n < to->cluster->nnodes; n++)
 		if (down[n] && to->node_nranks[n] > 0)
 			return ptc_errorf(err, "%s: node \"%s\" is down but hosts ranks", to->name,

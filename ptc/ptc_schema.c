@@ -8,6 +8,9 @@
  * its template index (`source`) so messages can point back into the file.
  * Validation is complete here: a schema that parses is one every layout can
  * slice (TP-degree limits are checked by ptc_layout_init, which knows tp).
+ * The PTC_MAX_* limits are checked before anything is expanded: the number
+ * of tensors and files from the template counts, name lengths on each
+ * template's longest expansion (its last layer has the most digits).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -62,6 +65,66 @@ enum ptc_dtype ptc_schema_dtype(const struct ptc_schema *s, int st, int t)
 	return s->states[st].has_dtype ? s->states[st].dtype : s->tensors[t].dtype;
 }
 
+/* @s for a message: whole when short, else its first and last 20 bytes
+ * (the end of an expanded name holds the layer). @buf holds ABBREV bytes. */
+#define ABBREV 48
+static const char *abbrev(const char *s, char *buf)
+{
+	size_t n = strlen(s);
+
+	if (n <= 43)
+		snprintf(buf, ABBREV, "%s", s);
+	else
+		snprintf(buf, ABBREV, "%.20s...%s", s, s + n - 20);
+	return buf;
+}
+
+/* Bytes of the longest component of @path, @ext added to the last one. */
+static size_t longest_component(const char *path, const char *ext)
+{
+	size_t max = 0;
+
+	for (const char *p = path;; p++) {
+		size_t n = strcspn(p, "/");
+		size_t len = n + (p[n] ? 0 : strlen(ext));
+		if (len > max)
+			max = len;
+		p += n;
+		if (!*p)
+			return max;
+	}
+}
+
+/* Checks the file of tensor @name (expanded, from tensors[@source]) against
+ * PTC_MAX_NAME and, under the longest state of @s, PTC_MAX_PATH. */
+static int check_name_length(const struct ptc_schema *s, const char *name, size_t source,
+			     const char *file, struct ptc_error *err)
+{
+	size_t comp = longest_component(name, ".npy"), state = 0, path;
+	char a[ABBREV], b[ABBREV];
+	int longest = 0;
+
+	if (comp > PTC_MAX_NAME)
+		return ptc_errorf(err,
+				  "%s: tensors[%zu].name \"%s\" has a component of %zu bytes "
+				  "(\".npy\" included), more than the limit %d",
+				  file, source, abbrev(name, a), comp, PTC_MAX_NAME);
+	for (int i = 0; i < s->nstates; i++) {
+		if (strlen(s->states[i].name) > state) {
+			state = strlen(s->states[i].name);
+			longest = i;
+		}
+	}
+	path = state + 1 + strlen(name) + strlen(".npy");
+	if (path > PTC_MAX_PATH)
+		return ptc_errorf(err,
+				  "%s: tensors[%zu].name \"%s\" in state \"%s\" makes a path "
+				  "\"<state>/<tensor>.npy\" of %zu bytes, more than the limit %d",
+				  file, source, abbrev(name, a), abbrev(s->states[longest].name, b),
+				  path, PTC_MAX_PATH);
+	return 0;
+}
+
 static void shape_str(const struct ptc_tensor *t, char *buf, size_t n)
 {
 	size_t off = (size_t)snprintf(buf, n, "[");
@@ -76,6 +139,7 @@ static int parse_states(struct ptc_schema *s, const json_t *states, const char *
 			struct ptc_error *err)
 {
 	const char *key;
+	size_t key_len;
 	json_t *v;
 
 	if (!states) {
@@ -87,17 +151,26 @@ static int parse_states(struct ptc_schema *s, const json_t *states, const char *
 	}
 	if (!json_is_object(states) || json_object_size(states) == 0)
 		return ptc_errorf(err, "%s: \"states\" must be a non-empty object", file);
+	if (json_object_size(states) > PTC_MAX_STATES)
+		return ptc_errorf(err, "%s: \"states\" has %zu states, more than the limit %d",
+				  file, json_object_size(states), PTC_MAX_STATES);
 	s->states = calloc(json_object_size(states), sizeof(*s->states));
 	if (!s->states)
 		return -ENOMEM;
-	json_object_foreach((json_t *)states, key, v)
+	json_object_keylen_foreach((json_t *)states, key, key_len, v)
 	{
 		struct ptc_state *st = &s->states[s->nstates];
-		char where[300];
+		char where[300], shown[ABBREV];
+		size_t comp;
 
 		snprintf(where, sizeof(where), "states.\"%s\"", key);
-		if (!ptc_path_valid(key, false))
+		if (!ptc_path_valid(key, false) || key_len != strlen(key))
 			return ptc_errorf(err, "%s: %s is not a valid path name", file, where);
+		if ((comp = longest_component(key, "")) > PTC_MAX_NAME)
+			return ptc_errorf(err,
+					  "%s: states.\"%s\" has a component of %zu bytes, more "
+					  "than the limit %d",
+					  file, abbrev(key, shown), comp, PTC_MAX_NAME);
 		if (strcmp(key, "data") == 0 || strncmp(key, "data/", 5) == 0)
 			return ptc_errorf(err, "%s: %s is reserved for dataset views", file, where);
 		if (!json_is_object(v))
@@ -224,7 +297,9 @@ static int parse_tensor(struct ptc_tensor *t, const json_t *js, int i, const cha
 	v = json_object_get(js, "name");
 	if (!json_is_string(v))
 		return ptc_errorf(err, "%s: %s.name must be a string", file, where);
-	if (!ptc_path_valid(json_string_value(v), true))
+	/* A NUL inside the string would cut the name short. */
+	if (!ptc_path_valid(json_string_value(v), true) ||
+	    json_string_length(v) != strlen(json_string_value(v)))
 		return ptc_errorf(err, "%s: %s.name \"%s\" is not a valid tensor path", file, where,
 				  json_string_value(v));
 	if (!(t->name = strdup(json_string_value(v))))
@@ -334,6 +409,33 @@ static int link_tensors(struct ptc_schema *s, const json_t *arr, const char *fil
 			return -EINVAL;
 		}
 	}
+	/* "a" is the file "a.npy": no tensor may use "a.npy" as a directory. */
+	for (int i = 0; i < s->ntensors; i++) {
+		const char *name = s->tensors[i].name;
+		char prefix[PTC_MAX_PATH + 1];
+
+		for (const char *p = strchr(name, '/'); p; p = strchr(p + 1, '/')) {
+			size_t n = (size_t)(p - name);
+			if (n <= 4 || memcmp(p - 4, ".npy", 4) != 0 || n - 4 >= sizeof(prefix))
+				continue;
+			memcpy(prefix, name, n - 4);
+			prefix[n - 4] = '\0';
+			struct ptc_tensor key = {.name = prefix}, *kp = &key;
+			struct ptc_tensor **hit =
+			    bsearch(&kp, sorted, (size_t)s->ntensors, sizeof(*sorted), cmp_name);
+			if (hit) {
+				char a[ABBREV], b[ABBREV];
+				ptc_errorf(
+				    err,
+				    "%s: tensors[%d].name \"%s\" and tensors[%d].name \"%s\" "
+				    "overlap as paths (\"%s.npy\" is a file)",
+				    file, s->tensors[i].source, abbrev(name, a), (*hit)->source,
+				    abbrev((*hit)->name, b), b);
+				free(sorted);
+				return -EINVAL;
+			}
+		}
+	}
 
 	for (int i = 0; i < s->ntensors; i++) {
 		struct ptc_tensor *t = &s->tensors[i];
@@ -404,7 +506,8 @@ int ptc_schema_parse(const json_t *root, const char *file, struct ptc_schema **o
 	rc = -ENOMEM;
 	if (!(s->model = strdup(v ? json_string_value(v) : "")))
 		goto err_free;
-	if ((rc = ptc_json_int(root, "num_layers", false, 0, 1 << 16, &layers, file, "", err)) < 0)
+	if ((rc = ptc_json_int(root, "num_layers", false, 0, PTC_MAX_LAYERS, &layers, file, "",
+			       err)) < 0)
 		goto err_free;
 	s->num_layers = (int)layers;
 	if ((rc = parse_states(s, json_object_get(root, "states"), file, err)))
@@ -415,14 +518,30 @@ int ptc_schema_parse(const json_t *root, const char *file, struct ptc_schema **o
 		rc = ptc_errorf(err, "%s: \"tensors\" must be a non-empty array", file);
 		goto err_free;
 	}
-	size_t cap = 0;
+	size_t cap = 0, templates = 0;
 	for (size_t i = 0; i < json_array_size(arr); i++) {
 		json_t *n = json_object_get(json_array_get(arr, i), "name");
 		bool templ = json_is_string(n) && strstr(json_string_value(n), "{L}");
+		templates += templ;
 		cap += templ ? (size_t)layers : 1;
 	}
-	if (cap > (1u << 20)) {
-		rc = ptc_errorf(err, "%s: more than 2^20 tensors after expanding {L}", file);
+	if (cap > PTC_MAX_TENSORS) {
+		if (templates && layers)
+			rc = ptc_errorf(err,
+					"%s: \"num_layers\" = %" PRId64 " with %zu {L} tensors "
+					"expands to %zu tensors, more than the limit %d",
+					file, layers, templates, cap, PTC_MAX_TENSORS);
+		else
+			rc = ptc_errorf(err,
+					"%s: \"tensors\" lists %zu tensors, more than the "
+					"limit %d",
+					file, cap, PTC_MAX_TENSORS);
+		goto err_free;
+	}
+	if (cap * (size_t)s->nstates > PTC_MAX_FILES) {
+		rc = ptc_errorf(err,
+				"%s: %d states x %zu tensors = %zu files, more than the limit %d",
+				file, s->nstates, cap, cap * (size_t)s->nstates, PTC_MAX_FILES);
 		goto err_free;
 	}
 	rc = -ENOMEM;
@@ -438,11 +557,21 @@ int ptc_schema_parse(const json_t *root, const char *file, struct ptc_schema **o
 		}
 		if (tmpl.place != PTC_PLACE_LAYER) {
 			s->tensors[s->ntensors++] = tmpl;
+			if ((rc = check_name_length(s, tmpl.name, i, file, err)))
+				goto err_free;
 			continue;
 		}
 		if (layers == 0) {
 			rc = ptc_errorf(
 			    err, "%s: tensors[%zu].name uses {L} but \"num_layers\" is 0", file, i);
+			free(tmpl.name);
+			free(tmpl.chunks);
+			goto err_free;
+		}
+		char *last = expand(tmpl.name, (int)layers - 1);
+		rc = last ? check_name_length(s, last, i, file, err) : -ENOMEM;
+		free(last);
+		if (rc) {
 			free(tmpl.name);
 			free(tmpl.chunks);
 			goto err_free;

@@ -686,6 +686,34 @@ static void test_layout_limits_ok(void **state)
 	fixture_release(&f);
 }
 
+static void test_too_many_partitions(void **state)
+{
+	static const char schema_text[] =
+	    "{'num_layers': 65536, 'states': {'model': {}, 'm': {}, 'v': {}},"
+	    " 'tensors': [{'name': 'l{L}', 'dtype': 'bool', 'shape': [1]}]}";
+	static const char big[] = "{'nodes': [{'id': 'n0', 'devices': 4096}]}";
+	struct fixture f;
+
+	(void)state;
+	/* The partition table has a slot per rank, state and tensor: 128 ranks
+	 * x 3 states x 65536 tensors is 1.5 x 2^24. */
+	fixture_init(&f, schema_text,
+		     "{'version': 1, 'tp': 128, 'pp': 1, 'dp': 1, 'nodes': ['n0']}", big);
+	assert_int_equal(f.rc, -EINVAL);
+	assert_string_equal(f.err.text, "config.json: tp * pp * dp = 128 ranks x 3 states x 65536 "
+					"tensors = 25165824 partitions, more than the limit "
+					"16777216");
+	assert_null(f.l.ranks);
+	fixture_release(&f);
+
+	/* 85 ranks: 16711680 slots fit. */
+	layout_ok(&f, schema_text, "{'version': 1, 'tp': 5, 'pp': 1, 'dp': 17, 'nodes': ['n0']}",
+		  big);
+	assert_int_equal(f.l.world, 85);
+	assert_int_equal((int64_t)f.l.world * f.s->nstates * f.s->ntensors, 16711680);
+	fixture_release(&f);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -695,7 +723,7 @@ int main(void)
 	    cmocka_unit_test(test_slice_chunks),	 cmocka_unit_test(test_slice_padding),
 	    cmocka_unit_test(test_slice_replicated),	 cmocka_unit_test(test_partition_shapes),
 	    cmocka_unit_test(test_slice_cover),		 cmocka_unit_test(test_layout_errors),
-	    cmocka_unit_test(test_layout_limits_ok),
+	    cmocka_unit_test(test_layout_limits_ok),	 cmocka_unit_test(test_too_many_partitions),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -97,16 +97,97 @@ static void test_tensors_invalid(void **state)
 	      "tensors[1] must be an object");
 }
 
+/* Text of a schema of @layers layers and @templates {L} tensors "t<i>/{L}",
+ * @plain tensors "p<i>" after them and @states states "s<i>" (none: the
+ * default). Caller frees. */
+static char *generated(int layers, int templates, int plain, int states)
+{
+	size_t cap = 64 + (size_t)(templates + plain) * 64 + (size_t)states * 16, off;
+	char *text = malloc(cap);
+
+	assert_non_null(text);
+	off = (size_t)snprintf(text, cap, "{'num_layers': %d, ", layers);
+	for (int i = 0; i < states; i++)
+		off += (size_t)snprintf(text + off, cap - off, "%s's%d': {}%s",
+					i ? "" : "'states': {", i, i + 1 < states ? ", " : "}, ");
+	off += (size_t)snprintf(text + off, cap - off, "'tensors': [");
+	for (int i = 0; i < templates + plain; i++)
+		off += (size_t)snprintf(
+		    text + off, cap - off, "%s{'name': '%s%d%s', 'dtype': 'bool', 'shape': [1]}",
+		    i ? ", " : "", i < templates ? "t" : "p", i, i < templates ? "/{L}" : "");
+	snprintf(text + off, cap - off, "]}");
+	return text;
+}
+
 static void test_too_many_tensors(void **state)
 {
+	char *text;
+
 	(void)state;
-	/* 17 templates x 2^16 layers > 2^20 tensors: refused before allocating. */
-	char text[4096] = "{'num_layers': 65536, 'tensors': [";
-	for (int i = 0; i < 17; i++)
-		snprintf(text + strlen(text), sizeof(text) - strlen(text),
-			 "%s{'name': 't%d/{L}', 'dtype': 'bool', 'shape': [1]}", i ? ", " : "", i);
-	strcat(text, "]}");
-	FAILS_EXACT(text, "schema.json: more than 2^20 tensors after expanding {L}");
+	/* Issue 10's hostile schema: 16 {L} tensors x 2^16 layers, 3 states. It
+	 * was accepted and cost minutes of CPU and 453 MiB in the daemon. */
+	text = generated(65536, 16, 0, 3);
+	FAILS_EXACT(text, "schema.json: \"num_layers\" = 65536 with 16 {L} tensors expands to "
+			  "1048576 tensors, more than the limit 131072");
+	free(text);
+	/* Plain tensors count too. */
+	text = generated(8192, 16, 1, 0);
+	FAILS_EXACT(text, "schema.json: \"num_layers\" = 8192 with 16 {L} tensors expands to "
+			  "131073 tensors, more than the limit 131072");
+	free(text);
+	/* The limit itself is accepted, expanded in template order. */
+	text = generated(8192, 16, 0, 0);
+	struct ptc_schema *s = schema_ok(text);
+	assert_int_equal(s->ntensors, PTC_MAX_TENSORS);
+	assert_string_equal(s->tensors[PTC_MAX_TENSORS - 1].name, "t15/8191");
+	assert_int_equal(s->tensors[PTC_MAX_TENSORS - 1].layer, 8191);
+	ptc_schema_free(s);
+	free(text);
+
+	/* Without templates: the array's length, before its entries are read. */
+	size_t n = PTC_MAX_TENSORS + 1;
+	text = malloc(n * 3 + 32);
+	assert_non_null(text);
+	char *o = stpcpy(text, "{'tensors': [1");
+	for (size_t i = 1; i < n; i++)
+		o = stpcpy(o, ", 1");
+	strcpy(o, "]}");
+	FAILS_EXACT(text, "schema.json: \"tensors\" lists 131073 tensors, more than the limit "
+			  "131072");
+	free(text);
+}
+
+static void test_too_many_states(void **state)
+{
+	char *text;
+
+	(void)state;
+	text = generated(0, 0, 1, PTC_MAX_STATES + 1);
+	FAILS_EXACT(text, "schema.json: \"states\" has 65 states, more than the limit 64");
+	free(text);
+	text = generated(0, 0, 1, PTC_MAX_STATES);
+	struct ptc_schema *s = schema_ok(text);
+	assert_int_equal(s->nstates, 64);
+	assert_string_equal(s->states[63].name, "s63");
+	ptc_schema_free(s);
+	free(text);
+}
+
+static void test_too_many_files(void **state)
+{
+	char *text;
+
+	(void)state;
+	/* Every state holds every tensor: 64 x 16385 files in full/. */
+	text = generated(16385, 1, 0, 64);
+	FAILS_EXACT(text, "schema.json: 64 states x 16385 tensors = 1048640 files, more than the "
+			  "limit 1048576");
+	free(text);
+	text = generated(16384, 1, 0, 64);
+	struct ptc_schema *s = schema_ok(text);
+	assert_int_equal(s->nstates * s->ntensors, PTC_MAX_FILES);
+	ptc_schema_free(s);
+	free(text);
 }
 
 /* ---------------------------------------------------------------- states */
@@ -211,6 +292,197 @@ static void test_name_invalid_path(void **state)
 	FAILS(ONE("{'name': 'a b', 'dtype': 'bool', 'shape': [1]}"), "\"a b\"", "not a valid");
 	FAILS(ONE("{'name': 'layers/{X}/w', 'dtype': 'bool', 'shape': [1]}"), "{X}", "not a valid");
 	FAILS(ONE("{'name': 'layers/{L/w', 'dtype': 'bool', 'shape': [1]}"), "{L/w", "not a valid");
+}
+
+/* @n bytes of @c, with a '/' every @every bytes when @every > 0 (never
+ * first or last). Caller frees. */
+static char *filled(char c, size_t n, size_t every)
+{
+	char *s = malloc(n + 1);
+
+	assert_non_null(s);
+	memset(s, c, n);
+	for (size_t i = every; every && i + 1 < n; i += every + 1)
+		s[i] = '/';
+	s[n] = '\0';
+	return s;
+}
+
+/* @s (freed) followed by @tail. Caller frees. */
+static char *suffixed(char *s, const char *tail)
+{
+	char *out;
+
+	assert_true(asprintf(&out, "%s%s", s, tail) > 0);
+	free(s);
+	return out;
+}
+
+/* A schema of @layers layers, states @states (NULL: the default) and one
+ * tensor named @name. Caller frees. */
+static char *named(int layers, const char *states, const char *name)
+{
+	char *text;
+
+	assert_true(asprintf(&text,
+			     "{'num_layers': %d, %s%s%s'tensors': [{'name': '%s', 'dtype': "
+			     "'bool', 'shape': [1]}]}",
+			     layers, states ? "'states': {" : "", states ? states : "",
+			     states ? "}, " : "", name) > 0);
+	return text;
+}
+
+/* Parses named(@layers, @states, @name): 0 (freed) or the failure's -EINVAL
+ * with @err filled. */
+static int parse_named(int layers, const char *states, const char *name, struct ptc_error *err)
+{
+	char *text = named(layers, states, name);
+	struct ptc_schema *s = NULL;
+	int rc = parse_schema(text, &s, err);
+
+	ptc_schema_free(s);
+	free(text);
+	return rc;
+}
+
+static void test_name_too_long(void **state)
+{
+	struct ptc_error err = {.text = ""};
+	char *name, *text;
+
+	(void)state;
+	/* The file name is the last component and ".npy": 251 + 4 fits NAME_MAX. */
+	name = filled('a', 251, 0);
+	assert_int_equal(parse_named(0, NULL, name, &err), 0);
+	free(name);
+	name = filled('a', 252, 0);
+	text = named(0, NULL, name);
+	FAILS_EXACT(text,
+		    "schema.json: tensors[0].name \"aaaaaaaaaaaaaaaaaaaa...aaaaaaaaaaaaaaaaaaaa\" "
+		    "has a component of 256 bytes (\".npy\" included), more than the limit "
+		    "255");
+	free(text);
+	free(name);
+
+	/* A directory component: 255 fits, 256 does not. */
+	name = suffixed(filled('b', 255, 0), "/w");
+	assert_int_equal(parse_named(0, NULL, name, &err), 0);
+	free(name);
+	name = suffixed(filled('b', 256, 0), "/w");
+	text = named(0, NULL, name);
+	FAILS(text, "tensors[0].name", "has a component of 256 bytes", "more than the limit 255");
+	free(text);
+	free(name);
+
+	/* A template is checked on its longest expansion, the last layer's:
+	 * 249 + "99" + ".npy" fits, 249 + "100" + ".npy" does not. */
+	name = suffixed(filled('c', 249, 0), "{L}");
+	assert_int_equal(parse_named(100, NULL, name, &err), 0);
+	text = named(101, NULL, name);
+	FAILS_EXACT(text, "schema.json: tensors[0].name \"cccccccccccccccccccc...cccccccccccccccc"
+			  "c100\" has a component of 256 bytes (\".npy\" included), more than "
+			  "the limit 255");
+	free(text);
+	free(name);
+}
+
+static void test_path_too_long(void **state)
+{
+	struct ptc_error err = {.text = ""};
+	char *name, *text;
+
+	(void)state;
+	/* "optim/exp_avg" + "/" + 3054 + ".npy" = 3072 bytes: the limit. */
+	name = filled('d', 3054, 200);
+	assert_int_equal(parse_named(0, "'model': {}, 'optim/exp_avg': {}", name, &err), 0);
+	/* The default state "model" is shorter. */
+	free(name);
+	name = filled('d', 3062, 200);
+	assert_int_equal(parse_named(0, NULL, name, &err), 0);
+	free(name);
+	name = filled('d', 3055, 200);
+	text = named(0, "'model': {}, 'optim/exp_avg': {}", name);
+	FAILS_EXACT(text, "schema.json: tensors[0].name \"dddddddddddddddddddd...dddddddddddddddd"
+			  "dddd\" in state \"optim/exp_avg\" makes a path "
+			  "\"<state>/<tensor>.npy\" of 3073 bytes, more than the limit 3072");
+	free(text);
+	free(name);
+}
+
+static void test_state_too_long(void **state)
+{
+	struct ptc_error err = {.text = ""};
+	char *key, *states, *text;
+
+	(void)state;
+	key = filled('e', 255, 0);
+	assert_true(asprintf(&states, "'%s': {}", key) > 0);
+	assert_int_equal(parse_named(0, states, "w", &err), 0);
+	free(states);
+	free(key);
+	key = filled('e', 256, 0);
+	assert_true(asprintf(&states, "'optim/%s': {}", key) > 0);
+	text = named(0, states, "w");
+	FAILS_EXACT(text, "schema.json: states.\"optim/eeeeeeeeeeeeee...eeeeeeeeeeeeeeeeeeee\" "
+			  "has a component of 256 bytes, more than the limit 255");
+	free(text);
+	free(states);
+	free(key);
+}
+
+static void test_name_nul(void **state)
+{
+	struct ptc_schema *s = (struct ptc_schema *)1;
+	struct ptc_error err = {.text = ""};
+	json_t *root;
+
+	(void)state;
+	/* JSON text cannot carry a NUL: jansson refuses "\u0000". */
+	FAILS(ONE("{'name': 'a\\u0000b', 'dtype': 'bool', 'shape': [1]}"), "invalid JSON");
+	/* A json_t built in memory can: the name would be cut to "a". */
+	root = json_pack("{s:[{s:s%,s:s,s:[i]}]}", "tensors", "name", "a\0b", (size_t)3, "dtype",
+			 "bool", "shape", 1);
+	assert_non_null(root);
+	assert_int_equal(ptc_schema_parse(root, "schema.json", &s, &err), -EINVAL);
+	assert_null(s);
+	assert_string_equal(err.text,
+			    "schema.json: tensors[0].name \"a\" is not a valid tensor path");
+	json_decref(root);
+	/* So can a state's key. */
+	root = json_pack("{s:{},s:[{s:s,s:s,s:[i]}]}", "states", "tensors", "name", "w", "dtype",
+			 "bool", "shape", 1);
+	assert_non_null(root);
+	assert_int_equal(
+	    json_object_setn_new(json_object_get(root, "states"), "m\0x", 3, json_object()), 0);
+	assert_int_equal(ptc_schema_parse(root, "schema.json", &s, &err), -EINVAL);
+	assert_string_equal(err.text, "schema.json: states.\"m\" is not a valid path name");
+	json_decref(root);
+}
+
+static void test_file_dir_overlap(void **state)
+{
+	struct ptc_schema *s;
+
+	(void)state;
+	/* "a" is the file "a.npy", which "a.npy/b" would need as a directory. */
+	FAILS_EXACT("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]},"
+		    " {'name': 'x/a.npy/b', 'dtype': 'bool', 'shape': [1]},"
+		    " {'name': 'a.npy/b', 'dtype': 'bool', 'shape': [1]}]}",
+		    "schema.json: tensors[2].name \"a.npy/b\" and tensors[0].name \"a\" overlap "
+		    "as paths (\"a.npy\" is a file)");
+	/* Expanded names too. */
+	FAILS_EXACT("{'num_layers': 3, 'tensors': [{'name': 'l2.npy/w', 'dtype': 'bool', "
+		    "'shape': [1]}, {'name': 'l{L}', 'dtype': 'bool', 'shape': [1]}]}",
+		    "schema.json: tensors[0].name \"l2.npy/w\" and tensors[1].name \"l2\" overlap "
+		    "as paths (\"l2.npy\" is a file)");
+	/* Names that only look alike are fine. */
+	s = schema_ok("{'tensors': [{'name': 'a', 'dtype': 'bool', 'shape': [1]},"
+		      " {'name': 'a/b', 'dtype': 'bool', 'shape': [1]},"
+		      " {'name': 'a.npy.x/b', 'dtype': 'bool', 'shape': [1]},"
+		      " {'name': 'a.npy', 'dtype': 'bool', 'shape': [1]},"
+		      " {'name': 'b/a.npy/c', 'dtype': 'bool', 'shape': [1]}]}");
+	assert_int_equal(s->ntensors, 5);
+	ptc_schema_free(s);
 }
 
 static void test_dtype_invalid(void **state)
@@ -760,6 +1032,8 @@ int main(void)
 	    cmocka_unit_test(test_num_layers_invalid),
 	    cmocka_unit_test(test_tensors_invalid),
 	    cmocka_unit_test(test_too_many_tensors),
+	    cmocka_unit_test(test_too_many_states),
+	    cmocka_unit_test(test_too_many_files),
 	    cmocka_unit_test(test_states_not_object),
 	    cmocka_unit_test(test_state_invalid_name),
 	    cmocka_unit_test(test_state_reserved_data),
@@ -770,6 +1044,11 @@ int main(void)
 	    cmocka_unit_test(test_tensor_unknown_field),
 	    cmocka_unit_test(test_name_missing),
 	    cmocka_unit_test(test_name_invalid_path),
+	    cmocka_unit_test(test_name_too_long),
+	    cmocka_unit_test(test_path_too_long),
+	    cmocka_unit_test(test_state_too_long),
+	    cmocka_unit_test(test_name_nul),
+	    cmocka_unit_test(test_file_dir_overlap),
 	    cmocka_unit_test(test_dtype_invalid),
 	    cmocka_unit_test(test_shape_invalid),
 	    cmocka_unit_test(test_shape_overflow),
