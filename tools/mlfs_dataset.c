@@ -120,12 +120,21 @@ static int index_dir(const char *dir, enum ptc_dtype dt, int ndim, const int64_t
 	idx = json_pack("{sssssoso}", "records", "fixed", "dtype", ptc_dtype_name(dt), "shape",
 			jshape, "shards", shards);
 	shards = NULL;
+	/* A new file beside @outpath, never one planted at a predictable name. */
 	char tmp[PATH_MAX + 64];
-	snprintf(tmp, sizeof(tmp), "%s.tmp%d", outpath, (int)getpid());
-	if (json_dump_file(idx, tmp, JSON_INDENT(1)) || rename(tmp, outpath)) {
+	int fd = tools_create_tmp(outpath, tmp, sizeof(tmp)), err = fd < 0 ? errno : 0;
+	errno = 0;
+	if (!err && json_dumpfd(idx, fd, JSON_INDENT(1)))
+		err = errno ? errno : EIO;
+	if (fd >= 0 && close(fd) && !err)
+		err = errno;
+	if (!err && rename(tmp, outpath))
+		err = errno;
+	if (err) {
 		fprintf(stderr, "mlfs dataset index: cannot write %s: %s\n", outpath,
-			strerror(errno));
-		unlink(tmp);
+			strerror(err));
+		if (fd >= 0)
+			unlink(tmp);
 		goto out;
 	}
 	printf("%s: %zu shards, %" PRId64 " records of %s [", outpath, nshards, total,

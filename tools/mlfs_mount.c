@@ -409,7 +409,8 @@ static int make_parents(char *path)
 	return 0;
 }
 
-/* Copies @src to @dst through a temporary name; 0 or errno. */
+/* Copies @src to @dst through a new temporary file beside it (removed on
+ * failure); 0 or errno. */
 static int copy_file(const char *src, char *dst)
 {
 	char tmp[PATH_MAX + 8], buf[1 << 16];
@@ -417,10 +418,8 @@ static int copy_file(const char *src, char *dst)
 
 	if (in < 0)
 		return errno;
-	snprintf(tmp, sizeof(tmp), "%s.tmp", dst);
-	if (make_parents(dst) ||
-	    (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
-		err = errno;
+	if ((err = -make_parents(dst)) || (out = tools_create_tmp(dst, tmp, sizeof(tmp))) < 0) {
+		err = err ? err : errno;
 		close(in);
 		return err;
 	}
@@ -471,11 +470,13 @@ int cmd_export(int argc, char **argv)
 		for (int ti = 0; ti < s->ntensors && !rc; ti++) {
 			if (s->tensors[ti].tied >= 0)
 				continue; /* the tie target holds the data */
-			snprintf(path, sizeof(path), "%s/full/%s/%s.npy", mnt, s->states[si].name,
-				 s->tensors[ti].name);
-			snprintf(dst, sizeof(dst), "%s/%s/%s.npy", to, s->states[si].name,
-				 s->tensors[ti].name);
-			int err = copy_file(path, dst);
+			size_t np = (size_t)snprintf(path, sizeof(path), "%s/full/%s/%s.npy", mnt,
+						     s->states[si].name, s->tensors[ti].name);
+			size_t nd = (size_t)snprintf(dst, sizeof(dst), "%s/%s/%s.npy", to,
+						     s->states[si].name, s->tensors[ti].name);
+			/* Never a truncated name. */
+			int err = np >= sizeof(path) || nd >= sizeof(dst) ? ENAMETOOLONG
+									  : copy_file(path, dst);
 			if (err) {
 				fprintf(stderr, "mlfs export: %s -> %s: %s\n", path, dst,
 					strerror(err));

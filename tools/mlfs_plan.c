@@ -1,15 +1,44 @@
 /*
- * mlfs_plan.c - `mlfs plan` and `mlfs schema`: the planner without a daemon.
+ * mlfs_plan.c - `mlfs plan` and `mlfs schema`: the planner without a daemon;
+ * and the file helpers of tools.h.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ptc/ptc.h"
 #include "tools/tools.h"
+
+int tools_create_tmp(const char *dst, char *tmp, size_t cap)
+{
+	const char *slash = strrchr(dst, '/'), *base = slash ? slash + 1 : dst;
+	int fd, err;
+	mode_t mask;
+
+	/* At most 240 bytes of the name keep the temporary's within NAME_MAX. */
+	if ((size_t)snprintf(tmp, cap, "%.*s.%.240s.XXXXXX", (int)(base - dst), dst, base) >= cap) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	if ((fd = mkostemp(tmp, O_CLOEXEC)) < 0)
+		return -1;
+	mask = umask(0); /* read it: the command line has no other thread */
+	umask(mask);
+	if (fchmod(fd, 0644 & ~mask)) {
+		err = errno;
+		close(fd);
+		unlink(tmp);
+		errno = err;
+		return -1;
+	}
+	return fd;
+}
 
 char *tools_read_file(const char *path, size_t *len)
 {

@@ -23,4 +23,13 @@ int cmd_dataset(int argc, char **argv);
  * on stderr on failure. *len gets the size. */
 char *tools_read_file(const char *path, size_t *len);
 
+/* Creates the temporary file through which @dst is written atomically: the
+ * hidden ".<name>.XXXXXX" beside it, made unique by mkstemp (O_CREAT |
+ * O_EXCL, so nothing planted at a predictable name, such as a symlink, is
+ * followed), mode 0644 less the umask. Its name goes to @tmp (@cap bytes).
+ * Returns the open descriptor, or -1 with errno set (ENAMETOOLONG when the
+ * name does not fit). The caller renames @tmp over @dst, or unlinks it on
+ * failure. */
+int tools_create_tmp(const char *dst, char *tmp, size_t cap);
+
 #endif
