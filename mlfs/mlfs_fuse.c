@@ -2034,9 +2034,9 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	(void)mode;
 
 	if (rc) {
-		/* O_CREAT on an existing fixed file arrives here only if the kernel
-		 * saw no entry; fixed trees do not allow new names. */
-		fuse_reply_err(req, rc == -EPERM ? EACCES : -rc);
+		/* O_CREAT of a new name: fixed trees do not allow new names (EPERM,
+		 * as mkdir, unlink and rename there). */
+		fuse_reply_err(req, -rc);
 		return;
 	}
 	rc = mlfs_job_create(t.e.job, name, false, &j);

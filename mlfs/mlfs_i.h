@@ -46,6 +46,8 @@ struct mlfs_view {
 	struct mlfs_tnode *full_tree;	/* every state and untied tensor */
 	struct timespec time;
 	struct mlfs_dataset *ds;  /* NULL when the config names none */
+	struct xf_mem *mem;	  /* where meta_bytes are counted */
+	int64_t meta_bytes;	  /* estimate of the table and trees */
 	struct ptc_cursor cursor; /* with ds: the samples each step consumes */
 };
 
@@ -60,7 +62,8 @@ struct mlfs_job {
 	uint8_t *data;				/* file content */
 	size_t size, cap;
 	struct timespec mtime;
-	uint64_t id; /* content identity */
+	uint64_t id;	     /* content identity */
+	struct xf_mem *mem; /* where its node and data are counted */
 };
 
 /* ------------------------------------------------------------------ store */
@@ -77,6 +80,7 @@ struct mlfs_store {
 
 	char *schema_text;
 	struct ptc_schema *schema;
+	int64_t schema_bytes; /* counted in mem: an estimate */
 	struct mlfs_view *view; /* NULL until schema and config are set */
 	int64_t *steps;		/* per rank of view->layout, -1 = never saved */
 
@@ -159,7 +163,7 @@ struct mlfs_tnode *mlfs_tree_child(const struct mlfs_tnode *t, const char *name,
 
 /* ---------------------------------------------------------------- job/ ops */
 
-struct mlfs_job *mlfs_job_new_dir(const char *name);
+struct mlfs_job *mlfs_job_new_dir(const char *name, struct xf_mem *mem);
 void mlfs_job_free(struct mlfs_job *j);
 struct mlfs_job *mlfs_job_child(const struct mlfs_job *dir, const char *name, size_t n);
 int mlfs_job_create(struct mlfs_job *dir, const char *name, bool isdir, struct mlfs_job **out);

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "mlfs/mlfs_i.h"
+#include "mlfs/mlfs_source.h"
 
 /* ------------------------------------------------------------------ views */
 
@@ -36,6 +37,7 @@ void mlfs_view_put(struct mlfs_view *v)
 {
 	if (!v || atomic_fetch_sub(&v->refs, 1) != 1)
 		return;
+	xf_mem_release(v->mem, v->meta_bytes);
 	xf_parts_release(&v->parts);
 	if (v->stage_tree)
 		for (int p = 0; p < v->layout.pp; p++)
@@ -60,6 +62,30 @@ struct mlfs_view *mlfs_store_view(struct mlfs_store *st)
 	return v;
 }
 
+/*
+ * What a schema's tensors cost in a name tree (a node, its name and the
+ * parent's pointer to it, with allocator overhead), per state: an estimate
+ * counted in --max-memory, so that metadata that grows with the input is
+ * bounded by it too (within the PTC_MAX_* limits).
+ */
+static int64_t tree_bytes(const struct ptc_schema *s)
+{
+	int64_t n = 0;
+	for (int t = 0; t < s->ntensors; t++)
+		n += 96 + (int64_t)strlen(s->tensors[t].name);
+	return n * s->nstates;
+}
+
+/* The schema's own memory (tensors, names, text), estimated likewise. */
+static int64_t schema_bytes(const struct ptc_schema *s, size_t textlen)
+{
+	int64_t n = (int64_t)textlen;
+	for (int t = 0; t < s->ntensors; t++)
+		n += (int64_t)sizeof(s->tensors[t]) + 32 + (int64_t)strlen(s->tensors[t].name) +
+		     s->tensors[t].nchunks * 8;
+	return n;
+}
+
 /* A view of @config and dataset @ds (both taken over) with an empty
  * partition table. */
 static int view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_dataset *ds,
@@ -81,6 +107,19 @@ static int view_new(struct mlfs_store *st, struct ptc_config *config, struct mlf
 		goto err_put;
 	if ((rc = ptc_layout_init(&v->layout, st->schema, config, st->cluster, "config.json", err)))
 		goto err_put;
+	/* The partition table, the local stages' name trees and the full tree. */
+	int64_t meta = (int64_t)v->layout.world * st->schema->nstates * st->schema->ntensors *
+			   (int64_t)sizeof(void *) +
+		       tree_bytes(st->schema) * (1 + v->layout.pp);
+	if ((rc = xf_mem_reserve(&st->mem, meta))) {
+		ptc_errorf(err,
+			   "config.json: the metadata of this layout (about %" PRId64
+			   " bytes) does not fit in --max-memory",
+			   meta);
+		goto err_put;
+	}
+	v->mem = &st->mem;
+	v->meta_bytes = meta;
 	rc = -ENOMEM;
 	if (xf_parts_init(&v->parts, &v->layout, st->node))
 		goto err_put;
@@ -115,7 +154,7 @@ int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cl
 	st->mem.limit = max_memory;
 	st->threads = threads;
 	clock_gettime(CLOCK_REALTIME, &st->start);
-	if (!(st->job = mlfs_job_new_dir("job")))
+	if (!(st->job = mlfs_job_new_dir("job", &st->mem)))
 		return -ENOMEM;
 	return 0;
 }
@@ -169,16 +208,27 @@ int mlfs_store_set_schema(struct mlfs_store *st, const char *text, size_t len,
 		}
 		goto out;
 	}
+	int64_t bytes = schema_bytes(s, len);
+	if (xf_mem_reserve(&st->mem, bytes)) {
+		ptc_errorf(err, "schema.json: its %d tensors (about %" PRId64 " bytes) do not fit "
+				"in --max-memory", s->ntensors, bytes);
+		ptc_schema_free(s);
+		rc = refuse(st, -ENOSPC, err);
+		goto out;
+	}
 	char *t = strndup(text, len);
 	if (!t) {
+		xf_mem_release(&st->mem, bytes);
 		ptc_schema_free(s);
 		rc = -ENOMEM;
 		goto out;
 	}
+	xf_mem_release(&st->mem, st->schema_bytes);
 	ptc_schema_free(st->schema);
 	free(st->schema_text);
 	st->schema = s;
 	st->schema_text = t;
+	st->schema_bytes = bytes;
 	st->error[0] = '\0';
 out:
 	pthread_mutex_unlock(&st->lock);
@@ -631,7 +681,8 @@ static int import_open(const char *dir, const struct ptc_schema *s, int si, int 
 	int fd;
 
 	snprintf(path, sizeof(path), "%s/%s/%s.npy", dir, s->states[si].name, t->name);
-	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+	/* O_NONBLOCK: a FIFO must not block the import (fstat refuses it). */
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) < 0) {
 		snprintf(why, sizeof(why), "%s", strerror(errno));
 		goto bad;
 	}
@@ -640,6 +691,7 @@ static int import_open(const char *dir, const struct ptc_schema *s, int si, int 
 		snprintf(why, sizeof(why), "not a regular file");
 		goto bad;
 	}
+
 	f->maplen = (size_t)sb.st_size;
 	f->map = f->maplen ? mmap(NULL, f->maplen, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
 	close(fd);
@@ -648,7 +700,15 @@ static int import_open(const char *dir, const struct ptc_schema *s, int si, int 
 		snprintf(why, sizeof(why), "empty or unreadable");
 		goto bad;
 	}
-	int rc = mlfs_npy_parse(f->map, f->maplen, &h, why, sizeof(why));
+	/* The file may shrink from now on: every read of the mapping is guarded
+	 * (mlfs_src_map_copy turns the SIGBUS into -EIO). */
+	uint8_t head[MLFS_NPY_MAX_HEADER + 12];
+	size_t hn = f->maplen < sizeof(head) ? f->maplen : sizeof(head);
+	if (mlfs_src_map_copy(head, f->map, hn)) {
+		snprintf(why, sizeof(why), "shorter than when opened (changed while imported?)");
+		goto bad;
+	}
+	int rc = mlfs_npy_parse(head, hn, &h, why, sizeof(why));
 	if (rc == -EAGAIN)
 		snprintf(why, sizeof(why), "truncated header");
 	if (rc ||
@@ -673,8 +733,29 @@ bad:;
 	return -EINVAL;
 }
 
+/* xf_copy_rows from a file mapping that may shrink meanwhile: 0, or -EIO
+ * when it did (the copy's SIGBUS is caught). */
+static int copy_rows_mapped(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t *src,
+			    int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer,
+			    int64_t row_bytes)
+{
+	int64_t seg = rows * row_bytes;
+
+	if (seg <= 0 || outer <= 0)
+		return 0;
+	if (rows == dst_rows && rows == src_rows)
+		return mlfs_src_map_copy(dst, src, (size_t)(outer * seg));
+	for (int64_t o = 0; o < outer; o++)
+		if (mlfs_src_map_copy(dst + (o * dst_rows + dst_row) * row_bytes,
+				      src + (o * src_rows + src_row) * row_bytes, (size_t)seg))
+			return -EIO;
+	return 0;
+}
+
 /* Imports full tensors from @dir into every local partition of the current
- * view, for one state (@only >= 0) or all. All or nothing. */
+ * view, for one state (@only >= 0) or all. All or nothing: the partitions
+ * are built aside, then only the imported ones are swapped in, under the
+ * lock (a write to another state meanwhile stays). */
 static int store_import(struct mlfs_store *st, const char *dir, int only, int64_t step, char *msg,
 			size_t msglen)
 {
@@ -706,21 +787,14 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 		rc = -EINVAL;
 		goto out_parts;
 	}
-	/* Unimported states keep their buffers; the rest are built anew. */
 	const struct ptc_layout *l = &v->layout;
 	int r0 = l->node_first_rank[st->node];
 	for (int r = r0; r >= 0 && r < r0 + l->node_nranks[st->node]; r++)
 		for (int si = 0; si < s->nstates; si++)
 			for (int ti = 0; ti < s->ntensors; ti++) {
 				size_t i = xf_parts_index(&np, r, si, ti);
-				if (!ptc_layout_holds(l, r, ti))
+				if (!ptc_layout_holds(l, r, ti) || (only >= 0 && si != only))
 					continue;
-				if (only >= 0 && si != only) {
-					pthread_mutex_lock(&st->lock);
-					np.bufs[i] = xf_buf_get(v->parts.bufs[i]);
-					pthread_mutex_unlock(&st->lock);
-					continue;
-				}
 				const struct ptc_tensor *T = &s->tensors[ti];
 				const struct import_file *f =
 				    &files[si * s->ntensors + ptc_schema_logical(s, ti)];
@@ -739,20 +813,34 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 					goto out_parts;
 				}
 				for (int k = 0; k < sl.nsegs; k++)
-					if (sl.segs[k].global >= 0)
-						xf_copy_rows(np.bufs[i]->data, sl.rows,
+					if (sl.segs[k].global >= 0 &&
+					    copy_rows_mapped(np.bufs[i]->data, sl.rows,
 							     sl.segs[k].local, f->data, n,
 							     sl.segs[k].global, sl.segs[k].len,
-							     outer, rowel * esz);
+							     outer, rowel * esz)) {
+						rc = -EIO;
+						snprintf(msg, msglen,
+							 "import: %s/%s.npy: the file shrank "
+							 "while it was read; nothing imported",
+							 s->states[si].name,
+							 s->tensors[ptc_schema_logical(s, ti)]
+							     .name);
+						goto out_parts;
+					}
 			}
 	pthread_mutex_lock(&st->lock);
 	if (st->view != v || st->state == MLFS_TRANSFORMING) {
 		rc = -EBUSY;
 		snprintf(msg, msglen, "import: the layout changed during the import");
 	} else {
-		struct xf_buf **tmp = v->parts.bufs;
-		v->parts.bufs = np.bufs;
-		np.bufs = tmp;
+		for (size_t i = 0; i < (size_t)l->world * (size_t)s->nstates * (size_t)s->ntensors;
+		     i++) {
+			if (!np.bufs[i])
+				continue; /* not imported: whatever was written stays */
+			struct xf_buf *tmp = v->parts.bufs[i];
+			v->parts.bufs[i] = np.bufs[i];
+			np.bufs[i] = tmp;
+		}
 		for (int r = 0; r < l->world; r++)
 			st->steps[r] = step;
 		rc = 0;
