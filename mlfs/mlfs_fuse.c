@@ -2323,6 +2323,84 @@ static void raise_readahead(const char *mountpoint)
 	fclose(f);
 }
 
+/* The text of cluster.json (a regular file of at most 1 MiB; a FIFO is
+ * refused, not waited on), or NULL with a message on stderr. */
+static char *read_cluster(const char *path, size_t *len)
+{
+	const size_t max = (size_t)1 << 20;
+	struct stat sb;
+	char *text = NULL;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+
+	if (fd < 0 || fstat(fd, &sb) < 0) {
+		fprintf(stderr, "mlfs mount: %s: %s\n", path, strerror(errno));
+	} else if (!S_ISREG(sb.st_mode)) {
+		fprintf(stderr, "mlfs mount: %s: not a regular file\n", path);
+	} else if ((size_t)sb.st_size > max) {
+		fprintf(stderr, "mlfs mount: %s: %lld bytes, more than the limit %zu\n", path,
+			(long long)sb.st_size, max);
+	} else if (!(text = malloc((size_t)sb.st_size + 1))) {
+		fprintf(stderr, "mlfs mount: out of memory\n");
+	} else {
+		ssize_t n = pread(fd, text, (size_t)sb.st_size, 0);
+		if (n != (ssize_t)sb.st_size) {
+			fprintf(stderr, "mlfs mount: %s: %s\n", path,
+				n < 0 ? strerror(errno) : "changed while read");
+			free(text);
+			text = NULL;
+		} else {
+			text[n] = '\0';
+			*len = (size_t)n;
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	return text;
+}
+
+/*
+ * Refuses a mount point that is not an empty-handed directory: a dead mount
+ * left by a killed daemon (stat fails with ENOTCONN) or a live one would
+ * otherwise be stacked under ours and resurface, stale, at our unmount.
+ * 0, or 1 with a message on stderr.
+ */
+static int check_mountpoint(const char *mnt)
+{
+	char real[PATH_MAX], line[8192];
+	struct statvfs vfs;
+	struct stat sb;
+	int busy = 0;
+
+	/* statfs always asks the file system (stat may answer from a cache). */
+	if (statvfs(mnt, &vfs) < 0 || stat(mnt, &sb) < 0) {
+		if (errno == ENOTCONN)
+			fprintf(stderr,
+				"mlfs mount: %s: a dead mount is still there (its daemon was "
+				"killed); run \"mlfs umount %s\" first\n",
+				mnt, mnt);
+		else
+			fprintf(stderr, "mlfs mount: %s: %s\n", mnt, strerror(errno));
+		return 1;
+	}
+	if (!S_ISDIR(sb.st_mode)) {
+		fprintf(stderr, "mlfs mount: %s: not a directory\n", mnt);
+		return 1;
+	}
+	FILE *f = realpath(mnt, real) ? fopen("/proc/self/mountinfo", "r") : NULL;
+	while (f && !busy && fgets(line, sizeof(line), f)) {
+		char at[4096];
+		busy = sscanf(line, "%*d %*d %*u:%*u %*s %4095s", at) == 1 && strcmp(at, real) == 0;
+	}
+	if (f)
+		fclose(f);
+	if (busy)
+		fprintf(stderr,
+			"mlfs mount: %s is already a mount point; unmount it first "
+			"(\"mlfs umount %s\")\n",
+			mnt, mnt);
+	return busy;
+}
+
 int mlfs_daemon_run(const struct mlfs_options *o)
 {
 	struct ptc_error err = {""};
@@ -2331,18 +2409,11 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	size_t len;
 	int rc = 1;
 
-	FILE *fp = fopen(o->cluster_path, "rb");
-	char *text = NULL;
-	if (!fp) {
-		fprintf(stderr, "mlfs mount: %s: %s\n", o->cluster_path, strerror(errno));
+	if (check_mountpoint(o->mountpoint))
 		return 1;
-	}
-	text = malloc(1 << 20);
-	len = text ? fread(text, 1, (1 << 20) - 1, fp) : 0;
-	fclose(fp);
+	char *text = read_cluster(o->cluster_path, &len);
 	if (!text)
 		return 1;
-	text[len] = '\0';
 	if (ptc_cluster_parse_text(text, len, o->cluster_path, &cl, &err)) {
 		fprintf(stderr, "mlfs mount: %s\n", err.text);
 		free(text);

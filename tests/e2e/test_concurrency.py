@@ -370,3 +370,41 @@ def test_job_files_count_in_max_memory(mount_factory):
         os.unlink(m.p(f"job/d/f{i}"))
     os.rmdir(m.p("job/d"))
     assert m.status()["memory_used"] == base
+
+
+# ---------------------------------------------------------------- start-up
+
+def test_mount_refuses_a_dead_mount_and_bad_cluster_files(mount_factory, tmp_path):
+    """Item 11: a daemon killed with -9 leaves a dead mount; a new daemon there is
+    refused with a message saying what to do (it used to mount on top of it), and
+    works once it is unmounted. A cluster.json that is a FIFO or over 1 MiB is
+    refused at once."""
+    from conftest import MLFS
+    m = mount_factory()
+    m.proc.kill()
+    m.proc.wait()
+    with pytest.raises(OSError) as e:
+        os.statvfs(m.path)
+    assert e.value.errno == errno.ENOTCONN
+    cluster = tmp_path / "mnt-cluster.json"
+    args = [str(MLFS), "mount", str(m.path), "--node", "n0", "--cluster", str(cluster), "-f"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1
+    assert "a dead mount is still there" in p.stderr and "mlfs umount" in p.stderr, p.stderr
+    run_mlfs("umount", m.path)
+    assert not os.path.ismount(m.path)
+    m2 = mount_factory(name="mnt2")  # and a live mount point is refused too
+    p = subprocess.run([str(MLFS), "mount", str(m2.path), "--node", "n0", "--cluster",
+                        str(cluster), "-f"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "already a mount point" in p.stderr, p.stderr
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"nodes": [{"id": "n0", "addr": "127.0.0.1:7070",
+                                          "devices": 8}], "pad": "x" * (1 << 20)}))
+    for bad, why in [(fifo, "not a regular file"), (big, "more than the limit 1048576")]:
+        p = subprocess.run([str(MLFS), "mount", str(m.path), "--node", "n0", "--cluster",
+                            str(bad), "-f"], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 1 and why in p.stderr, p.stderr
+    m.proc = subprocess.Popen(["true"])  # the fixture's teardown: this daemon is gone
+    m.proc.wait()
