@@ -1,5 +1,5 @@
 # mlfs - tensor filesystem for elastic training.
-# make [all] | test | demo | deps | bench | fuzz | format | clean
+# make [all] | test | demo | deps | bench | fuzz | soak | format | clean
 # make SANITIZE=address,undefined test
 
 PY      ?= /usr/bin/python3
@@ -33,7 +33,7 @@ LIBS      := $(BUILD)/libmlfs.a $(BUILD)/libxf.a $(BUILD)/libptc.a
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test unit demo deps bench fuzz format clean check-deps
+.PHONY: all test unit demo deps bench fuzz format clean check-deps soak
 
 all: $(BUILD)/mlfs
 
@@ -108,6 +108,12 @@ ifeq ($(SANITIZE),)
 	$(MAKE) BUILD=$(BUILD)/asan SANITIZE=address,undefined all unit
 	BUILD=$(BUILD)/asan $(PY) -m pytest -q tests/e2e
 endif
+
+# The soak test alone, longer: make soak SOAK_SECONDS=600 (make test runs it 40 s).
+SOAK_SECONDS ?= 600
+soak: deps
+	$(MAKE) all
+	MLFS_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest -q -s tests/e2e/test_soak.py
 
 demo: deps
 	$(MAKE) all

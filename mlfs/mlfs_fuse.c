@@ -58,6 +58,7 @@
  */
 struct pin {
 	atomic_int refs;
+	int kind, rank, state, tensor; /* what it is (enum kind), for attributes */
 	size_t hdr_len;
 	char hdr[512];
 	int nbufs; /* 1, or the layout's tp for a full tensor */
@@ -656,6 +657,10 @@ static int ent_pin(const struct mlfs_view *v, const struct ent *e, uint64_t *gen
 		return -ENOMEM;
 	atomic_init(&p->refs, 1);
 	p->nbufs = n;
+	p->kind = e->kind;
+	p->rank = e->rank;
+	p->state = e->state;
+	p->tensor = e->tensor;
 	if (e->kind == K_PART) {
 		p->bufs[0] = xf_buf_get(
 		    v->parts.bufs[xf_parts_index(&v->parts, e->rank, e->state, e->tensor)]);
@@ -688,6 +693,7 @@ struct target {
 	struct mlfs_view *v;
 	struct ent e;
 	struct pin *pin; /* a reference, or NULL */
+	bool vanished;	 /* the path is gone from the current view; e is the pin's */
 };
 
 static int target_get(fuse_ino_t ino, struct target *t)
@@ -700,6 +706,19 @@ static int target_get(fuse_ino_t ino, struct target *t)
 	if (t->v)
 		atomic_fetch_add(&t->v->refs, 1);
 	rc = resolve(t->path, t->v, &t->e);
+	t->vanished = false;
+	if (rc && t->pin) {
+		/* A reconfiguration removed the path after the lookup: the inode
+		 * still names its content, which open files go on reading and
+		 * whose attributes they ask for. */
+		memset(&t->e, 0, sizeof(t->e));
+		t->e.kind = (enum kind)t->pin->kind;
+		t->e.rank = t->pin->rank;
+		t->e.state = t->pin->state;
+		t->e.tensor = t->pin->tensor;
+		t->vanished = true;
+		return 0;
+	}
 	if (rc) {
 		pthread_mutex_unlock(&store->lock);
 		mlfs_view_put(t->v);
@@ -868,6 +887,7 @@ struct fh {
 	char *path; /* partitions and job/ files: for messages and notifications */
 	int rank, state, tensor;
 	bool write, dirty, committed, truncated;
+	pid_t wpid; /* the thread of the last write */
 	int err; /* sticky: a refused write */
 	/* reading: a buffer snapshot behind a header, or a text */
 	struct xf_buf *buf;
@@ -1121,6 +1141,12 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return;
 	}
 	bool write = acc != O_RDONLY;
+	if (t.vanished && write) { /* only its old content is left: to read */
+		target_done(&t);
+		target_put(&t);
+		fuse_reply_err(req, ENOENT);
+		return;
+	}
 	rc = -ENOMEM;
 	if (!(f = fh_new(t.e.kind)))
 		goto out_locked;
@@ -1617,9 +1643,10 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 			rc = -EACCES;
 		}
 	}
-	if (rc == 0)
+	if (rc == 0) {
 		f->dirty = true;
-	else if (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA)
+		f->wpid = fuse_req_ctx(req)->pid;
+	} else if (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA)
 		f->err = rc;
 	pthread_mutex_unlock(&f->lock);
 	if (rc)
@@ -1670,12 +1697,25 @@ static int part_commit(struct fh *f)
 	return 0;
 }
 
+/* Whether a partition's staged content is whole: header and every byte.
+ * f->lock held. */
+static bool part_complete(const struct fh *f)
+{
+	return f->whdr && f->wtotal && f->whave >= f->wtotal &&
+	       f->wend == (int64_t)f->wtotal + f->buf->size;
+}
+
 /*
- * A flush commits what was written since the open or the last commit: a
- * partition must then be complete (else EINVAL, previous content kept), a
- * control text applies. A flush with nothing written does nothing: a shell
- * redirect opens with O_TRUNC, duplicates the descriptor and closes the
- * original before anything is written.
+ * Every close of a descriptor of the file (its duplicates, a forked child's
+ * copies closed at its exec) sends a flush; the last one is followed by the
+ * release. A flush commits what was written since the open or the last
+ * commit when it is complete, or when the thread that wrote last closes: a
+ * partition must then be whole (else EINVAL, previous content kept), a
+ * control text applies. Other flushes do nothing: a shell redirect opens
+ * with O_TRUNC, duplicates the descriptor and closes the original before
+ * anything is written; a child forked by the writer closes its copy at
+ * exec, in the middle of the writer's writes. What is still incomplete at
+ * the release is refused there (status.json says why).
  */
 static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
@@ -1684,7 +1724,10 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
 	pthread_mutex_lock(&f->lock);
 	int rc = f->err;
-	if (rc == 0 && f->write && f->dirty) {
+	bool writer = fuse_req_ctx(req)->pid == f->wpid;
+	if (rc == 0 && f->write && f->dirty &&
+	    (writer || (f->kind == K_PART ? part_complete(f)
+				       : f->kind == K_STEP || f->committed))) {
 		if (f->kind == K_PART)
 			rc = part_commit(f);
 		else if (f->kind == K_CONFIG || f->kind == K_SCHEMA || f->kind == K_STEP)
@@ -1706,11 +1749,16 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	fh_free(fresh_take(f, 0, 0));
 	if (f->kind == K_PART && f->write) {
 		pthread_mutex_lock(&f->lock);
-		if (f->err == 0 && f->dirty) /* written after the last flush */
+		if (f->err == 0 && f->dirty) /* written after the last commit */
 			part_commit(f);
 		else if (f->err == 0 && f->truncated && !f->committed)
 			part_refuse(f, "truncated, then closed without a write; previous content "
 				       "kept");
+		pthread_mutex_unlock(&f->lock);
+	} else if (f->write && (f->kind == K_CONFIG || f->kind == K_SCHEMA || f->kind == K_STEP)) {
+		pthread_mutex_lock(&f->lock); /* closed by a thread that did not write it */
+		if (f->err == 0 && f->dirty && !f->committed)
+			ctl_try_commit(f, true); /* a refusal is in status.json */
 		pthread_mutex_unlock(&f->lock);
 	}
 	fh_free(f);
@@ -1763,7 +1811,9 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
+	if (t.vanished && !restaged)
+		rc = -ENOENT;
+	else if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
 		rc = -EPERM;
 	else if ((to_set & FUSE_SET_ATTR_SIZE) && !restaged) {
 		fill_attr(&t.e, t.v, t.pin, &stb);

@@ -408,3 +408,27 @@ def test_mount_refuses_a_dead_mount_and_bad_cluster_files(mount_factory, tmp_pat
         assert p.returncode == 1 and why in p.stderr, p.stderr
     m.proc = subprocess.Popen(["true"])  # the fixture's teardown: this daemon is gone
     m.proc.wait()
+
+
+def test_open_file_outlives_its_path(mount, tmp_path):
+    """A file opened before a reconfiguration removed its path reads, stats and maps
+    its content to the end (before: reads failed with ENOENT once the kernel asked
+    for the size of the vanished path, and numpy.load returned size-0 arrays)."""
+    mount.setup(one_tensor((512, 256)), cfg(1, tp=2))
+    want = np.arange(256 * 256, dtype=np.float32).reshape(256, 256)
+    np.save(mount.p("ranks/1/model/w.npy"), want)
+    f = open(mount.p("ranks/1/model/w.npy"), "rb", buffering=0)
+    m = mmap_load(mount.p("ranks/1/model/w.npy"))
+    (tmp_path / "c.json").write_text(json.dumps(cfg(2, tp=1)))
+    run_mlfs("reconfigure", mount.path, tmp_path / "c.json")
+    try:
+        assert os.listdir(mount.p("ranks")) == ["0"]
+        size = os.fstat(f.fileno()).st_size
+        data = f.read()
+        assert size == len(data) and np.array_equal(np.load(io.BytesIO(data)), want)
+        assert np.array_equal(m, want)
+    finally:
+        f.close()
+        del m
+    with pytest.raises(FileNotFoundError):
+        open(mount.p("ranks/1/model/w.npy"), "rb")
