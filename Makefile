@@ -109,7 +109,7 @@ ifeq ($(SANITIZE),)
 	BUILD=$(BUILD)/asan $(PY) -m pytest -q tests/e2e
 endif
 
-# The soak test alone, longer: make soak SOAK_SECONDS=600 (make test runs it 40 s).
+# The soak test alone, longer: make soak SOAK_SECONDS=600 (make test runs it 60 s).
 SOAK_SECONDS ?= 600
 soak: deps
 	$(MAKE) all

@@ -342,8 +342,10 @@ static int notify_start(struct fuse_session *se)
 }
 
 /* Stops the thread; call once the session is unmounted (a notification in
- * flight then fails instead of waiting for a request nobody serves). */
-static void notify_stop(void)
+ * flight then fails instead of waiting for a request nobody serves). Returns
+ * false when the thread is still stuck in the kernel after a few seconds
+ * (the session must then outlive it: it is not destroyed). */
+static bool notify_stop(void)
 {
 	pthread_mutex_lock(&notes.lock);
 	bool running = notes.running;
@@ -351,8 +353,12 @@ static void notify_stop(void)
 	notes.running = false;
 	pthread_cond_signal(&notes.cond);
 	pthread_mutex_unlock(&notes.lock);
-	if (running)
-		pthread_join(notes.thread, NULL);
+	if (!running)
+		return true;
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 5;
+	return pthread_timedjoin_np(notes.thread, NULL, &until) == 0;
 }
 
 /* ----------------------------------------------------------- resolution */
@@ -2520,7 +2526,11 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	fuse_loop_cfg_destroy(lc);
 out_unmount:
 	fuse_session_unmount(se);
-	notify_stop();
+	if (!notify_stop()) {
+		fprintf(stderr, "mlfs mount: a kernel notification did not return; exiting "
+				"without closing the session\n");
+		return rc;
+	}
 out_signals:
 	fuse_remove_signal_handlers(se);
 out_session:
