@@ -22,14 +22,16 @@ DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson
 
 PTC_SRC   := $(wildcard ptc/*.c)
 XF_SRC    := $(wildcard transform/*.c)
+NET_SRC   := $(wildcard net/*.c)
 MLFS_SRC  := $(wildcard mlfs/*.c)
 TOOLS_SRC := $(wildcard tools/*.c)
 PTC_OBJ   := $(PTC_SRC:%.c=$(BUILD)/obj/%.o)
 XF_OBJ    := $(XF_SRC:%.c=$(BUILD)/obj/%.o)
+NET_OBJ   := $(NET_SRC:%.c=$(BUILD)/obj/%.o)
 MLFS_OBJ  := $(MLFS_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS_OBJ := $(TOOLS_SRC:%.c=$(BUILD)/obj/%.o)
-# Link order: dependents first (tools -> mlfs -> transform -> ptc).
-LIBS      := $(BUILD)/libmlfs.a $(BUILD)/libxf.a $(BUILD)/libptc.a
+# Link order: dependents first (tools -> mlfs -> transform -> ptc; mlfs -> net).
+LIBS      := $(BUILD)/libmlfs.a $(BUILD)/libxf.a $(BUILD)/libnet.a $(BUILD)/libptc.a
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
@@ -49,6 +51,10 @@ $(BUILD)/libxf.a: $(XF_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+$(BUILD)/libnet.a: $(NET_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
 $(BUILD)/libmlfs.a: $(MLFS_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -65,7 +71,7 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIBS) $(wildcard tests/unit/*.h)
 # libFuzzer for `make fuzz` (clang).
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/%)
-$(BUILD)/tests/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/driver.c $(LIBS)
+$(BUILD)/tests/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/driver.c tests/fuzz/fuzz.h $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/driver.c \
 		$(LIBS) $(LDLIBS)
@@ -75,11 +81,13 @@ fuzz: deps
 	@command -v clang >/dev/null || apt-get install -y clang
 	$(MAKE) BUILD=build/libfuzzer CC=clang SANITIZE=address,undefined \
 		CFLAGS="-O1 -g -fsanitize=fuzzer-no-link" \
-		build/libfuzzer/libmlfs.a build/libfuzzer/libxf.a build/libfuzzer/libptc.a
+		build/libfuzzer/libmlfs.a build/libfuzzer/libxf.a build/libfuzzer/libnet.a \
+		build/libfuzzer/libptc.a
 	@mkdir -p build/libfuzzer/tests
 	set -e; for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
 		clang $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined -o build/libfuzzer/tests/$$n \
-			$$f build/libfuzzer/libmlfs.a build/libfuzzer/libxf.a build/libfuzzer/libptc.a $(LDLIBS); \
+			$$f build/libfuzzer/libmlfs.a build/libfuzzer/libxf.a build/libfuzzer/libnet.a \
+			build/libfuzzer/libptc.a $(LDLIBS); \
 		mkdir -p build/corpus/$$n; \
 		build/libfuzzer/tests/$$n -max_total_time=$(FUZZ_SECONDS) build/corpus/$$n tests/fuzz/corpus/$$n; \
 	done

@@ -43,23 +43,20 @@
  * (sigsetjmp guard, per thread) and the object is reopened when no readv
  * uses it any more, so the next readv sees its new size.
  *
- * HTTP: pooled curl easy handles (the pool keeps connections alive). Every
- * number read from a reply is bounded (18 digits) and checked before use;
- * the body is written only into buffers sized from the request, never from
- * the reply. Time: an attempt fails when nothing arrives for timeout_ms
- * (the stamp of the last header or body bytes, checked by curl's progress
- * callback, about once a second while idle), not after a fixed total, so a
- * large range from a slow server that keeps sending is not cut by it; a
- * whole readv or fetch has deadline_ms, which caps each attempt (curl's
- * CURLOPT_TIMEOUT), the backoff sleeps and the retries.
+ * HTTP: net/ does it (one client a source: its connections, retries,
+ * timeout and deadline; see net_http.c). A request of step (4) is one
+ * ranged GET into its blocks; every request of one readv shares the
+ * readv's deadline (the call's start_ns), and a failed request stops the
+ * others' retries (the call's stop flag).
  *
  * Files a user names (an index, offsets, shards) are opened with
  * O_NONBLOCK and refused unless fstat says regular: opening a FIFO for
  * reading would otherwise wait for a writer forever, uninterruptibly.
  *
- * Threads: s->lock guards the object table, the objects' size and fd fields,
- * the cache and the handle pool. It is never held across I/O, a sleep or a
- * copy of block bytes; there is no other lock. Counters are atomics.
+ * Threads: s->lock guards the object table, the objects' size and fd fields
+ * and the cache. It is never held across I/O, a sleep or a copy of block
+ * bytes; there is no other lock (the HTTP client has its own). Counters are
+ * atomics.
  */
 #include <assert.h>
 #include <errno.h>
@@ -81,24 +78,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <curl/curl.h>
-
 #include "mlfs/mlfs_source.h"
+#include "net/net.h"
 
-#define SRC_DEF_CACHE	    ((int64_t)1 << 30)
-#define SRC_DEF_BLOCK	    ((int64_t)1 << 20)
-#define SRC_DEF_RETRIES	    5
-#define SRC_MAX_RETRIES	    100
-#define SRC_DEF_TIMEOUT	    10000
-#define SRC_DEF_DEADLINE    60000
-#define SRC_DEF_BACKOFF	    20
-#define SRC_DEF_MAX_BACKOFF 2000
-#define SRC_DEF_REQUEST	    ((int64_t)16 << 20)
-#define SRC_DEF_PARALLEL    8
-#define SRC_MAX_PARALLEL    64
+#define SRC_DEF_CACHE	 ((int64_t)1 << 30)
+#define SRC_DEF_BLOCK	 ((int64_t)1 << 20)
+#define SRC_DEF_REQUEST	 ((int64_t)16 << 20)
+#define SRC_DEF_PARALLEL 8
+#define SRC_MAX_PARALLEL 64
 /* Open file descriptors kept beyond those in use. */
 #define SRC_MAX_FDS 128
-/* Idle curl handles kept (each may hold a live connection). */
+/* Idle HTTP connections kept. */
 #define SRC_POOL 64
 /* Distinct blocks one readv may name (16 TiB in 1 MiB blocks). */
 #define SRC_MAX_NEED ((size_t)1 << 24)
@@ -133,7 +123,7 @@ struct src_blk {
 };
 
 struct mlfs_src {
-	struct mlfs_src_opts o; /* defaults applied */
+	struct mlfs_src_opts o; /* defaults applied (net applies those of the HTTP fields) */
 	pthread_mutex_t lock;
 	struct src_obj **objs; /* hash table by URI */
 	size_t nobj_buckets, nobjs;
@@ -143,9 +133,8 @@ struct mlfs_src {
 	size_t nblk_buckets;
 	struct src_blk lru; /* sentinel of the LRU list */
 	int64_t cached_bytes, cached_blocks;
-	CURL *pool[SRC_POOL];
-	int npool;
-	_Atomic int64_t hits, misses, requests, retries, failures, bytes_fetched, direct_reads;
+	struct net_http *http; /* thread-safe on its own */
+	_Atomic int64_t hits, misses, requests, failures, bytes_fetched, direct_reads; /* files */
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -194,14 +183,6 @@ static int64_t now_ns(void)
 	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static void sleep_ms(int64_t ms)
-{
-	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-
-	while (nanosleep(&ts, &ts) && errno == EINTR)
-		;
-}
-
 static bool has_prefix(const char *s, const char *p)
 {
 	return strncasecmp(s, p, strlen(p)) == 0;
@@ -210,7 +191,7 @@ static bool has_prefix(const char *s, const char *p)
 /* The kind of @uri, or -EINVAL with the reason in @why. */
 static int uri_kind(const char *uri, enum obj_kind *kind, char *why, size_t whylen)
 {
-	const char *rest;
+	int rc;
 
 	if (!uri)
 		return errf(why, whylen, -EINVAL, "no URI");
@@ -224,20 +205,12 @@ static int uri_kind(const char *uri, enum obj_kind *kind, char *why, size_t whyl
 		*kind = OBJ_FILE;
 		return 0;
 	}
-	if (has_prefix(uri, "http://"))
-		rest = uri + 7;
-	else if (has_prefix(uri, "https://"))
-		rest = uri + 8;
-	else
+	if (!has_prefix(uri, "http://") && !has_prefix(uri, "https://"))
 		return errf(why, whylen, -EINVAL,
 			    "%s: unsupported URI (file:///path, http:// or https:// expected)",
 			    uri);
-	if (!*rest || *rest == '/' || *rest == '?' || *rest == '#')
-		return errf(why, whylen, -EINVAL, "%s: URI without a host", uri);
-	for (const char *p = uri; *p; p++)
-		if ((uint8_t)*p <= 0x20 || (uint8_t)*p == 0x7f)
-			return errf(why, whylen, -EINVAL,
-				    "%s: URI holds a space or control character", uri);
+	if ((rc = net_url_check(uri, why, whylen)))
+		return rc;
 	*kind = OBJ_HTTP;
 	return 0;
 }
@@ -582,40 +555,23 @@ static void cache_insert(struct mlfs_src *s, struct src_blk *b)
 
 /* ---------------------------------------------------------------- options */
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_rc;
-
-static void curl_init_once(void)
-{
-	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
 struct mlfs_src *mlfs_src_new(const struct mlfs_src_opts *opts)
 {
 	struct mlfs_src_opts o = opts ? *opts : (struct mlfs_src_opts){0};
+	struct net_http_opts ho = {.retries = o.retries,
+				   .timeout_ms = o.timeout_ms,
+				   .deadline_ms = o.deadline_ms,
+				   .backoff_ms = o.backoff_ms,
+				   .max_backoff_ms = o.max_backoff_ms,
+				   .max_idle = SRC_POOL};
 	struct mlfs_src *s;
 
-	pthread_once(&curl_once, curl_init_once);
-	if (curl_init_rc != CURLE_OK)
-		return NULL;
 	if (o.cache_bytes <= 0)
 		o.cache_bytes = SRC_DEF_CACHE;
 	if (o.block_bytes <= 0)
 		o.block_bytes = SRC_DEF_BLOCK;
 	if (o.block_bytes > ((int64_t)1 << 40))
 		o.block_bytes = (int64_t)1 << 40;
-	if (o.retries < 0)
-		o.retries = SRC_DEF_RETRIES;
-	if (o.retries > SRC_MAX_RETRIES)
-		o.retries = SRC_MAX_RETRIES;
-	if (o.timeout_ms <= 0)
-		o.timeout_ms = SRC_DEF_TIMEOUT;
-	if (o.deadline_ms <= 0)
-		o.deadline_ms = SRC_DEF_DEADLINE;
-	if (o.backoff_ms <= 0)
-		o.backoff_ms = SRC_DEF_BACKOFF;
-	if (o.max_backoff_ms <= 0)
-		o.max_backoff_ms = SRC_DEF_MAX_BACKOFF;
 	if (o.max_request_bytes <= 0)
 		o.max_request_bytes = SRC_DEF_REQUEST;
 	if (o.max_request_bytes < o.block_bytes)
@@ -632,7 +588,7 @@ struct mlfs_src *mlfs_src_new(const struct mlfs_src_opts *opts)
 	s->nblk_buckets = SRC_BLK_BUCKETS;
 	s->objs = calloc(s->nobj_buckets, sizeof(*s->objs));
 	s->blks = calloc(s->nblk_buckets, sizeof(*s->blks));
-	if (!s->objs || !s->blks) {
+	if (!s->objs || !s->blks || net_http_new(&ho, &s->http, NULL, 0)) {
 		free(s->objs);
 		free(s->blks);
 		free(s);
@@ -664,8 +620,7 @@ void mlfs_src_free(struct mlfs_src *s)
 			free(o);
 		}
 	}
-	for (int i = 0; i < s->npool; i++)
-		curl_easy_cleanup(s->pool[i]);
+	net_http_free(s->http);
 	free(s->objs);
 	free(s->blks);
 	pthread_mutex_destroy(&s->lock);
@@ -674,511 +629,20 @@ void mlfs_src_free(struct mlfs_src *s)
 
 void mlfs_src_stats(struct mlfs_src *s, struct mlfs_src_stats *out)
 {
+	struct net_http_stats h;
+
+	net_http_stats(s->http, &h);
 	out->hits = atomic_load(&s->hits);
 	out->misses = atomic_load(&s->misses);
-	out->requests = atomic_load(&s->requests);
-	out->retries = atomic_load(&s->retries);
-	out->failures = atomic_load(&s->failures);
-	out->bytes_fetched = atomic_load(&s->bytes_fetched);
+	out->requests = atomic_load(&s->requests) + h.requests;
+	out->retries = h.retries;
+	out->failures = atomic_load(&s->failures) + h.failures;
+	out->bytes_fetched = atomic_load(&s->bytes_fetched) + h.bytes;
 	out->direct_reads = atomic_load(&s->direct_reads);
 	pthread_mutex_lock(&s->lock);
 	out->cached_bytes = s->cached_bytes;
 	out->cached_blocks = s->cached_blocks;
 	pthread_mutex_unlock(&s->lock);
-}
-
-/* ------------------------------------------------------------------- HTTP */
-
-/*
- * One HTTP transfer: a range (a >= 0: bytes a..b into blks, B bytes each
- * but possibly the last) or a whole object (a < 0: into buf, at most max).
- */
-struct xfer {
-	int64_t a, b;
-	struct src_blk **blks;
-	int64_t B;
-	int64_t max;
-	uint8_t *buf;
-	size_t cap;
-	/* the reply, reset before each attempt */
-	long status;
-	bool have_cr, cr_unsat, have_clen, checked;
-	int64_t cr_a, cr_b, cr_total; /* cr_total -1: unknown ("*") */
-	int64_t clen;
-	int64_t got; /* body bytes kept */
-	int fail_rc; /* set by a callback that aborted the transfer */
-	char fail[160];
-	int64_t last_ns;  /* when the attempt began or last received bytes */
-	int64_t stall_ns; /* an attempt that receives nothing this long fails */
-	/* the outcome of a successful range transfer */
-	int64_t total; /* object size learned, -1 if none */
-};
-
-static void xfer_reset(struct xfer *x)
-{
-	x->status = 0;
-	x->have_cr = x->cr_unsat = x->have_clen = x->checked = false;
-	x->cr_a = x->cr_b = x->cr_total = x->clen = -1;
-	x->got = 0;
-	x->fail_rc = 0;
-	x->fail[0] = 0;
-	x->total = -1;
-}
-
-/* A decimal of 1 to 18 digits (below 2^63) at *@p. */
-static bool parse_num(const char **p, const char *end, int64_t *out)
-{
-	int64_t v = 0;
-	int n = 0;
-
-	while (*p < end && **p >= '0' && **p <= '9') {
-		if (++n > 18)
-			return false;
-		v = v * 10 + (**p - '0');
-		(*p)++;
-	}
-	*out = v;
-	return n > 0;
-}
-
-static const char *skip_ws(const char *p, const char *end)
-{
-	while (p < end && (*p == ' ' || *p == '\t'))
-		p++;
-	return p;
-}
-
-/* The value of header line [@p, @end) when its name is @name, else NULL. */
-static const char *header_value(const char *p, const char *end, const char *name)
-{
-	size_t n = strlen(name);
-
-	if ((size_t)(end - p) <= n || strncasecmp(p, name, n) || p[n] != ':')
-		return NULL;
-	return skip_ws(p + n + 1, end);
-}
-
-/* Content-Range: "bytes a-b/total", "bytes a-b/ *" or "bytes * /total". */
-static void parse_content_range(struct xfer *x, const char *p, const char *end)
-{
-	int64_t a, b, t = -1;
-
-	if (end - p < 6 || strncasecmp(p, "bytes", 5) || (p[5] != ' ' && p[5] != '\t'))
-		return;
-	p = skip_ws(p + 5, end);
-	if (p < end && *p == '*') {
-		if (++p >= end || *p++ != '/' || !parse_num(&p, end, &t) || skip_ws(p, end) != end)
-			return;
-		x->cr_unsat = true;
-		x->cr_total = t;
-		return;
-	}
-	if (!parse_num(&p, end, &a) || p >= end || *p++ != '-')
-		return;
-	if (!parse_num(&p, end, &b) || p >= end || *p++ != '/')
-		return;
-	if (p < end && *p == '*')
-		p++;
-	else if (!parse_num(&p, end, &t))
-		return;
-	if (skip_ws(p, end) != end || b < a || (t >= 0 && b >= t))
-		return;
-	x->have_cr = true;
-	x->cr_a = a;
-	x->cr_b = b;
-	x->cr_total = t;
-}
-
-static size_t on_header(char *line, size_t size, size_t n, void *arg)
-{
-	struct xfer *x = arg;
-	const char *p = line, *end = line + size * n, *v;
-
-	x->last_ns = now_ns();
-	while (end > p && (end[-1] == '\r' || end[-1] == '\n'))
-		end--;
-	if (end - p >= 5 && !memcmp(p, "HTTP/", 5)) {
-		/* A new reply (after a redirect or a 100 Continue): forget the last. */
-		int64_t code;
-		xfer_reset(x);
-		while (p < end && *p != ' ')
-			p++;
-		p = skip_ws(p, end);
-		if (parse_num(&p, end, &code) && code >= 100 && code <= 999)
-			x->status = (long)code;
-	} else if ((v = header_value(p, end, "content-length"))) {
-		int64_t len;
-		if (parse_num(&v, end, &len) && skip_ws(v, end) == end) {
-			x->have_clen = true;
-			x->clen = len;
-		}
-		if (x->a < 0 && x->status == 200 && x->have_clen && x->clen > x->max) {
-			snprintf(x->fail, sizeof(x->fail),
-				 "holds %" PRId64 " bytes, more than %" PRId64, x->clen, x->max);
-			x->fail_rc = -EFBIG;
-			return 0;
-		}
-	} else if ((v = header_value(p, end, "content-range"))) {
-		parse_content_range(x, v, end);
-	}
-	return size * n;
-}
-
-/* Checks a 206's Content-Range against the bytes asked; false (and x->fail) if wrong. */
-static bool range_ok(struct xfer *x)
-{
-	x->checked = true;
-	if (!x->have_cr)
-		snprintf(x->fail, sizeof(x->fail), "HTTP 206 without a valid Content-Range");
-	else if (x->cr_a != x->a || x->cr_b > x->b)
-		snprintf(x->fail, sizeof(x->fail),
-			 "Content-Range bytes %" PRId64 "-%" PRId64 " for bytes %" PRId64
-			 "-%" PRId64 " asked",
-			 x->cr_a, x->cr_b, x->a, x->b);
-	else
-		return true;
-	x->fail_rc = -EIO;
-	return false;
-}
-
-static void scatter(struct xfer *x, const char *data, size_t n)
-{
-	while (n) {
-		struct src_blk *k = x->blks[x->got / x->B];
-		int64_t o = x->got % x->B;
-		size_t c = (size_t)(k->len - o) < n ? (size_t)(k->len - o) : n;
-
-		memcpy(k->data + o, data, c);
-		data += c;
-		n -= c;
-		x->got += (int64_t)c;
-	}
-}
-
-static size_t on_body_whole(struct xfer *x, const char *data, size_t n)
-{
-	if (x->status != 200)
-		return n; /* an error page: dropped */
-	if ((int64_t)n > x->max - x->got) {
-		snprintf(x->fail, sizeof(x->fail), "holds more than %" PRId64 " bytes", x->max);
-		x->fail_rc = -EFBIG;
-		return 0;
-	}
-	if ((size_t)x->got + n > x->cap) {
-		size_t want = (size_t)x->got + n, cap = x->cap * 2;
-		if (cap < 65536)
-			cap = 65536;
-		if (x->have_clen && (size_t)x->clen > cap)
-			cap = (size_t)x->clen;
-		if (cap < want)
-			cap = want;
-		if ((int64_t)cap > x->max)
-			cap = (size_t)x->max;
-		uint8_t *buf = realloc(x->buf, cap);
-		if (!buf) {
-			snprintf(x->fail, sizeof(x->fail), "out of memory");
-			x->fail_rc = -ENOMEM;
-			return 0;
-		}
-		x->buf = buf;
-		x->cap = cap;
-	}
-	memcpy(x->buf + x->got, data, n);
-	x->got += (int64_t)n;
-	return n;
-}
-
-static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
-{
-	struct xfer *x = arg;
-	size_t n = size * nmemb;
-
-	x->last_ns = now_ns();
-	if (x->a < 0)
-		return on_body_whole(x, data, n);
-	if (x->status == 206) {
-		if (!x->checked && !range_ok(x))
-			return 0;
-		if ((int64_t)n > x->cr_b - x->a + 1 - x->got) {
-			snprintf(x->fail, sizeof(x->fail), "body longer than its Content-Range");
-			x->fail_rc = -EIO;
-			return 0;
-		}
-	} else if (x->status == 200) {
-		/* The whole object: acceptable only if it is what was asked. */
-		if (x->a != 0) {
-			snprintf(x->fail, sizeof(x->fail), "HTTP 200 to a range request");
-			x->fail_rc = -EIO;
-			return 0;
-		}
-		if ((int64_t)n > x->b - x->a + 1 - x->got) {
-			snprintf(x->fail, sizeof(x->fail),
-				 "HTTP 200 with more than the %" PRId64 " bytes asked",
-				 x->b - x->a + 1);
-			x->fail_rc = -EIO;
-			return 0;
-		}
-	} else {
-		return n; /* an error page: dropped */
-	}
-	scatter(x, data, n);
-	return n;
-}
-
-/* curl's progress callback: fails an attempt that received nothing for x->stall_ns. */
-static int on_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
-		       curl_off_t ulnow)
-{
-	struct xfer *x = arg;
-
-	(void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
-	if (now_ns() - x->last_ns < x->stall_ns)
-		return 0;
-	snprintf(x->fail, sizeof(x->fail), "timed out (nothing received for %g s)",
-		 (double)x->stall_ns / 1e9);
-	x->fail_rc = -EIO;
-	return 1;
-}
-
-enum attempt { ATT_OK, ATT_RETRY, ATT_FATAL };
-
-static bool curl_retryable(CURLcode res)
-{
-	switch (res) {
-	case CURLE_UNSUPPORTED_PROTOCOL:
-	case CURLE_FAILED_INIT:
-	case CURLE_URL_MALFORMAT:
-	case CURLE_NOT_BUILT_IN:
-	case CURLE_OUT_OF_MEMORY:
-	case CURLE_BAD_FUNCTION_ARGUMENT:
-	case CURLE_TOO_MANY_REDIRECTS:
-	case CURLE_UNKNOWN_OPTION:
-	case CURLE_PEER_FAILED_VERIFICATION:
-	case CURLE_SSL_CACERT_BADFILE:
-	case CURLE_LOGIN_DENIED:
-		return false;
-	default:
-		return true;
-	}
-}
-
-static bool status_retryable(long status)
-{
-	return status >= 500 || status == 408 || status == 429;
-}
-
-/* Judges a finished attempt; @msg gets the reason of a failure. */
-static enum attempt judge(struct xfer *x, CURLcode res, const char *errbuf, int *rc, char *msg,
-			  size_t msglen)
-{
-	*rc = -EIO;
-	if (x->fail_rc) {
-		snprintf(msg, msglen, "%s", x->fail);
-		*rc = x->fail_rc;
-		return x->fail_rc == -EIO ? ATT_RETRY : ATT_FATAL;
-	}
-	if (res != CURLE_OK) {
-		snprintf(msg, msglen, "%s", errbuf[0] ? errbuf : curl_easy_strerror(res));
-		if (res == CURLE_OUT_OF_MEMORY)
-			*rc = -ENOMEM;
-		return curl_retryable(res) ? ATT_RETRY : ATT_FATAL;
-	}
-	if (x->a < 0) {
-		if (x->status == 200) {
-			if (x->have_clen && x->got != x->clen) {
-				snprintf(msg, msglen,
-					 "short body: %" PRId64 " of %" PRId64 " bytes", x->got,
-					 x->clen);
-				return ATT_RETRY;
-			}
-			return ATT_OK;
-		}
-	} else if (x->status == 206) {
-		if (!x->checked && !range_ok(x)) {
-			snprintf(msg, msglen, "%s", x->fail);
-			return ATT_RETRY;
-		}
-		if (x->got != x->cr_b - x->a + 1) {
-			snprintf(msg, msglen, "short body: %" PRId64 " of %" PRId64 " bytes",
-				 x->got, x->cr_b - x->a + 1);
-			return ATT_RETRY;
-		}
-		int64_t want = x->b;
-		if (x->cr_total >= 0 && x->cr_total - 1 < want)
-			want = x->cr_total - 1;
-		if (x->cr_b != want) {
-			snprintf(msg, msglen,
-				 "Content-Range ends at byte %" PRId64 ", %" PRId64 " expected",
-				 x->cr_b, want);
-			return ATT_RETRY;
-		}
-		x->total = x->cr_total;
-		return ATT_OK;
-	} else if (x->status == 200) {
-		if (x->a != 0) {
-			snprintf(msg, msglen, "HTTP 200 to a range request");
-			return ATT_RETRY;
-		}
-		if (!x->have_clen || x->got != x->clen) {
-			snprintf(msg, msglen, "HTTP 200 without a matching Content-Length");
-			return ATT_RETRY;
-		}
-		x->total = x->got;
-		return ATT_OK;
-	} else if (x->status == 416 && x->cr_unsat) {
-		/* Past the end: not a failure of the source, the size tells. */
-		x->total = x->cr_total;
-		return ATT_OK;
-	}
-	if (!x->status) {
-		snprintf(msg, msglen, "no HTTP status");
-		return ATT_RETRY;
-	}
-	snprintf(msg, msglen, "HTTP %ld", x->status);
-	return status_retryable(x->status) ? ATT_RETRY : ATT_FATAL;
-}
-
-static CURL *pool_get(struct mlfs_src *s)
-{
-	CURL *h = NULL;
-
-	pthread_mutex_lock(&s->lock);
-	if (s->npool)
-		h = s->pool[--s->npool];
-	pthread_mutex_unlock(&s->lock);
-	return h ? h : curl_easy_init();
-}
-
-static void pool_put(struct mlfs_src *s, CURL *h)
-{
-	pthread_mutex_lock(&s->lock);
-	if (s->npool < SRC_POOL) {
-		s->pool[s->npool++] = h;
-		h = NULL;
-	}
-	pthread_mutex_unlock(&s->lock);
-	if (h)
-		curl_easy_cleanup(h);
-}
-
-/* Sets up @h for an attempt of @x that may take @left_ms at most. */
-static void http_setup(struct mlfs_src *s, CURL *h, const char *uri, struct xfer *x,
-		       const char *range, char *errbuf, int64_t left_ms)
-{
-	/* Reset keeps the handle's live connections. */
-	curl_easy_reset(h);
-	curl_easy_setopt(h, CURLOPT_URL, uri);
-	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
-			 (long)(left_ms < s->o.timeout_ms ? left_ms : s->o.timeout_ms));
-	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)left_ms);
-	curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
-	curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
-	curl_easy_setopt(h, CURLOPT_XFERINFODATA, x);
-	curl_easy_setopt(h, CURLOPT_FAILONERROR, 0L);
-	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
-	curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
-#if LIBCURL_VERSION_NUM >= 0x075500
-	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-#else
-	curl_easy_setopt(h, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-	curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-#endif
-	curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-	curl_easy_setopt(h, CURLOPT_USERAGENT, "mlfs");
-	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
-	curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
-	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
-	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
-	if (range)
-		curl_easy_setopt(h, CURLOPT_RANGE, range);
-}
-
-/* The end of a readv or fetch that begins now (CLOCK_MONOTONIC ns). */
-static int64_t deadline_from_now(const struct mlfs_src *s)
-{
-	return now_ns() + (int64_t)s->o.deadline_ms * 1000000;
-}
-
-/*
- * Runs attempts of transfer @x of @uri until one succeeds, one fails for
- * good, the retries are spent or @deadline (CLOCK_MONOTONIC ns) comes;
- * stops retrying once *@stop is set (-ECANCELED). On failure @why names
- * @uri and the reason.
- */
-static int http_run(struct mlfs_src *s, const char *uri, struct xfer *x, atomic_int *stop,
-		    int64_t deadline, char *why, size_t whylen)
-{
-	char errbuf[CURL_ERROR_SIZE], msg[256] = "", prev[256], range[48];
-	int64_t delay = s->o.backoff_ms, left_ms;
-	enum attempt res = ATT_FATAL;
-	int rc = -EIO, att;
-	bool late = false; /* the deadline stopped the attempts */
-	CURL *h;
-
-	if ((left_ms = (deadline - now_ns()) / 1000000) <= 0)
-		return errf(why, whylen, -EIO,
-			    "%s: timed out before its request, deadline of %g s reached", uri,
-			    s->o.deadline_ms / 1e3);
-	if (!(h = pool_get(s)))
-		return errf(why, whylen, -ENOMEM, "%s: out of memory", uri);
-	if (x->a >= 0)
-		snprintf(range, sizeof(range), "%" PRId64 "-%" PRId64, x->a, x->b);
-	for (att = 0;; att++) {
-		if (att > 0) {
-			if (stop && atomic_load(stop)) {
-				rc = -ECANCELED;
-				break;
-			}
-			left_ms = (deadline - now_ns()) / 1000000;
-			if (left_ms <= delay) {
-				late = true;
-				break;
-			}
-			sleep_ms(delay);
-			left_ms -= delay;
-			delay = delay * 2 > s->o.max_backoff_ms ? s->o.max_backoff_ms : delay * 2;
-			stat_add(&s->retries, 1);
-		}
-		xfer_reset(x);
-		x->last_ns = now_ns();
-		x->stall_ns = (int64_t)s->o.timeout_ms * 1000000;
-		errbuf[0] = 0;
-		http_setup(s, h, uri, x, x->a >= 0 ? range : NULL, errbuf, left_ms);
-		stat_add(&s->requests, 1);
-		CURLcode cres = curl_easy_perform(h);
-		memcpy(prev, msg, sizeof(msg));
-		res = judge(x, cres, errbuf, &rc, msg, sizeof(msg));
-		if (res == ATT_RETRY && cres == CURLE_OPERATION_TIMEDOUT &&
-		    deadline - now_ns() < 10 * 1000000) {
-			/* Cut by the deadline: the reason is the attempts before. */
-			if (att)
-				memcpy(msg, prev, sizeof(msg));
-			else
-				snprintf(msg, sizeof(msg), "timed out");
-			late = true;
-			break;
-		}
-		if (res != ATT_RETRY || att >= s->o.retries)
-			break;
-	}
-	pool_put(s, h);
-	if (rc == -ECANCELED)
-		return rc;
-	if (res == ATT_OK) {
-		stat_add(&s->bytes_fetched, x->got);
-		return 0;
-	}
-	stat_add(&s->failures, 1);
-	if (late)
-		return errf(why, whylen, rc, "%s: %s after %d attempt%s, deadline of %g s reached",
-			    uri, msg, att + 1, att ? "s" : "", s->o.deadline_ms / 1e3);
-	if (res == ATT_RETRY || att > 0)
-		return errf(why, whylen, rc, "%s: %s after %d attempt%s", uri, msg, att + 1,
-			    att ? "s" : "");
-	return errf(why, whylen, rc, "%s: %s", uri, msg);
 }
 
 /* ------------------------------------------------------------------ fetch */
@@ -1245,17 +709,7 @@ int mlfs_src_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **d
 		return errf(why, whylen, -EINVAL, "%s: negative size bound", uri);
 	if (kind == OBJ_FILE)
 		return fetch_file(s, uri, max, data, len, why, whylen);
-
-	struct xfer x = {.a = -1, .max = max};
-	if ((rc = http_run(s, uri, &x, NULL, deadline_from_now(s), why, whylen))) {
-		free(x.buf);
-		return rc;
-	}
-	if (!x.buf && !(x.buf = malloc(1)))
-		return errf(why, whylen, -ENOMEM, "%s: out of memory", uri);
-	*data = x.buf;
-	*len = (size_t)x.got;
-	return 0;
+	return net_http_get(s->http, uri, max, data, len, NULL, why, whylen);
 }
 
 /* ------------------------------------------------------------------ readv */
@@ -1298,7 +752,7 @@ struct rv {
 	size_t nreqs;
 	atomic_size_t next; /* next request to run */
 	atomic_int stop;    /* a request failed: start no more */
-	int64_t deadline;   /* HTTP requests give up then (CLOCK_MONOTONIC ns) */
+	int64_t start_ns;   /* HTTP requests share a deadline from then (CLOCK_MONOTONIC) */
 };
 
 static int cmp_ord(const void *pa, const void *pb, void *arg)
@@ -1434,6 +888,7 @@ static int run_req(struct rv *rv, struct req *rq)
 	int64_t B = s->o.block_bytes, a = rq->first * B, span = (int64_t)rq->nblk * B, end;
 	int64_t size = obj_size(s, g->obj), got_end;
 	struct src_blk **blks;
+	struct iovec *iov = NULL;
 	int nb, rc = 0;
 
 	if (span > INT64_MAX - a)
@@ -1462,14 +917,23 @@ static int run_req(struct rv *rv, struct req *rq)
 		}
 		got_end = end;
 	} else {
-		struct xfer x = {.a = a, .b = end - 1, .blks = blks, .B = B};
-		if ((rc = http_run(s, g->obj->uri, &x, &rv->stop, rv->deadline, rq->why,
-				   sizeof(rq->why))))
+		struct net_http_call call = {.start_ns = rv->start_ns, .stop = &rv->stop};
+		struct net_http_range hr = {.off = a, .len = end - a, .iovcnt = nb};
+		if (!(iov = malloc((size_t)nb * sizeof(*iov)))) {
+			rc = errf(rq->why, sizeof(rq->why), -ENOMEM, "%s: out of memory",
+				  g->obj->uri);
 			goto out;
-		if (x.total >= 0 &&
-		    (rc = obj_set_size(s, g->obj, x.total, rq->why, sizeof(rq->why))))
+		}
+		for (int j = 0; j < nb; j++)
+			iov[j] = (struct iovec){blks[j]->data, (size_t)blks[j]->len};
+		hr.iov = iov;
+		if ((rc = net_http_get_range(s->http, g->obj->uri, &hr, &call, rq->why,
+					     sizeof(rq->why))))
 			goto out;
-		got_end = a + x.got;
+		if (hr.size >= 0 &&
+		    (rc = obj_set_size(s, g->obj, hr.size, rq->why, sizeof(rq->why))))
+			goto out;
+		got_end = a + hr.got;
 	}
 
 	for (int j = 0; j < nb; j++) {
@@ -1493,6 +957,7 @@ out:
 	for (int j = 0; j < nb; j++)
 		free(blks[j]);
 	free(blks);
+	free(iov);
 	return rc;
 }
 
@@ -1929,7 +1394,7 @@ out:
 int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, char *why,
 		   size_t whylen)
 {
-	struct rv rv = {.s = s, .r = r, .deadline = deadline_from_now(s)};
+	struct rv rv = {.s = s, .r = r, .start_ns = now_ns()};
 	struct need *needs = NULL;
 	size_t nneed = 0;
 	int rc = 0;

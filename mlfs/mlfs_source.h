@@ -15,7 +15,8 @@
  * retries, for at most about opts.deadline_ms over HTTP): do not call them
  * from a thread that must not block.
  *
- * Link with libcurl (pkg-config libcurl).
+ * HTTP goes through net/net.h (the project's one HTTP client): the retry,
+ * timeout and deadline fields below are its options.
  */
 #ifndef MLFS_MLFS_SOURCE_H
 #define MLFS_MLFS_SOURCE_H

@@ -6,6 +6,11 @@ Serves the regular files under --root (GET and HEAD; "Range: bytes=a-b", "a-" an
 "Content-Range: bytes */size"; a syntactically bad or multi-range header is ignored
 and the whole file sent with 200).
 
+POST to any path (a JSON API's stand-in, e.g. etcd's /v3/kv/range) answers 200
+with the JSON {"path", "content_type", "authorization", "body"} of the request (its
+body as text, at most 1 MiB, else 413); it counts and fails like a file GET, an
+injected status with the body {"error": "injected <code>"}.
+
 Failure injection: each file GET fails with probability --fail-rate (or always with
 --fail-always), in a mode drawn from --fail-modes:
   500 (or any 3-digit code)  that status with a short body
@@ -19,7 +24,8 @@ Failure injection: each file GET fails with probability --fail-rate (or always w
   slow          send the body in 10 parts, --slow-gap seconds apart (slow but alive)
 
 Control endpoints (never fail, never counted):
-  GET /__stats                   {"requests": n, "failed": m}   (file requests)
+  GET /__stats                   {"requests": n, "failed": m, ..., "connections": c}
+                                 (file requests and POSTs; connections accepted)
   GET /__set?fail_rate=0.5&modes=500,drop&fail_always=0&reset=1&stall_seconds=60&slow_gap=0.2
                                  changes the failure settings; reset=1 zeroes counters
 
@@ -68,6 +74,7 @@ class RangeServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.requests = 0
         self.failed = 0
+        self.connections = 0
 
     def handle_error(self, request, client_address):
         # A client that hangs up mid-reply (it refused a wrong answer) is normal here.
@@ -112,6 +119,8 @@ class Handler(BaseHTTPRequestHandler):
         # Headers and body go out in separate writes: without this, Nagle's
         # algorithm and the client's delayed ACK add 40 ms to every reply.
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.server.lock:
+            self.server.connections += 1
 
     def log_message(self, fmt, *args):
         if self.server.verbose:
@@ -151,7 +160,7 @@ class Handler(BaseHTTPRequestHandler):
                     if "seed" in q:
                         srv.rng.seed(int(q["seed"][0]))
                     if q.get("reset", ["0"])[0] not in ("0", ""):
-                        srv.requests = srv.failed = 0
+                        srv.requests = srv.failed = srv.connections = 0
             except ValueError as e:
                 self.reply(400, str(e).encode())
                 return
@@ -160,8 +169,47 @@ class Handler(BaseHTTPRequestHandler):
                                "fail_rate": srv.fail_rate, "modes": list(srv.modes),
                                "fail_always": srv.fail_always,
                                "stall_seconds": srv.stall_seconds,
-                               "slow_gap": srv.slow_gap}).encode()
+                               "slow_gap": srv.slow_gap,
+                               "connections": srv.connections}).encode()
         self.reply(200, body, [("Content-Type", "application/json")])
+
+    def inject(self, mode, json_error=False):
+        """Carries out the part of failure `mode` that comes before a reply: a stall
+        sleeps, a drop closes, a status code is answered (a JSON error body with
+        `json_error`). Returns (done, the mode left for the reply to apply)."""
+        if mode == "stall":
+            time.sleep(self.server.stall_seconds)
+            return False, None
+        if mode == "drop":
+            self.close_connection = True
+            return True, mode
+        if mode is not None and re.fullmatch(r"\d\d\d", mode):
+            if json_error:
+                self.reply(int(mode), json.dumps({"error": f"injected {mode}"}).encode(),
+                           [("Content-Type", "application/json")])
+            else:
+                self.reply(int(mode), f"injected {mode}\n".encode())
+            return True, mode
+        return False, mode
+
+    def do_POST(self):
+        try:
+            n = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            n = -1
+        if n < 0 or n > (1 << 20):
+            self.close_connection = True
+            self.reply(413 if n > 0 else 411, b"")
+            return
+        body = self.rfile.read(n)
+        done, mode = self.inject(self.server.draw_failure(), json_error=True)
+        if done:
+            return
+        echo = json.dumps({"path": urllib.parse.urlsplit(self.path).path,
+                           "content_type": self.headers.get("Content-Type"),
+                           "authorization": self.headers.get("Authorization"),
+                           "body": body.decode("utf-8", "replace")}).encode()
+        self.send_full(200, echo, None, False, mode, "application/json")
 
     def serve(self, head):
         url = urllib.parse.urlsplit(self.path)
@@ -179,15 +227,8 @@ class Handler(BaseHTTPRequestHandler):
             data = f.read()
         size = len(data)
         rng = parse_range(self.headers.get("Range"), size)
-        mode = None if head else self.server.draw_failure()
-        if mode == "stall":
-            time.sleep(self.server.stall_seconds)
-            mode = None
-        if mode == "drop":
-            self.close_connection = True
-            return
-        if mode is not None and re.fullmatch(r"\d\d\d", mode):
-            self.reply(int(mode), f"injected {mode}\n".encode())
+        done, mode = self.inject(None if head else self.server.draw_failure())
+        if done:
             return
         if mode == "ignore-range" or rng is None:
             self.send_full(200, data, None, head, mode)
@@ -205,13 +246,14 @@ class Handler(BaseHTTPRequestHandler):
                 a = b = max(0, a - 1)
         self.send_full(206, data[a:b + 1], f"bytes {a}-{b}/{size}", head, mode)
 
-    def send_full(self, code, body, content_range, head, mode=None):
+    def send_full(self, code, body, content_range, head, mode=None,
+                  content_type="application/octet-stream"):
         self.send_response(code)
         self.send_header("Accept-Ranges", "bytes")
         if content_range:
             self.send_header("Content-Range", content_range)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Type", content_type)
         self.end_headers()
         if head:
             return

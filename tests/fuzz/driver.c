@@ -7,7 +7,7 @@
  * Runs every file of each PATH (a directory, not recursed, files in name
  * order; or a file) through LLVMFuzzerTestOneInput, then N deterministic
  * mutations of those files (xorshift seeded by -seed, default 1): bit flips,
- * byte sets, inserted JSON tokens, deletions, truncation, splices of two
+ * byte sets, inserted JSON and HTTP tokens, deletions, truncation, splices of two
  * files, duplicated ranges, and digit runs replaced by big or negative
  * numbers. -max_total_time stops the mutations early; other libFuzzer
  * flags are accepted and ignored. Each input is passed in a buffer of its
@@ -265,7 +265,7 @@ static void add_path(const char *path)
 
 /* ------------------------------------------------------------- mutations */
 
-/* JSON fragments and the field names of the three files. */
+/* JSON fragments and the field names of the three files; HTTP headers. */
 static const char *const tokens[] = {
     "{",
     "}",
@@ -326,6 +326,16 @@ static const char *const tokens[] = {
     "{\"dim\": 0}",
     "{\"dim\": 1, \"chunks\": 2}",
     "{\"dim\": 0, \"pad_multiple\": 128}",
+    /* HTTP replies (fuzz_http) */
+    "\r\n",
+    "HTTP/1.1 206 Partial Content\r\n",
+    "HTTP/1.1 200 OK\r\n",
+    "HTTP/1.1 416 Range Not Satisfiable\r\n",
+    "Content-Range: bytes ",
+    "Content-Length: ",
+    "bytes */",
+    "/*",
+    "http://",
 };
 
 /* Limits of the parsers and of the integer types, either side. */

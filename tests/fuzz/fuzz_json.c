@@ -16,17 +16,7 @@
 #include <string.h>
 
 #include "ptc/ptc.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                                \
-	do {                                                                                       \
-		if (!(cond)) {                                                                     \
-			fprintf(stderr, "fuzz_json: %s:%d: check failed: %s\n", __FILE__,          \
-				__LINE__, #cond);                                                  \
-			abort();                                                                   \
-		}                                                                                  \
-	} while (0)
+#include "tests/fuzz/fuzz.h"
 
 /* A failed parse must leave *out NULL and say why. */
 static void check_failed(int rc, const void *out, const struct ptc_error *err)

@@ -16,17 +16,7 @@
 #include <string.h>
 
 #include "mlfs/mlfs_npy.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                                \
-	do {                                                                                       \
-		if (!(cond)) {                                                                     \
-			fprintf(stderr, "fuzz_npy: %s:%d: check failed: %s\n", __FILE__, __LINE__, \
-				#cond);                                                            \
-			abort();                                                                   \
-		}                                                                                  \
-	} while (0)
+#include "tests/fuzz/fuzz.h"
 
 static bool same_header(const struct mlfs_npy *a, const struct mlfs_npy *b)
 {

@@ -3,10 +3,10 @@
  *
  * The file:// tests read a temporary directory of random files and compare
  * every byte. The HTTP tests serve the same directory with
- * tests/e2e/rangeserver.py, run as a child process (the binary must run from
- * the repository root, as `make unit` does; a server that does not start is a
- * failure, never a skip), and switch its failure injection at run time
- * through its /__set endpoint: whatever the server does wrong, a read either
+ * tests/e2e/rangeserver.py, run as a child process (unit_server.h: the binary
+ * must run from the repository root, as `make unit` does; a server that does
+ * not start is a failure, never a skip), and switch its failure injection at
+ * run time through its /__set endpoint: whatever the server does wrong, a read either
  * returns exactly the file's bytes or fails with -EIO and writes nothing.
  */
 #include <fcntl.h>
@@ -24,9 +24,8 @@
 
 #include "mlfs/mlfs_source.h"
 #include "tests/unit/unit.h"
+#include "tests/unit/unit_server.h"
 
-#define PYTHON	    "/usr/bin/python3"
-#define SERVER	    "tests/e2e/rangeserver.py"
 #define SENTINEL    0x5a
 #define MAX_URI_LEN 512
 
@@ -45,12 +44,7 @@ static char dir[64];
 static uint8_t *content[NFILES];
 static int64_t fsize[NFILES];
 
-/* A rangeserver.py child. */
-struct server {
-	pid_t pid;
-	int port;
-};
-static struct server srv = {.pid = -1};
+static struct unit_server srv = {.pid = -1};
 /* Set once the HTTP group's server ran: the HTTP tests must not be skipped. */
 static bool http_started;
 
@@ -125,63 +119,9 @@ static void remove_files(void)
 	}
 }
 
-/*
- * Starts rangeserver.py over dir with the extra arguments @extra (NULL-
- * terminated) and reads its "PORT n" line. Fails the test when it cannot.
- */
-static void server_start(struct server *sv, const char *const *extra)
+static void server_start(struct unit_server *sv, const char *const *extra)
 {
-	const char *argv[24] = {PYTHON, SERVER, "--root", dir, "--port", "0"};
-	int p[2], n = 6;
-	char line[64] = "";
-	size_t len = 0;
-
-	while (extra && *extra && n < 22)
-		argv[n++] = *extra++;
-	argv[n] = NULL;
-	if (access(PYTHON, X_OK) || access(SERVER, R_OK)) {
-		print_error("cannot run %s %s (run from the repository root)\n", PYTHON, SERVER);
-		fail();
-	}
-	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
-	sv->pid = fork();
-	assert_true(sv->pid >= 0);
-	if (sv->pid == 0) {
-		dup2(p[1], 1);
-		execv(PYTHON, (char *const *)argv);
-		_exit(127);
-	}
-	close(p[1]);
-	/* Up to 15 s for the first line. */
-	for (int waited = 0; !memchr(line, '\n', len) && len + 1 < sizeof(line) && waited < 150;) {
-		struct pollfd pfd = {.fd = p[0], .events = POLLIN};
-		if (poll(&pfd, 1, 100) == 0) {
-			waited++;
-			continue;
-		}
-		ssize_t got = read(p[0], line + len, sizeof(line) - 1 - len);
-		if (got <= 0)
-			break;
-		len += (size_t)got;
-		line[len] = 0;
-	}
-	close(p[0]);
-	if (sscanf(line, "PORT %d", &sv->port) != 1 || sv->port <= 0) {
-		print_error("%s did not start (first line \"%s\")\n", SERVER, line);
-		kill(sv->pid, SIGKILL);
-		waitpid(sv->pid, NULL, 0);
-		sv->pid = -1;
-		fail();
-	}
-}
-
-static void server_stop(struct server *sv)
-{
-	if (sv->pid <= 0)
-		return;
-	kill(sv->pid, SIGTERM);
-	waitpid(sv->pid, NULL, 0);
-	sv->pid = -1;
+	unit_server_start(sv, dir, extra);
 }
 
 /* GET /__set?@query (through mlfs_src_fetch, which must work for this). */
@@ -232,7 +172,7 @@ static int http_setup(void **state)
 static int http_teardown(void **state)
 {
 	(void)state;
-	server_stop(&srv);
+	unit_server_stop(&srv);
 	return 0;
 }
 
@@ -996,7 +936,7 @@ static void test_http_fail_always(void **state)
 {
 	(void)state;
 	static const char *const args[] = {"--fail-always", "--fail-modes", "500", NULL};
-	struct server sv = {.pid = -1};
+	struct unit_server sv = {.pid = -1};
 	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64], why[MAX_URI_LEN + 128];
 	long req, failed;
 
@@ -1009,7 +949,7 @@ static void test_http_fail_always(void **state)
 	server_stats(sv.port, &req, &failed);
 	assert_int_equal(req, 4);
 	assert_int_equal(failed, 4);
-	server_stop(&sv);
+	unit_server_stop(&sv);
 
 	/* Nobody listening any more: connection errors, retried, then -EIO. */
 	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
@@ -1169,7 +1109,7 @@ int main(void)
 	}
 	failed = cmocka_run_group_tests_name("file", file_tests, NULL, NULL);
 	failed += cmocka_run_group_tests_name("http", http_tests, http_setup, http_teardown);
-	server_stop(&srv);
+	unit_server_stop(&srv);
 	remove_files();
 	if (!http_started)
 		fprintf(stderr, "test_source: the HTTP tests did not run\n");

@@ -1,0 +1,87 @@
+/*
+ * net_i.h - internals shared by net's files: the reply parser and judge of
+ * net_http_parse.c. net_http.c drives it from libcurl's callbacks;
+ * tests/fuzz/fuzz_http.c drives it with arbitrary bytes.
+ *
+ * Pure: no I/O, no allocation, no globals; any thread, one reply a thread.
+ */
+#ifndef MLFS_NET_I_H
+#define MLFS_NET_I_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Numbers read from a reply have 1 to this many digits (below 2^63). */
+#define NET_MAX_DIGITS 18
+
+/*
+ * One request and the reply to it, header line by header line and body
+ * chunk by body chunk. Invariants (checked by fuzz_http): status is 0 or
+ * 100-999; clen, cr_first, cr_last and cr_total are below 10^18;
+ * cr_first <= cr_last; cr_total is -1 (unknown) or > cr_last (cr_unsat: >= 0);
+ * got never passes the bytes asked (range) or max (whole).
+ */
+struct net_reply {
+	/* The request, from net_reply_init: bytes [a, b] of an object, or
+	 * (a < 0) the whole object, of at most max bytes. */
+	int64_t a, b, max;
+	/* The reply; a status line starts a new one (a redirect, 100 Continue). */
+	long status;	  /* 0 until a valid status line */
+	bool have_clen;	  /* a valid Content-Length */
+	bool have_cr;	  /* a valid Content-Range "bytes first-last/total" */
+	bool cr_unsat;	  /* a valid Content-Range "bytes * /total" (no space) */
+	int64_t clen;	  /* -1 unless have_clen */
+	int64_t cr_first; /* -1 unless have_cr */
+	int64_t cr_last;  /* -1 unless have_cr */
+	int64_t cr_total; /* -1: unknown */
+	int64_t got;	  /* body bytes kept (NET_BODY_KEEP) */
+};
+
+/* Starts @r for bytes [@a, @b] (0 <= a <= b) or, with @a < 0, for a whole
+ * object of at most @max (>= 0) bytes. */
+void net_reply_init(struct net_reply *r, int64_t a, int64_t b, int64_t max);
+
+/*
+ * Takes one header line of @len bytes (its CR LF may be there or not): a
+ * status line ("HTTP/1.1 206 Partial Content") starts a new reply and
+ * returns NET_HEADER_STATUS; Content-Length and Content-Range are read,
+ * malformed ones ignored, other headers too (0). -EFBIG, with the reason
+ * in @msg, when a whole-object 200 announces more than max bytes.
+ */
+#define NET_HEADER_STATUS 1
+int net_reply_header(struct net_reply *r, const char *line, size_t len, char *msg, size_t msglen);
+
+/*
+ * Judges the next @n body bytes: NET_BODY_KEEP (they are object bytes
+ * [a + got, a + got + n) of the request, or bytes [got, got + n) of the
+ * whole object, and got grows by @n: write them), NET_BODY_DROP (the body
+ * of an error or redirect: not data), or -EIO (a wrong reply: a 206 whose
+ * Content-Range is not what was asked, or a body longer than it says) or
+ * -EFBIG (a whole object longer than max), with the reason in @msg.
+ */
+#define NET_BODY_KEEP 0
+#define NET_BODY_DROP 1
+int net_reply_body(struct net_reply *r, size_t n, char *msg, size_t msglen);
+
+enum net_verdict {
+	NET_OK,	   /* the reply answers the request */
+	NET_RETRY, /* a failure another attempt may not meet (5xx, short body, ...) */
+	NET_FATAL, /* a failure it would meet again (404, ...) */
+};
+
+/*
+ * Judges a reply received to its end. NET_OK: a range request got its
+ * bytes, all of them (got = b - a + 1) or those before the object's end
+ * (then *@size = a + got; or, after a 416, got = 0 and *@size <= a); a
+ * whole request got
+ * the object (*@size = got). *@size is the object's size when the reply
+ * told it, else -1. Otherwise the reason in @msg ("HTTP 503", "short body:
+ * 10 of 20 bytes").
+ */
+enum net_verdict net_reply_end(const struct net_reply *r, int64_t *size, char *msg, size_t msglen);
+
+/* Whether a reply of HTTP @status may succeed when asked again: 5xx, 408, 429. */
+bool net_status_retryable(long status);
+
+#endif

@@ -1,0 +1,838 @@
+/*
+ * test_net.c - the HTTP client (net/net_http.c) and its reply parser
+ * (net/net_http_parse.c).
+ *
+ * The parser is tested alone, header line by header line, with the values
+ * it must read. The client runs against tests/e2e/rangeserver.py
+ * (unit_server.h) serving a temporary directory of random files: ranged
+ * GETs into scattered buffers are compared byte for byte, failure modes are
+ * switched on through the server's /__set endpoint, and POSTs of JSON go to
+ * its echo, which returns what it received (path, content type, headers,
+ * body). One control client, kept for the whole run, talks to /__set and
+ * /__stats, so the connection counts the server reports are the tested
+ * client's alone.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "net/net.h"
+#include "net/net_i.h"
+#include "tests/unit/unit.h"
+#include "tests/unit/unit_server.h"
+
+#define MAX_URL 512
+#define WHY_LEN (MAX_URL + 256)
+
+static char dir[64];
+static uint8_t *big; /* a.bin */
+#define BIG_SIZE   300007
+#define SMALL_SIZE 100 /* small.bin: big's first 100 bytes */
+#define INDEX_TXT  "{\"shards\": [\"a.bin\"]}\n"
+
+static struct unit_server srv = {.pid = -1};
+static struct net_http *ctl; /* /__set and /__stats */
+static bool http_started;
+
+static int64_t now_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void url_of(char *buf, int port, const char *path)
+{
+	snprintf(buf, MAX_URL, "http://127.0.0.1:%d/%s", port, path);
+}
+
+static struct net_http *client(int retries)
+{
+	struct net_http_opts o = {
+	    .retries = retries, .backoff_ms = 1, .max_backoff_ms = 4, .timeout_ms = 5000};
+	struct net_http *c;
+	char why[WHY_LEN];
+
+	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
+	assert_non_null(c);
+	return c;
+}
+
+static struct net_http_stats stats(struct net_http *c)
+{
+	struct net_http_stats st;
+
+	net_http_stats(c, &st);
+	return st;
+}
+
+/* ------------------------------------------------------------- fixtures */
+
+static int write_file(const char *name, const void *data, size_t len)
+{
+	char path[128];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	if (!(f = fopen(path, "wb")) || fwrite(data, 1, len, f) != len)
+		return -1;
+	return fclose(f);
+}
+
+static int make_files(void)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ULL;
+
+	strcpy(dir, "/tmp/mlfs-net-XXXXXX");
+	if (!mkdtemp(dir) || !(big = malloc(BIG_SIZE)))
+		return -1;
+	for (int i = 0; i < BIG_SIZE; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		big[i] = (uint8_t)(x >> 24);
+	}
+	return write_file("a.bin", big, BIG_SIZE) || write_file("small.bin", big, SMALL_SIZE) ||
+	       write_file("empty.bin", "", 0) ||
+	       write_file("index.json", INDEX_TXT, strlen(INDEX_TXT));
+}
+
+static void remove_files(void)
+{
+	char cmd[128];
+
+	free(big);
+	big = NULL;
+	if (dir[0]) {
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "test_net: could not remove %s\n", dir);
+	}
+}
+
+/* GET /__set?@query on @port. */
+static void server_set(int port, const char *query)
+{
+	char url[MAX_URL], q[256], why[WHY_LEN];
+	uint8_t *data;
+	size_t len;
+
+	snprintf(q, sizeof(q), "__set?%s", query);
+	url_of(url, port, q);
+	int rc = net_http_get(ctl, url, 4096, &data, &len, NULL, why, sizeof(why));
+	if (rc)
+		print_error("%s\n", why);
+	assert_int_equal(rc, 0);
+	free(data);
+}
+
+/* The server's counters: file requests and POSTs, failed ones, connections. */
+static void server_stats(int port, long *requests, long *failed, long *connections)
+{
+	char url[MAX_URL], why[WHY_LEN];
+	uint8_t *data;
+	size_t len;
+
+	url_of(url, port, "__stats");
+	assert_int_equal(net_http_get(ctl, url, 4096, &data, &len, NULL, why, sizeof(why)), 0);
+	assert_int_equal(
+	    sscanf((char *)data, "{\"requests\": %ld, \"failed\": %ld", requests, failed), 2);
+	const char *c = strstr((char *)data, "\"connections\": ");
+	assert_non_null(c);
+	*connections = strtol(c + 15, NULL, 10);
+	free(data);
+}
+
+static int http_teardown(void **state)
+{
+	(void)state;
+	net_http_free(ctl);
+	ctl = NULL;
+	unit_server_stop(&srv);
+	remove_files();
+	return 0;
+}
+
+/* The files, the server and the control client. */
+static int http_setup(void **state)
+{
+	char why[WHY_LEN];
+
+	if (make_files()) {
+		fprintf(stderr, "test_net: cannot write the test files\n");
+		http_teardown(state);
+		return -1;
+	}
+	unit_server_start(&srv, dir, NULL);
+	assert_int_equal(net_http_new(NULL, &ctl, why, sizeof(why)), 0);
+	http_started = true;
+	return 0;
+}
+
+/* ------------------------------------------------------------- the parser */
+
+/* Feeds @lines (NULL-terminated) to a reply of request [@a, @b] / @max. */
+static int feed(struct net_reply *r, int64_t a, int64_t b, int64_t max, const char *const *lines,
+		char *msg, size_t msglen)
+{
+	int rc = 0;
+
+	net_reply_init(r, a, b, max);
+	for (; *lines && rc >= 0; lines++)
+		rc = net_reply_header(r, *lines, strlen(*lines), msg, msglen);
+	return rc;
+}
+
+static void test_parse_headers(void **state)
+{
+	(void)state;
+	struct net_reply r;
+	char msg[160];
+
+	/* A 206, CR LF kept or not, names in any case, blanks around values. */
+	const char *const ok[] = {"HTTP/1.1 206 Partial Content\r\n",
+				  "content-length:\t100\r\n",
+				  "Content-Range: bytes 0-99/300007",
+				  "X-Other: 1\r\n",
+				  "\r\n",
+				  NULL};
+	assert_int_equal(feed(&r, 0, 99, 100, ok, msg, sizeof(msg)), 0);
+	assert_int_equal(r.status, 206);
+	assert_true(r.have_clen && r.have_cr && !r.cr_unsat);
+	assert_int_equal(r.clen, 100);
+	assert_int_equal(r.cr_first, 0);
+	assert_int_equal(r.cr_last, 99);
+	assert_int_equal(r.cr_total, 300007);
+	assert_int_equal(net_reply_header(&r, "HTTP/2 416", 10, msg, sizeof(msg)),
+			 NET_HEADER_STATUS);
+	assert_int_equal(r.status, 416); /* a new reply forgets the last */
+	assert_false(r.have_clen || r.have_cr);
+
+	/* Malformed values are absent; numbers have at most 18 digits. */
+	static const char *const bad[] = {
+	    "Content-Range: bytes 5-4/10",
+	    "Content-Range: bytes 0-10/10",
+	    "Content-Range: bytes 0-1/2 x",
+	    "Content-Range: items 0-1/2",
+	    "Content-Range: bytes -1-2/3",
+	    "Content-Range: bytes 0-1234567890123456789/*",
+	    "Content-Range: bytes */",
+	    "Content-Range: bytes 1-2",
+	    "Content-Length: -1",
+	    "Content-Length: 12a",
+	    "Content-Length: 1234567890123456789",
+	    "Content-Length 12",
+	    "Content-Lengthy: 12",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+		const char *lines[] = {"HTTP/1.1 206", bad[i], NULL};
+		assert_int_equal(feed(&r, 0, 9, 10, lines, msg, sizeof(msg)), 0);
+		if (r.have_cr || r.have_clen || r.cr_unsat)
+			print_error("\"%s\" was read\n", bad[i]);
+		assert_false(r.have_cr || r.have_clen || r.cr_unsat);
+	}
+	const char *const star[] = {"HTTP/1.0 416 Range Not Satisfiable",
+				    "Content-Range: bytes */100", NULL};
+	assert_int_equal(feed(&r, 200, 209, 10, star, msg, sizeof(msg)), 0);
+	assert_true(r.cr_unsat && !r.have_cr);
+	assert_int_equal(r.cr_total, 100);
+	const char *const open[] = {"HTTP/1.1 206", "Content-Range: bytes 3-4/*", NULL};
+	assert_int_equal(feed(&r, 3, 4, 2, open, msg, sizeof(msg)), 0);
+	assert_true(r.have_cr);
+	assert_int_equal(r.cr_total, -1);
+
+	/* Bad status lines leave status 0; a whole 200 over max is -EFBIG at once. */
+	const char *const nostat[] = {"HTTP/1.1 99 Low", NULL};
+	assert_int_equal(feed(&r, -1, -1, 10, nostat, msg, sizeof(msg)), NET_HEADER_STATUS);
+	assert_int_equal(r.status, 0);
+	const char *const big_[] = {"HTTP/1.1 200 OK", "Content-Length: 11", NULL};
+	assert_int_equal(feed(&r, -1, -1, 10, big_, msg, sizeof(msg)), -EFBIG);
+	assert_string_equal(msg, "holds 11 bytes, more than 10");
+}
+
+/* Runs a reply of @lines and @body chunk sizes (0-terminated) through end. */
+static enum net_verdict judge(int64_t a, int64_t b, int64_t max, const char *const *lines,
+			      const size_t *chunks, int *body_rc, int64_t *size, char *msg,
+			      size_t msglen)
+{
+	struct net_reply r;
+
+	assert_true(feed(&r, a, b, max, lines, msg, msglen) >= 0);
+	*body_rc = NET_BODY_KEEP;
+	for (; *chunks; chunks++)
+		if ((*body_rc = net_reply_body(&r, *chunks, msg, msglen)) < 0)
+			return NET_FATAL;
+	return net_reply_end(&r, size, msg, msglen);
+}
+
+static void test_parse_judge(void **state)
+{
+	(void)state;
+	char msg[160];
+	int64_t size;
+	int brc;
+	static const size_t n30[] = {10, 20, 0}, n31[] = {31, 0}, n20[] = {20, 0}, none[] = {0};
+
+	/* The bytes asked, or those before the object's end. */
+	const char *const full[] = {"HTTP/1.1 206", "Content-Range: bytes 10-39/1000", NULL};
+	assert_int_equal(judge(10, 39, 30, full, n30, &brc, &size, msg, sizeof(msg)), NET_OK);
+	assert_int_equal(size, 1000);
+	const char *const tail[] = {"HTTP/1.1 206", "Content-Range: bytes 10-29/30", NULL};
+	assert_int_equal(judge(10, 39, 30, tail, n20, &brc, &size, msg, sizeof(msg)), NET_OK);
+	assert_int_equal(size, 30);
+	const char *const past[] = {"HTTP/1.1 416", "Content-Range: bytes */10", NULL};
+	assert_int_equal(judge(10, 39, 30, past, n20, &brc, &size, msg, sizeof(msg)), NET_OK);
+	assert_int_equal(brc, NET_BODY_DROP);
+	assert_int_equal(size, 10);
+	const char *const whole[] = {"HTTP/1.1 200", "Content-Length: 20", NULL};
+	assert_int_equal(judge(0, 39, 40, whole, n20, &brc, &size, msg, sizeof(msg)), NET_OK);
+	assert_int_equal(size, 20);
+
+	/* A 416 whose size says the range exists contradicts itself. */
+	const char *const lie[] = {"HTTP/1.1 416", "Content-Range: bytes */1000", NULL};
+	assert_int_equal(judge(10, 39, 30, lie, none, &brc, &size, msg, sizeof(msg)), NET_FATAL);
+	assert_string_equal(msg, "HTTP 416");
+	assert_int_equal(size, -1);
+
+	/* Wrong replies. */
+	const char *const shifted[] = {"HTTP/1.1 206", "Content-Range: bytes 11-40/1000", NULL};
+	assert_int_equal(judge(10, 39, 30, shifted, n30, &brc, &size, msg, sizeof(msg)), NET_FATAL);
+	assert_int_equal(brc, -EIO);
+	assert_string_equal(msg, "Content-Range bytes 11-40 for bytes 10-39 asked");
+	assert_int_equal(judge(10, 39, 30, full, n31, &brc, &size, msg, sizeof(msg)), NET_FATAL);
+	assert_string_equal(msg, "body longer than its Content-Range");
+	assert_int_equal(judge(10, 39, 30, full, n20, &brc, &size, msg, sizeof(msg)), NET_RETRY);
+	assert_string_equal(msg, "short body: 20 of 30 bytes");
+	const char *const early[] = {"HTTP/1.1 206", "Content-Range: bytes 10-29/1000", NULL};
+	assert_int_equal(judge(10, 39, 30, early, n20, &brc, &size, msg, sizeof(msg)), NET_RETRY);
+	assert_string_equal(msg, "Content-Range ends at byte 29, 39 expected");
+	const char *const nocr[] = {"HTTP/1.1 206", NULL};
+	assert_int_equal(judge(10, 39, 30, nocr, none, &brc, &size, msg, sizeof(msg)), NET_RETRY);
+	assert_string_equal(msg, "HTTP 206 without a valid Content-Range");
+	assert_int_equal(judge(10, 39, 30, whole, n20, &brc, &size, msg, sizeof(msg)), NET_FATAL);
+	assert_string_equal(msg, "HTTP 200 to a range request");
+	const char *const noclen[] = {"HTTP/1.1 200", NULL};
+	assert_int_equal(judge(0, 39, 40, noclen, n20, &brc, &size, msg, sizeof(msg)), NET_RETRY);
+	assert_string_equal(msg, "HTTP 200 without a matching Content-Length");
+	assert_int_equal(judge(0, 9, 10, whole, n20, &brc, &size, msg, sizeof(msg)), NET_FATAL);
+	assert_string_equal(msg, "HTTP 200 with more than the 10 bytes asked");
+
+	/* Statuses: retried or not; error pages dropped; no status at all. */
+	const char *const s503[] = {"HTTP/1.1 503", NULL}, *const s404[] = {"HTTP/1.1 404", NULL};
+	assert_int_equal(judge(0, 9, 10, s503, n20, &brc, &size, msg, sizeof(msg)), NET_RETRY);
+	assert_int_equal(brc, NET_BODY_DROP);
+	assert_string_equal(msg, "HTTP 503");
+	assert_int_equal(judge(-1, -1, 10, s404, n20, &brc, &size, msg, sizeof(msg)), NET_FATAL);
+	assert_string_equal(msg, "HTTP 404");
+	const char *const nothing[] = {NULL};
+	assert_int_equal(judge(-1, -1, 10, nothing, none, &brc, &size, msg, sizeof(msg)),
+			 NET_RETRY);
+	assert_string_equal(msg, "no HTTP status");
+	for (long st = 100; st < 1000; st++)
+		assert_int_equal(net_status_retryable(st), st >= 500 || st == 408 || st == 429);
+
+	/* Whole objects: max bounds the body, Content-Length must match. */
+	assert_int_equal(judge(-1, -1, 20, whole, n20, &brc, &size, msg, sizeof(msg)), NET_OK);
+	assert_int_equal(size, 20);
+	const char *const nolen[] = {"HTTP/1.1 200", NULL};
+	assert_int_equal(judge(-1, -1, 19, nolen, n20, &brc, &size, msg, sizeof(msg)), NET_FATAL);
+	assert_int_equal(brc, -EFBIG);
+	assert_string_equal(msg, "holds more than 19 bytes");
+	const char *const more[] = {"HTTP/1.1 200", "Content-Length: 30", NULL};
+	assert_int_equal(judge(-1, -1, 40, more, n20, &brc, &size, msg, sizeof(msg)), NET_RETRY);
+	assert_string_equal(msg, "short body: 20 of 30 bytes");
+}
+
+/* ------------------------------------------------------------ the client */
+
+static void test_url_check(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *url, *why;
+	} cases[] = {
+	    {"http://h/x", ""},
+	    {"HTTPS://h:8443/x?y=1", ""},
+	    {"http://h", ""},
+	    {"ftp://h/x", "ftp://h/x: unsupported URI (http:// or https:// expected)"},
+	    {"file:///x", "file:///x: unsupported URI (http:// or https:// expected)"},
+	    {"http://", "http://: URI without a host"},
+	    {"https:///x", "https:///x: URI without a host"},
+	    {"http://?q", "http://?q: URI without a host"},
+	    {"http://h/a b", "http://h/a b: URI holds a space or control character"},
+	    {"http://h/a\r\nX: y", "http://h/a\r\nX: y: URI holds a space or control character"},
+	};
+	char why[WHY_LEN];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+		int rc = net_url_check(cases[i].url, why, sizeof(why));
+		assert_int_equal(rc, cases[i].why[0] ? -EINVAL : 0);
+		assert_string_equal(why, cases[i].why);
+	}
+	assert_int_equal(net_url_check(NULL, why, sizeof(why)), -EINVAL);
+	assert_int_equal(net_url_check(NULL, NULL, 0), -EINVAL);
+	char *longurl = malloc(NET_MAX_URL + 2);
+	assert_non_null(longurl);
+	memset(longurl, 'x', NET_MAX_URL + 1);
+	memcpy(longurl, "http://", 7);
+	longurl[NET_MAX_URL + 1] = 0;
+	assert_int_equal(net_url_check(longurl, why, sizeof(why)), -EINVAL);
+	assert_non_null(strstr(why, "...: URI longer than 4096 bytes"));
+	longurl[NET_MAX_URL] = 0;
+	assert_int_equal(net_url_check(longurl, why, sizeof(why)), 0);
+	free(longurl);
+}
+
+static void test_new(void **state)
+{
+	(void)state;
+	static const char *const good[] = {"Authorization: Bearer t", "X-A:", NULL};
+	static const char *const bad[] = {"NoColon", ": v", "Bad Name: v", "X: a\r\nY: b"};
+	struct net_http_opts o = {.headers = good};
+	struct net_http *c = (struct net_http *)1;
+	char why[WHY_LEN];
+
+	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
+	assert_string_equal(why, "");
+	net_http_free(c);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+		const char *one[] = {bad[i], NULL};
+		o.headers = one;
+		assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), -EINVAL);
+		assert_null(c);
+		assert_non_null(strstr(why, "net_http_opts.headers: \""));
+		assert_non_null(strstr(why, "is not \"Name: value\" on one line"));
+	}
+	net_http_free(NULL);
+}
+
+/* Bytes [@off, @off + @len) of a.bin into @nbuf buffers of random sizes. */
+static void check_range(struct net_http *c, const char *url, int64_t off, int64_t len, int nbuf,
+			uint64_t seed)
+{
+	uint8_t *dst = malloc((size_t)len);
+	struct iovec *iov = calloc((size_t)nbuf, sizeof(*iov));
+	int64_t at = 0;
+	char why[WHY_LEN];
+
+	assert_true(dst && iov);
+	memset(dst, 0x5a, (size_t)len);
+	for (int i = 0; i < nbuf; i++) { /* sizes cut at random points, zeros included */
+		seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+		int64_t n =
+		    i + 1 == nbuf ? len - at : (int64_t)((seed >> 33) % (uint64_t)(len - at + 1));
+		iov[i] = (struct iovec){dst + at, (size_t)n};
+		at += n;
+	}
+	struct net_http_range r = {.off = off, .len = len, .iov = iov, .iovcnt = nbuf};
+	int rc = net_http_get_range(c, url, &r, NULL, why, sizeof(why));
+	if (rc)
+		print_error("%s\n", why);
+	assert_int_equal(rc, 0);
+	assert_int_equal(r.got, len);
+	assert_int_equal(r.size, BIG_SIZE);
+	assert_memory_equal(dst, big + off, (size_t)len);
+	free(iov);
+	free(dst);
+}
+
+static void test_range(void **state)
+{
+	(void)state;
+	struct net_http *c = client(0);
+	char url[MAX_URL], why[WHY_LEN];
+	long req, failed, conns;
+
+	server_set(srv.port, "fail_rate=0&reset=1");
+	url_of(url, srv.port, "a.bin");
+	check_range(c, url, 0, BIG_SIZE, 1, 1);
+	check_range(c, url, BIG_SIZE - 1, 1, 1, 2);
+	for (int i = 0; i < 40; i++)
+		check_range(c, url, i * 7001, 1 + i * 313, 1 + i % 9, (uint64_t)i);
+	struct net_http_stats st = stats(c);
+	assert_int_equal(st.requests, 42);
+	assert_int_equal(st.retries + st.failures, 0);
+	server_stats(srv.port, &req, &failed, &conns);
+	assert_int_equal(req, 42);
+	assert_int_equal(conns, 1); /* one connection, reused */
+
+	/* Past the end: what is there, and the size. */
+	uint8_t d[64];
+	struct iovec v = {d, sizeof(d)};
+	struct net_http_range r = {.off = 96, .len = 36, .iov = &v, .iovcnt = 1};
+	v.iov_len = 36;
+	url_of(url, srv.port, "small.bin");
+	assert_int_equal(net_http_get_range(c, url, &r, NULL, why, sizeof(why)), 0);
+	assert_int_equal(r.got, 4);
+	assert_int_equal(r.size, SMALL_SIZE);
+	assert_memory_equal(d, big + 96, 4);
+	r.off = 100; /* a 416 */
+	assert_int_equal(net_http_get_range(c, url, &r, NULL, why, sizeof(why)), 0);
+	assert_int_equal(r.got, 0);
+	assert_int_equal(r.size, SMALL_SIZE);
+	url_of(url, srv.port, "empty.bin");
+	r.off = 0;
+	assert_int_equal(net_http_get_range(c, url, &r, NULL, why, sizeof(why)), 0);
+	assert_int_equal(r.got, 0);
+	assert_int_equal(r.size, 0);
+
+	/* Bad arguments: nothing sent. */
+	int64_t before = stats(c).requests;
+	struct iovec two[2] = {{d, 10}, {d + 10, 10}}, hole[2] = {{d, 10}, {NULL, 10}};
+	struct net_http_range bad[] = {
+	    {.off = -1, .len = 20, .iov = two, .iovcnt = 2},
+	    {.off = 0, .len = 0, .iov = two, .iovcnt = 2},
+	    {.off = INT64_MAX, .len = 20, .iov = two, .iovcnt = 2},
+	    {.off = 0, .len = 20, .iov = NULL, .iovcnt = 2},
+	    {.off = 0, .len = 20, .iov = two, .iovcnt = 0},
+	    {.off = 0, .len = 21, .iov = two, .iovcnt = 2},
+	    {.off = 0, .len = 19, .iov = two, .iovcnt = 2},
+	    {.off = 0, .len = 20, .iov = hole, .iovcnt = 2},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+		assert_int_equal(net_http_get_range(c, url, &bad[i], NULL, why, sizeof(why)),
+				 -EINVAL);
+		assert_non_null(strstr(why, url));
+	}
+	r = (struct net_http_range){.off = 0, .len = 20, .iov = two, .iovcnt = 2};
+	assert_int_equal(net_http_get_range(c, "s3://b/k", &r, NULL, why, sizeof(why)), -EINVAL);
+	assert_int_equal(stats(c).requests, before);
+	net_http_free(c);
+}
+
+/* Every failure mode always on: -EIO after the retries, the reason named. */
+static void test_range_modes(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *mode, *why; /* after "<url>: " */
+	} modes[] = {
+	    {"503", "HTTP 503 after 3 attempts"},
+	    {"429", "HTTP 429 after 3 attempts"},
+	    {"408", "HTTP 408 after 3 attempts"},
+	    {"ignore-range", "HTTP 200 to a range request after 3 attempts"},
+	    {"badrange",
+	     "Content-Range bytes 5001-8000 for bytes 5000-7999 asked after 3 attempts"},
+	    {"short", "Content-Range ends at byte 6499, 7999 expected after 3 attempts"},
+	    {"truncate", NULL},
+	    {"drop", NULL},
+	};
+	char url[MAX_URL], q[128], why[WHY_LEN], want[WHY_LEN];
+	uint8_t dst[3000];
+	struct iovec v = {dst, sizeof(dst)};
+
+	url_of(url, srv.port, "a.bin");
+	for (size_t m = 0; m < sizeof(modes) / sizeof(*modes); m++) {
+		struct net_http *c = client(2);
+		struct net_http_range r = {.off = 5000, .len = sizeof(dst), .iov = &v, .iovcnt = 1};
+		long req, failed, conns;
+		snprintf(q, sizeof(q), "fail_rate=1&modes=%s&reset=1", modes[m].mode);
+		server_set(srv.port, q);
+		assert_int_equal(net_http_get_range(c, url, &r, NULL, why, sizeof(why)), -EIO);
+		snprintf(want, sizeof(want), "%s: %s", url, modes[m].why ? modes[m].why : "");
+		if (modes[m].why
+			? strcmp(why, want) != 0
+			: strncmp(why, want, strlen(want)) || !strstr(why, "after 3 attempts")) {
+			print_error("mode %s: \"%s\"\n", modes[m].mode, why);
+			fail();
+		}
+		assert_int_equal(r.got, 0);
+		struct net_http_stats st = stats(c);
+		assert_int_equal(st.requests, 3);
+		assert_int_equal(st.retries, 2);
+		assert_int_equal(st.failures, 1);
+		assert_int_equal(st.bytes, 0);
+		server_stats(srv.port, &req, &failed, &conns);
+		assert_int_equal(req, 3);
+		assert_int_equal(failed, 3);
+		net_http_free(c);
+	}
+	server_set(srv.port, "fail_rate=0");
+}
+
+static void test_get(void **state)
+{
+	(void)state;
+	struct net_http *c = client(3);
+	char url[MAX_URL], want[WHY_LEN], why[WHY_LEN];
+	uint8_t *data = (uint8_t *)1;
+	size_t len = 1;
+
+	server_set(srv.port, "fail_rate=0&reset=1");
+	url_of(url, srv.port, "index.json");
+	assert_int_equal(net_http_get(c, url, 1 << 20, &data, &len, NULL, why, sizeof(why)), 0);
+	assert_int_equal(len, strlen(INDEX_TXT));
+	assert_string_equal((char *)data, INDEX_TXT); /* NUL-terminated */
+	free(data);
+	url_of(url, srv.port, "a.bin");
+	assert_int_equal(net_http_get(c, url, BIG_SIZE, &data, &len, NULL, why, sizeof(why)), 0);
+	assert_int_equal(len, BIG_SIZE);
+	assert_memory_equal(data, big, BIG_SIZE);
+	free(data);
+	url_of(url, srv.port, "empty.bin");
+	assert_int_equal(net_http_get(c, url, 0, &data, &len, NULL, why, sizeof(why)), 0);
+	assert_non_null(data);
+	assert_int_equal(len, 0);
+	assert_int_equal(data[0], 0);
+	free(data);
+	assert_int_equal(stats(c).bytes, (int64_t)strlen(INDEX_TXT) + BIG_SIZE);
+
+	/* Too big: -EFBIG from the Content-Length, not retried. */
+	url_of(url, srv.port, "a.bin");
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, NULL, why, sizeof(why)), -EFBIG);
+	assert_null(data);
+	assert_int_equal(len, 0);
+	snprintf(want, sizeof(want), "%s: holds %d bytes, more than 4096", url, BIG_SIZE);
+	assert_string_equal(why, want);
+	/* 404: said at once. */
+	url_of(url, srv.port, "missing.json");
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, NULL, why, sizeof(why)), -EIO);
+	snprintf(want, sizeof(want), "%s: HTTP 404", url);
+	assert_string_equal(why, want);
+	struct net_http_stats st = stats(c);
+	assert_int_equal(st.retries, 0);
+	assert_int_equal(st.failures, 2);
+	assert_int_equal(net_http_get(c, url, -1, &data, &len, NULL, why, sizeof(why)), -EINVAL);
+	assert_int_equal(net_http_get(c, "http://", 1, &data, &len, NULL, why, sizeof(why)),
+			 -EINVAL);
+	net_http_free(c);
+}
+
+static void test_post(void **state)
+{
+	(void)state;
+	static const char *const hdrs[] = {"Authorization: Bearer s3cret", NULL};
+	struct net_http_opts o = {.retries = 2, .backoff_ms = 1, .headers = hdrs};
+	static const char body[] = "{\"key\": \"Zm9v\", \"range_end\": \"Zm9w\"}";
+	static const char want[] = "{\"path\": \"/v3/kv/range\", \"content_type\": "
+				   "\"application/json\", \"authorization\": \"Bearer s3cret\", "
+				   "\"body\": \"{\\\"key\\\": \\\"Zm9v\\\", \\\"range_end\\\": "
+				   "\\\"Zm9w\\\"}\"}";
+	struct net_http *c;
+	char url[MAX_URL], why[WHY_LEN];
+	uint8_t *data;
+	size_t len;
+
+	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
+	server_set(srv.port, "fail_rate=0&reset=1");
+	url_of(url, srv.port, "v3/kv/range");
+	assert_int_equal(net_http_post_json(c, url, body, strlen(body), 4096, &data, &len, NULL,
+					    why, sizeof(why)),
+			 0);
+	assert_string_equal((char *)data, want);
+	assert_int_equal(len, strlen(want));
+	free(data);
+
+	/* An empty body; a large one (no "Expect: 100-continue" wait). */
+	assert_int_equal(
+	    net_http_post_json(c, url, NULL, 0, 4096, &data, &len, NULL, why, sizeof(why)), 0);
+	assert_non_null(strstr((char *)data, "\"body\": \"\"}"));
+	free(data);
+	char *large = malloc(200000);
+	assert_non_null(large);
+	memset(large, 'x', 200000);
+	int64_t t0 = now_ms();
+	assert_int_equal(
+	    net_http_post_json(c, url, large, 200000, 1 << 20, &data, &len, NULL, why, sizeof(why)),
+	    0);
+	assert_true(now_ms() - t0 < 900);
+	assert_true(len > 200000);
+	free(data);
+	free(large);
+
+	/* A reply larger than max. */
+	assert_int_equal(
+	    net_http_post_json(c, url, body, strlen(body), 10, &data, &len, NULL, why, sizeof(why)),
+	    -EFBIG);
+	assert_null(data);
+	assert_non_null(strstr(why, "more than 10"));
+	assert_int_equal(
+	    net_http_post_json(c, url, NULL, 5, 10, &data, &len, NULL, why, sizeof(why)), -EINVAL);
+	net_http_free(c);
+}
+
+/* POST failures: the error body quoted; retried only when idempotent, or
+ * when the request cannot have been carried out. */
+static void test_post_retries(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *mode;
+		bool idempotent;
+		long requests;
+		const char *why; /* after "<url>: " */
+	} cases[] = {
+	    {"400", true, 1, "HTTP 400: {\"error\": \"injected 400\"}"},
+	    {"503", false, 1, "HTTP 503: {\"error\": \"injected 503\"}"},
+	    {"503", true, 3, "HTTP 503: {\"error\": \"injected 503\"} after 3 attempts"},
+	    {"429", false, 3, "HTTP 429: {\"error\": \"injected 429\"} after 3 attempts"},
+	    {"drop", false, 1, NULL},
+	    {"drop", true, 3, NULL},
+	    {"truncate", false, 1, NULL},
+	};
+	char url[MAX_URL], q[128], why[WHY_LEN], want[WHY_LEN];
+	uint8_t *data;
+	size_t len;
+	long req, failed, conns;
+
+	url_of(url, srv.port, "v3/kv/txn");
+	for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+		struct net_http *c = client(2);
+		struct net_http_call call = {.idempotent = cases[i].idempotent};
+		snprintf(q, sizeof(q), "fail_rate=1&modes=%s&reset=1", cases[i].mode);
+		server_set(srv.port, q);
+		assert_int_equal(
+		    net_http_post_json(c, url, "{}", 2, 4096, &data, &len, &call, why, sizeof(why)),
+		    -EIO);
+		snprintf(want, sizeof(want), "%s: %s", url, cases[i].why ? cases[i].why : "");
+		if (cases[i].why ? strcmp(why, want) != 0 : strncmp(why, want, strlen(want)) != 0) {
+			print_error("case %zu: \"%s\"\n", i, why);
+			fail();
+		}
+		server_stats(srv.port, &req, &failed, &conns);
+		assert_int_equal(req, cases[i].requests);
+		assert_int_equal(stats(c).requests, cases[i].requests);
+		net_http_free(c);
+	}
+	server_set(srv.port, "fail_rate=0");
+
+	/* Nobody listening: refused connections are retried, POST or not. */
+	struct unit_server gone = {.pid = -1};
+	unit_server_start(&gone, dir, NULL);
+	url_of(url, gone.port, "v3/kv/txn");
+	unit_server_stop(&gone);
+	struct net_http *c = client(2);
+	assert_int_equal(
+	    net_http_post_json(c, url, "{}", 2, 4096, &data, &len, NULL, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "after 3 attempts"));
+	net_http_free(c);
+}
+
+/* The call's stop flag and deadline. */
+static void test_call(void **state)
+{
+	(void)state;
+	struct net_http_opts o = {.retries = 100, .backoff_ms = 50, .max_backoff_ms = 50};
+	struct net_http *c;
+	char url[MAX_URL], want[WHY_LEN], why[WHY_LEN];
+	uint8_t *data;
+	size_t len;
+	long req, failed, conns;
+	atomic_int stop;
+
+	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
+
+	/* A stop flag set: the attempt under way ends, no other starts. */
+	atomic_init(&stop, 1);
+	struct net_http_call call = {.stop = &stop};
+	server_set(srv.port, "fail_rate=1&modes=500&reset=1");
+	url_of(url, srv.port, "index.json");
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, why, sizeof(why)),
+			 -ECANCELED);
+	server_stats(srv.port, &req, &failed, &conns);
+	assert_int_equal(req, 1);
+	struct net_http_stats st = stats(c);
+	assert_int_equal(st.requests, 1);
+	assert_int_equal(st.failures, 0);
+
+	/* A budget spent before the call: nothing sent. */
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	call = (struct net_http_call){.start_ns =
+					  (int64_t)t.tv_sec * 1000000000 + t.tv_nsec - 2000000000LL,
+				      .deadline_ms = 1500};
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, why, sizeof(why)), -EIO);
+	snprintf(want, sizeof(want), "%s: timed out before its request, deadline of 1.5 s reached",
+		 url);
+	assert_string_equal(why, want);
+	assert_int_equal(stats(c).requests, 1);
+
+	/* The call's own deadline ends the retries of a failing server. */
+	call = (struct net_http_call){.deadline_ms = 300};
+	int64_t t0 = now_ms();
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, why, sizeof(why)), -EIO);
+	int64_t ms = now_ms() - t0;
+	assert_true(ms >= 250 && ms < 2000);
+	assert_non_null(strstr(why, "HTTP 500 after "));
+	assert_non_null(strstr(why, "attempts, deadline of 0.3 s reached"));
+	server_set(srv.port, "fail_rate=0");
+	net_http_free(c);
+}
+
+/* Threads share one client: every byte right, connections reused. */
+struct worker {
+	struct net_http *c;
+	char url[MAX_URL];
+	int seed;
+};
+
+static void *range_worker(void *arg)
+{
+	struct worker *w = arg;
+
+	for (int i = 0; i < 25; i++) {
+		int64_t off = (w->seed * 7919 + i * 104729) % (BIG_SIZE - 5000);
+		check_range(w->c, w->url, off, 1 + (w->seed * 31 + i * 17) % 5000, 1 + i % 4,
+			    (uint64_t)(w->seed * 100 + i));
+	}
+	return NULL;
+}
+
+static void test_threads(void **state)
+{
+	(void)state;
+	struct net_http *c = client(20);
+	struct worker w[4];
+	pthread_t tid[4];
+	long req, failed, conns;
+
+	server_set(srv.port, "fail_rate=0&reset=1");
+	for (int i = 0; i < 4; i++) {
+		w[i] = (struct worker){.c = c, .seed = i + 1};
+		url_of(w[i].url, srv.port, "a.bin");
+		assert_int_equal(pthread_create(&tid[i], NULL, range_worker, &w[i]), 0);
+	}
+	for (int i = 0; i < 4; i++)
+		pthread_join(tid[i], NULL);
+	server_stats(srv.port, &req, &failed, &conns);
+	assert_int_equal(req, 100);
+	assert_true(conns >= 1 && conns <= 4);
+
+	/* And through a flaky server: retried, never a wrong byte. */
+	server_set(srv.port, "fail_rate=0.3&seed=5&reset=1&modes=500,503,drop,truncate,"
+			     "ignore-range,short,badrange");
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(pthread_create(&tid[i], NULL, range_worker, &w[i]), 0);
+	for (int i = 0; i < 4; i++)
+		pthread_join(tid[i], NULL);
+	assert_true(stats(c).retries > 0);
+	assert_int_equal(stats(c).failures, 0);
+	server_set(srv.port, "fail_rate=0");
+	net_http_free(c);
+}
+
+int main(void)
+{
+	const struct CMUnitTest parse_tests[] = {
+	    cmocka_unit_test(test_parse_headers),
+	    cmocka_unit_test(test_parse_judge),
+	    cmocka_unit_test(test_url_check),
+	    cmocka_unit_test(test_new),
+	};
+	const struct CMUnitTest http_tests[] = {
+	    cmocka_unit_test(test_range),	 cmocka_unit_test(test_range_modes),
+	    cmocka_unit_test(test_get),		 cmocka_unit_test(test_post),
+	    cmocka_unit_test(test_post_retries), cmocka_unit_test(test_call),
+	    cmocka_unit_test(test_threads),
+	};
+	int failed;
+
+	signal(SIGPIPE, SIG_IGN);
+	failed = cmocka_run_group_tests_name("parse", parse_tests, NULL, NULL);
+	failed += cmocka_run_group_tests_name("http", http_tests, http_setup, http_teardown);
+	if (!http_started)
+		fprintf(stderr, "test_net: the HTTP tests did not run\n");
+	return failed || !http_started ? 1 : 0;
+}
