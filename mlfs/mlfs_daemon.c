@@ -217,6 +217,7 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	struct mlfs_store *st;
 	struct mlfs_daemon *d;
 	size_t len;
+	bool io = false;
 	int rc = 1;
 
 	if (check_mountpoint(o->mountpoint))
@@ -281,7 +282,8 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	}
 	fuse_loop_cfg_set_max_threads(lc, 16);
 	fuse_loop_cfg_set_idle_threads(lc, 8);
-	if (mlfs_notify_start(d, se) == 0) {
+	io = mlfs_io_start(&d->io, MLFS_IO_THREADS) == 0;
+	if (io && mlfs_notify_start(d, se) == 0) {
 		st->changed = mlfs_notify_store_changed;
 		st->changed_arg = d;
 		rc = fuse_session_loop_mt(se, lc) ? 1 : 0;
@@ -291,6 +293,8 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	fuse_loop_cfg_destroy(lc);
 out_unmount:
 	fuse_session_unmount(se);
+	if (io)
+		mlfs_io_stop(&d->io);
 	if (!mlfs_notify_stop(d)) {
 		fprintf(stderr, "mlfs mount: a kernel notification did not return; exiting "
 				"without closing the session\n");

@@ -193,6 +193,34 @@ struct mlfs_fresh {
 	struct fh *head;
 };
 
+/* The I/O workers (mlfs_io.c): a job answers its request itself. */
+#define MLFS_IO_THREADS 8 /* as many slow requests wait at once without queueing */
+#define MLFS_IO_THREADS_MAX 32
+#define MLFS_IO_QUEUE_MAX 4096
+
+struct mlfs_io_job {
+	void (*run)(struct mlfs_io_job *j);    /* does the work, replies, frees j */
+	void (*cancel)(struct mlfs_io_job *j); /* replies an error instead, frees j */
+	struct mlfs_io_job *next;
+};
+
+struct mlfs_io {
+	pthread_mutex_t lock; /* the queue */
+	pthread_cond_t cond;
+	struct mlfs_io_job *head, *tail;
+	int queued, nthreads;
+	bool stop;
+	pthread_t threads[MLFS_IO_THREADS_MAX];
+};
+
+/* Starts @nthreads workers: 0 or a negative errno (none left running). */
+int mlfs_io_start(struct mlfs_io *io, int nthreads);
+/* Queues @j: 0, -EAGAIN when MLFS_IO_QUEUE_MAX jobs wait, -ESHUTDOWN when
+ * stopping; on error @j is untouched (the caller replies). Any thread. */
+int mlfs_io_submit(struct mlfs_io *io, struct mlfs_io_job *j);
+/* Cancels the waiting jobs, waits for the running ones, joins. */
+void mlfs_io_stop(struct mlfs_io *io);
+
 /*
  * The daemon: everything one mount serves, reached by every handler through
  * fuse_req_userdata(). Locks: st->lock, then inodes.lock; fh->lock before
@@ -203,6 +231,7 @@ struct mlfs_daemon {
 	struct mlfs_inodes inodes;
 	struct mlfs_notes notes;
 	struct mlfs_fresh fresh;
+	struct mlfs_io io;
 	uid_t uid; /* owner of every file */
 	gid_t gid;
 };

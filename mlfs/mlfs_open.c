@@ -116,6 +116,46 @@ static int open_view(struct fh *f)
 	return 0;
 }
 
+static void open_reply(fuse_req_t req, struct fuse_file_info *fi, struct fh *f, fuse_ino_t ino,
+		       int rc);
+
+/* An open of a dataset view, run by an I/O worker. */
+struct open_job {
+	struct mlfs_io_job job;
+	fuse_req_t req;
+	struct fuse_file_info fi;
+	struct fh *f;
+	fuse_ino_t ino;
+};
+
+static void open_job_run(struct mlfs_io_job *j)
+{
+	struct open_job *o = (struct open_job *)j;
+	open_reply(o->req, &o->fi, o->f, o->ino, open_view(o->f));
+	free(o);
+}
+
+static void open_job_cancel(struct mlfs_io_job *j)
+{
+	struct open_job *o = (struct open_job *)j;
+	open_reply(o->req, &o->fi, o->f, o->ino, -EINTR);
+	free(o);
+}
+
+/* Queues the open of view @f; 0, or an error for the caller to reply. */
+static int open_view_queue(struct mlfs_daemon *d, fuse_req_t req, struct fuse_file_info *fi,
+			   struct fh *f, fuse_ino_t ino)
+{
+	struct open_job *o = malloc(sizeof(*o));
+	if (!o)
+		return -ENOMEM;
+	*o = (struct open_job){{open_job_run, open_job_cancel, NULL}, req, *fi, f, ino};
+	int rc = mlfs_io_submit(&d->io, &o->job);
+	if (rc)
+		free(o);
+	return rc;
+}
+
 void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
@@ -238,19 +278,31 @@ out_locked:
 		f->text_len = f->text ? strlen(f->text) : 0;
 		rc = f->text ? 0 : -ENOMEM;
 	}
-	if (rc == 0 && f->kind == K_DFILE)
-		rc = open_view(f);
+	if (rc == 0 && f->kind == K_DFILE) { /* may wait on the network: an I/O worker */
+		rc = open_view_queue(d, req, fi, f, ino);
+		if (rc == 0)
+			return;
+	}
 	if (rc == 0 && f->kind == K_FFILE) {
 		rc = mlfs_full_assemble(d->st->schema, f->state, f->tensor, f->pin->bufs,
 					f->pin->nbufs, &d->st->mem, &f->buf);
 		mlfs_pin_put(f->pin);
 		f->pin = NULL;
 	}
+	open_reply(req, fi, f, ino, rc);
+}
+
+/* Replies an open of @f (or its failure @rc, freeing @f). Any thread. */
+static void open_reply(fuse_req_t req, struct fuse_file_info *fi, struct fh *f, fuse_ino_t ino,
+		       int rc)
+{
 	if (rc) {
 		mlfs_fh_free(f);
 		fuse_reply_err(req, -rc);
 		return;
 	}
+	struct mlfs_daemon *d = f->d;
+	bool write = f->write;
 	if ((f->kind == K_PART || f->kind == K_FFILE) && !write)
 		fi->keep_cache = 1; /* this inode's pages are its pinned content's */
 	else if (f->kind == K_DFILE)

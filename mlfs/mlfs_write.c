@@ -293,11 +293,12 @@ static bool all_space(const char *b, size_t n)
 	return true;
 }
 
-void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
-		     struct fuse_file_info *fi)
+/* A write to @f of the request's bytes, by thread @pid: 0 or a negative
+ * errno. */
+static int write_fh(struct fh *f, fuse_ino_t ino, pid_t pid, const char *buf, size_t size,
+		    off_t off)
 {
-	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct fh *f = mlfs_fh_of(fi);
+	struct mlfs_daemon *d = f->d;
 
 	mlfs_fh_free(mlfs_fresh_take(d, f, 0, 0)); /* written: no longer fresh */
 	pthread_mutex_lock(&f->lock);
@@ -325,10 +326,90 @@ void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
 	}
 	if (rc == 0) {
 		f->dirty = true;
-		f->wpid = fuse_req_ctx(req)->pid;
-	} else if (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA)
+		f->wpid = pid;
+	} else if (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA) {
 		f->err = rc;
+	}
 	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+/* Whether a write or flush of @f may wait on the network or the disk: a
+ * config.json may name a dataset index to fetch, .mlfs-ctl runs imports. */
+static bool may_block(const struct fh *f)
+{
+	return f->kind == K_CONFIG || f->kind == K_CTL;
+}
+
+/* A write or a flush run by an I/O worker (may_block). */
+struct write_job {
+	struct mlfs_io_job job;
+	fuse_req_t req;
+	struct fh *f; /* a reference */
+	fuse_ino_t ino;
+	pid_t pid;
+	bool flush;
+	off_t off;
+	size_t size;
+	char data[]; /* the request's bytes: libfuse's buffer is gone once we return */
+};
+
+static int flush_fh(struct fh *f, pid_t pid);
+
+static void write_job_run(struct mlfs_io_job *j)
+{
+	struct write_job *w = (struct write_job *)j;
+	int rc = w->flush ? flush_fh(w->f, w->pid)
+			  : write_fh(w->f, w->ino, w->pid, w->data, w->size, w->off);
+	if (rc || w->flush)
+		fuse_reply_err(w->req, -rc);
+	else
+		fuse_reply_write(w->req, w->size);
+	mlfs_fh_free(w->f);
+	free(w);
+}
+
+static void write_job_cancel(struct mlfs_io_job *j)
+{
+	struct write_job *w = (struct write_job *)j;
+	fuse_reply_err(w->req, EINTR);
+	mlfs_fh_free(w->f);
+	free(w);
+}
+
+/* Queues a write (@buf, @size) or a flush (@buf NULL) of @f: 0, or an error
+ * for the caller to reply. */
+static int queue_write(fuse_req_t req, struct fh *f, fuse_ino_t ino, const char *buf, size_t size,
+		       off_t off)
+{
+	struct write_job *w = malloc(sizeof(*w) + (buf ? size : 0));
+	if (!w)
+		return -ENOMEM;
+	*w = (struct write_job){{write_job_run, write_job_cancel, NULL}, req, f, ino,
+				fuse_req_ctx(req)->pid, !buf, off, size};
+	if (buf)
+		memcpy(w->data, buf, size);
+	atomic_fetch_add(&f->refs, 1);
+	int rc = mlfs_io_submit(&f->d->io, &w->job);
+	if (rc) {
+		atomic_fetch_sub(&f->refs, 1); /* the open's reference remains */
+		free(w);
+	}
+	return rc;
+}
+
+void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+		   struct fuse_file_info *fi)
+{
+	struct fh *f = mlfs_fh_of(fi);
+	int rc;
+
+	if (may_block(f)) {
+		if ((rc = queue_write(req, f, ino, buf, size, off)) == 0)
+			return;
+	} else {
+		rc = write_fh(f, ino, fuse_req_ctx(req)->pid, buf, size, off);
+	}
 	if (rc)
 		fuse_reply_err(req, -rc);
 	else
@@ -398,14 +479,12 @@ static bool part_complete(const struct fh *f)
  * exec, in the middle of the writer's writes. What is still incomplete at
  * the release is refused there (status.json says why).
  */
-void mlfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+/* A flush of @f by thread @pid (see above): 0 or a negative errno. */
+static int flush_fh(struct fh *f, pid_t pid)
 {
-	struct fh *f = mlfs_fh_of(fi);
-	(void)ino;
-
 	pthread_mutex_lock(&f->lock);
 	int rc = f->err;
-	bool writer = fuse_req_ctx(req)->pid == f->wpid;
+	bool writer = pid == f->wpid;
 	if (rc == 0 && f->write && f->dirty &&
 	    (writer || (f->kind == K_PART ? part_complete(f)
 				       : f->kind == K_STEP || f->committed))) {
@@ -419,6 +498,18 @@ void mlfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			f->err = rc;
 	}
 	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+void mlfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fh *f = mlfs_fh_of(fi);
+	int rc;
+
+	if (!may_block(f) || (rc = queue_write(req, f, ino, NULL, 0, 0)))
+		rc = flush_fh(f, fuse_req_ctx(req)->pid);
+	else
+		return;
 	fuse_reply_err(req, -rc);
 }
 

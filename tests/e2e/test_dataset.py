@@ -1022,3 +1022,51 @@ def test_global_batch_below_dp_refused(mount, tmp_path):
     cfg["dataset"]["global_batch"] = 4
     mount.write("config.json", json.dumps(cfg))
     assert [len(np.load(mount.p(f"ranks/{r}/data/0.ids.npy"))) for r in range(4)] == [1] * 4
+
+
+def test_stalled_source_blocks_no_fuse_worker(mount_factory, tmp_path, http_server):
+    """Issue 11: opens of views whose source stalls wait on I/O workers, not on the
+    mount's FUSE workers: with 24 such opens in flight (more than libfuse's 16
+    workers), partition reads, status.json and listings answer at once; the views
+    open once the source answers again."""
+    d = tmp_path / "ds"
+    write_fixed(d, HTTP_COUNTS)
+    port = http_server(d)
+    cfg = dataset_cfg(1, 1, 1, 2, f"http://127.0.0.1:{port}/index.json", HTTP_GB, shuffle=False)
+    m = mount_factory(extra_args=("--http-timeout", "8", "--http-deadline", "120",
+                                  "--prefetch", "0"))
+    m.setup(SCHEMA, cfg)
+    np.save(m.p("ranks/0/model/layers/0/w.npy"), np.full((4, 4), 7, np.float32))
+    settle(port)
+    http_get(port, "/__set?fail_always=1&modes=stall&stall_seconds=600&reset=1")
+    results = {}
+
+    def open_view(step):
+        try:
+            results[step] = m.read(f"ranks/{step % 2}/data/{step}.ids.npy")
+        except OSError as e:
+            results[step] = e
+
+    steps = [100 + 13 * i for i in range(24)]  # spread over shards 0-3, none read yet
+    threads = [threading.Thread(target=open_view, args=(s,)) for s in steps]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    assert not results, "the source was meant to stall"
+    for _ in range(3):
+        t0 = time.monotonic()
+        assert np.array_equal(np.load(m.p("ranks/0/model/layers/0/w.npy")),
+                              np.full((4, 4), 7, np.float32))
+        assert m.status()["version"] == 1
+        assert sorted(os.listdir(m.p("ranks"))) == ["0", "1"]
+        assert time.monotonic() - t0 < 5, "a FUSE worker waited on the stalled source"
+    http_get(port, "/__set?fail_always=0&stall_seconds=0")
+    for t in threads:
+        t.join(180)
+    for s in steps:
+        got = results[s]
+        assert not isinstance(got, Exception), (s, got)
+        ids = np.load(io.BytesIO(got))
+        half = HTTP_GB // 2
+        lo = s * HTTP_GB + (s % 2) * half
+        assert np.array_equal(ids, np.arange(lo, lo + half)), s
