@@ -18,7 +18,8 @@ endif
 ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS)
 
 DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev \
-	libzstd-dev libcmocka-dev pkg-config python3-numpy python3-pytest etcd-server
+	libzstd-dev libcmocka-dev pkg-config python3-numpy python3-pytest etcd-server \
+	python3-torch python3-matplotlib
 
 PTC_SRC   := $(wildcard ptc/*.c)
 XF_SRC    := $(wildcard transform/*.c)
