@@ -3,7 +3,8 @@
  * whole-object GETs and small JSON POSTs, with retries, a stall timeout, a
  * total deadline and reused connections.
  *
- * net depends on libc, libcurl and pthreads only (not on ptc or transform).
+ * net depends on libc, libcurl, jansson (etcd) and pthreads only (not on ptc
+ * or transform).
  * Its users: dataset shards and indexes (mlfs/mlfs_source.c), and next the
  * peer fetches of a reconfiguration (row ranges of partitions) and etcd's
  * v3 JSON gateway (POST /v3/kv/range and friends).
@@ -162,5 +163,102 @@ int net_http_get(struct net_http *c, const char *url, int64_t max, uint8_t **dat
 int net_http_post_json(struct net_http *c, const char *url, const void *body, size_t body_len,
 		       int64_t max, uint8_t **data, size_t *len, const struct net_http_call *call,
 		       char *why, size_t whylen);
+
+/* ------------------------------------------------------------------ etcd */
+
+/*
+ * An etcd v3 client over its JSON gateway (etcd 3.4: POST /v3/kv/range,
+ * /v3/kv/put, /v3/kv/deleterange, /v3/kv/txn, /v3/lease/grant, keepalive,
+ * revoke), built on net_http (retries, timeouts, deadlines as above; reads,
+ * puts and deletes are idempotent, a transaction and a lease grant are
+ * retried only when they cannot have reached etcd). Keys are text, values
+ * bytes. Errors: those of net_http_post_json, -ENOENT (no such key, an
+ * expired lease), -EIO a reply that is not etcd's. Every call may take a
+ * NULL budget (the client's deadline). Any thread, as net_http.
+ */
+struct net_etcd;
+
+/* A key and its value as etcd holds them (owned by the array's holder). */
+struct net_etcd_kv {
+	char *key;
+	char *value; /* NUL after its len bytes */
+	size_t len;
+	int64_t mod_revision, create_revision, version, lease;
+};
+
+/* A client of the etcd at @endpoint ("http://127.0.0.1:2379"), with the
+ * HTTP options @o (NULL: defaults). 0, -EINVAL (a bad URL), -ENOMEM. */
+int net_etcd_new(const char *endpoint, const struct net_http_opts *o, struct net_etcd **out,
+		 char *why, size_t whylen);
+void net_etcd_free(struct net_etcd *e);
+void net_etcd_kvs_free(struct net_etcd_kv *kvs, size_t n);
+
+/* The key @key, or every key starting with it (@prefix), sorted; the
+ * store's revision into *@revision when given. The array is the caller's
+ * (net_etcd_kvs_free); none found is 0 with *@n = 0. */
+int net_etcd_range(struct net_etcd *e, const char *key, bool prefix, struct net_etcd_kv **kvs,
+		   size_t *n, int64_t *revision, const struct net_http_call *budget, char *why,
+		   size_t whylen);
+/* One key into *@kv (its key and value the caller's to free): -ENOENT if
+ * absent. */
+int net_etcd_get(struct net_etcd *e, const char *key, struct net_etcd_kv *kv,
+		 const struct net_http_call *budget, char *why, size_t whylen);
+/* Puts @len bytes at @value under @key, bound to @lease (0: none). */
+int net_etcd_put(struct net_etcd *e, const char *key, const void *value, size_t len, int64_t lease,
+		 const struct net_http_call *budget, char *why, size_t whylen);
+/* Deletes @key (or the keys starting with it); how many into *@deleted. */
+int net_etcd_delete(struct net_etcd *e, const char *key, bool prefix, int64_t *deleted,
+		    const struct net_http_call *budget, char *why, size_t whylen);
+
+/* A condition of a transaction: @key's @target compared to @num (or to the
+ * @len bytes at @value for NET_ETCD_VALUE). A missing key has version,
+ * create and mod revisions 0. */
+enum net_etcd_target { NET_ETCD_VERSION, NET_ETCD_CREATE, NET_ETCD_MOD, NET_ETCD_VALUE };
+enum net_etcd_result { NET_ETCD_EQUAL, NET_ETCD_NOT_EQUAL, NET_ETCD_GREATER, NET_ETCD_LESS };
+struct net_etcd_cmp {
+	const char *key;
+	enum net_etcd_target target;
+	enum net_etcd_result result;
+	int64_t num;
+	const void *value;
+	size_t len;
+};
+/* A put (of @len bytes at @value, bound to @lease) or a delete (of @key, or
+ * of the keys starting with it when @prefix). */
+struct net_etcd_op {
+	enum { NET_ETCD_PUT, NET_ETCD_DELETE } kind;
+	const char *key;
+	const void *value;
+	size_t len;
+	int64_t lease;
+	bool prefix;
+};
+/* One atomic transaction: if every condition of @cmps holds, the @then ops,
+ * else the @otherwise ops; which into *@succeeded. The single commit point
+ * of a reconfiguration is one of these. */
+int net_etcd_txn(struct net_etcd *e, const struct net_etcd_cmp *cmps, size_t ncmp,
+		 const struct net_etcd_op *then, size_t nthen, const struct net_etcd_op *otherwise,
+		 size_t notherwise, bool *succeeded, int64_t *revision,
+		 const struct net_http_call *budget, char *why, size_t whylen);
+
+/* Leases: a grant of @ttl_s seconds (its id into *@id), one keep-alive (the
+ * seconds left into *@ttl_s; -ENOENT once it expired), a revoke (its keys
+ * vanish at once). */
+int net_etcd_lease_grant(struct net_etcd *e, int ttl_s, int64_t *id,
+			 const struct net_http_call *budget, char *why, size_t whylen);
+int net_etcd_lease_keepalive(struct net_etcd *e, int64_t id, int64_t *ttl_s,
+			     const struct net_http_call *budget, char *why, size_t whylen);
+int net_etcd_lease_revoke(struct net_etcd *e, int64_t id, const struct net_http_call *budget,
+			  char *why, size_t whylen);
+
+/*
+ * Waits until the keys under @prefix (their names and modification
+ * revisions: a put, a new key, a deletion) differ from what *@state
+ * describes, polling every few ms; *@state is updated. A *@state of 0
+ * returns at once with the current state. 0, -ETIMEDOUT after @timeout_ms,
+ * -ECANCELED once *@stop is set, or a call's error.
+ */
+int net_etcd_wait(struct net_etcd *e, const char *prefix, uint64_t *state, int timeout_ms,
+		  atomic_int *stop, char *why, size_t whylen);
 
 #endif

@@ -1,0 +1,332 @@
+/*
+ * test_etcd.c - net_etcd against a real etcd (Debian's etcd-server, which
+ * `make deps` installs), started here on free ports in a temporary
+ * directory and stopped at the end: keys and values (binary, every base64
+ * tail length), prefixes, transactions as compare-and-swap, leases and
+ * their keys, waiting for changes (puts, new keys, deletions), and the
+ * errors when etcd is gone.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "net/net.h"
+
+static pid_t etcd_pid = -1;
+static char etcd_dir[] = "/tmp/mlfs-test-etcd-XXXXXX";
+static char endpoint[64];
+static struct net_etcd *E;
+static char why[1024];
+
+static int free_port(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ||
+	    getsockname(fd, (struct sockaddr *)&a, &len)) {
+		perror("free_port");
+		exit(1);
+	}
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
+static int etcd_start(void **state)
+{
+	(void)state;
+	char client[64], peer[64], data[160], cluster[160], log[160];
+	int cport = free_port(), pport = free_port();
+
+	if (!mkdtemp(etcd_dir))
+		return -1;
+	snprintf(client, sizeof(client), "http://127.0.0.1:%d", cport);
+	snprintf(peer, sizeof(peer), "http://127.0.0.1:%d", pport);
+	snprintf(cluster, sizeof(cluster), "default=%s", peer);
+	snprintf(data, sizeof(data), "%s/data", etcd_dir);
+	snprintf(log, sizeof(log), "%s/etcd.log", etcd_dir);
+	snprintf(endpoint, sizeof(endpoint), "%s", client);
+	etcd_pid = fork();
+	if (etcd_pid < 0)
+		return -1;
+	if (etcd_pid == 0) {
+		if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout))
+			_exit(126);
+		execlp("etcd", "etcd", "--data-dir", data, "--listen-client-urls", client,
+		       "--advertise-client-urls", client, "--listen-peer-urls", peer,
+		       "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
+		       (char *)NULL);
+		_exit(127);
+	}
+	struct net_http_opts o = {.retries = 0, .timeout_ms = 2000, .deadline_ms = 5000};
+	if (net_etcd_new(endpoint, &o, &E, why, sizeof(why))) {
+		fprintf(stderr, "net_etcd_new: %s\n", why);
+		return -1;
+	}
+	/* Up when a read answers (a few hundred ms). */
+	for (int i = 0; i < 200; i++) {
+		struct net_etcd_kv *kvs;
+		size_t n;
+		if (net_etcd_range(E, "/ping", false, &kvs, &n, NULL, NULL, why, sizeof(why)) == 0) {
+			net_etcd_kvs_free(kvs, n);
+			return 0;
+		}
+		int st;
+		if (waitpid(etcd_pid, &st, WNOHANG) == etcd_pid) {
+			fprintf(stderr, "etcd exited (see %s): is etcd-server installed? (make deps)\n",
+				log);
+			etcd_pid = -1;
+			return -1;
+		}
+		usleep(50000);
+	}
+	fprintf(stderr, "etcd did not answer in 10 s: %s\n", why);
+	return -1;
+}
+
+static void etcd_stop(void)
+{
+	if (etcd_pid > 0) {
+		kill(etcd_pid, SIGKILL);
+		waitpid(etcd_pid, NULL, 0);
+		etcd_pid = -1;
+	}
+}
+
+static int etcd_teardown(void **state)
+{
+	(void)state;
+	net_etcd_free(E);
+	E = NULL;
+	etcd_stop();
+	char cmd[200];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", etcd_dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void test_put_get_delete(void **state)
+{
+	(void)state;
+	struct net_etcd_kv kv;
+
+	assert_int_equal(net_etcd_get(E, "/t1/none", &kv, NULL, why, sizeof(why)), -ENOENT);
+	/* Binary values of every base64 tail length, NULs included. */
+	for (size_t len = 0; len < 8; len++) {
+		char v[8] = {'\0', 'a', '\xff', '\n', 'b', '\0', '=', '/'};
+		assert_int_equal(net_etcd_put(E, "/t1/k", v, len, 0, NULL, why, sizeof(why)), 0);
+		assert_int_equal(net_etcd_get(E, "/t1/k", &kv, NULL, why, sizeof(why)), 0);
+		assert_string_equal(kv.key, "/t1/k");
+		assert_int_equal(kv.len, len);
+		assert_memory_equal(kv.value, v, len);
+		assert_int_equal(kv.value[len], '\0');
+		assert_int_equal(kv.version, (int64_t)len + 1);
+		free(kv.key);
+		free(kv.value);
+	}
+	/* A prefix: only its keys, sorted; not "/t1x". */
+	const char *keys[] = {"/t1/b", "/t1/a", "/t1/c/d", "/t1x", "/t0"};
+	for (int i = 0; i < 5; i++)
+		assert_int_equal(net_etcd_put(E, keys[i], keys[i], strlen(keys[i]), 0, NULL, why,
+					      sizeof(why)),
+				 0);
+	struct net_etcd_kv *kvs;
+	size_t n;
+	int64_t rev = 0;
+	assert_int_equal(net_etcd_range(E, "/t1/", true, &kvs, &n, &rev, NULL, why, sizeof(why)),
+			 0);
+	assert_int_equal(n, 4);
+	assert_string_equal(kvs[0].key, "/t1/a");
+	assert_string_equal(kvs[1].key, "/t1/b");
+	assert_string_equal(kvs[2].key, "/t1/c/d");
+	assert_string_equal(kvs[3].key, "/t1/k");
+	assert_string_equal(kvs[1].value, "/t1/b");
+	assert_true(rev >= kvs[1].mod_revision && kvs[1].mod_revision > 0);
+	net_etcd_kvs_free(kvs, n);
+	int64_t deleted = 0;
+	assert_int_equal(net_etcd_delete(E, "/t1/", true, &deleted, NULL, why, sizeof(why)), 0);
+	assert_int_equal(deleted, 4);
+	assert_int_equal(net_etcd_get(E, "/t1/a", &kv, NULL, why, sizeof(why)), -ENOENT);
+	assert_int_equal(net_etcd_get(E, "/t1x", &kv, NULL, why, sizeof(why)), 0);
+	free(kv.key);
+	free(kv.value);
+}
+
+static void test_txn(void **state)
+{
+	(void)state;
+	bool ok = false;
+	/* Create only if absent: the first wins, the second is refused. */
+	struct net_etcd_cmp absent = {.key = "/t2/attempt", .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
+	struct net_etcd_op put1 = {.kind = NET_ETCD_PUT, .key = "/t2/attempt", .value = "one", .len = 3};
+	struct net_etcd_op put2 = {.kind = NET_ETCD_PUT, .key = "/t2/attempt", .value = "two", .len = 3};
+	struct net_etcd_op mark = {.kind = NET_ETCD_PUT, .key = "/t2/lost", .value = "x", .len = 1};
+	assert_int_equal(net_etcd_txn(E, &absent, 1, &put1, 1, NULL, 0, &ok, NULL, NULL, why,
+				      sizeof(why)),
+			 0);
+	assert_true(ok);
+	assert_int_equal(net_etcd_txn(E, &absent, 1, &put2, 1, &mark, 1, &ok, NULL, NULL, why,
+				      sizeof(why)),
+			 0);
+	assert_false(ok);
+	struct net_etcd_kv kv;
+	assert_int_equal(net_etcd_get(E, "/t2/attempt", &kv, NULL, why, sizeof(why)), 0);
+	assert_string_equal(kv.value, "one");
+	free(kv.key);
+	free(kv.value);
+	assert_int_equal(net_etcd_get(E, "/t2/lost", &kv, NULL, why, sizeof(why)), 0); /* else */
+	free(kv.key);
+	free(kv.value);
+	/* A commit: "config" := new and "attempt" deleted, only while the
+	 * attempt is still the one we made (its value). */
+	struct net_etcd_cmp mine = {"/t2/attempt", NET_ETCD_VALUE, NET_ETCD_EQUAL, 0, "one", 3};
+	struct net_etcd_cmp theirs = {"/t2/attempt", NET_ETCD_VALUE, NET_ETCD_EQUAL, 0, "two", 3};
+	struct net_etcd_op commit[] = {{.kind = NET_ETCD_PUT, .key = "/t2/config", .value = "v2", .len = 2},
+				       {.kind = NET_ETCD_DELETE, .key = "/t2/attempt"}};
+	assert_int_equal(net_etcd_txn(E, &theirs, 1, commit, 2, NULL, 0, &ok, NULL, NULL, why,
+				      sizeof(why)),
+			 0);
+	assert_false(ok);
+	assert_int_equal(net_etcd_get(E, "/t2/config", &kv, NULL, why, sizeof(why)), -ENOENT);
+	int64_t rev = 0;
+	assert_int_equal(net_etcd_txn(E, &mine, 1, commit, 2, NULL, 0, &ok, &rev, NULL, why,
+				      sizeof(why)),
+			 0);
+	assert_true(ok && rev > 0);
+	assert_int_equal(net_etcd_get(E, "/t2/attempt", &kv, NULL, why, sizeof(why)), -ENOENT);
+	assert_int_equal(net_etcd_get(E, "/t2/config", &kv, NULL, why, sizeof(why)), 0);
+	assert_string_equal(kv.value, "v2");
+	assert_int_equal(kv.mod_revision, rev);
+	free(kv.key);
+	free(kv.value);
+	/* Greater / less on mod revisions. */
+	struct net_etcd_cmp newer = {.key = "/t2/config", .target = NET_ETCD_MOD, .result = NET_ETCD_GREATER, .num = rev - 1};
+	assert_int_equal(net_etcd_txn(E, &newer, 1, NULL, 0, NULL, 0, &ok, NULL, NULL, why,
+				      sizeof(why)),
+			 0);
+	assert_true(ok);
+	newer.result = NET_ETCD_LESS;
+	assert_int_equal(net_etcd_txn(E, &newer, 1, NULL, 0, NULL, 0, &ok, NULL, NULL, why,
+				      sizeof(why)),
+			 0);
+	assert_false(ok);
+}
+
+static void test_leases(void **state)
+{
+	(void)state;
+	int64_t id = 0, ttl = 0;
+	struct net_etcd_kv kv;
+
+	assert_int_equal(net_etcd_lease_grant(E, 5, &id, NULL, why, sizeof(why)), 0);
+	assert_true(id != 0);
+	assert_int_equal(net_etcd_put(E, "/t3/nodes/n0", "up", 2, id, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_get(E, "/t3/nodes/n0", &kv, NULL, why, sizeof(why)), 0);
+	assert_int_equal(kv.lease, id);
+	free(kv.key);
+	free(kv.value);
+	assert_int_equal(net_etcd_lease_keepalive(E, id, &ttl, NULL, why, sizeof(why)), 0);
+	assert_true(ttl > 0 && ttl <= 5);
+	/* Revoked: its keys vanish at once, and it cannot be kept alive. */
+	assert_int_equal(net_etcd_lease_revoke(E, id, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_get(E, "/t3/nodes/n0", &kv, NULL, why, sizeof(why)), -ENOENT);
+	assert_int_equal(net_etcd_lease_keepalive(E, id, &ttl, NULL, why, sizeof(why)), -ENOENT);
+	assert_non_null(strstr(why, "expired"));
+	/* A put bound to a lease that does not exist is refused by etcd. */
+	assert_int_equal(net_etcd_put(E, "/t3/x", "y", 1, id, NULL, why, sizeof(why)), -EIO);
+	assert_non_null(strstr(why, "lease"));
+}
+
+struct putter {
+	int delay_ms;
+	const char *key;
+	bool del;
+};
+
+static void *put_later(void *arg)
+{
+	struct putter *p = arg;
+	char w[256];
+	usleep((useconds_t)p->delay_ms * 1000);
+	if (p->del)
+		net_etcd_delete(E, p->key, false, NULL, NULL, w, sizeof(w));
+	else
+		net_etcd_put(E, p->key, "v", 1, 0, NULL, w, sizeof(w));
+	return NULL;
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void test_wait(void **state)
+{
+	(void)state;
+	uint64_t st = 0;
+	pthread_t th;
+
+	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 1000, NULL, why, sizeof(why)), 0); /* now */
+	assert_true(st != 0);
+	int64_t t0 = now_ms();
+	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 150, NULL, why, sizeof(why)), -ETIMEDOUT);
+	assert_true(now_ms() - t0 >= 150);
+	/* A new key, a changed key and a deletion each wake it; a key outside
+	 * the prefix does not. */
+	struct putter steps[] = {{100, "/t4/a", false}, {100, "/t4/a", false}, {100, "/t4/a", true}};
+	for (int i = 0; i < 3; i++) {
+		struct putter outside = {10, "/t5/a", false};
+		pthread_create(&th, NULL, put_later, &outside);
+		pthread_join(th, NULL);
+		pthread_create(&th, NULL, put_later, &steps[i]);
+		t0 = now_ms();
+		assert_int_equal(net_etcd_wait(E, "/t4/", &st, 5000, NULL, why, sizeof(why)), 0);
+		int64_t took = now_ms() - t0;
+		pthread_join(th, NULL);
+		assert_true(took >= 50 && took < 2000);
+	}
+	atomic_int stop = 1;
+	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 5000, &stop, why, sizeof(why)), -ECANCELED);
+}
+
+static void test_etcd_gone(void **state)
+{
+	(void)state;
+	struct net_etcd_kv kv;
+	struct net_etcd *bad;
+	assert_int_equal(net_etcd_new("ftp://x", NULL, &bad, why, sizeof(why)), -EINVAL);
+	etcd_stop();
+	int64_t t0 = now_ms();
+	int rc = net_etcd_get(E, "/t1x", &kv, NULL, why, sizeof(why));
+	assert_int_equal(rc, -EIO);
+	assert_non_null(strstr(why, endpoint));
+	assert_non_null(strstr(why, "/v3/kv/range"));
+	assert_true(now_ms() - t0 < 6000); /* the client's deadline (5 s) */
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_put_get_delete), cmocka_unit_test(test_txn),
+	    cmocka_unit_test(test_leases),	   cmocka_unit_test(test_wait),
+	    cmocka_unit_test(test_etcd_gone), /* last: stops etcd */
+	};
+	signal(SIGPIPE, SIG_IGN);
+	return cmocka_run_group_tests_name("etcd", tests, etcd_start, etcd_teardown) ? 1 : 0;
+}
