@@ -34,7 +34,8 @@ struct mlfs_tnode {
 /*
  * One layout version on this node. Immutable once published, except the
  * partition buffer pointers in parts.bufs, which writers swap under
- * store->lock. Reference-counted: lookups in flight keep an old view alive.
+ * store->lock. Reference-counted: lookups in flight, open files and a
+ * reconfiguration that builds from it (its pin) keep an old view alive.
  */
 struct mlfs_view {
 	atomic_int refs;
@@ -51,6 +52,11 @@ struct mlfs_view {
 	struct ptc_cursor cursor; /* with ds: the samples each step consumes */
 };
 
+/* Adds a reference to @v and returns it; NULL-safe. Any thread: the caller
+ * must already hold a reference (mlfs_store_view gives the first). */
+struct mlfs_view *mlfs_view_get(struct mlfs_view *v);
+/* Drops a reference; the last frees the view, its partition table (each
+ * buffer put) and trees. NULL-safe; any thread, no lock held. */
 void mlfs_view_put(struct mlfs_view *v);
 
 /* ---------------------------------------------------------------- job tree */
@@ -68,7 +74,30 @@ struct mlfs_job {
 
 /* ------------------------------------------------------------------ store */
 
-enum mlfs_state { MLFS_IDLE, MLFS_TRANSFORMING, MLFS_FAILED };
+/*
+ * Whether partition and step writes are open: MLFS_TRANSFORMING while a
+ * reconfiguration attempt holds the store (preparing to the end of
+ * committing or aborting). Follows store->reconf; written only by
+ * mlfs_reconf.c, under the lock. Readers outside the lock use it as a hint
+ * only (mlfs_store_commit_part re-checks under it).
+ */
+enum mlfs_state { MLFS_IDLE, MLFS_TRANSFORMING };
+
+/*
+ * The states of a reconfiguration (mlfs_reconf.c), as status.json names
+ * them. One attempt at a time; the current view changes only in committing.
+ */
+enum mlfs_reconf_state {
+	MLFS_RECONF_IDLE,	/* "idle": no attempt */
+	MLFS_RECONF_PREPARING,	/* "preparing": the new layout is built beside the current one */
+	MLFS_RECONF_PREPARED,	/* "prepared": built; waits for commit or abort */
+	MLFS_RECONF_COMMITTING, /* "committing": the new layout is current, the old one let go */
+	MLFS_RECONF_ABORTING,	/* "aborting": the new partitions are discarded */
+	MLFS_RECONF_FAILED,	/* "failed": the last attempt failed or was aborted (error says
+				 * why); the old layout is current and writable */
+};
+
+struct mlfs_attempt; /* one reconfiguration attempt: mlfs_reconf.c */
 
 struct mlfs_store {
 	pthread_mutex_t lock; /* everything below */
@@ -79,20 +108,22 @@ struct mlfs_store {
 	int threads;
 
 	char *schema_text;
-	struct ptc_schema *schema;
-	int64_t schema_bytes; /* counted in mem: an estimate */
-	struct mlfs_view *view; /* NULL until schema and config are set */
-	int64_t *steps;		/* per rank of view->layout, -1 = never saved */
+	struct ptc_schema *schema; /* fixed once view is set */
+	int64_t schema_bytes;	   /* counted in mem: an estimate */
+	struct mlfs_view *view;	   /* NULL until schema and config are set; never NULL again */
+	int64_t *steps;		   /* per rank of view->layout, -1 = never saved */
 
-	enum mlfs_state state;
+	enum mlfs_reconf_state reconf;
+	enum mlfs_state state;	      /* follows reconf, see above */
+	struct mlfs_attempt *attempt; /* from preparing until aborting or committing ends */
 	char error[PTC_ERROR_MAX];
-	int64_t target_version;
+	int64_t target_version; /* of the last attempt */
 	_Atomic int64_t progress;
 	int64_t progress_total;
-	struct xf_stats last;
+	struct xf_stats last; /* the last committed reconfiguration */
 	int64_t last_from, last_to;
 	bool has_last;
-	pthread_t xf_thread;
+	pthread_t xf_thread; /* the last attempt's transformer thread */
 	bool xf_joinable;
 
 	struct mlfs_job *job; /* the job/ directory */
@@ -106,19 +137,57 @@ struct mlfs_store {
 
 int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cluster_text,
 		    int node, int64_t max_memory, int threads);
+/* Ends a reconfiguration in progress (mlfs_reconf_shutdown) and frees the
+ * store. Called once, when no other thread uses the store. */
 void mlfs_store_release(struct mlfs_store *st);
 
 /* The current view with a reference (NULL when unset). */
 struct mlfs_view *mlfs_store_view(struct mlfs_store *st);
 
+/*
+ * The buffer of partition (@rank, @state, @tensor) of view @v, with a new
+ * reference the caller puts (xf_buf_put): the bytes as they are now; a
+ * later write swaps in another buffer and leaves this one intact. NULL
+ * when @v holds no such partition on this node (a rank of another node, a
+ * tensor the rank's stage does not hold, an index out of range: checked,
+ * so indices may come from a peer). @v is the caller's (a reference from
+ * mlfs_store_view or mlfs_view_get); it need not be current. Any thread:
+ * FUSE workers, the peer server; takes st->lock briefly.
+ */
+struct xf_buf *mlfs_store_part_get(struct mlfs_store *st, struct mlfs_view *v, int rank, int state,
+				   int tensor);
+
+/*
+ * A new view of config @config and dataset @ds (both taken over, freed on
+ * error) with an empty partition table, its name trees built and its
+ * metadata counted in st->mem; @text (@len bytes) is copied; @what names
+ * the config in messages. 0, or -EINVAL/-ENOSPC with @err, -ENOMEM. The
+ * schema must not change meanwhile: with st->lock held, or once a view is
+ * set (the schema is fixed then). Any thread.
+ */
+int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_dataset *ds,
+		  const char *text, size_t len, const char *what, struct mlfs_view **out,
+		  struct ptc_error *err);
+
 /* Control file writes: 0 or a negative errno; @err gets the reason. */
 int mlfs_store_set_schema(struct mlfs_store *st, const char *text, size_t len,
 			  struct ptc_error *err);
+/* config.json: the first config is installed at once (partitions zeroed);
+ * a later one is a reconfiguration that commits by itself
+ * (mlfs_reconf_prepare with @autocommit): 0 once it runs. The refusal's
+ * reason also goes to status.json. FUSE workers. */
 int mlfs_store_set_config(struct mlfs_store *st, const char *text, size_t len,
 			  struct ptc_error *err);
 int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_t len,
 			struct ptc_error *err);
-/* Runs a control request (JSON) synchronously; *reply gets a new JSON text. */
+/*
+ * Runs a control request (JSON) of .mlfs-ctl: "import", and the
+ * reconfiguration steps "prepare" {"config": text}, "commit" {"version"}
+ * and "abort" {"version", "reason"} (mlfs_reconf_*). *reply gets a new JSON
+ * text {"ok", "error"} (reconfiguration steps add "state", the state after
+ * the request); a refusal's error also goes to status.json. Returns 0 or a
+ * negative errno. FUSE workers; an import reads files meanwhile.
+ */
 int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char **reply);
 
 /* New malloc'd texts of the generated files. */
@@ -129,6 +198,9 @@ char *mlfs_rank_json(const struct mlfs_view *v, int rank);
 void mlfs_store_prefetch(struct mlfs_store *st, struct mlfs_view *v, int64_t step);
 /* Records a failure of a dataset view for status.json. */
 void mlfs_store_note_error(struct mlfs_store *st, const char *msg);
+/* Tells the FUSE layer (st->changed) that content under @prefix ("" =
+ * everything) changed. No lock held. */
+void mlfs_store_changed(struct mlfs_store *st, const char *prefix);
 
 /* Partition commit: swaps the buffer of (rank, state, tensor) in view @v if
  * @v is still current and no reconfiguration runs. 0, -ESTALE, -EBUSY. */
@@ -143,15 +215,72 @@ int mlfs_store_commit_part(struct mlfs_store *st, struct mlfs_view *v, int rank,
 int mlfs_view_full_sources(const struct mlfs_view *v, const struct ptc_schema *s, int node,
 			   int state, int tensor, struct xf_buf **srcs);
 /* Assembles the full tensor from mlfs_view_full_sources' @srcs into a new
- * buffer *@out from @mem. 0, -ENOSPC, -ENOMEM. Any thread, no lock. */
-int mlfs_full_assemble(const struct ptc_schema *s, int state, int tensor,
-		       struct xf_buf *const *srcs, int nsrcs, struct xf_mem *mem,
-		       struct xf_buf **out);
+ * buffer *@out from @mem: xf_full_assemble, kept under this name for the
+ * FUSE files that call it. 0, -ENOSPC, -ENOMEM. Any thread, no lock. */
+static inline int mlfs_full_assemble(const struct ptc_schema *s, int state, int tensor,
+				     struct xf_buf *const *srcs, int nsrcs, struct xf_mem *mem,
+				     struct xf_buf **out)
+{
+	return xf_full_assemble(s, state, tensor, srcs, nsrcs, mem, out);
+}
 
 /* NPY header of a partition or full tensor; returns its length. */
 size_t mlfs_part_header(const struct ptc_schema *s, const struct ptc_layout *l, int rank, int state,
 			int tensor, char *buf, size_t cap);
 size_t mlfs_full_header(const struct ptc_schema *s, int state, int tensor, char *buf, size_t cap);
+
+/* -------------------------------------------------------- reconfiguration */
+
+/* status.json's name of @s ("idle", "preparing", ...). */
+const char *mlfs_reconf_state_name(enum mlfs_reconf_state s);
+/* 0, or -EBUSY with @err "@what: a reconfiguration to version N is in
+ * progress (<state>)" while an attempt holds the store. Lock held. */
+int mlfs_reconf_busy(const struct mlfs_store *st, const char *what, struct ptc_error *err);
+
+/*
+ * Validates config text @text (@len bytes, copied; @what names it in
+ * messages: "config.json", "prepare") and starts a reconfiguration to it:
+ * plans without the lock (new view, cursor carry, plan), then takes
+ * st->lock only to re-check what it planned from (no attempt in progress,
+ * the same current view, the same saved step, room in --max-memory) and
+ * publish state "preparing". A transformer thread then builds the new
+ * layout beside the current one, which stays current, readable and pinned;
+ * partition and step writes get EBUSY meanwhile. The build stops in
+ * "prepared", or with @autocommit (one node: config.json) commits at once.
+ * Returns 0 once the attempt runs (the build's own failure shows later as
+ * "failed" in status.json); otherwise nothing changed and @err says why:
+ * -EINVAL (the config, its version not newer, ranks that saved different
+ * steps, a dataset change, no current layout), -EBUSY (an attempt in
+ * progress, or the store changed while planning: write it again),
+ * -ENOSPC (the new partitions do not fit), -ENOMEM.
+ * FUSE workers (any thread but the transformer); may read a dataset index
+ * (network) before planning.
+ */
+int mlfs_reconf_prepare(struct mlfs_store *st, const char *text, size_t len, const char *what,
+			bool autocommit, struct ptc_error *err);
+/*
+ * Commits the prepared attempt to @version: the new view becomes current
+ * under the lock (saved steps carried, dataset cursor continued), the FUSE
+ * layer is told, the old view let go, then "idle". Returns 0 when done;
+ * -EBUSY while the attempt is still preparing (or committing, aborting),
+ * -EINVAL when nothing is prepared or @version is not the prepared one;
+ * @err says which. Any thread but the transformer.
+ */
+int mlfs_reconf_commit(struct mlfs_store *st, int64_t version, struct ptc_error *err);
+/*
+ * Aborts the attempt to @version, preparing or prepared: its new
+ * partitions are freed (a build in progress is discarded when it ends),
+ * the current view stays as it was, then "failed" with "reconfiguration to
+ * version N aborted: @reason" (NULL: "by request") in status.json. Returns
+ * 0 once aborting (done when prepared); -EBUSY while committing or already
+ * aborting, -EINVAL when no attempt is in progress or @version is not its
+ * own; @err says which. Any thread but the transformer.
+ */
+int mlfs_reconf_abort(struct mlfs_store *st, int64_t version, const char *reason,
+		      struct ptc_error *err);
+/* At unmount: waits for the transformer thread and discards a prepared
+ * attempt. Only when no other thread uses the store. */
+void mlfs_reconf_shutdown(struct mlfs_store *st);
 
 /* ---------------------------------------------------------------- trees */
 

@@ -1,22 +1,20 @@
 /*
- * mlfs_store.c - the store: views, control files, import, reconfiguration.
+ * mlfs_store.c - the store: views, schema and steps, partitions, import,
+ * status.json.
  *
  * DESIGN
  * The store holds one current view (schema + config + this node's
  * partitions). Control-file writes validate fully before changing anything;
  * a refused write leaves the store as it was and says why in status.json.
+ * Changing the config is a reconfiguration: mlfs_reconf.c, which swaps the
+ * view pointer; everything here works on the view it finds current and
+ * re-checks under the lock that it still is before changing it (-ESTALE,
+ * -EBUSY while a reconfiguration holds the store).
  *
- * Reconfiguration builds the new view beside the current one on a
- * transformer thread (transform/xf_execute over all cores; unchanged
- * partitions shared, not copied) and swaps the view pointer under the lock
- * when done. Until then the old view stays current and readable; partition
- * writes are refused with EBUSY while it runs, so the old layout it reads
- * from cannot change under it. A failed build frees the new partitions and
- * leaves the old view current.
- *
- * Threads: FUSE workers call everything here; one transformer thread at a
- * time runs reconfigure_main. store->lock guards all store fields and the
- * buffer pointers of the current view; it is never held during copies.
+ * Threads: FUSE workers call everything here; the peer server will call
+ * mlfs_store_part_get. store->lock guards all store fields and the buffer
+ * pointers of the current view; it is never held during copies, file reads
+ * or frees of large buffers.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +30,13 @@
 #include "mlfs/mlfs_source.h"
 
 /* ------------------------------------------------------------------ views */
+
+struct mlfs_view *mlfs_view_get(struct mlfs_view *v)
+{
+	if (v)
+		atomic_fetch_add(&v->refs, 1);
+	return v;
+}
 
 void mlfs_view_put(struct mlfs_view *v)
 {
@@ -55,11 +60,24 @@ void mlfs_view_put(struct mlfs_view *v)
 struct mlfs_view *mlfs_store_view(struct mlfs_store *st)
 {
 	pthread_mutex_lock(&st->lock);
-	struct mlfs_view *v = st->view;
-	if (v)
-		atomic_fetch_add(&v->refs, 1);
+	struct mlfs_view *v = mlfs_view_get(st->view);
 	pthread_mutex_unlock(&st->lock);
 	return v;
+}
+
+struct xf_buf *mlfs_store_part_get(struct mlfs_store *st, struct mlfs_view *v, int rank, int state,
+				   int tensor)
+{
+	const struct xf_parts *p = &v->parts;
+	struct xf_buf *b = NULL;
+
+	if (rank < 0 || rank >= v->layout.world || state < 0 || state >= p->nstates || tensor < 0 ||
+	    tensor >= p->ntensors)
+		return NULL;
+	pthread_mutex_lock(&st->lock);
+	b = xf_buf_get(p->bufs[xf_parts_index(p, rank, state, tensor)]);
+	pthread_mutex_unlock(&st->lock);
+	return b;
 }
 
 /*
@@ -86,10 +104,9 @@ static int64_t schema_bytes(const struct ptc_schema *s, size_t textlen)
 	return n;
 }
 
-/* A view of @config and dataset @ds (both taken over) with an empty
- * partition table. */
-static int view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_dataset *ds,
-		    const char *text, size_t len, struct mlfs_view **out, struct ptc_error *err)
+int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_dataset *ds,
+		  const char *text, size_t len, const char *what, struct mlfs_view **out,
+		  struct ptc_error *err)
 {
 	struct mlfs_view *v = calloc(1, sizeof(*v));
 	int rc = -ENOMEM;
@@ -105,7 +122,7 @@ static int view_new(struct mlfs_store *st, struct ptc_config *config, struct mlf
 	clock_gettime(CLOCK_REALTIME, &v->time);
 	if (!(v->config_text = strndup(text, len)))
 		goto err_put;
-	if ((rc = ptc_layout_init(&v->layout, st->schema, config, st->cluster, "config.json", err)))
+	if ((rc = ptc_layout_init(&v->layout, st->schema, config, st->cluster, what, err)))
 		goto err_put;
 	/* The partition table, the local stages' name trees and the full tree. */
 	int64_t meta = (int64_t)v->layout.world * st->schema->nstates * st->schema->ntensors *
@@ -113,9 +130,9 @@ static int view_new(struct mlfs_store *st, struct ptc_config *config, struct mlf
 		       tree_bytes(st->schema) * (1 + v->layout.pp);
 	if ((rc = xf_mem_reserve(&st->mem, meta))) {
 		ptc_errorf(err,
-			   "config.json: the metadata of this layout (about %" PRId64
+			   "%s: the metadata of this layout (about %" PRId64
 			   " bytes) does not fit in --max-memory",
-			   meta);
+			   what, meta);
 		goto err_put;
 	}
 	v->mem = &st->mem;
@@ -161,8 +178,7 @@ int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cl
 
 void mlfs_store_release(struct mlfs_store *st)
 {
-	if (st->xf_joinable)
-		pthread_join(st->xf_thread, NULL);
+	mlfs_reconf_shutdown(st);
 	mlfs_view_put(st->view);
 	ptc_schema_free(st->schema);
 	ptc_cluster_free(st->cluster);
@@ -180,7 +196,7 @@ static int refuse(struct mlfs_store *st, int rc, const struct ptc_error *err)
 	return rc;
 }
 
-static void notify_changed(struct mlfs_store *st, const char *prefix)
+void mlfs_store_changed(struct mlfs_store *st, const char *prefix)
 {
 	if (st->changed)
 		st->changed(st->changed_arg, prefix);
@@ -210,8 +226,10 @@ int mlfs_store_set_schema(struct mlfs_store *st, const char *text, size_t len,
 	}
 	int64_t bytes = schema_bytes(s, len);
 	if (xf_mem_reserve(&st->mem, bytes)) {
-		ptc_errorf(err, "schema.json: its %d tensors (about %" PRId64 " bytes) do not fit "
-				"in --max-memory", s->ntensors, bytes);
+		ptc_errorf(err,
+			   "schema.json: its %d tensors (about %" PRId64 " bytes) do not fit "
+			   "in --max-memory",
+			   s->ntensors, bytes);
 		ptc_schema_free(s);
 		rc = refuse(st, -ENOSPC, err);
 		goto out;
@@ -232,289 +250,6 @@ int mlfs_store_set_schema(struct mlfs_store *st, const char *text, size_t len,
 	st->error[0] = '\0';
 out:
 	pthread_mutex_unlock(&st->lock);
-	return rc;
-}
-
-/* A cursor of one segment: from @step on, @batch samples per step on @dp. */
-static int cursor_init(struct ptc_cursor *c, int64_t step, int64_t batch, int dp)
-{
-	if (!(c->segs = malloc(sizeof(*c->segs))))
-		return -ENOMEM;
-	c->nsegs = 1;
-	c->segs[0] = (struct ptc_cursor_seg){step, 0, batch, dp};
-	return 0;
-}
-
-/* First config: every local partition zero-filled. Lock held. */
-static int set_first_config(struct mlfs_store *st, struct ptc_config *c, struct mlfs_dataset *ds,
-			    const char *text, size_t len, struct ptc_error *err)
-{
-	struct mlfs_view *v;
-	int rc = view_new(st, c, ds, text, len, &v, err);
-
-	if (rc)
-		return rc;
-	if (v->ds && cursor_init(&v->cursor, 0, c->dataset_global_batch, v->layout.dp)) {
-		mlfs_view_put(v);
-		return -ENOMEM;
-	}
-	if ((rc = xf_parts_alloc_zero(&v->parts, &st->mem))) {
-		if (rc == -ENOSPC)
-			ptc_errorf(err,
-				   "config.json: the partitions of this node do not fit in "
-				   "--max-memory (%" PRId64 " bytes in use of %" PRId64 ")",
-				   (int64_t)st->mem.used, st->mem.limit);
-		mlfs_view_put(v);
-		return rc;
-	}
-	int64_t *steps = malloc((size_t)v->layout.world * sizeof(int64_t));
-	if (!steps) {
-		mlfs_view_put(v);
-		return -ENOMEM;
-	}
-	for (int r = 0; r < v->layout.world; r++)
-		steps[r] = 0;
-	st->view = v;
-	free(st->steps);
-	st->steps = steps;
-	return 0;
-}
-
-/* Checks every rank of the current layout saved the same step. Lock held. */
-static int check_steps(struct mlfs_store *st, struct ptc_error *err)
-{
-	const struct ptc_layout *l = &st->view->layout;
-	int lo = 0, hi = 0;
-	for (int r = 1; r < l->world; r++) {
-		lo = st->steps[r] < st->steps[lo] ? r : lo;
-		hi = st->steps[r] > st->steps[hi] ? r : hi;
-	}
-	if (st->steps[lo] != st->steps[hi])
-		return ptc_errorf(err,
-				  "config.json: ranks have not saved the same step: rank %d lags "
-				  "at step %" PRId64 " while rank %d saved step %" PRId64,
-				  lo, st->steps[lo], hi, st->steps[hi]);
-	return 0;
-}
-
-struct reconf {
-	struct mlfs_store *st;
-	struct mlfs_view *from, *to;
-	struct ptc_plan *plan;
-};
-
-static void *reconfigure_main(void *arg)
-{
-	struct reconf *rc = arg;
-	struct mlfs_store *st = rc->st;
-	struct xf_stats stats = {0};
-	int err = xf_execute(rc->plan, st->node, &rc->from->parts, &rc->to->parts, &st->mem,
-			     st->threads, NULL, NULL, &st->progress, &stats);
-
-	pthread_mutex_lock(&st->lock);
-	st->last_from = rc->from->config->version;
-	st->last_to = rc->to->config->version;
-	if (err == 0) {
-		int64_t step = st->steps[0], *steps = malloc((size_t)rc->to->layout.world * 8);
-		if (!steps) {
-			err = -ENOMEM;
-		} else {
-			for (int r = 0; r < rc->to->layout.world; r++)
-				steps[r] = step;
-			free(st->steps);
-			st->steps = steps;
-			st->view = rc->to;	 /* takes over our reference */
-			rc->to = rc->from;	 /* put below: our reference */
-			mlfs_view_put(rc->from); /* the store's reference */
-			st->state = MLFS_IDLE;
-			st->last = stats;
-			st->has_last = true;
-			st->error[0] = '\0';
-		}
-	}
-	if (err) {
-		st->state = MLFS_FAILED;
-		snprintf(st->error, sizeof(st->error),
-			 "reconfiguration to version %" PRId64 " failed: %s",
-			 rc->to->config->version,
-			 err == -ENOSPC ? "out of memory (--max-memory)" : strerror(-err));
-		mlfs_view_put(rc->from);
-	}
-	int64_t step = st->steps ? st->steps[0] : 0;
-	struct mlfs_view *now = st->view;
-	atomic_fetch_add(&now->refs, 1);
-	pthread_mutex_unlock(&st->lock);
-	if (err == 0) {
-		notify_changed(st, "");
-		mlfs_store_prefetch(st, now, step);
-	}
-	mlfs_view_put(now);
-	mlfs_view_put(rc->to);
-	ptc_plan_free(rc->plan);
-	free(rc);
-	return NULL;
-}
-
-/* The new view's cursor: the old one continued from the saved @step, or a
- * new one when the dataset appears. Lock held. */
-static int cursor_carry(const struct mlfs_view *old, struct mlfs_view *v, int64_t step,
-			struct ptc_error *err)
-{
-	if (!v->ds)
-		return 0;
-	if (!old->ds)
-		return cursor_init(&v->cursor, step, v->config->dataset_global_batch, v->layout.dp);
-	size_t n = (size_t)old->cursor.nsegs * sizeof(*old->cursor.segs);
-	if (!(v->cursor.segs = malloc(n)))
-		return -ENOMEM;
-	memcpy(v->cursor.segs, old->cursor.segs, n);
-	v->cursor.nsegs = old->cursor.nsegs;
-	int rc =
-	    ptc_cursor_advance(&v->cursor, step, v->config->dataset_global_batch, v->layout.dp);
-	if (rc == -ERANGE)
-		return ptc_errorf(err,
-				  "config.json: the ranks saved step %" PRId64
-				  ", before the dataset's first step %" PRId64,
-				  step, old->cursor.segs[0].step);
-	return rc;
-}
-
-/* Starts a reconfiguration to @c. Lock held. */
-static int start_reconfigure(struct mlfs_store *st, struct ptc_config *c, struct mlfs_dataset *ds,
-			     const char *text, size_t len, struct ptc_error *err)
-{
-	struct mlfs_view *old = st->view, *v;
-	struct ptc_plan *plan;
-	int rc;
-
-	if (st->state == MLFS_TRANSFORMING) {
-		ptc_errorf(err, "config.json: a reconfiguration to version %" PRId64 " is running",
-			   st->target_version);
-		rc = -EBUSY;
-		goto refuse;
-	}
-	if (c->version <= old->config->version) {
-		rc = ptc_errorf(err,
-				"config.json: \"version\" = %" PRId64
-				" is not greater than the current %" PRId64,
-				c->version, old->config->version);
-		goto refuse;
-	}
-	if ((rc = check_steps(st, err)) ||
-	    (rc = ptc_dataset_change_ok(old->config, c, "config.json", err)))
-		goto refuse;
-	if ((rc = view_new(st, c, ds, text, len, &v, err)))
-		return rc;
-	if ((rc = cursor_carry(old, v, st->steps[0] < 0 ? 0 : st->steps[0], err))) {
-		mlfs_view_put(v);
-		return rc;
-	}
-	for (int k = 0; k < 2; k++) {
-		const struct ptc_layout *l = k ? &v->layout : &old->layout;
-		if (l->node_nranks[st->node] != l->world) {
-			mlfs_view_put(v);
-			return ptc_errorf(err, "config.json: ranks on other nodes: reconfiguring "
-					       "across nodes needs the peer transport, which this "
-					       "build does not have yet");
-		}
-	}
-	if ((rc = ptc_plan_compute(&old->layout, &v->layout, NULL, 0, &plan, err))) {
-		mlfs_view_put(v);
-		return rc;
-	}
-	int64_t need = xf_plan_new_bytes(plan, st->node);
-	if (st->mem.limit && st->mem.used + need > st->mem.limit) {
-		ptc_errorf(err,
-			   "config.json: reconfiguration needs %" PRId64 " bytes for changed "
-			   "partitions; %" PRId64 " of --max-memory %" PRId64 " are free",
-			   need, st->mem.limit - (int64_t)st->mem.used, st->mem.limit);
-		ptc_plan_free(plan);
-		mlfs_view_put(v);
-		return -ENOSPC;
-	}
-	struct reconf *r = malloc(sizeof(*r));
-	if (!r) {
-		ptc_plan_free(plan);
-		mlfs_view_put(v);
-		return -ENOMEM;
-	}
-	atomic_fetch_add(&old->refs, 1);
-	*r = (struct reconf){st, old, v, plan};
-	if (st->xf_joinable)
-		pthread_join(st->xf_thread, NULL);
-	st->state = MLFS_TRANSFORMING;
-	st->target_version = c->version;
-	st->progress = 0;
-	st->progress_total = plan->per_node[st->node].bytes_total;
-	st->error[0] = '\0';
-	if ((rc = -pthread_create(&st->xf_thread, NULL, reconfigure_main, r))) {
-		st->xf_joinable = false;
-		st->state = MLFS_IDLE;
-		mlfs_view_put(old);
-		mlfs_view_put(v);
-		ptc_plan_free(plan);
-		free(r);
-		return rc;
-	}
-	st->xf_joinable = true;
-	return 0;
-
-refuse:
-	ptc_config_free(c);
-	mlfs_dataset_put(ds);
-	return rc;
-}
-
-/* The dataset @c names: the current one, or opened (index read) now. No
- * lock held: reading an index may take network round trips. */
-static int config_dataset(struct mlfs_store *st, const struct ptc_config *c,
-			  struct mlfs_dataset **ds, struct ptc_error *err)
-{
-	*ds = NULL;
-	if (!c->has_dataset)
-		return 0;
-	struct mlfs_view *cur = mlfs_store_view(st);
-	int rc = 0;
-	if (cur && (rc = ptc_dataset_change_ok(cur->config, c, "config.json", err)) == 0 &&
-	    mlfs_dataset_is(cur->ds, c))
-		*ds = mlfs_dataset_get(cur->ds);
-	mlfs_view_put(cur);
-	if (rc == 0 && !*ds)
-		rc = mlfs_dataset_open(c, &st->data_opts, &st->mem, ds, err);
-	return rc;
-}
-
-int mlfs_store_set_config(struct mlfs_store *st, const char *text, size_t len,
-			  struct ptc_error *err)
-{
-	struct ptc_config *c;
-	struct mlfs_dataset *ds = NULL;
-	int rc = ptc_config_parse_text(text, len, "config.json", &c, err);
-
-	if (rc == 0 && (rc = config_dataset(st, c, &ds, err)))
-		ptc_config_free(c);
-	pthread_mutex_lock(&st->lock);
-	if (rc == 0 && !st->schema) {
-		ptc_config_free(c);
-		mlfs_dataset_put(ds);
-		rc = ptc_errorf(err, "config.json: write schema.json first");
-	} else if (rc == 0) {
-		rc = st->view ? start_reconfigure(st, c, ds, text, len, err)
-			      : set_first_config(st, c, ds, text, len, err);
-	}
-	if (rc)
-		refuse(st, rc, err);
-	else if (st->state != MLFS_TRANSFORMING)
-		st->error[0] = '\0';
-	bool first = rc == 0 && st->state != MLFS_TRANSFORMING;
-	pthread_mutex_unlock(&st->lock);
-	if (rc == 0)
-		notify_changed(st, "");
-	if (first) {
-		struct mlfs_view *v = mlfs_store_view(st);
-		mlfs_store_prefetch(st, v, 0);
-		mlfs_view_put(v);
-	}
 	return rc;
 }
 
@@ -561,11 +296,12 @@ int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_
 	int rc = 0;
 	if (!st->view || rank >= st->view->layout.world)
 		rc = -ENOENT;
-	else if (st->state == MLFS_TRANSFORMING) {
-		ptc_errorf(err, "ranks/%d/step: a reconfiguration is running", rank);
-		rc = -EBUSY;
-	} else
-		st->steps[rank] = step;
+	else {
+		char what[32];
+		snprintf(what, sizeof(what), "ranks/%d/step", rank);
+		if (!(rc = mlfs_reconf_busy(st, what, err)))
+			st->steps[rank] = step;
+	}
 	pthread_mutex_unlock(&st->lock);
 	return rc;
 }
@@ -635,31 +371,6 @@ int mlfs_view_full_sources(const struct mlfs_view *v, const struct ptc_schema *s
 	return n;
 }
 
-int mlfs_full_assemble(const struct ptc_schema *s, int state, int tensor,
-		       struct xf_buf *const *srcs, int nsrcs, struct xf_mem *mem,
-		       struct xf_buf **out)
-{
-	const struct ptc_tensor *T = &s->tensors[tensor];
-	int64_t outer, rowel, esz = (int64_t)ptc_dtype_size(ptc_schema_dtype(s, state, tensor));
-	int64_t n = T->split_dim < 0 ? 1 : T->shape[T->split_dim];
-	int rc;
-
-	ptc_tensor_geometry(T, &outer, &rowel);
-	struct xf_buf *b = xf_buf_new(mem, outer * n * rowel * esz, &rc);
-	if (!b)
-		return rc;
-	for (int t = 0; t < nsrcs; t++) {
-		struct ptc_slice sl;
-		ptc_slice_compute(T, T->split_dim < 0 ? 1 : nsrcs, t, &sl);
-		for (int i = 0; i < sl.nsegs; i++)
-			if (sl.segs[i].global >= 0)
-				xf_copy_rows(b->data, n, sl.segs[i].global, srcs[t]->data, sl.rows,
-					     sl.segs[i].local, sl.segs[i].len, outer, rowel * esz);
-	}
-	*out = b;
-	return 0;
-}
-
 /* ------------------------------------------------------------------ import */
 
 struct import_file {
@@ -714,7 +425,7 @@ static int import_open(const char *dir, const struct ptc_schema *s, int si, int 
 	if (rc ||
 	    mlfs_npy_check(&h, ptc_schema_dtype(s, si, ti), t->ndim, t->shape, why, sizeof(why)))
 		goto bad;
-	int64_t want = ptc_tensor_elems(t) * (int64_t)ptc_dtype_size(ptc_schema_dtype(s, si, ti));
+	int64_t want = xf_full_bytes(s, si, ti);
 	if ((int64_t)(f->maplen - h.header_len) != want) {
 		snprintf(why, sizeof(why), "holds %zu data bytes, expected %" PRId64,
 			 f->maplen - h.header_len, want);
@@ -733,23 +444,18 @@ bad:;
 	return -EINVAL;
 }
 
-/* xf_copy_rows from a file mapping that may shrink meanwhile: 0, or -EIO
- * when it did (the copy's SIGBUS is caught). */
-static int copy_rows_mapped(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t *src,
-			    int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer,
-			    int64_t row_bytes)
+/* -EBUSY with @msg when @v is no longer current or a reconfiguration holds
+ * the store, else 0. Lock held. */
+static int import_busy(struct mlfs_store *st, struct mlfs_view *v, char *msg, size_t msglen)
 {
-	int64_t seg = rows * row_bytes;
+	struct ptc_error err = {""};
+	int rc = -EBUSY;
 
-	if (seg <= 0 || outer <= 0)
-		return 0;
-	if (rows == dst_rows && rows == src_rows)
-		return mlfs_src_map_copy(dst, src, (size_t)(outer * seg));
-	for (int64_t o = 0; o < outer; o++)
-		if (mlfs_src_map_copy(dst + (o * dst_rows + dst_row) * row_bytes,
-				      src + (o * src_rows + src_row) * row_bytes, (size_t)seg))
-			return -EIO;
-	return 0;
+	if (st->view != v)
+		snprintf(msg, msglen, "import: the layout changed during the import");
+	else if ((rc = mlfs_reconf_busy(st, "import", &err)))
+		snprintf(msg, msglen, "%s", err.text);
+	return rc;
 }
 
 /* Imports full tensors from @dir into every local partition of the current
@@ -769,6 +475,15 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 		snprintf(msg, msglen, "import: set schema.json and config.json first");
 		return -EINVAL;
 	}
+	/* Refused at once rather than after reading every file. */
+	pthread_mutex_lock(&st->lock);
+	rc = import_busy(st, v, msg, msglen);
+	pthread_mutex_unlock(&st->lock);
+	if (rc) {
+		mlfs_view_put(v);
+		return rc;
+	}
+	rc = -ENOMEM;
 	size_t nf = (size_t)s->nstates * (size_t)s->ntensors;
 	if (!(files = calloc(nf, sizeof(*files))) || xf_parts_init(&np, &v->layout, st->node))
 		goto out;
@@ -795,44 +510,30 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 				size_t i = xf_parts_index(&np, r, si, ti);
 				if (!ptc_layout_holds(l, r, ti) || (only >= 0 && si != only))
 					continue;
-				const struct ptc_tensor *T = &s->tensors[ti];
 				const struct import_file *f =
 				    &files[si * s->ntensors + ptc_schema_logical(s, ti)];
-				int64_t outer, rowel,
-				    esz = (int64_t)ptc_dtype_size(ptc_schema_dtype(s, si, ti));
-				int64_t n = T->split_dim < 0 ? 1 : T->shape[T->split_dim];
-				struct ptc_slice sl;
-				ptc_tensor_geometry(T, &outer, &rowel);
-				ptc_slice_compute(T, l->tp, l->ranks[r].t, &sl);
 				if (!(np.bufs[i] = xf_buf_new(
-					  &st->mem, outer * sl.rows * rowel * esz, &rc))) {
+					  &st->mem, xf_partition_bytes(l, r, si, ti), &rc))) {
 					snprintf(msg, msglen, "import: %s",
 						 rc == -ENOSPC ? "the partitions do not fit in "
 								 "--max-memory"
 							       : "out of memory");
 					goto out_parts;
 				}
-				for (int k = 0; k < sl.nsegs; k++)
-					if (sl.segs[k].global >= 0 &&
-					    copy_rows_mapped(np.bufs[i]->data, sl.rows,
-							     sl.segs[k].local, f->data, n,
-							     sl.segs[k].global, sl.segs[k].len,
-							     outer, rowel * esz)) {
-						rc = -EIO;
-						snprintf(msg, msglen,
-							 "import: %s/%s.npy: the file shrank "
-							 "while it was read; nothing imported",
-							 s->states[si].name,
-							 s->tensors[ptc_schema_logical(s, ti)]
-							     .name);
-						goto out_parts;
-					}
+				/* The file may shrink meanwhile: read through the SIGBUS guard. */
+				if ((rc = xf_full_slice(s, si, ti, l->tp, l->ranks[r].t, f->data,
+							np.bufs[i], mlfs_src_map_copy))) {
+					snprintf(
+					    msg, msglen,
+					    "import: %s/%s.npy: the file shrank while it was read; "
+					    "nothing imported",
+					    s->states[si].name,
+					    s->tensors[ptc_schema_logical(s, ti)].name);
+					goto out_parts;
+				}
 			}
 	pthread_mutex_lock(&st->lock);
-	if (st->view != v || st->state == MLFS_TRANSFORMING) {
-		rc = -EBUSY;
-		snprintf(msg, msglen, "import: the layout changed during the import");
-	} else {
+	if (!(rc = import_busy(st, v, msg, msglen))) {
 		for (size_t i = 0; i < (size_t)l->world * (size_t)s->nstates * (size_t)s->ntensors;
 		     i++) {
 			if (!np.bufs[i])
@@ -847,7 +548,7 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 	}
 	pthread_mutex_unlock(&st->lock);
 	if (rc == 0) {
-		notify_changed(st, "");
+		mlfs_store_changed(st, "");
 		mlfs_store_prefetch(st, v, step);
 	}
 out_parts:
@@ -861,12 +562,46 @@ out:
 	return rc;
 }
 
+/* The reconfiguration steps of .mlfs-ctl: "prepare", "commit", "abort". */
+static int control_reconf(struct mlfs_store *st, const char *op, json_t *req, char *msg,
+			  size_t msglen)
+{
+	struct ptc_error err = {""};
+	json_t *jv = json_object_get(req, "version"), *jc = json_object_get(req, "config");
+	json_t *why = json_object_get(req, "reason");
+	int rc;
+
+	if (strcmp(op, "prepare") == 0) {
+		if (!json_is_string(jc)) {
+			snprintf(msg, msglen, "prepare: \"config\" must be the config's JSON text");
+			return -EINVAL;
+		}
+		rc = mlfs_reconf_prepare(st, json_string_value(jc), json_string_length(jc),
+					 "prepare", false, &err);
+	} else if (!json_is_integer(jv) || json_integer_value(jv) < 0) {
+		snprintf(msg, msglen, "%s: \"version\" must be the version being reconfigured to",
+			 op);
+		return -EINVAL;
+	} else if (strcmp(op, "commit") == 0) {
+		rc = mlfs_reconf_commit(st, json_integer_value(jv), &err);
+	} else if (why && !json_is_string(why)) {
+		snprintf(msg, msglen, "abort: \"reason\" must be a string");
+		return -EINVAL;
+	} else {
+		rc = mlfs_reconf_abort(st, json_integer_value(jv), json_string_value(why), &err);
+	}
+	if (rc)
+		snprintf(msg, msglen, "%s", err.text[0] ? err.text : strerror(-rc));
+	return rc;
+}
+
 int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char **reply)
 {
 	char msg[PTC_ERROR_MAX] = "";
 	json_error_t je;
 	json_t *req = json_loadb(text, len, 0, &je);
 	int rc = -EINVAL;
+	bool reconf = false;
 
 	const char *op = json_string_value(json_object_get(req, "op"));
 	if (!req || !op) {
@@ -889,11 +624,20 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 			rc = store_import(st, dir, only, jstep ? json_integer_value(jstep) : 0, msg,
 					  sizeof(msg));
 		}
+	} else if (strcmp(op, "prepare") == 0 || strcmp(op, "commit") == 0 ||
+		   strcmp(op, "abort") == 0) {
+		rc = control_reconf(st, op, req, msg, sizeof(msg));
+		reconf = true;
 	} else {
 		snprintf(msg, sizeof(msg), "control: unknown op \"%s\"", op);
 	}
 	json_decref(req);
 	json_t *r = json_pack("{sbss}", "ok", rc == 0, "error", msg);
+	if (r && reconf) {
+		pthread_mutex_lock(&st->lock);
+		json_object_set_new(r, "state", json_string(mlfs_reconf_state_name(st->reconf)));
+		pthread_mutex_unlock(&st->lock);
+	}
 	*reply = r ? json_dumps(r, JSON_COMPACT) : NULL;
 	json_decref(r);
 	if (rc)
@@ -905,14 +649,13 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 
 char *mlfs_store_status_json(struct mlfs_store *st)
 {
-	static const char *const names[] = {"idle", "transforming", "failed"};
 	json_t *o = json_object();
 
 	pthread_mutex_lock(&st->lock);
 	json_object_set_new(o, "node", json_string(st->cluster->nodes[st->node].id));
 	json_object_set_new(o, "version",
 			    st->view ? json_integer(st->view->config->version) : json_null());
-	json_object_set_new(o, "state", json_string(names[st->state]));
+	json_object_set_new(o, "state", json_string(mlfs_reconf_state_name(st->reconf)));
 	json_object_set_new(o, "step", st->view ? json_integer(st->steps[0]) : json_null());
 	if (st->state == MLFS_TRANSFORMING)
 		json_object_set_new(o, "target_version", json_integer(st->target_version));
@@ -930,9 +673,7 @@ char *mlfs_store_status_json(struct mlfs_store *st)
 			      (json_int_t)st->last.bytes_fetched, "bytes_zeroed",
 			      (json_int_t)st->last.bytes_zeroed, "seconds", st->last.seconds));
 	json_object_set_new(o, "error", st->error[0] ? json_string(st->error) : json_null());
-	struct mlfs_view *v = st->view;
-	if (v)
-		atomic_fetch_add(&v->refs, 1);
+	struct mlfs_view *v = mlfs_view_get(st->view);
 	pthread_mutex_unlock(&st->lock);
 	if (v && v->ds) {
 		json_t *d = mlfs_data_status(v->ds);

@@ -1,5 +1,6 @@
 /*
- * xf.h - executes plans: partition buffers, box copies, the parallel executor.
+ * xf.h - executes plans: partition buffers, box copies, the parallel executor,
+ * slicing full tensors into partitions and assembling them back.
  *
  * transform depends on ptc only. It owns the byte buffers that hold
  * partitions (shared, reference-counted, between FUSE readers, HTTP senders
@@ -61,6 +62,56 @@ void xf_buf_put(struct xf_buf *b);
 void xf_copy_rows(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t *src,
 		  int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer,
 		  int64_t row_bytes);
+
+/*
+ * A copy of @len bytes that may fail: 0, or a negative errno. For sources
+ * whose reads can fault, such as a mapping of a file that may shrink (the
+ * daemon passes a copy that catches the SIGBUS; transform installs no
+ * signal handlers).
+ */
+typedef int (*xf_copy_fn)(void *dst, const void *src, size_t len);
+
+/* xf_copy_rows through @copy (NULL = memcpy), one call per contiguous run:
+ * 0, or @copy's first error (the rest is not copied). Any thread. */
+int xf_copy_rows_with(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t *src,
+		      int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer,
+		      int64_t row_bytes, xf_copy_fn copy);
+
+/* ------------------------------------------------------------ full tensors */
+
+/*
+ * A full tensor is the logical tensor of the schema (unpadded, unsplit):
+ * outer blocks of N rows (N = the split dimension's size; one "row" for a
+ * tensor without split), as `mlfs import` reads and full/ shows it. These
+ * are the copies between it and the TP partitions of DESIGN section 3.
+ */
+
+/* Bytes of full tensor @tensor in state @state (ptc_tensor_elems x dtype). */
+int64_t xf_full_bytes(const struct ptc_schema *s, int state, int tensor);
+
+/*
+ * Copies TP rank @tpr of @tp's rows of the full tensor at @full
+ * (xf_full_bytes bytes, the caller's bound) into @part, that partition
+ * (ptc_partition_elems x dtype bytes). Padding rows are not written: a new
+ * buffer's zeros. A tied tensor takes the full tensor it is tied to. Each
+ * contiguous run is read through @copy (NULL = memcpy).
+ * Returns 0, -EINVAL when @part's size is not the partition's (nothing
+ * copied), or @copy's error (@part then partly written). Any thread; @full
+ * and @part are borrowed.
+ */
+int xf_full_slice(const struct ptc_schema *s, int state, int tensor, int tp, int tpr,
+		  const uint8_t *full, struct xf_buf *part, xf_copy_fn copy);
+
+/*
+ * Assembles full tensor @tensor of @state from @parts: TP rank t's
+ * partition in @parts[t] of @nparts (the layout's tp; 1 for a tensor
+ * without split, whose one partition is the whole tensor). Returns 0 and a
+ * new buffer (refs 1) from @mem in *@out; -EINVAL when @nparts or a part's
+ * size does not fit the tensor, -ENOSPC past @mem's limit, -ENOMEM. Any
+ * thread; @parts are borrowed (the caller holds their references).
+ */
+int xf_full_assemble(const struct ptc_schema *s, int state, int tensor, struct xf_buf *const *parts,
+		     int nparts, struct xf_mem *mem, struct xf_buf **out);
 
 /* ------------------------------------------------------------- partitions */
 

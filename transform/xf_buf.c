@@ -131,19 +131,36 @@ void xf_buf_put(struct xf_buf *b)
 	free(b);
 }
 
+int xf_copy_rows_with(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t *src,
+		      int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer,
+		      int64_t row_bytes, xf_copy_fn copy)
+{
+	int64_t seg = rows * row_bytes;
+	int rc = 0;
+
+	if (seg <= 0 || outer <= 0)
+		return 0;
+	/* Whole partitions of the same shape are one contiguous block. */
+	if (rows == dst_rows && rows == src_rows) {
+		if (copy)
+			return copy(dst, src, (size_t)(outer * seg));
+		memcpy(dst, src, (size_t)(outer * seg));
+		return 0;
+	}
+	for (int64_t o = 0; o < outer && rc == 0; o++) {
+		uint8_t *d = dst + (o * dst_rows + dst_row) * row_bytes;
+		const uint8_t *s = src + (o * src_rows + src_row) * row_bytes;
+		if (copy)
+			rc = copy(d, s, (size_t)seg);
+		else
+			memcpy(d, s, (size_t)seg);
+	}
+	return rc;
+}
+
 void xf_copy_rows(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t *src,
 		  int64_t src_rows, int64_t src_row, int64_t rows, int64_t outer, int64_t row_bytes)
 {
-	int64_t seg = rows * row_bytes;
-
-	if (seg <= 0 || outer <= 0)
-		return;
-	/* Whole partitions of the same shape are one contiguous block. */
-	if (rows == dst_rows && rows == src_rows) {
-		memcpy(dst, src, (size_t)(outer * seg));
-		return;
-	}
-	for (int64_t o = 0; o < outer; o++)
-		memcpy(dst + (o * dst_rows + dst_row) * row_bytes,
-		       src + (o * src_rows + src_row) * row_bytes, (size_t)seg);
+	xf_copy_rows_with(dst, dst_rows, dst_row, src, src_rows, src_row, rows, outer, row_bytes,
+			  NULL);
 }
