@@ -6,7 +6,7 @@ PY      ?= /usr/bin/python3
 CC      ?= cc
 BUILD   ?= build
 export BUILD
-PKGS    := jansson fuse3 libcurl
+PKGS    := jansson fuse3 libcurl libmicrohttpd
 CFLAGS  ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-declarations -Werror
 CPPFLAGS += -D_GNU_SOURCE -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null)

@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 /* Longest URL accepted, in bytes. */
@@ -163,6 +164,67 @@ int net_http_get(struct net_http *c, const char *url, int64_t max, uint8_t **dat
 int net_http_post_json(struct net_http *c, const char *url, const void *body, size_t body_len,
 		       int64_t max, uint8_t **data, size_t *len, const struct net_http_call *call,
 		       char *why, size_t whylen);
+
+/* ---------------------------------------------------------------- server */
+
+/*
+ * The HTTP server a node runs for its peers (libmicrohttpd, a thread
+ * pool). Every request must carry "Authorization: Bearer <token>" (else
+ * 401 "unauthorized", whatever the path); the path must be printable ASCII
+ * without "..", at most NET_SERVER_MAX_ARGS query arguments, a POST body at
+ * most max_body bytes (else 400 or 413 with a one-line reason). What passes
+ * goes to the handler, which must answer with exactly one net_reply_* call
+ * before returning (else 500).
+ */
+#define NET_SERVER_MAX_ARGS 16
+
+struct net_server_opts {
+	const char *addr;  /* "host:port" to bind (port 0: any free one) */
+	const char *token; /* the cluster token, at least 16 characters */
+	int threads;	   /* handler threads; <= 0: 4 */
+	size_t max_body;   /* bytes of a POST body; 0: 1 MiB */
+};
+
+struct net_server;
+struct net_request;
+/* Runs on a server thread, several at once: must be thread-safe. */
+typedef void (*net_handler_fn)(void *arg, struct net_request *r);
+
+/* Starts serving; 0, -EINVAL (bad addr or token, said in @why),
+ * -EADDRINUSE (cannot listen there), -ENOMEM. */
+int net_server_start(const struct net_server_opts *o, net_handler_fn handler, void *arg,
+		     struct net_server **out, char *why, size_t whylen);
+/* Stops and frees @s (NULL is fine), waiting for the handlers running. */
+void net_server_stop(struct net_server *s);
+/* The port it listens on (the one chosen for port 0). */
+int net_server_port(const struct net_server *s);
+/* Requests received and refused for a wrong or missing token. */
+void net_server_counts(const struct net_server *s, int64_t *requests, int64_t *refused);
+
+/* The request's method, path (without the query), a query argument (NULL
+ * when absent), and POST body (NUL-terminated). Valid during the handler. */
+const char *net_request_method(const struct net_request *r);
+const char *net_request_path(const struct net_request *r);
+const char *net_request_arg(const struct net_request *r, const char *name);
+const char *net_request_body(const struct net_request *r, size_t *len);
+
+/* Replies @len bytes at @data (copied). 0, -ENOMEM, -EALREADY. */
+int net_reply_buf(struct net_request *r, int status, const void *data, size_t len,
+		  const char *content_type);
+/* Replies a one-line text reason (a 4xx or 5xx). */
+int net_reply_error(struct net_request *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/*
+ * Replies @len bytes pulled later, on a server thread, by @read(@arg, pos,
+ * buf, max): it fills buf with up to max bytes at offset pos and returns
+ * how many (> 0), or -1 to cut the reply short (the peer sees a broken
+ * transfer). @done(@arg) runs once the reply is over or abandoned, also
+ * when this call fails (then with -ENOMEM): pin what @read reads until
+ * then.
+ */
+typedef ssize_t (*net_read_fn)(void *arg, uint64_t pos, char *buf, size_t max);
+int net_reply_stream(struct net_request *r, int status, int64_t len, net_read_fn read,
+		     void (*done)(void *arg), void *arg, const char *content_type);
 
 /* ------------------------------------------------------------------ etcd */
 
