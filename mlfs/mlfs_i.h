@@ -133,6 +133,13 @@ struct mlfs_store {
 	 * the FUSE layer can drop cached pages. */
 	void (*changed)(void *arg, const char *prefix);
 	void *changed_arg;
+	/* Fetches rows of a partition of layout @version from the node that
+	 * holds it (the plan's FETCH ops; mlfs_peer.c), or NULL on a daemon
+	 * without peers. Called by transformer workers, concurrently; 0 or a
+	 * negative errno. Set before the mount serves; fixed afterwards. */
+	int (*fetch)(void *arg, int64_t version, const struct ptc_op *op, uint8_t *dst,
+		     int64_t dst_rows, int64_t outer, int64_t row_bytes);
+	void *fetch_arg;
 };
 
 int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cluster_text,

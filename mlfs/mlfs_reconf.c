@@ -481,12 +481,24 @@ static void reconf_prepared(struct mlfs_store *st, struct mlfs_attempt *a, int r
 	commit_finish(st, a);
 }
 
+/* The executor's fetch callback: the store's, for the version built from. */
+static int attempt_fetch(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t dst_rows,
+			 int64_t outer, int64_t row_bytes)
+{
+	struct mlfs_attempt *a = arg;
+	struct mlfs_store *st = a->st;
+	if (!st->fetch)
+		return -EHOSTUNREACH;
+	return st->fetch(st->fetch_arg, a->from->config->version, op, dst, dst_rows, outer,
+			 row_bytes);
+}
+
 static void *prepare_main(void *arg)
 {
 	struct mlfs_attempt *a = arg;
 	struct mlfs_store *st = a->st;
 	int rc = xf_execute(a->plan, st->node, &a->from->parts, &a->to->parts, &st->mem,
-			    st->threads, NULL, NULL, &st->progress, &a->stats);
+			    st->threads, attempt_fetch, a, &st->progress, &a->stats);
 
 	reconf_prepared(st, a, rc);
 	return NULL;

@@ -1,0 +1,27 @@
+/*
+ * mlfs_peer.h - the data plane between nodes (mlfs_peer.c): this node's
+ * server for its peers and the fetch of partition rows from theirs.
+ */
+#ifndef MLFS_MLFS_PEER_H
+#define MLFS_MLFS_PEER_H
+
+#include "mlfs/mlfs_i.h"
+#include "net/net.h"
+
+struct mlfs_peer;
+
+/*
+ * Serves @st's partitions, job/ files and health on this node's "addr"
+ * (cluster.json) to requests carrying @token (16 to 256 characters), and
+ * sets st->fetch so that a reconfiguration fetches rows from peers with
+ * it. 0, or -EINVAL (no addr, a bad token), -EADDRINUSE, -ENOMEM with the
+ * reason in @why. Call before the mount serves; stop after it stopped.
+ */
+int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out, char *why,
+		    size_t whylen);
+/* Stops serving (waits for replies in flight) and frees @pe (NULL: fine). */
+void mlfs_peer_stop(struct mlfs_peer *pe);
+/* The port the server listens on. */
+int mlfs_peer_port(const struct mlfs_peer *pe);
+
+#endif
