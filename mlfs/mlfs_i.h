@@ -140,6 +140,16 @@ struct mlfs_store {
 	int (*fetch)(void *arg, int64_t version, const struct ptc_op *op, uint8_t *dst,
 		     int64_t dst_rows, int64_t outer, int64_t row_bytes);
 	void *fetch_arg;
+	/* A job of many nodes (mlfs_cluster.c); all unset on one node. Set
+	 * before the mount serves; fixed afterwards. */
+	bool multinode; /* layouts may place ranks on other nodes */
+	/* schema.json and config.json writes go to the control plane: 0 once
+	 * etcd took them (the nodes then install them), or a refusal. */
+	int (*propose)(void *arg, bool config, const char *text, size_t len,
+		       struct ptc_error *err);
+	/* Adds the job's view (nodes, attempt) to status.json; no lock held. */
+	void (*status_add)(void *arg, json_t *status);
+	void *cluster_arg;
 };
 
 int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cluster_text,
@@ -176,9 +186,15 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 		  const char *text, size_t len, const char *what, struct mlfs_view **out,
 		  struct ptc_error *err);
 
-/* Control file writes: 0 or a negative errno; @err gets the reason. */
+/* Control file writes: 0 or a negative errno; @err gets the reason. In a
+ * job of many nodes they are proposed to the control plane (st->propose),
+ * which installs them on every node with the _install variants. */
 int mlfs_store_set_schema(struct mlfs_store *st, const char *text, size_t len,
 			  struct ptc_error *err);
+int mlfs_store_install_schema(struct mlfs_store *st, const char *text, size_t len,
+			      struct ptc_error *err);
+int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t len,
+			      struct ptc_error *err);
 /* config.json: the first config is installed at once (partitions zeroed);
  * a later one is a reconfiguration that commits by itself
  * (mlfs_reconf_prepare with @autocommit): 0 once it runs. The refusal's

@@ -326,7 +326,7 @@ static int reconf_plan(struct mlfs_store *st, struct ptc_config *c, struct mlfs_
 		goto err_free_attempt;
 	for (int k = 0; k < 2; k++) {
 		const struct ptc_layout *l = k ? &a->to->layout : &a->from->layout;
-		if (l->node_nranks[st->node] != l->world) {
+		if (!st->multinode && l->node_nranks[st->node] != l->world) {
 			rc = ptc_errorf(err,
 					"%s: ranks on other nodes: reconfiguring across nodes "
 					"needs the peer transport, which this build does not "
@@ -605,6 +605,18 @@ int mlfs_reconf_prepare(struct mlfs_store *st, const char *text, size_t len, con
 
 int mlfs_store_set_config(struct mlfs_store *st, const char *text, size_t len,
 			  struct ptc_error *err)
+{
+	if (st->propose) {
+		int rc = st->propose(st->cluster_arg, true, text, len, err);
+		if (rc)
+			mlfs_store_note_error(st, err->text);
+		return rc;
+	}
+	return mlfs_store_install_config(st, text, len, err);
+}
+
+int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t len,
+			      struct ptc_error *err)
 {
 	struct ptc_config *c;
 	struct mlfs_dataset *ds;

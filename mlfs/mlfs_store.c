@@ -205,6 +205,18 @@ void mlfs_store_changed(struct mlfs_store *st, const char *prefix)
 int mlfs_store_set_schema(struct mlfs_store *st, const char *text, size_t len,
 			  struct ptc_error *err)
 {
+	if (st->propose) {
+		int rc = st->propose(st->cluster_arg, false, text, len, err);
+		if (rc)
+			mlfs_store_note_error(st, err->text);
+		return rc;
+	}
+	return mlfs_store_install_schema(st, text, len, err);
+}
+
+int mlfs_store_install_schema(struct mlfs_store *st, const char *text, size_t len,
+			      struct ptc_error *err)
+{
 	struct ptc_schema *s;
 	int rc = ptc_schema_parse_text(text, len, "schema.json", &s, err);
 
@@ -689,6 +701,8 @@ char *mlfs_store_status_json(struct mlfs_store *st)
 		json_object_set_new(o, "dataset", d);
 	}
 	mlfs_view_put(v);
+	if (st->status_add)
+		st->status_add(st->cluster_arg, o);
 	char *s = json_dumps(o, JSON_INDENT(1));
 	json_decref(o);
 	return s;

@@ -166,6 +166,8 @@ struct ptc_cluster {
 	int nnodes;
 	struct ptc_node *nodes;
 	char *token_file; /* may be NULL */
+	char *job;	  /* the job's name, may be NULL (one node) */
+	char *etcd;	  /* the control plane's URL, may be NULL (one node) */
 };
 
 int ptc_cluster_parse(const json_t *root, const char *name, struct ptc_cluster **out,

@@ -16,7 +16,7 @@ static const char *const config_keys[] = {"version", "tp",	 "pp",	    "dp",
 					  "nodes",   "replicas", "dataset", NULL};
 static const char *const dataset_keys[] = {"index",   "seed",	"global_batch",
 					   "shuffle", "epochs", NULL};
-static const char *const cluster_keys[] = {"nodes", "token_file", NULL};
+static const char *const cluster_keys[] = {"nodes", "token_file", "job", "etcd", NULL};
 static const char *const node_keys[] = {"id", "addr", "devices", NULL};
 
 #define MAX_DEGREE 65536
@@ -193,6 +193,8 @@ void ptc_cluster_free(struct ptc_cluster *c)
 	}
 	free(c->nodes);
 	free(c->token_file);
+	free(c->job);
+	free(c->etcd);
 	free(c);
 }
 
@@ -248,6 +250,28 @@ int ptc_cluster_parse(const json_t *root, const char *file, struct ptc_cluster *
 		goto err_free;
 	}
 	if (tok && !(c->token_file = strdup(json_string_value(tok)))) {
+		rc = -ENOMEM;
+		goto err_free;
+	}
+	json_t *job = json_object_get(root, "job"), *etcd = json_object_get(root, "etcd");
+	if (job && (!json_is_string(job) || !id_valid(json_string_value(job)))) {
+		ptc_errorf(err, "%s: \"job\" must be a job name of [A-Za-z0-9_.-]", file);
+		goto err_free;
+	}
+	if (etcd && (!json_is_string(etcd) ||
+		     (strncmp(json_string_value(etcd), "http://", 7) != 0 &&
+		      strncmp(json_string_value(etcd), "https://", 8) != 0) ||
+		     strlen(json_string_value(etcd)) > 1024)) {
+		ptc_errorf(err, "%s: \"etcd\" must be an http:// or https:// URL", file);
+		goto err_free;
+	}
+	if (etcd && !job) {
+		ptc_errorf(err, "%s: \"etcd\" needs a \"job\" (its keys live under /mlfs/<job>/)",
+			   file);
+		goto err_free;
+	}
+	if ((job && !(c->job = strdup(json_string_value(job)))) ||
+	    (etcd && !(c->etcd = strdup(json_string_value(etcd))))) {
 		rc = -ENOMEM;
 		goto err_free;
 	}

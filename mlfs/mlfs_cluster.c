@@ -1,0 +1,883 @@
+/*
+ * mlfs_cluster.c - the control plane of a job of many nodes, on etcd
+ * (DESIGN section 7): registration, the job's schema and cluster, the
+ * committed config, and one atomic reconfiguration across the nodes.
+ *
+ * DESIGN
+ * Keys under /mlfs/<job>/ (net_etcd):
+ *   nodes/<id>       {"addr","devices","pid","version","state","steps"}, bound
+ *                    to this node's lease (TTL MLFS_LEASE_TTL s, kept alive
+ *                    every second): gone = the node is down.
+ *   schema, cluster  the first writer wins (a transaction on "absent"); a
+ *                    node whose own differ refuses to join, saying so.
+ *   config           the committed config: written only by a transaction.
+ *   attempt          {"from","to","config","coordinator","participants",
+ *                    "deadline_ms"}: created by the coordinator's transaction
+ *                    that requires no attempt and "config" unchanged since it
+ *                    was read; bound to the coordinator's lease.
+ *   votes/<to>/<id>  "ready", or "failed: <reason>".
+ *   result/<to>      "committed" or "aborted: <reason>" (for every node's
+ *                    status.json and for mlfs reconfigure).
+ *
+ * The node where config.json is written is the coordinator (propose). Every
+ * node runs one control thread that reads the job's keys when they change
+ * (or every 250 ms), and:
+ *   - installs the schema and the first config it finds in etcd;
+ *   - as a participant (it hosts ranks in the old or the new layout)
+ *     prepares the attempt beside its current layout (mlfs_reconf_prepare:
+ *     fetches from peers through mlfs_peer) and votes;
+ *   - as the coordinator, commits with one transaction (config := new,
+ *     attempt and votes deleted, only while the attempt is still its own)
+ *     once every participant voted ready; aborts (deletes the attempt) on a
+ *     failed vote, a participant's key gone, or the deadline;
+ *   - commits its prepared layout when it sees "config" at the attempt's
+ *     version, whenever that is (also after a restart of the thread);
+ *     aborts it when the attempt is gone and "config" did not move (the
+ *     coordinator aborted, or its lease expired with it).
+ * That transaction is the single commit point; nothing else decides.
+ *
+ * Job-wide facts: every node publishes its ranks' saved steps in its key;
+ * the control thread copies the other nodes' into the store's step table,
+ * so a reconfiguration checks the steps of every rank of the job.
+ *
+ * A node that cannot reach etcd goes on serving its current layout; a
+ * config written on it is refused (nothing starts without the control
+ * plane), and status.json says "etcd unreachable".
+ *
+ * Threads: the control thread; propose runs on an I/O worker (config.json
+ * and schema.json writes). c->lock guards the fields marked so; st->lock
+ * is taken (never while c->lock is held) to read or set the store.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "mlfs/mlfs_cluster.h"
+
+#define MLFS_LEASE_TTL 5	     /* seconds */
+#define MLFS_ATTEMPT_MS (300 * 1000) /* an attempt's deadline */
+
+struct mlfs_cluster {
+	struct mlfs_store *st;
+	struct net_etcd *etcd;
+	char prefix[300]; /* "/mlfs/<job>/" */
+	const char *me;
+	int64_t lease;
+	int64_t last_keepalive_ms;
+	pthread_t thread;
+	bool running;
+	atomic_int stop;
+
+	pthread_mutex_t lock;
+	json_t *nodes;	      /* lock: {id: entry} as last read */
+	json_t *attempt;      /* lock: the attempt as last read, or NULL */
+	char etcd_error[512]; /* lock: "" when etcd answers */
+	int64_t started_to;   /* lock: the attempt version this node prepared */
+	int64_t voted_to;     /* the attempt version this node voted on */
+	char *mine;	      /* lock: the text of the attempt this node created */
+	int64_t mine_to;
+	char *published; /* the node entry last put */
+};
+
+static int64_t now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_REALTIME, &t);
+	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void key(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void key(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+	size_t n = (size_t)snprintf(buf, cap, "%s", c->prefix);
+	va_start(ap, fmt);
+	vsnprintf(buf + n, cap - n, fmt, ap);
+	va_end(ap);
+}
+
+/* The version of a config text, or -1. */
+static int64_t config_version(const char *text, size_t len)
+{
+	json_t *j = json_loadb(text, len, 0, NULL);
+	int64_t v = json_is_integer(json_object_get(j, "version"))
+			? json_integer_value(json_object_get(j, "version"))
+			: -1;
+	json_decref(j);
+	return v;
+}
+
+static int64_t view_version(struct mlfs_store *st)
+{
+	struct mlfs_view *v = mlfs_store_view(st);
+	int64_t ver = v ? v->config->version : 0;
+	mlfs_view_put(v);
+	return ver;
+}
+
+/* ------------------------------------------------------------ node entry */
+
+/* This node's entry: what it serves and its ranks' saved steps. */
+static char *node_entry(struct mlfs_cluster *c)
+{
+	struct mlfs_store *st = c->st;
+	const struct ptc_node *n = &st->cluster->nodes[st->node];
+	json_t *steps = json_object();
+	char rank[16];
+
+	pthread_mutex_lock(&st->lock);
+	int64_t version = st->view ? st->view->config->version : 0;
+	const char *state = mlfs_reconf_state_name(st->reconf);
+	if (st->view) {
+		const struct ptc_layout *l = &st->view->layout;
+		int r0 = l->node_first_rank[st->node];
+		for (int r = r0; r >= 0 && r < r0 + l->node_nranks[st->node]; r++) {
+			snprintf(rank, sizeof(rank), "%d", r);
+			json_object_set_new(steps, rank, json_integer(st->steps[r]));
+		}
+	}
+	pthread_mutex_unlock(&st->lock);
+	json_t *o = json_pack("{sssisisIsssO}", "addr", n->addr ? n->addr : "", "devices",
+			      n->devices, "pid", (int)getpid(), "version", (json_int_t)version,
+			      "state", state, "steps", steps);
+	json_decref(steps);
+	char *s = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	json_decref(o);
+	return s;
+}
+
+/* Registers (a new lease and the node's key) or keeps the lease alive;
+ * puts the entry again when it changed. */
+static int keep_registered(struct mlfs_cluster *c, char *why, size_t whylen)
+{
+	char k[512];
+	int rc;
+	int64_t now = now_ms(), ttl;
+
+	if (c->lease && now - c->last_keepalive_ms >= 1000) {
+		rc = net_etcd_lease_keepalive(c->etcd, c->lease, &ttl, NULL, why, whylen);
+		if (rc == -ENOENT) { /* expired: we were down as far as the job knows */
+			c->lease = 0;
+		} else if (rc) {
+			return rc;
+		} else {
+			c->last_keepalive_ms = now;
+		}
+	}
+	if (!c->lease) {
+		if ((rc = net_etcd_lease_grant(c->etcd, MLFS_LEASE_TTL, &c->lease, NULL, why,
+					       whylen)))
+			return rc;
+		c->last_keepalive_ms = now;
+		free(c->published);
+		c->published = NULL;
+	}
+	char *e = node_entry(c);
+	if (!e)
+		return -ENOMEM;
+	if (!c->published || strcmp(c->published, e) != 0) {
+		key(c, k, sizeof(k), "nodes/%s", c->me);
+		if ((rc = net_etcd_put(c->etcd, k, e, strlen(e), c->lease, NULL, why, whylen))) {
+			free(e);
+			return rc;
+		}
+		free(c->published);
+		c->published = e;
+	} else {
+		free(e);
+	}
+	return 0;
+}
+
+/* Copies the other nodes' ranks' saved steps into the store's table. */
+static void sync_steps(struct mlfs_cluster *c, json_t *nodes)
+{
+	struct mlfs_store *st = c->st;
+	const char *id;
+	json_t *entry;
+
+	pthread_mutex_lock(&st->lock);
+	if (st->view) {
+		int world = st->view->layout.world;
+		json_object_foreach(nodes, id, entry)
+		{
+			if (strcmp(id, c->me) == 0)
+				continue;
+			if (json_integer_value(json_object_get(entry, "version")) !=
+			    st->view->config->version)
+				continue; /* steps of another layout's ranks */
+			const char *rk;
+			json_t *step;
+			json_object_foreach(json_object_get(entry, "steps"), rk, step)
+			{
+				long r = strtol(rk, NULL, 10);
+				if (r >= 0 && r < world && json_is_integer(step))
+					st->steps[r] = json_integer_value(step);
+			}
+		}
+	}
+	pthread_mutex_unlock(&st->lock);
+}
+
+/* ---------------------------------------------------------- job's keys */
+
+/* What one read of the job's keys found. */
+struct job_keys {
+	struct net_etcd_kv *kvs;
+	size_t n;
+	const struct net_etcd_kv *schema, *cluster, *config, *attempt;
+	json_t *nodes;	 /* {id: entry} */
+	json_t *attempt_j; /* parsed */
+	int64_t config_mod;
+};
+
+static void job_keys_free(struct job_keys *k)
+{
+	net_etcd_kvs_free(k->kvs, k->n);
+	json_decref(k->nodes);
+	json_decref(k->attempt_j);
+	memset(k, 0, sizeof(*k));
+}
+
+static int read_job(struct mlfs_cluster *c, struct job_keys *k, char *why, size_t whylen)
+{
+	size_t plen = strlen(c->prefix);
+	int rc;
+
+	memset(k, 0, sizeof(*k));
+	if ((rc = net_etcd_range(c->etcd, c->prefix, true, &k->kvs, &k->n, NULL, NULL, why,
+				 whylen)))
+		return rc;
+	k->nodes = json_object();
+	for (size_t i = 0; i < k->n; i++) {
+		const struct net_etcd_kv *kv = &k->kvs[i];
+		const char *name = kv->key + plen;
+		if (strcmp(name, "schema") == 0)
+			k->schema = kv;
+		else if (strcmp(name, "cluster") == 0)
+			k->cluster = kv;
+		else if (strcmp(name, "config") == 0)
+			k->config = kv, k->config_mod = kv->mod_revision;
+		else if (strcmp(name, "attempt") == 0)
+			k->attempt = kv;
+		else if (strncmp(name, "nodes/", 6) == 0)
+			json_object_set_new(k->nodes, name + 6,
+					    json_loadb(kv->value, kv->len, 0, NULL) ?: json_object());
+	}
+	if (k->attempt)
+		k->attempt_j = json_loadb(k->attempt->value, k->attempt->len, 0, NULL);
+	return 0;
+}
+
+/* The vote of @id on attempt @to: NULL when none. */
+static const struct net_etcd_kv *vote_of(struct mlfs_cluster *c, const struct job_keys *k,
+					 int64_t to, const char *id)
+{
+	char want[512];
+	key(c, want, sizeof(want), "votes/%" PRId64 "/%s", to, id);
+	for (size_t i = 0; i < k->n; i++)
+		if (strcmp(k->kvs[i].key, want) == 0)
+			return &k->kvs[i];
+	return NULL;
+}
+
+/* ------------------------------------------------------------ decisions */
+
+static void vote(struct mlfs_cluster *c, int64_t to, const char *what)
+{
+	char k[512], why[512];
+	key(c, k, sizeof(k), "votes/%" PRId64 "/%s", to, c->me);
+	if (net_etcd_put(c->etcd, k, what, strlen(what), 0, NULL, why, sizeof(why)) == 0)
+		c->voted_to = to;
+}
+
+/* The coordinator ends its attempt: commit (@reason NULL) or abort. Only
+ * while the attempt in etcd is still the one it created. */
+static void finish(struct mlfs_cluster *c, const struct job_keys *k, int64_t to,
+		   const char *reason)
+{
+	char ka[512], kc[512], kv[512], kr[512], why[512], res[600];
+	const char *config = json_string_value(json_object_get(k->attempt_j, "config"));
+	bool ok = false;
+
+	key(c, ka, sizeof(ka), "attempt");
+	key(c, kc, sizeof(kc), "config");
+	key(c, kv, sizeof(kv), "votes/%" PRId64 "/", to);
+	key(c, kr, sizeof(kr), "result/%" PRId64, to);
+	snprintf(res, sizeof(res), reason ? "aborted: %s" : "committed", reason);
+	pthread_mutex_lock(&c->lock);
+	char *mine = c->mine ? strdup(c->mine) : NULL;
+	pthread_mutex_unlock(&c->lock);
+	if (!mine)
+		return;
+	struct net_etcd_cmp still = {.key = ka, .target = NET_ETCD_VALUE, .result = NET_ETCD_EQUAL,
+				     .value = mine, .len = strlen(mine)};
+	struct net_etcd_op commit[] = {
+	    {.kind = NET_ETCD_PUT, .key = kc, .value = config, .len = config ? strlen(config) : 0},
+	    {.kind = NET_ETCD_DELETE, .key = ka},
+	    {.kind = NET_ETCD_DELETE, .key = kv, .prefix = true},
+	    {.kind = NET_ETCD_PUT, .key = kr, .value = res, .len = strlen(res)}};
+	const struct net_etcd_op *ops = reason ? commit + 1 : commit;
+	size_t nops = reason ? 3 : 4;
+	if (net_etcd_txn(c->etcd, &still, 1, ops, nops, NULL, 0, &ok, NULL, NULL, why,
+			 sizeof(why)) == 0 &&
+	    ok) {
+		pthread_mutex_lock(&c->lock);
+		free(c->mine);
+		c->mine = NULL;
+		pthread_mutex_unlock(&c->lock);
+	}
+	free(mine);
+}
+
+/* The coordinator's round: every participant up and voted? */
+static void coordinate(struct mlfs_cluster *c, const struct job_keys *k, int64_t to)
+{
+	json_t *parts = json_object_get(k->attempt_j, "participants");
+	size_t i;
+	json_t *p;
+	bool all = true;
+	char reason[600];
+
+	if (now_ms() > json_integer_value(json_object_get(k->attempt_j, "deadline_ms"))) {
+		finish(c, k, to, "the deadline passed before every node was ready");
+		return;
+	}
+	json_array_foreach(parts, i, p)
+	{
+		const char *id = json_string_value(p);
+		if (!id)
+			continue;
+		if (!json_object_get(k->nodes, id)) {
+			snprintf(reason, sizeof(reason), "node %s is down (its lease expired)", id);
+			finish(c, k, to, reason);
+			return;
+		}
+		const struct net_etcd_kv *v = vote_of(c, k, to, id);
+		if (!v) {
+			all = false;
+		} else if (strncmp(v->value, "failed", 6) == 0) {
+			snprintf(reason, sizeof(reason), "node %s: %.500s", id, v->value);
+			finish(c, k, to, reason);
+			return;
+		}
+	}
+	if (all)
+		finish(c, k, to, NULL);
+}
+
+/* Whether node @node hosts a rank of config @text's layout (or of the
+ * current view, @cur). */
+static bool hosts(const struct ptc_layout *l, int node)
+{
+	return l && l->node_nranks[node] > 0;
+}
+
+/* The participants of a move from the current view to @c: the nodes that
+ * host ranks in either layout, as a JSON array; NULL with @err on a bad
+ * config. */
+static json_t *participants(struct mlfs_store *st, const struct ptc_config *cfg,
+			    struct ptc_error *err)
+{
+	struct ptc_layout to;
+	struct mlfs_view *v = mlfs_store_view(st);
+	json_t *a = NULL;
+
+	if (ptc_layout_init(&to, st->schema, cfg, st->cluster, "config.json", err) == 0) {
+		a = json_array();
+		for (int n = 0; n < st->cluster->nnodes; n++)
+			if (hosts(&to, n) || (v && hosts(&v->layout, n)))
+				json_array_append_new(a, json_string(st->cluster->nodes[n].id));
+		ptc_layout_release(&to);
+	}
+	mlfs_view_put(v);
+	return a;
+}
+
+/* This node's part in attempt @to, round after round. */
+static void participate(struct mlfs_cluster *c, const struct job_keys *k, int64_t from,
+			int64_t to)
+{
+	struct mlfs_store *st = c->st;
+	struct ptc_error err = {""};
+	json_t *parts = json_object_get(k->attempt_j, "participants");
+	bool part = false;
+	size_t i;
+	json_t *p;
+
+	json_array_foreach(parts, i, p) part |= json_string_value(p) &&
+						strcmp(json_string_value(p), c->me) == 0;
+	if (!part || view_version(st) != from)
+		return;
+	pthread_mutex_lock(&c->lock);
+	bool start = c->started_to != to;
+	if (start)
+		c->started_to = to;
+	pthread_mutex_unlock(&c->lock);
+	if (start) {
+		const char *config = json_string_value(json_object_get(k->attempt_j, "config"));
+		sync_steps(c, k->nodes);
+		int rc = config ? mlfs_reconf_prepare(st, config, strlen(config), "attempt", false, &err)
+				: -EINVAL;
+		if (rc) {
+			char v[700];
+			snprintf(v, sizeof(v), "failed: %s", err.text[0] ? err.text : strerror(-rc));
+			vote(c, to, v);
+			return;
+		}
+	}
+	if (c->voted_to == to)
+		return;
+	pthread_mutex_lock(&st->lock);
+	enum mlfs_reconf_state s = st->reconf;
+	int64_t target = st->target_version;
+	char error[PTC_ERROR_MAX];
+	snprintf(error, sizeof(error), "%s", st->error);
+	pthread_mutex_unlock(&st->lock);
+	if (target != to)
+		return;
+	if (s == MLFS_RECONF_PREPARED) {
+		vote(c, to, "ready");
+	} else if (s == MLFS_RECONF_FAILED) {
+		char v[700];
+		snprintf(v, sizeof(v), "failed: %s", error);
+		vote(c, to, v);
+	}
+}
+
+/* Follows the committed config: installs the first one, commits a
+ * prepared attempt that etcd committed, aborts one that etcd dropped. */
+static void follow(struct mlfs_cluster *c, const struct job_keys *k)
+{
+	struct mlfs_store *st = c->st;
+	struct ptc_error err = {""};
+	int64_t have = view_version(st);
+	int64_t committed = k->config ? config_version(k->config->value, k->config->len) : 0;
+
+	if (k->schema && !st->schema)
+		mlfs_store_install_schema(st, k->schema->value, k->schema->len, &err);
+	if (k->config && have == 0 && st->schema) {
+		mlfs_store_install_config(st, k->config->value, k->config->len, &err);
+		return;
+	}
+	pthread_mutex_lock(&st->lock);
+	enum mlfs_reconf_state s = st->reconf;
+	int64_t target = st->target_version;
+	pthread_mutex_unlock(&st->lock);
+	bool active = s == MLFS_RECONF_PREPARING || s == MLFS_RECONF_PREPARED;
+	if (active && committed == target) {
+		if (s == MLFS_RECONF_PREPARED)
+			mlfs_reconf_commit(st, target, &err);
+		return; /* still building: committed once prepared */
+	}
+	int64_t att = k->attempt_j ? json_integer_value(json_object_get(k->attempt_j, "to")) : 0;
+	if (active && att != target && committed != target) {
+		char kr[512], why[512], reason[700] = "the attempt vanished (its coordinator is "
+						       "down or lost etcd)";
+		struct net_etcd_kv r;
+		key(c, kr, sizeof(kr), "result/%" PRId64, target);
+		if (net_etcd_get(c->etcd, kr, &r, NULL, why, sizeof(why)) == 0) {
+			snprintf(reason, sizeof(reason), "%s", r.value);
+			free(r.key);
+			free(r.value);
+		}
+		mlfs_reconf_abort(st, target, reason, &err);
+	}
+}
+
+static void round_once(struct mlfs_cluster *c)
+{
+	struct job_keys k;
+	char why[512] = "";
+	int rc = keep_registered(c, why, sizeof(why));
+
+	if (rc == 0)
+		rc = read_job(c, &k, why, sizeof(why));
+	pthread_mutex_lock(&c->lock);
+	snprintf(c->etcd_error, sizeof(c->etcd_error), "%s", rc ? why : "");
+	pthread_mutex_unlock(&c->lock);
+	if (rc)
+		return;
+	sync_steps(c, k.nodes);
+	follow(c, &k);
+	if (k.attempt_j) {
+		int64_t from = json_integer_value(json_object_get(k.attempt_j, "from"));
+		int64_t to = json_integer_value(json_object_get(k.attempt_j, "to"));
+		const char *co = json_string_value(json_object_get(k.attempt_j, "coordinator"));
+		participate(c, &k, from, to);
+		if (co && strcmp(co, c->me) == 0)
+			coordinate(c, &k, to);
+	}
+	pthread_mutex_lock(&c->lock);
+	json_decref(c->nodes);
+	json_decref(c->attempt);
+	c->nodes = json_incref(k.nodes);
+	c->attempt = json_incref(k.attempt_j);
+	pthread_mutex_unlock(&c->lock);
+	job_keys_free(&k);
+}
+
+static void *cluster_main(void *arg)
+{
+	struct mlfs_cluster *c = arg;
+	uint64_t state = 0;
+	char why[512];
+
+	while (!atomic_load(&c->stop)) {
+		round_once(c);
+		int rc = net_etcd_wait(c->etcd, c->prefix, &state, 250, &c->stop, why, sizeof(why));
+		if (rc && rc != -ETIMEDOUT && rc != -ECANCELED) {
+			struct timespec nap = {0, 200 * 1000000L}; /* etcd down: retry later */
+			nanosleep(&nap, NULL);
+		}
+	}
+	return NULL;
+}
+
+/* --------------------------------------------------------------- propose */
+
+static int propose_schema(struct mlfs_cluster *c, const char *text, size_t len,
+			  struct ptc_error *err)
+{
+	struct ptc_schema *s;
+	char k[512], why[512];
+	bool ok = false;
+	int rc = ptc_schema_parse_text(text, len, "schema.json", &s, err);
+
+	if (rc)
+		return rc;
+	ptc_schema_free(s);
+	key(c, k, sizeof(k), "schema");
+	struct net_etcd_cmp absent = {.key = k, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
+	struct net_etcd_cmp same = {.key = k, .target = NET_ETCD_VALUE, .result = NET_ETCD_EQUAL,
+				    .value = text, .len = len};
+	struct net_etcd_op put = {.kind = NET_ETCD_PUT, .key = k, .value = text, .len = len};
+	if ((rc = net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL, why,
+			       sizeof(why))))
+		return (ptc_errorf(err, "schema.json: the control plane (etcd) is unreachable: %s",
+				  why), -EIO);
+	if (!ok && (rc = net_etcd_txn(c->etcd, &same, 1, NULL, 0, NULL, 0, &ok, NULL, NULL, why,
+				      sizeof(why))) == 0 &&
+	    !ok)
+		return ptc_errorf(err, "schema.json: the job \"%s\" already has a different "
+				       "schema (etcd key %s); a job's schema is fixed",
+				  c->st->cluster->job, k);
+	if (rc)
+		return (ptc_errorf(err, "schema.json: etcd: %s", why), -EIO);
+	return mlfs_store_install_schema(c->st, text, len, err);
+}
+
+/* The saved step of every rank of the current layout, from every node's
+ * entry: 0, or -EINVAL naming a rank that lags (or a node down). */
+static int job_steps_agree(struct mlfs_cluster *c, const struct job_keys *k,
+			   struct ptc_error *err)
+{
+	struct mlfs_view *v = mlfs_store_view(c->st);
+	int rc = 0;
+	if (!v)
+		return 0;
+	const struct ptc_layout *l = &v->layout;
+	int64_t first = -2;
+	int first_rank = -1;
+	for (int r = 0; r < l->world && rc == 0; r++) {
+		const char *id = l->cluster->nodes[l->ranks[r].node].id;
+		json_t *e = json_object_get(k->nodes, id);
+		char rk[16];
+		snprintf(rk, sizeof(rk), "%d", r);
+		json_t *s = json_object_get(json_object_get(e, "steps"), rk);
+		if (!e) {
+			rc = ptc_errorf(err, "config.json: node %s (ranks of the current layout) is "
+					     "down",
+					id);
+		} else if (!json_is_integer(s) ||
+			   json_integer_value(json_object_get(e, "version")) != v->config->version) {
+			rc = ptc_errorf(err, "config.json: node %s has not published rank %d's step",
+					id, r);
+		} else if (first_rank < 0) {
+			first = json_integer_value(s);
+			first_rank = r;
+		} else if (json_integer_value(s) != first) {
+			rc = ptc_errorf(err,
+					"config.json: ranks have not saved the same step: rank %d "
+					"(node %s) saved step %" PRId64 " while rank %d saved "
+					"step %" PRId64,
+					r, id, (int64_t)json_integer_value(s), first_rank, first);
+		}
+	}
+	mlfs_view_put(v);
+	return rc;
+}
+
+static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
+			  struct ptc_error *err)
+{
+	struct mlfs_store *st = c->st;
+	struct ptc_config *cfg;
+	struct job_keys k;
+	char ka[512], kc[512], why[512];
+	bool ok = false;
+	int rc = ptc_config_parse_text(text, len, "config.json", &cfg, err);
+
+	if (rc)
+		return rc;
+	if (!st->schema) {
+		ptc_config_free(cfg);
+		return ptc_errorf(err, "config.json: write schema.json first");
+	}
+	key(c, ka, sizeof(ka), "attempt");
+	key(c, kc, sizeof(kc), "config");
+	/* Steps are published within a round of being written: give the job a
+	 * moment to agree before refusing. */
+	for (int tries = 0;; tries++) {
+		if ((rc = read_job(c, &k, why, sizeof(why)))) {
+			ptc_config_free(cfg);
+			return (ptc_errorf(err, "config.json: the control plane (etcd) is "
+					       "unreachable: %s",
+					  why), -EIO);
+		}
+		if (!k.config || k.attempt || (rc = job_steps_agree(c, &k, err)) == 0 || tries >= 20)
+			break;
+		job_keys_free(&k);
+		struct timespec nap = {0, 100 * 1000000L};
+		nanosleep(&nap, NULL);
+	}
+	int64_t committed = k.config ? config_version(k.config->value, k.config->len) : 0;
+	if (rc) {
+		/* the steps' refusal is in err */
+	} else if (k.attempt) {
+		rc = ptc_errorf(err, "config.json: a reconfiguration to version %" PRId64
+				     " is in progress (coordinator %s)",
+				(int64_t)json_integer_value(json_object_get(k.attempt_j, "to")),
+				json_string_value(json_object_get(k.attempt_j, "coordinator")));
+		rc = -EBUSY;
+	} else if (cfg->version <= committed) {
+		rc = ptc_errorf(err,
+				"config.json: \"version\" = %" PRId64
+				" is not greater than the job's current %" PRId64,
+				cfg->version, committed);
+	} else if (!k.config) { /* the first config: nothing to move */
+		struct net_etcd_cmp absent = {
+		    .key = kc, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
+		struct net_etcd_op put = {.kind = NET_ETCD_PUT, .key = kc, .value = text, .len = len};
+		struct ptc_layout l;
+		if ((rc = ptc_layout_init(&l, st->schema, cfg, st->cluster, "config.json", err)) ==
+		    0) {
+			ptc_layout_release(&l);
+			if (net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL,
+					 why, sizeof(why)))
+				rc = (ptc_errorf(err, "config.json: etcd: %s", why), -EIO);
+			else if (!ok)
+				rc = ptc_errorf(err, "config.json: another node set the job's "
+						     "first config meanwhile");
+			else
+				rc = mlfs_store_install_config(st, text, len, err);
+		}
+	} else {
+		json_t *parts = participants(st, cfg, err);
+		size_t i;
+		json_t *p;
+		bool me_in = false;
+		rc = parts ? 0 : -EINVAL;
+		json_array_foreach(parts, i, p)
+		{
+			const char *id = json_string_value(p);
+			me_in |= strcmp(id, c->me) == 0;
+			if (rc == 0 && !json_object_get(k.nodes, id))
+				rc = ptc_errorf(err, "config.json: node %s is down", id);
+		}
+		json_t *a = rc ? NULL
+			       : json_pack("{sIsIsssssOsI}", "from", (json_int_t)committed, "to",
+					   (json_int_t)cfg->version, "config", text, "coordinator",
+					   c->me, "participants", parts, "deadline_ms",
+					   (json_int_t)(now_ms() + MLFS_ATTEMPT_MS));
+		char *att = a ? json_dumps(a, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+		json_decref(a);
+		json_decref(parts);
+		if (rc == 0 && !att)
+			rc = -ENOMEM;
+		if (rc == 0) {
+			struct net_etcd_cmp cmps[] = {
+			    {.key = ka, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL},
+			    {.key = kc, .target = NET_ETCD_MOD, .result = NET_ETCD_EQUAL,
+			     .num = k.config_mod}};
+			struct net_etcd_op put = {.kind = NET_ETCD_PUT, .key = ka, .value = att,
+						  .len = strlen(att), .lease = c->lease};
+			pthread_mutex_lock(&c->lock);
+			free(c->mine);
+			c->mine = att;
+			c->mine_to = cfg->version;
+			pthread_mutex_unlock(&c->lock);
+			if (!c->lease)
+				rc = (ptc_errorf(err, "config.json: this node is not registered "
+						     "with etcd (yet)"), -EIO);
+			else if (net_etcd_txn(c->etcd, cmps, 2, &put, 1, NULL, 0, &ok, NULL,
+					      NULL, why, sizeof(why)))
+				rc = (ptc_errorf(err, "config.json: etcd: %s", why), -EIO);
+			else if (!ok)
+				rc = (ptc_errorf(err, "config.json: another reconfiguration started, "
+						     "or the config changed, meanwhile"), -EBUSY);
+		}
+		/* The coordinator prepares at once when it takes part: its
+		 * status.json (which mlfs reconfigure reads) shows the attempt
+		 * from now on. */
+		if (rc == 0 && me_in) {
+			struct ptc_error perr = {""};
+			pthread_mutex_lock(&c->lock);
+			c->started_to = cfg->version;
+			pthread_mutex_unlock(&c->lock);
+			sync_steps(c, k.nodes);
+			if (mlfs_reconf_prepare(st, text, len, "attempt", false, &perr)) {
+				char v[700];
+				snprintf(v, sizeof(v), "failed: %s", perr.text);
+				vote(c, cfg->version, v);
+			}
+		}
+	}
+	job_keys_free(&k);
+	ptc_config_free(cfg);
+	return rc;
+}
+
+static int propose(void *arg, bool config, const char *text, size_t len, struct ptc_error *err)
+{
+	struct mlfs_cluster *c = arg;
+	return config ? propose_config(c, text, len, err) : propose_schema(c, text, len, err);
+}
+
+/* --------------------------------------------------------------- status */
+
+static void status_add(void *arg, json_t *o)
+{
+	struct mlfs_cluster *c = arg;
+	json_t *nodes = json_array(), *job = json_object();
+	struct mlfs_store *st = c->st;
+
+	pthread_mutex_lock(&c->lock);
+	for (int n = 0; n < st->cluster->nnodes; n++) {
+		const char *id = st->cluster->nodes[n].id;
+		json_t *e = json_object_get(c->nodes, id);
+		json_array_append_new(
+		    nodes, json_pack("{sssbsOsO}", "id", id, "up", e != NULL, "version",
+				     e ? json_object_get(e, "version") : json_null(), "state",
+				     e ? json_object_get(e, "state") : json_null()));
+	}
+	json_object_set_new(job, "job", json_string(st->cluster->job));
+	json_object_set_new(job, "etcd", json_string(c->etcd_error[0] ? "unreachable" : "ok"));
+	if (c->etcd_error[0])
+		json_object_set_new(job, "etcd_error", json_string(c->etcd_error));
+	json_object_set_new(job, "nodes", nodes);
+	json_t *a = c->attempt ? json_deep_copy(c->attempt) : json_null();
+	json_object_del(a, "config");
+	json_object_set_new(job, "attempt", a);
+	pthread_mutex_unlock(&c->lock);
+	json_object_set_new(o, "cluster", job);
+}
+
+/* ---------------------------------------------------------------- start */
+
+int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *why, size_t whylen)
+{
+	struct mlfs_cluster *c;
+	int rc;
+
+	*out = NULL;
+	if (!st->cluster->etcd || !st->cluster->job) {
+		snprintf(why, whylen, "cluster.json: a job of %d nodes needs \"job\" and \"etcd\"",
+			 st->cluster->nnodes);
+		return -EINVAL;
+	}
+	if (!(c = calloc(1, sizeof(*c))))
+		return -ENOMEM;
+	pthread_mutex_init(&c->lock, NULL);
+	c->st = st;
+	c->me = st->cluster->nodes[st->node].id;
+	snprintf(c->prefix, sizeof(c->prefix), "/mlfs/%s/", st->cluster->job);
+	struct net_http_opts o = {.retries = 2, .timeout_ms = 2000, .deadline_ms = 5000};
+	if ((rc = net_etcd_new(st->cluster->etcd, &o, &c->etcd, why, whylen)))
+		goto err_free;
+	/* Join: the job's cluster must be ours (the first node puts it). */
+	char k[512], e[512];
+	bool ok = false;
+	key(c, k, sizeof(k), "cluster");
+	struct net_etcd_cmp absent = {.key = k, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
+	struct net_etcd_op put = {.kind = NET_ETCD_PUT, .key = k, .value = st->cluster_text,
+				  .len = strlen(st->cluster_text)};
+	if ((rc = net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL, e,
+			       sizeof(e)))) {
+		snprintf(why, whylen, "etcd at %s: %s", st->cluster->etcd, e);
+		goto err_etcd;
+	}
+	if (!ok) {
+		struct net_etcd_kv kv;
+		if ((rc = net_etcd_get(c->etcd, k, &kv, NULL, e, sizeof(e)))) {
+			snprintf(why, whylen, "etcd at %s: %s", st->cluster->etcd, e);
+			goto err_etcd;
+		}
+		json_t *theirs = json_loadb(kv.value, kv.len, 0, NULL);
+		json_t *ours = json_loads(st->cluster_text, 0, NULL);
+		bool same = theirs && ours && json_equal(theirs, ours);
+		json_decref(theirs);
+		json_decref(ours);
+		free(kv.key);
+		free(kv.value);
+		if (!same) {
+			snprintf(why, whylen,
+				 "cluster.json differs from the job \"%s\"'s (etcd key %s): every "
+				 "node must mount with the same cluster.json",
+				 st->cluster->job, k);
+			rc = -EINVAL;
+			goto err_etcd;
+		}
+	}
+	/* Register and read the job once before serving: a restarted node
+	 * knows the current version as it mounts. */
+	if ((rc = keep_registered(c, e, sizeof(e)))) {
+		snprintf(why, whylen, "etcd at %s: %s", st->cluster->etcd, e);
+		goto err_etcd;
+	}
+	round_once(c);
+	st->multinode = true;
+	st->propose = propose;
+	st->status_add = status_add;
+	st->cluster_arg = c;
+	if ((rc = -pthread_create(&c->thread, NULL, cluster_main, c))) {
+		snprintf(why, whylen, "cannot start a thread");
+		goto err_etcd;
+	}
+	c->running = true;
+	*out = c;
+	return 0;
+
+err_etcd:
+	net_etcd_free(c->etcd);
+err_free:
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+	return rc;
+}
+
+void mlfs_cluster_stop(struct mlfs_cluster *c)
+{
+	char why[256];
+	if (!c)
+		return;
+	atomic_store(&c->stop, 1);
+	if (c->running)
+		pthread_join(c->thread, NULL);
+	if (c->lease) /* leave at once rather than when the lease expires */
+		net_etcd_lease_revoke(c->etcd, c->lease, NULL, why, sizeof(why));
+	net_etcd_free(c->etcd);
+	json_decref(c->nodes);
+	json_decref(c->attempt);
+	free(c->mine);
+	free(c->published);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}
