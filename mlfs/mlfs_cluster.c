@@ -226,6 +226,31 @@ static void sync_steps(struct mlfs_cluster *c, json_t *nodes)
 	pthread_mutex_unlock(&st->lock);
 }
 
+/* The ranks of down nodes (@down, @ndown cluster indices) take the step
+ * the live ranks agree on: their partitions come from other copies, which
+ * saved that step. */
+static void fill_down_steps(struct mlfs_cluster *c, const int *down, int ndown)
+{
+	struct mlfs_store *st = c->st;
+	pthread_mutex_lock(&st->lock);
+	if (st->view && ndown) {
+		const struct ptc_layout *l = &st->view->layout;
+		int64_t step = -1;
+		for (int r = 0; r < l->world && step < 0; r++) {
+			bool dead = false;
+			for (int i = 0; i < ndown; i++)
+				dead |= l->ranks[r].node == down[i];
+			if (!dead)
+				step = st->steps[r];
+		}
+		for (int r = 0; r < l->world; r++)
+			for (int i = 0; i < ndown; i++)
+				if (l->ranks[r].node == down[i])
+					st->steps[r] = step;
+	}
+	pthread_mutex_unlock(&st->lock);
+}
+
 /* ---------------------------------------------------------- job's keys */
 
 /* What one read of the job's keys found. */
@@ -380,25 +405,58 @@ static bool hosts(const struct ptc_layout *l, int node)
 	return l && l->node_nranks[node] > 0;
 }
 
-/* The participants of a move from the current view to @c: the nodes that
- * host ranks in either layout, as a JSON array; NULL with @err on a bad
- * config. */
-static json_t *participants(struct mlfs_store *st, const struct ptc_config *cfg,
-			    struct ptc_error *err)
+/*
+ * The nodes of a move from the current view to config @cfg: the
+ * participants (up, hosting ranks in either layout) into *@parts, and the
+ * nodes of the current layout that are down (their partitions come from
+ * other copies) into *@down, as JSON arrays of ids. 0, or -EINVAL with
+ * @err: a bad config, or a down node that the new layout uses.
+ */
+static int move_nodes(struct mlfs_store *st, const struct ptc_config *cfg, const json_t *up,
+		      json_t **parts, json_t **down, struct ptc_error *err)
 {
 	struct ptc_layout to;
 	struct mlfs_view *v = mlfs_store_view(st);
-	json_t *a = NULL;
+	int rc = ptc_layout_init(&to, st->schema, cfg, st->cluster, "config.json", err);
 
-	if (ptc_layout_init(&to, st->schema, cfg, st->cluster, "config.json", err) == 0) {
-		a = json_array();
-		for (int n = 0; n < st->cluster->nnodes; n++)
-			if (hosts(&to, n) || (v && hosts(&v->layout, n)))
-				json_array_append_new(a, json_string(st->cluster->nodes[n].id));
+	*parts = *down = NULL;
+	if (rc == 0) {
+		*parts = json_array();
+		*down = json_array();
+		for (int n = 0; n < st->cluster->nnodes && rc == 0; n++) {
+			const char *id = st->cluster->nodes[n].id;
+			bool alive = json_object_get(up, id) != NULL;
+			if (hosts(&to, n) && !alive)
+				rc = ptc_errorf(err, "config.json: node %s is down", id);
+			else if (alive && (hosts(&to, n) || (v && hosts(&v->layout, n))))
+				json_array_append_new(*parts, json_string(id));
+			else if (!alive && v && hosts(&v->layout, n))
+				json_array_append_new(*down, json_string(id));
+		}
 		ptc_layout_release(&to);
 	}
 	mlfs_view_put(v);
-	return a;
+	if (rc) {
+		json_decref(*parts);
+		json_decref(*down);
+		*parts = *down = NULL;
+	}
+	return rc;
+}
+
+/* The cluster indices of the ids in @down (at most @cap). */
+static int down_indices(const struct mlfs_store *st, const json_t *down, int *out, int cap)
+{
+	size_t i;
+	json_t *d;
+	int n = 0;
+	json_array_foreach(down, i, d)
+	{
+		int k = json_string_value(d) ? ptc_cluster_find(st->cluster, json_string_value(d)) : -1;
+		if (k >= 0 && n < cap)
+			out[n++] = k;
+	}
+	return n;
 }
 
 /* This node's part in attempt @to, round after round. */
@@ -424,7 +482,11 @@ static void participate(struct mlfs_cluster *c, const struct job_keys *k, int64_
 	if (start) {
 		const char *config = json_string_value(json_object_get(k->attempt_j, "config"));
 		sync_steps(c, k->nodes);
-		int rc = config ? mlfs_reconf_prepare(st, config, strlen(config), "attempt", false, &err)
+		int down[256];
+		int ndown = down_indices(st, json_object_get(k->attempt_j, "down"), down, 256);
+		fill_down_steps(c, down, ndown);
+		int rc = config ? mlfs_reconf_prepare_down(st, config, strlen(config), "attempt",
+							   false, down, ndown, &err)
 				: -EINVAL;
 		if (rc) {
 			char v[700];
@@ -593,9 +655,7 @@ static int job_steps_agree(struct mlfs_cluster *c, const struct job_keys *k,
 		snprintf(rk, sizeof(rk), "%d", r);
 		json_t *s = json_object_get(json_object_get(e, "steps"), rk);
 		if (!e) {
-			rc = ptc_errorf(err, "config.json: node %s (ranks of the current layout) is "
-					     "down",
-					id);
+			continue; /* down: the plan takes its ranks from other copies, or says */
 		} else if (!json_is_integer(s) ||
 			   json_integer_value(json_object_get(e, "version")) != v->config->version) {
 			rc = ptc_errorf(err, "config.json: node %s has not published rank %d's step",
@@ -680,23 +740,20 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 				rc = mlfs_store_install_config(st, text, len, err);
 		}
 	} else {
-		json_t *parts = participants(st, cfg, err);
+		json_t *parts, *down;
 		size_t i;
 		json_t *p;
 		bool me_in = false;
-		rc = parts ? 0 : -EINVAL;
-		json_array_foreach(parts, i, p)
-		{
-			const char *id = json_string_value(p);
-			me_in |= strcmp(id, c->me) == 0;
-			if (rc == 0 && !json_object_get(k.nodes, id))
-				rc = ptc_errorf(err, "config.json: node %s is down", id);
-		}
+		rc = move_nodes(st, cfg, k.nodes, &parts, &down, err);
+		json_array_foreach(parts, i, p) me_in |= strcmp(json_string_value(p), c->me) == 0;
 		json_t *a = rc ? NULL
-			       : json_pack("{sIsIsssssOsI}", "from", (json_int_t)committed, "to",
+			       : json_pack("{sIsIsssssOsOsI}", "from", (json_int_t)committed, "to",
 					   (json_int_t)cfg->version, "config", text, "coordinator",
-					   c->me, "participants", parts, "deadline_ms",
+					   c->me, "participants", parts, "down", down, "deadline_ms",
 					   (json_int_t)(now_ms() + MLFS_ATTEMPT_MS));
+		int dn[256];
+		int ndown = rc ? 0 : down_indices(st, down, dn, 256);
+		json_decref(down);
 		char *att = a ? json_dumps(a, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
 		json_decref(a);
 		json_decref(parts);
@@ -733,10 +790,14 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 			c->started_to = cfg->version;
 			pthread_mutex_unlock(&c->lock);
 			sync_steps(c, k.nodes);
-			if (mlfs_reconf_prepare(st, text, len, "attempt", false, &perr)) {
+			fill_down_steps(c, dn, ndown);
+			if ((rc = mlfs_reconf_prepare_down(st, text, len, "attempt", false, dn,
+							   ndown, &perr))) {
+				/* the coordinator aborts the attempt at its next round */
 				char v[700];
 				snprintf(v, sizeof(v), "failed: %s", perr.text);
 				vote(c, cfg->version, v);
+				snprintf(err->text, sizeof(err->text), "%s", perr.text);
 			}
 		}
 	}

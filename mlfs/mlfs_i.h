@@ -281,6 +281,12 @@ int mlfs_reconf_busy(const struct mlfs_store *st, const char *what, struct ptc_e
  */
 int mlfs_reconf_prepare(struct mlfs_store *st, const char *text, size_t len, const char *what,
 			bool autocommit, struct ptc_error *err);
+/* The same, for a job whose nodes @down (ndown cluster indices) cannot
+ * serve: the plan takes their partitions from other copies (DP replicas),
+ * or refuses naming what has none (ptc_plan_compute). */
+int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len,
+			     const char *what, bool autocommit, const int *down, int ndown,
+			     struct ptc_error *err);
 /*
  * Commits the prepared attempt to @version: the new view becomes current
  * under the lock (saved steps carried, dataset cursor continued), the FUSE

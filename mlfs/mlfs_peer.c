@@ -215,38 +215,67 @@ static void handle(void *arg, struct net_request *r)
 
 /* ----------------------------------------------------------------- fetch */
 
+/* One GET of rows of (@rank, op's state and source tensor) from @node. */
+static int fetch_from(struct mlfs_peer *pe, int node, int rank, int64_t version,
+		      const struct ptc_op *op, struct iovec *iov, int64_t outer, int64_t len,
+		      char *why, size_t whylen)
+{
+	const struct ptc_node *n = &pe->st->cluster->nodes[node];
+	char url[NET_MAX_URL];
+
+	snprintf(url, sizeof(url),
+		 "http://%s/v1/part?version=%" PRId64 "&rank=%d&state=%d&tensor=%d&row=%" PRId64
+		 "&rows=%" PRId64,
+		 n->addr, version, rank, op->state, op->src_tensor, op->src_row, op->rows);
+	struct net_http_range rg = {.off = 0, .len = len, .iov = iov, .iovcnt = (int)outer};
+	int rc = net_http_get_range(pe->http, url, &rg, NULL, why, whylen);
+	if (rc == 0 && rg.got != rg.len) {
+		snprintf(why, whylen, "%.300s: %" PRId64 " bytes, expected %" PRId64, url, rg.got,
+			 rg.len);
+		rc = -EIO;
+	}
+	return rc;
+}
+
+/*
+ * The plan's piece @op: from its source node, and when that fails, from
+ * every other node holding the same rows in layout @version (a DP replica:
+ * the same TP rank of a stage that holds the tensor), in rank order.
+ */
 static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8_t *dst,
 		      int64_t dst_rows, int64_t outer, int64_t row_bytes)
 {
 	struct mlfs_peer *pe = arg;
-	const struct ptc_node *n = &pe->st->cluster->nodes[op->src_node];
-	char url[NET_MAX_URL], why[512];
+	char why[512], first[512] = "";
 	struct iovec stack[64], *iov = outer <= 64 ? stack : malloc((size_t)outer * sizeof(*iov));
 
 	if (!iov)
 		return -ENOMEM;
-	snprintf(url, sizeof(url),
-		 "http://%s/v1/part?version=%" PRId64 "&rank=%d&state=%d&tensor=%d&row=%" PRId64
-		 "&rows=%" PRId64,
-		 n->addr, version, op->src_rank, op->state, op->src_tensor, op->src_row, op->rows);
 	for (int64_t o = 0; o < outer; o++)
 		iov[o] = (struct iovec){dst + (o * dst_rows + op->dst_row) * row_bytes,
 					(size_t)(op->rows * row_bytes)};
-	struct net_http_range rg = {.off = 0,
-				    .len = outer * op->rows * row_bytes,
-				    .iov = iov,
-				    .iovcnt = (int)outer};
-	int rc = net_http_get_range(pe->http, url, &rg, NULL, why, sizeof(why));
-	if (rc == 0 && rg.got != rg.len) {
-		snprintf(why, sizeof(why), "%.300s: %" PRId64 " bytes, expected %" PRId64, url, rg.got,
-			 rg.len);
-		rc = -EIO;
+	int64_t len = outer * op->rows * row_bytes;
+	int rc = fetch_from(pe, op->src_node, op->src_rank, version, op, iov, outer, len, first,
+			    sizeof(first));
+	struct mlfs_view *v = rc ? mlfs_store_view(pe->st) : NULL;
+	if (v && v->config->version == version) {
+		const struct ptc_layout *l = &v->layout;
+		for (int r = 0; r < l->world && rc; r++) {
+			int node = l->ranks[r].node;
+			if (r == op->src_rank || node == op->src_node || node == pe->st->node ||
+			    l->ranks[r].t != l->ranks[op->src_rank].t ||
+			    !ptc_layout_holds(l, r, op->src_tensor))
+				continue;
+			rc = fetch_from(pe, node, r, version, op, iov, outer, len, why, sizeof(why));
+		}
 	}
+	mlfs_view_put(v);
 	if (iov != stack)
 		free(iov);
 	if (rc) {
 		char msg[700];
-		snprintf(msg, sizeof(msg), "fetch from node %s: %s", n->id, why);
+		snprintf(msg, sizeof(msg), "fetch from node %s: %s",
+			 pe->st->cluster->nodes[op->src_node].id, first);
 		mlfs_store_note_error(pe->st, msg);
 	}
 	return rc;

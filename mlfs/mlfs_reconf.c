@@ -308,8 +308,8 @@ out:
  * fixed once a view is set. 0, or an error with @err.
  */
 static int reconf_plan(struct mlfs_store *st, struct ptc_config *c, struct mlfs_dataset *ds,
-		       const char *text, size_t len, const char *what, struct mlfs_attempt **out,
-		       struct ptc_error *err)
+		       const char *text, size_t len, const char *what, const int *down, int ndown,
+		       struct mlfs_attempt **out, struct ptc_error *err)
 {
 	struct mlfs_attempt *a = calloc(1, sizeof(*a));
 	int rc = -ENOMEM;
@@ -335,7 +335,7 @@ static int reconf_plan(struct mlfs_store *st, struct ptc_config *c, struct mlfs_
 			goto err_free_attempt;
 		}
 	}
-	if ((rc = ptc_plan_compute(&a->from->layout, &a->to->layout, NULL, 0, &a->plan, err)))
+	if ((rc = ptc_plan_compute(&a->from->layout, &a->to->layout, down, ndown, &a->plan, err)))
 		goto err_free_attempt;
 	rc = -ENOMEM;
 	if (!(a->steps = malloc((size_t)a->to->layout.world * sizeof(int64_t))))
@@ -582,10 +582,10 @@ err_unlock:
 /* Plans and publishes an attempt to @c and @ds (taken over). */
 static int reconf_start(struct mlfs_store *st, struct ptc_config *c, struct mlfs_dataset *ds,
 			const char *text, size_t len, const char *what, bool autocommit,
-			struct ptc_error *err)
+			const int *down, int ndown, struct ptc_error *err)
 {
 	struct mlfs_attempt *a;
-	int rc = reconf_plan(st, c, ds, text, len, what, &a, err);
+	int rc = reconf_plan(st, c, ds, text, len, what, down, ndown, &a, err);
 
 	if (rc)
 		return rc;
@@ -596,11 +596,18 @@ static int reconf_start(struct mlfs_store *st, struct ptc_config *c, struct mlfs
 int mlfs_reconf_prepare(struct mlfs_store *st, const char *text, size_t len, const char *what,
 			bool autocommit, struct ptc_error *err)
 {
+	return mlfs_reconf_prepare_down(st, text, len, what, autocommit, NULL, 0, err);
+}
+
+int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len,
+			     const char *what, bool autocommit, const int *down, int ndown,
+			     struct ptc_error *err)
+{
 	struct ptc_config *c;
 	struct mlfs_dataset *ds;
 	int rc = reconf_validate(st, text, len, what, &c, &ds, err);
 
-	return rc ? rc : reconf_start(st, c, ds, text, len, what, autocommit, err);
+	return rc ? rc : reconf_start(st, c, ds, text, len, what, autocommit, down, ndown, err);
 }
 
 int mlfs_store_set_config(struct mlfs_store *st, const char *text, size_t len,
@@ -637,7 +644,7 @@ int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t le
 		pthread_mutex_unlock(&st->lock);
 		/* A view, once set, stays set: the rest is a reconfiguration. */
 		if (rc == 0 && !first)
-			rc = reconf_start(st, c, ds, text, len, "config.json", true, err);
+			rc = reconf_start(st, c, ds, text, len, "config.json", true, NULL, 0, err);
 	}
 	if (rc) {
 		mlfs_store_note_error(st, err->text);
