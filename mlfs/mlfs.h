@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "mlfs/mlfs_log.h"
+
 struct mlfs_options {
 	const char *mountpoint;
 	const char *node_id;
@@ -18,13 +20,15 @@ struct mlfs_options {
 	int prefetch;	      /* dataset steps assembled ahead; < 0 = 4 */
 	int http_timeout_ms;  /* dataset HTTP request receiving nothing this long fails; 0 = 10 s */
 	int http_deadline_ms; /* one read of a dataset source, retries included; 0 = 60 s */
+	enum mlfs_log_level log_level; /* least severe level logged; 0 = info (mlfs_log.h) */
 };
 
 /*
  * Mounts the store at o->mountpoint and serves it until unmounted (or
  * SIGINT/SIGTERM). Returns the process exit status: 0 after a clean
- * unmount, 1 with a message on stderr when it cannot start.
- * Call once, from main().
+ * unmount, 1 with a message on stderr when it cannot start. While it runs,
+ * events are logged (mlfs_log.h) to stderr with o->foreground, else to
+ * syslog. Call once, from main().
  */
 int mlfs_daemon_run(const struct mlfs_options *o);
 

@@ -1,5 +1,10 @@
 /*
  * mlfs_daemon.c - the daemon: start-up checks, the FUSE session and its loop.
+ *
+ * Start-up errors are printed on stderr ("mlfs mount: ..."), where the
+ * command's user sees them; from fuse_daemonize on, stderr may be gone
+ * (/dev/null without -f), so what happens after it is logged (mlfs_log.h:
+ * stderr with -f, else syslog), the start and the stop included.
  */
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
@@ -16,6 +21,7 @@
 #include <unistd.h>
 
 #include "mlfs/mlfs_fuse_i.h"
+#include "mlfs/mlfs_log.h"
 
 void mlfs_op_init(void *userdata, struct fuse_conn_info *conn)
 {
@@ -220,6 +226,7 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	bool io = false;
 	int rc = 1;
 
+	mlfs_log_init(o->foreground, o->log_level ? o->log_level : MLFS_LOG_INFO);
 	if (check_mountpoint(o->mountpoint))
 		return 1;
 	char *text = read_cluster(o->cluster_path, &len);
@@ -277,7 +284,7 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	fuse_daemonize(o->foreground);
 	struct fuse_loop_config *lc = fuse_loop_cfg_create();
 	if (!lc) {
-		fprintf(stderr, "mlfs mount: out of memory\n");
+		mlfs_log(MLFS_LOG_ERROR, "cannot serve %s: out of memory", o->mountpoint);
 		goto out_unmount;
 	}
 	fuse_loop_cfg_set_max_threads(lc, 16);
@@ -286,9 +293,18 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	if (io && mlfs_notify_start(d, se) == 0) {
 		st->changed = mlfs_notify_store_changed;
 		st->changed_arg = d;
-		rc = fuse_session_loop_mt(se, lc) ? 1 : 0;
+		mlfs_log(MLFS_LOG_INFO, "serving %s as node \"%s\" (pid %d)", o->mountpoint,
+			 o->node_id, (int)getpid());
+		int lrc = fuse_session_loop_mt(se, lc);
+		if (lrc < 0)
+			mlfs_log(MLFS_LOG_ERROR, "%s: the FUSE session failed: %s", o->mountpoint,
+				 strerror(-lrc));
+		else if (lrc > 0)
+			mlfs_log(MLFS_LOG_INFO, "%s: stopped by signal %d (%s)", o->mountpoint, lrc,
+				 strsignal(lrc));
+		rc = lrc ? 1 : 0;
 	} else {
-		fprintf(stderr, "mlfs mount: cannot start a thread\n");
+		mlfs_log(MLFS_LOG_ERROR, "cannot serve %s: cannot start a thread", o->mountpoint);
 	}
 	fuse_loop_cfg_destroy(lc);
 out_unmount:
@@ -296,10 +312,13 @@ out_unmount:
 	if (io)
 		mlfs_io_stop(&d->io);
 	if (!mlfs_notify_stop(d)) {
-		fprintf(stderr, "mlfs mount: a kernel notification did not return; exiting "
-				"without closing the session\n");
+		mlfs_log(MLFS_LOG_ERROR,
+			 "%s: a kernel notification did not return; exiting "
+			 "without closing the session",
+			 o->mountpoint);
 		return rc;
 	}
+	mlfs_log(MLFS_LOG_INFO, "%s: unmounted; exiting with status %d", o->mountpoint, rc);
 out_signals:
 	fuse_remove_signal_handlers(se);
 out_session:

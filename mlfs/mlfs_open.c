@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "mlfs/mlfs_fuse_i.h"
+#include "mlfs/mlfs_log.h"
 
 struct fh *mlfs_fh_new(struct mlfs_daemon *d, enum kind kind)
 {
@@ -110,6 +111,7 @@ static int open_view(struct fh *f)
 			snprintf(name, sizeof(name), "%s", one);
 		snprintf(msg, sizeof(msg), "dataset: ranks/%d/data/%s: %s", f->rank, name, why);
 		mlfs_store_note_error(d->st, msg);
+		mlfs_log(MLFS_LOG_WARNING, "open failed: %s", msg);
 		return rc == -ENOSPC || rc == -ENOMEM ? rc : -EIO;
 	}
 	mlfs_data_prefetch(f->v->ds, &f->v->cursor, dp, f->step + n, f->nsteps);

@@ -15,7 +15,10 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "mlfs/mlfs_fuse_i.h"
+#include "mlfs/mlfs_log.h"
 
 static void log_refusal(struct mlfs_daemon *d, const char *what, const char *why);
 
@@ -115,11 +118,24 @@ static int64_t npy_declared_len(const uint8_t *b, size_t have)
 	return n > MLFS_NPY_MAX_HEADER + 12 ? -EINVAL : n;
 }
 
+/* A refused write, in status.json's "error" and in the log. Tests refuse
+ * writes on purpose: a warning, worded without "error". */
 static void log_refusal(struct mlfs_daemon *d, const char *what, const char *why)
 {
 	char msg[PTC_ERROR_MAX];
 	snprintf(msg, sizeof(msg), "%.300s: %.200s", what, why);
 	mlfs_store_note_error(d->st, msg);
+	mlfs_log(MLFS_LOG_WARNING, "write refused: %s", msg);
+}
+
+/* Logs a refused control write whose reason the store put in status.json
+ * itself: @why, or @rc's text when @why is empty. */
+static void log_ctl_refusal(const char *what, int rc, const char *why)
+{
+	if (why && why[0])
+		mlfs_log(MLFS_LOG_WARNING, "write refused: %s", why);
+	else
+		mlfs_log(MLFS_LOG_WARNING, "write refused: %s: %s", what, strerror(-rc));
 }
 
 /* Records why a write to @f's partition was refused; returns -EINVAL. */
@@ -238,19 +254,29 @@ int mlfs_ctl_try_commit(struct fh *f, bool final)
 	}
 	switch (f->kind) {
 	case K_CONFIG:
-		rc = mlfs_store_set_config(d->st, w, f->wlen, &err);
+		if ((rc = mlfs_store_set_config(d->st, w, f->wlen, &err)))
+			log_ctl_refusal("config.json", rc, err.text);
 		break;
 	case K_SCHEMA:
-		rc = mlfs_store_set_schema(d->st, w, f->wlen, &err);
+		if ((rc = mlfs_store_set_schema(d->st, w, f->wlen, &err)))
+			log_ctl_refusal("schema.json", rc, err.text);
 		break;
 	case K_STEP:
 		rc = mlfs_store_set_step(d->st, f->rank, w, f->wlen, &err);
 		if (rc == -EINVAL)
 			log_refusal(d, "step", err.text);
+		else if (rc)
+			log_ctl_refusal("step", rc, err.text);
 		break;
 	case K_CTL: {
 		char *reply = NULL;
 		rc = mlfs_store_control(d->st, w, f->wlen, &reply);
+		if (rc) { /* the reply says why: {"ok": false, "error": "..."} */
+			json_t *j = reply ? json_loads(reply, 0, NULL) : NULL;
+			log_ctl_refusal(MLFS_CTL_NAME, rc,
+					json_string_value(json_object_get(j, "error")));
+			json_decref(j);
+		}
 		free(f->text);
 		f->text = reply;
 		f->text_len = reply ? strlen(reply) : 0;

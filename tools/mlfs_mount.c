@@ -87,6 +87,7 @@ int cmd_mount(int argc, char **argv)
 					     {"prefetch", required_argument, NULL, 'P'},
 					     {"http-timeout", required_argument, NULL, 'T'},
 					     {"http-deadline", required_argument, NULL, 'L'},
+					     {"log-level", required_argument, NULL, 'l'},
 					     {NULL, 0, NULL, 0}};
 	struct mlfs_options o = {.prefetch = -1};
 	char *end;
@@ -143,6 +144,15 @@ int cmd_mount(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'l':
+			if (mlfs_log_level_parse(optarg, &o.log_level)) {
+				fprintf(stderr,
+					"mlfs mount: --log-level \"%s\" is not one of error, "
+					"warning, info, debug\n",
+					optarg);
+				return 2;
+			}
+			break;
 		case 't':
 			o.threads = atoi(optarg);
 			if (o.threads < 1 || o.threads > 1024) {
@@ -158,7 +168,8 @@ int cmd_mount(int argc, char **argv)
 		fprintf(stderr,
 			"usage: mlfs mount <mnt> --node ID --cluster cluster.json [-f] "
 			"[--max-memory BYTES] [--threads N] [--data-cache BYTES] [--prefetch N] "
-			"[--http-timeout SECONDS] [--http-deadline SECONDS]\n");
+			"[--http-timeout SECONDS] [--http-deadline SECONDS] "
+			"[--log-level error|warning|info|debug]\n");
 		return 2;
 	}
 	o.mountpoint = argv[optind];
