@@ -134,7 +134,7 @@ static char *node_entry(struct mlfs_cluster *c)
 
 	pthread_mutex_lock(&st->lock);
 	int64_t version = st->view ? st->view->config->version : 0;
-	const char *state = mlfs_reconf_state_name(st->reconf);
+	const char *state = atomic_load(&st->lost) ? "lost" : mlfs_reconf_state_name(st->reconf);
 	if (st->view) {
 		const struct ptc_layout *l = &st->view->layout;
 		int r0 = l->node_first_rank[st->node];
@@ -423,14 +423,42 @@ static int move_nodes(struct mlfs_store *st, const struct ptc_config *cfg, const
 	if (rc == 0) {
 		*parts = json_array();
 		*down = json_array();
+		/* Every live node takes part (one with no ranks in either layout
+		 * just moves to the new version); a node down, or restarted with
+		 * its partitions lost, is no source and may host no rank. */
 		for (int n = 0; n < st->cluster->nnodes && rc == 0; n++) {
 			const char *id = st->cluster->nodes[n].id;
-			bool alive = json_object_get(up, id) != NULL;
-			if (hosts(&to, n) && !alive)
+			json_t *e = json_object_get(up, id);
+			const char *state = json_string_value(json_object_get(e, "state"));
+			bool lost = state && strcmp(state, "lost") == 0;
+			if (e && v && json_integer_value(json_object_get(e, "version")) !=
+					   v->config->version) {
+				/* cut off from etcd through a commit: behind */
+				if (hosts(&to, n)) {
+					rc = ptc_errorf(err,
+							"config.json: node %s is at version %" JSON_INTEGER_FORMAT
+							", not the job's %" PRId64
+							" (it missed a commit): restart it",
+							id, json_integer_value(json_object_get(e, "version")),
+							v->config->version);
+					break;
+				}
+				if (hosts(&v->layout, n))
+					json_array_append_new(*down, json_string(id));
+				continue;
+			}
+			if (hosts(&to, n) && !e)
 				rc = ptc_errorf(err, "config.json: node %s is down", id);
-			else if (alive && (hosts(&to, n) || (v && hosts(&v->layout, n))))
+			else if (hosts(&to, n) && lost)
+				rc = ptc_errorf(err,
+						"config.json: node %s restarted and lost its "
+						"partitions: drop it from the config first (its "
+						"state is served from the other nodes), then add it "
+						"back",
+						id);
+			if (e)
 				json_array_append_new(*parts, json_string(id));
-			else if (!alive && v && hosts(&v->layout, n))
+			if ((!e || lost) && v && hosts(&v->layout, n))
 				json_array_append_new(*down, json_string(id));
 		}
 		ptc_layout_release(&to);
@@ -526,7 +554,29 @@ static void follow(struct mlfs_cluster *c, const struct job_keys *k)
 	if (k->schema && !st->schema)
 		mlfs_store_install_schema(st, k->schema->value, k->schema->len, &err);
 	if (k->config && have == 0 && st->schema) {
-		mlfs_store_install_config(st, k->config->value, k->config->len, &err);
+		/* A job that already saved state (the config changed since the
+		 * first, or a rank saved a step): this node restarted, and its
+		 * partitions, zeros now, are not the job's. */
+		bool saved = k->config->version > 1;
+		const char *id;
+		json_t *e;
+		json_object_foreach(k->nodes, id, e)
+		{
+			const char *rk;
+			json_t *step;
+			json_object_foreach(json_object_get(e, "steps"), rk, step) saved |=
+			    json_integer_value(step) > 0;
+		}
+		if (mlfs_store_install_config(st, k->config->value, k->config->len, &err) == 0 &&
+		    saved) {
+			struct mlfs_view *v = mlfs_store_view(st);
+			atomic_store(&st->lost, v && v->layout.node_nranks[st->node] > 0);
+			mlfs_view_put(v);
+			if (atomic_load(&st->lost))
+				mlfs_store_note_error(st, "this node restarted: its partitions are "
+							  "empty, not the job's; a config that "
+							  "drops it is served from the other nodes");
+		}
 		return;
 	}
 	pthread_mutex_lock(&st->lock);
@@ -534,6 +584,23 @@ static void follow(struct mlfs_cluster *c, const struct job_keys *k)
 	int64_t target = st->target_version;
 	pthread_mutex_unlock(&st->lock);
 	bool active = s == MLFS_RECONF_PREPARING || s == MLFS_RECONF_PREPARED;
+	if (have && committed > have && !active && !atomic_load(&st->lost)) {
+		/* Cut off from etcd while the job moved on: what this node holds
+		 * is an old layout's, not the job's. */
+		char msg[256];
+		snprintf(msg, sizeof(msg),
+			 "this node missed the commit of version %" PRId64 " (it holds version %" PRId64
+			 "): restart it to rejoin the job",
+			 committed, have);
+		atomic_store(&st->lost, true);
+		mlfs_store_note_error(st, msg);
+	}
+	if (atomic_load(&st->lost) && have >= committed) { /* lost until it has no ranks */
+		struct mlfs_view *v = mlfs_store_view(st);
+		if (v && v->layout.node_nranks[st->node] == 0)
+			atomic_store(&st->lost, false);
+		mlfs_view_put(v);
+	}
 	if (active && committed == target) {
 		if (s == MLFS_RECONF_PREPARED)
 			mlfs_reconf_commit(st, target, &err);
@@ -654,7 +721,8 @@ static int job_steps_agree(struct mlfs_cluster *c, const struct job_keys *k,
 		char rk[16];
 		snprintf(rk, sizeof(rk), "%d", r);
 		json_t *s = json_object_get(json_object_get(e, "steps"), rk);
-		if (!e) {
+		const char *state = json_string_value(json_object_get(e, "state"));
+		if (!e || (state && strcmp(state, "lost") == 0)) {
 			continue; /* down: the plan takes its ranks from other copies, or says */
 		} else if (!json_is_integer(s) ||
 			   json_integer_value(json_object_get(e, "version")) != v->config->version) {

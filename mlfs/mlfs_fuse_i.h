@@ -60,7 +60,12 @@ struct pin {
 	int kind, rank, state, tensor; /* what it is (enum kind), for attributes */
 	size_t hdr_len;
 	char hdr[512];
-	int nbufs; /* 1, or the layout's tp for a full tensor */
+	/* A full tensor whose parts other nodes hold: for each part i with
+	 * bufs[i] NULL, the rank and tensor index to fetch it from, in layout
+	 * @version (its content is fetched at every open: not cached). */
+	int64_t version;
+	int *remote; /* [nbufs * 2]: rank, tensor; NULL when every part is here */
+	int nbufs;   /* 1, or the layout's tp for a full tensor */
 	struct xf_buf *bufs[];
 };
 

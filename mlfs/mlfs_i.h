@@ -143,6 +143,10 @@ struct mlfs_store {
 	/* A job of many nodes (mlfs_cluster.c); all unset on one node. Set
 	 * before the mount serves; fixed afterwards. */
 	bool multinode; /* layouts may place ranks on other nodes */
+	/* This node restarted into a layout whose partitions other nodes had
+	 * filled: its own are empty and must never be served as the job's
+	 * (mlfs_cluster.c sets and clears it; the peer server reads it). */
+	atomic_bool lost;
 	/* schema.json and config.json writes go to the control plane: 0 once
 	 * etcd took them (the nodes then install them), or a refusal. */
 	int (*propose)(void *arg, bool config, const char *text, size_t len,

@@ -23,6 +23,7 @@ void mlfs_pin_put(struct pin *p)
 		return;
 	for (int i = 0; i < p->nbufs; i++)
 		xf_buf_put(p->bufs[i]);
+	free(p->remote);
 	free(p);
 }
 

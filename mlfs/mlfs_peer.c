@@ -102,6 +102,11 @@ static void serve_part(struct mlfs_peer *pe, struct net_request *r)
 	}
 	const struct ptc_layout *l = &v->layout;
 	const struct ptc_schema *s = l->schema;
+	if (atomic_load(&st->lost)) {
+		net_reply_error(r, 409, "node %s restarted and lost its partitions",
+				st->cluster->nodes[st->node].id);
+		goto out;
+	}
 	if (!arg_int(r, "version", INT64_MAX, &version) || !arg_int(r, "rank", l->world, &rank) ||
 	    !arg_int(r, "state", s->nstates, &state) || !arg_int(r, "tensor", s->ntensors, &tensor) ||
 	    !arg_int(r, "row", INT64_MAX / 2, &row) || !arg_int(r, "rows", INT64_MAX / 2, &rows) ||

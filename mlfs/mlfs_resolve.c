@@ -145,6 +145,48 @@ int mlfs_resolve(struct mlfs_daemon *d, const char *path, struct mlfs_view *v, s
  * partition's generation is the id of its current buffer, a full tensor's a
  * hash of its sources' ids (bit 62 set), a dataset view's its samples (bit
  * 63 set); 0 for the rest. Lock held. 0 or -ENOMEM, -EIO. */
+/*
+ * The parts of full tensor @e: the local ones pinned in p->bufs, the others
+ * named in p->remote (a rank of another node holding it, and the tensor
+ * index that rank holds: a tied tensor's copy). Returns the number of parts
+ * or -EIO when one is nowhere. Lock held.
+ */
+static int remote_sources(struct mlfs_daemon *d, const struct mlfs_view *v, const struct ent *e,
+			  struct pin *p)
+{
+	const struct ptc_layout *l = &v->layout;
+	const struct ptc_schema *s = d->st->schema;
+	int n = s->tensors[e->tensor].split_dim < 0 ? 1 : l->tp;
+
+	if (!(p->remote = malloc((size_t)n * 2 * sizeof(int))))
+		return -ENOMEM;
+	p->version = v->config->version;
+	for (int t = 0; t < n; t++) {
+		p->bufs[t] = NULL;
+		p->remote[2 * t] = -1;
+		for (int r = 0; r < l->world && !p->bufs[t] && p->remote[2 * t] < 0; r++) {
+			if (l->ranks[r].t != t)
+				continue;
+			for (int a = 0; a < s->ntensors; a++) {
+				if (ptc_schema_logical(s, a) != e->tensor || !ptc_layout_holds(l, r, a))
+					continue;
+				if (l->ranks[r].node == d->st->node)
+					p->bufs[t] = xf_buf_get(v->parts.bufs[xf_parts_index(
+					    &v->parts, r, e->state, a)]);
+				else
+					p->remote[2 * t] = r, p->remote[2 * t + 1] = a;
+				break;
+			}
+		}
+		if (!p->bufs[t] && p->remote[2 * t] < 0) {
+			while (t > 0)
+				xf_buf_put(p->bufs[--t]), p->bufs[t] = NULL;
+			return -EIO;
+		}
+	}
+	return n;
+}
+
 int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct ent *e, uint64_t *gen, struct pin **pin)
 {
 	*gen = 0;
@@ -177,6 +219,8 @@ int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct 
 	} else {
 		int rc = mlfs_view_full_sources(v, d->st->schema, d->st->node, e->state, e->tensor,
 						p->bufs);
+		if (rc == -EIO && d->st->fetch) /* parts on other nodes */
+			rc = remote_sources(d, v, e, p);
 		if (rc < 0) {
 			mlfs_pin_put(p);
 			return rc;
@@ -184,9 +228,9 @@ int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct 
 		p->nbufs = rc;
 		p->hdr_len = mlfs_full_header(d->st->schema, e->state, e->tensor, p->hdr,
 					      sizeof(p->hdr));
-		uint64_t h = 1469598103934665603ull;
+		uint64_t h = 1469598103934665603ull ^ (uint64_t)p->version;
 		for (int i = 0; i < p->nbufs; i++)
-			h = (h ^ p->bufs[i]->id) * 1099511628211ull;
+			h = (h ^ (p->bufs[i] ? p->bufs[i]->id : 0)) * 1099511628211ull;
 		*gen = (h & ~(3ull << 62)) | 1ull << 62;
 	}
 	*pin = p;
