@@ -21,6 +21,7 @@ struct mlfs_options {
 	int http_timeout_ms;  /* dataset HTTP request receiving nothing this long fails; 0 = 10 s */
 	int http_deadline_ms; /* one read of a dataset source, retries included; 0 = 60 s */
 	enum mlfs_log_level log_level; /* least severe level logged; 0 = info (mlfs_log.h) */
+	const char *token_file; /* the cluster token; NULL: cluster.json's token_file */
 };
 
 /*

@@ -20,7 +20,9 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "mlfs/mlfs_cluster.h"
 #include "mlfs/mlfs_fuse_i.h"
+#include "mlfs/mlfs_peer.h"
 #include "mlfs/mlfs_log.h"
 
 void mlfs_op_init(void *userdata, struct fuse_conn_info *conn)
@@ -216,6 +218,64 @@ static void daemon_free(struct mlfs_daemon *d)
 	free(d);
 }
 
+/* The cluster token: the first line of @path (a regular file of at most
+ * 4 KiB), trimmed; NULL with a message on stderr. */
+static char *read_token(const char *path)
+{
+	char buf[4097];
+	struct stat sb;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	ssize_t n = -1;
+
+	if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size < 4097)
+		n = pread(fd, buf, sizeof(buf) - 1, 0);
+	else if (fd >= 0)
+		errno = S_ISREG(sb.st_mode) ? EFBIG : EINVAL;
+	int e = errno;
+	if (fd >= 0)
+		close(fd);
+	if (n < 0) {
+		fprintf(stderr, "mlfs mount: token file %s: %s\n", path,
+			e == EINVAL ? "not a regular file" : strerror(e));
+		return NULL;
+	}
+	buf[n] = '\0';
+	buf[strcspn(buf, "\r\n")] = '\0';
+	return strdup(buf);
+}
+
+/* A job of many nodes: serves the peers (mlfs_peer) and joins the control
+ * plane (mlfs_cluster). 0, or 1 with a message on stderr. */
+static int join_job(struct mlfs_store *st, const struct mlfs_options *o, struct mlfs_peer **peer,
+		    struct mlfs_cluster **cluster)
+{
+	const char *tf = o->token_file ? o->token_file : st->cluster->token_file;
+	char why[512];
+	char *token;
+
+	if (!tf) {
+		fprintf(stderr, "mlfs mount: a job of %d nodes needs the cluster token: "
+				"\"token_file\" in %s or --token-file\n",
+			st->cluster->nnodes, o->cluster_path);
+		return 1;
+	}
+	if (!(token = read_token(tf)))
+		return 1;
+	int rc = mlfs_peer_start(st, token, peer, why, sizeof(why));
+	free(token);
+	if (rc) {
+		fprintf(stderr, "mlfs mount: %s\n", why);
+		return 1;
+	}
+	if (mlfs_cluster_start(st, cluster, why, sizeof(why))) {
+		fprintf(stderr, "mlfs mount: %s\n", why);
+		mlfs_peer_stop(*peer);
+		*peer = NULL;
+		return 1;
+	}
+	return 0;
+}
+
 int mlfs_daemon_run(const struct mlfs_options *o)
 {
 	struct ptc_error err = {""};
@@ -263,6 +323,10 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	st->data_opts.http_timeout_ms = o->http_timeout_ms;
 	st->data_opts.http_deadline_ms = o->http_deadline_ms;
 	st->data_opts.prefetch = o->prefetch < 0 ? 4 : o->prefetch;
+	struct mlfs_peer *peer = NULL;
+	struct mlfs_cluster *cluster = NULL;
+	if (cl->nnodes > 1 && join_job(st, o, &peer, &cluster))
+		goto out_daemon;
 
 	char *argv[] = {"mlfs", "-o", "fsname=mlfs,subtype=mlfs,default_permissions", NULL};
 	struct fuse_args args = FUSE_ARGS_INIT(3, argv);
@@ -324,6 +388,8 @@ out_signals:
 out_session:
 	fuse_session_destroy(se);
 out_daemon:
+	mlfs_cluster_stop(cluster);
+	mlfs_peer_stop(peer);
 	daemon_free(d);
 out_free_store:
 	mlfs_store_release(st);

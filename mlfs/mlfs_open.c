@@ -144,6 +144,83 @@ static void open_job_cancel(struct mlfs_io_job *j)
 	free(o);
 }
 
+/*
+ * Assembles the full tensor of @f from its pin: local parts as they are,
+ * the others fetched whole from the nodes holding them (st->fetch, which
+ * may wait on the network: I/O workers only). 0 or a negative errno.
+ */
+static int assemble_full(struct fh *f)
+{
+	struct mlfs_store *st = f->d->st;
+	struct pin *p = f->pin;
+	struct xf_buf **fetched = calloc((size_t)p->nbufs * 2, sizeof(*fetched));
+	struct xf_buf **srcs = fetched + p->nbufs;
+	int rc = 0;
+
+	if (!fetched)
+		return -ENOMEM;
+	const struct ptc_tensor *T = &st->schema->tensors[f->tensor];
+	for (int t = 0; t < p->nbufs && rc == 0; t++) {
+		srcs[t] = p->bufs[t];
+		if (srcs[t])
+			continue;
+		int64_t outer, rowel, rows = 1;
+		ptc_tensor_geometry(T, &outer, &rowel);
+		if (T->split_dim >= 0) {
+			struct ptc_slice sl;
+			ptc_slice_compute(T, p->nbufs, t, &sl);
+			rows = sl.rows;
+		}
+		int64_t rb = rowel * (int64_t)ptc_dtype_size(ptc_schema_dtype(st->schema, f->state,
+									      f->tensor));
+		if (!(fetched[t] = xf_buf_new(&st->mem, outer * rows * rb, &rc)))
+			break;
+		int r = p->remote[2 * t];
+		struct mlfs_view *v = mlfs_store_view(st);
+		struct ptc_op op = {.kind = PTC_OP_FETCH, .state = (uint16_t)f->state,
+				    .src_rank = r, .src_tensor = p->remote[2 * t + 1],
+				    .src_node = v && r < v->layout.world ? v->layout.ranks[r].node : 0,
+				    .rows = rows};
+		bool same = v && v->config->version == p->version;
+		mlfs_view_put(v);
+		rc = same ? st->fetch(st->fetch_arg, p->version, &op, fetched[t]->data, rows, outer,
+				      rb)
+			  : -ESTALE; /* the layout changed since the lookup: look up again */
+		srcs[t] = fetched[t];
+	}
+	if (rc == 0)
+		rc = mlfs_full_assemble(st->schema, f->state, f->tensor, srcs, p->nbufs, &st->mem,
+					&f->buf);
+	for (int t = 0; t < p->nbufs; t++)
+		xf_buf_put(fetched[t]);
+	free(fetched);
+	mlfs_pin_put(f->pin);
+	f->pin = NULL;
+	return rc;
+}
+
+static void full_job_run(struct mlfs_io_job *j)
+{
+	struct open_job *o = (struct open_job *)j;
+	o->fi.direct_io = 1; /* fetched anew at every open: no page cache to go stale */
+	open_reply(o->req, &o->fi, o->f, o->ino, assemble_full(o->f));
+	free(o);
+}
+
+/* Queues the open of a full tensor with parts on other nodes. */
+static int open_full_queue(struct mlfs_daemon *d, fuse_req_t req, struct fuse_file_info *fi,
+			   struct fh *f, fuse_ino_t ino)
+{
+	struct open_job *o = malloc(sizeof(*o));
+	if (!o)
+		return -ENOMEM;
+	*o = (struct open_job){{full_job_run, open_job_cancel, NULL}, req, *fi, f, ino};
+	int rc = mlfs_io_submit(&d->io, &o->job);
+	if (rc)
+		free(o);
+	return rc;
+}
+
 /* Queues the open of view @f; 0, or an error for the caller to reply. */
 static int open_view_queue(struct mlfs_daemon *d, fuse_req_t req, struct fuse_file_info *fi,
 			   struct fh *f, fuse_ino_t ino)
@@ -285,12 +362,13 @@ out_locked:
 		if (rc == 0)
 			return;
 	}
-	if (rc == 0 && f->kind == K_FFILE) {
-		rc = mlfs_full_assemble(d->st->schema, f->state, f->tensor, f->pin->bufs,
-					f->pin->nbufs, &d->st->mem, &f->buf);
-		mlfs_pin_put(f->pin);
-		f->pin = NULL;
+	if (rc == 0 && f->kind == K_FFILE && f->pin->remote) { /* parts on peers */
+		rc = open_full_queue(d, req, fi, f, ino);
+		if (rc == 0)
+			return;
 	}
+	if (rc == 0 && f->kind == K_FFILE)
+		rc = assemble_full(f);
 	open_reply(req, fi, f, ino, rc);
 }
 

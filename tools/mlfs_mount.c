@@ -88,6 +88,7 @@ int cmd_mount(int argc, char **argv)
 					     {"http-timeout", required_argument, NULL, 'T'},
 					     {"http-deadline", required_argument, NULL, 'L'},
 					     {"log-level", required_argument, NULL, 'l'},
+					     {"token-file", required_argument, NULL, 'K'},
 					     {NULL, 0, NULL, 0}};
 	struct mlfs_options o = {.prefetch = -1};
 	char *end;
@@ -98,6 +99,9 @@ int cmd_mount(int argc, char **argv)
 		switch (c) {
 		case 'n':
 			o.node_id = optarg;
+			break;
+		case 'K':
+			o.token_file = optarg;
 			break;
 		case 'c':
 			o.cluster_path = optarg;
