@@ -17,6 +17,9 @@
  *
  * HTTP goes through net/net.h (the project's one HTTP client): the retry,
  * timeout and deadline fields below are its options.
+ *
+ * A readv or fetch that fails to read an object (any error but -EINVAL)
+ * also logs its message as a warning (mlfs_log.h).
  */
 #ifndef MLFS_MLFS_SOURCE_H
 #define MLFS_MLFS_SOURCE_H
