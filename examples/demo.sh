@@ -4,7 +4,7 @@
 # on this machine doing the same change with NumPy reading every partition.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MLFS=${MLFS:-build/mlfs}
+MLFS=${MLFS:-${BUILD:-build}/mlfs}
 E=examples/gpt-tiny
 
 echo "== mlfs plan: tp2 pp2 dp2 -> tp4 pp1 dp2 on n0, n1"

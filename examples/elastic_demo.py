@@ -20,6 +20,17 @@ MLFS = os.path.join(ROOT, os.environ.get("BUILD", "build"), "mlfs")
 EX = os.path.join(ROOT, "examples", "gpt-tiny")
 
 
+class CheckFailed(Exception):
+    """A check of the demo that did not hold; the message says which."""
+
+
+def check(ok, what):
+    """Raises CheckFailed(what) unless ok. Explicit, unlike `assert`, which
+    `python -O` strips."""
+    if not ok:
+        raise CheckFailed(what)
+
+
 def sh(*args):
     print("$ mlfs " + " ".join(args[1:]))
     out = subprocess.run(args, capture_output=True, text=True)
@@ -71,7 +82,8 @@ def batch_ids(mnt, step):
     for d in sorted(by_d):
         base = os.path.join(mnt, "ranks", by_d[d], "data", str(step))
         ids, recs = np.load(base + ".ids.npy"), np.load(base + ".npy")
-        assert np.array_equal(recs, ids[:, None] * 100 + np.arange(REC)), (step, d)
+        check(np.array_equal(recs, ids[:, None] * 100 + np.arange(REC)),
+              f"{base}.npy: step {step}, DP rank {d}: its records are not those of its ids")
         out.append(ids)
     return np.concatenate(out), len(by_d)
 
@@ -91,6 +103,7 @@ def main():
                 if os.path.ismount(mnt):
                     break
                 time.sleep(0.02)
+            check(os.path.ismount(mnt), f"{mnt}: not mounted after 5 s")
             print(f"mounted {mnt}")
             with open(os.path.join(mnt, "schema.json"), "w") as f:
                 json.dump(schema, f)
@@ -129,7 +142,8 @@ def main():
             part = np.load(p, mmap_mode="r")
             print(f"ranks/1/model/layers/0/attn/qkv/weight.npy: shape {part.shape}, dtype "
                   f"{os.getxattr(p, 'user.mlfs.dtype').decode()}")
-            assert np.array_equal(part, tp_slice(full[("model", "layers/0/attn/qkv/weight")], 0, 2, 1))
+            check(np.array_equal(part, tp_slice(full[("model", "layers/0/attn/qkv/weight")], 0, 2, 1)),
+                  f"{p}: not rank 1's slice of the imported tensor")
             del part  # an open mapping keeps the mount busy
 
             # Every rank saved step 100 (import set it); now change the layout.
@@ -146,13 +160,15 @@ def main():
                     want = a if not split else tp_slice(a, split["dim"], 4, t, split.get("pad_multiple"),
                                                         split.get("chunks", 1))
                     got = np.load(os.path.join(mnt, f"ranks/{r}", state, name + ".npy"))
-                    assert np.array_equal(got, want), (r, state, name)
+                    check(np.array_equal(got, want),
+                          f"ranks/{r}/{state}/{name}.npy: not its NumPy slice of tp4")
                     checked += 1
             print(f"checked {checked} partitions of tp4 pp1 dp2 against NumPy slices: equal")
             out = os.path.join(tmp, "export")
             sh(MLFS, "export", mnt, "--to", out)
             for (state, name), a in full.items():
-                assert np.array_equal(np.load(os.path.join(out, state, name + ".npy")), a)
+                check(np.array_equal(np.load(os.path.join(out, state, name + ".npy")), a),
+                      f"export {state}/{name}.npy: not the imported tensor")
             print("export equals the imported checkpoint")
 
             # The dataset: the ranks saved step 100, so data/100.npy is their
@@ -171,11 +187,15 @@ def main():
             after = []
             for s in range(103, 106):
                 ids, dp = batch_ids(mnt, s)
-                assert dp == 4
+                check(dp == 4, f"step {s}: {dp} DP groups after the change, 4 expected")
                 after.append(ids)
             seen = np.concatenate(before[:3] + after)
-            assert np.array_equal(seen, np.concatenate(before)), "order changed"
-            assert len(np.unique(seen)) == len(seen) == 96
+            check(np.array_equal(seen, np.concatenate(before)),
+                  "steps 103-105 under dp4: not the records of the run without the change, "
+                  "in its order")
+            check(len(np.unique(seen)) == len(seen) == 96,
+                  f"steps 100-105: {len(seen)} records read, {len(np.unique(seen))} distinct; "
+                  "96 expected, each once")
             print("steps 103-105 under dp4 (4 DP ranks of 4 records): the same 48 records "
                   "in the same order; 96 records in 6 steps, each once")
             w = np.load(os.path.join(mnt, "ranks/0/data/103-106.npy"))
@@ -189,4 +209,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except CheckFailed as e:
+        sys.exit(f"elastic_demo: check failed: {e}")
