@@ -59,6 +59,7 @@
 #include <jansson.h>
 
 #include "mlfs/mlfs_cluster.h"
+#include "mlfs/mlfs_peer.h"
 
 #define MLFS_LEASE_TTL 5	     /* seconds */
 #define MLFS_ATTEMPT_MS (300 * 1000) /* an attempt's deadline */
@@ -82,6 +83,11 @@ struct mlfs_cluster {
 	int64_t voted_to;     /* the attempt version this node voted on */
 	char *mine;	      /* lock: the text of the attempt this node created */
 	int64_t mine_to;
+	/* job/ as the coordinator has it, staged for attempt @job_to (the
+	 * copy is part of the attempt; swapped in at its commit). Only the
+	 * control thread touches these. */
+	struct mlfs_job *job;
+	int64_t job_to;
 	char *published; /* the node entry last put */
 };
 
@@ -313,6 +319,122 @@ static const struct net_etcd_kv *vote_of(struct mlfs_cluster *c, const struct jo
 	return NULL;
 }
 
+/* ------------------------------------------------------------------ job/ */
+
+static uint64_t fnv(const uint8_t *p, size_t n)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ p[i]) * 1099511628211ull;
+	return h;
+}
+
+static void manifest_walk(const struct mlfs_job *dir, const char *prefix, json_t *out)
+{
+	for (const struct mlfs_job *j = dir->first; j; j = j->next) {
+		char path[4096];
+		snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "/" : "", j->name);
+		char h[20];
+		snprintf(h, sizeof(h), "%016" PRIx64, j->dir ? 0 : fnv(j->data, j->size));
+		json_array_append_new(out, json_pack("{sssbsIss}", "p", path, "d", j->dir, "n",
+						     (json_int_t)j->size, "h", h));
+		if (j->dir)
+			manifest_walk(j, path, out);
+	}
+}
+
+/* The coordinator's job/ tree: [{"p": path, "d": dir, "n": size, "h":
+ * hash}], parents before children. */
+static json_t *job_manifest(struct mlfs_store *st)
+{
+	json_t *m = json_array();
+	pthread_mutex_lock(&st->lock);
+	manifest_walk(st->job, "", m);
+	pthread_mutex_unlock(&st->lock);
+	return m;
+}
+
+/* The job/ node at @path under @root, or NULL. */
+static struct mlfs_job *job_at(struct mlfs_job *root, const char *path)
+{
+	struct mlfs_job *j = root;
+	while (j && *path) {
+		size_t n = strcspn(path, "/");
+		j = j->dir ? mlfs_job_child(j, path, n) : NULL;
+		path += n;
+		while (*path == '/')
+			path++;
+	}
+	return j;
+}
+
+/* Builds the job/ tree of @manifest: files that this node has alike are
+ * copied, the others fetched from the coordinator. 0, or an error with
+ * @why. */
+static int job_stage(struct mlfs_cluster *c, const json_t *manifest, const char *coordinator,
+		     struct mlfs_job **out, char *why, size_t whylen)
+{
+	struct mlfs_store *st = c->st;
+	struct mlfs_job *root = mlfs_job_new_dir("job", &st->mem);
+	int co = ptc_cluster_find(st->cluster, coordinator);
+	size_t i;
+	json_t *e;
+	int rc = root && co >= 0 ? 0 : -ENOMEM;
+
+	json_array_foreach(manifest, i, e)
+	{
+		if (rc)
+			break;
+		const char *path = json_string_value(json_object_get(e, "p"));
+		if (!path) {
+			snprintf(why, whylen, "job/: a bad manifest");
+			rc = -EINVAL;
+			break;
+		}
+		const char *slash = strrchr(path, '/');
+		char parent[4096];
+		snprintf(parent, sizeof(parent), "%.*s", slash ? (int)(slash - path) : 0, path);
+		struct mlfs_job *dir = job_at(root, parent), *f;
+		if (!dir || (rc = mlfs_job_create(dir, slash ? slash + 1 : path,
+							   json_is_true(json_object_get(e, "d")), &f))) {
+			snprintf(why, whylen, "job/%s: cannot stage it", path);
+			rc = rc ? rc : -EINVAL;
+			break;
+		}
+		if (f->dir)
+			continue;
+		uint64_t want = strtoull(json_string_value(json_object_get(e, "h")), NULL, 16);
+		size_t size = (size_t)json_integer_value(json_object_get(e, "n"));
+		pthread_mutex_lock(&st->lock); /* alike here? */
+		struct mlfs_job *mine = job_at(st->job, path);
+		if (mine && !mine->dir && mine->size == size && fnv(mine->data, size) == want)
+			rc = mlfs_job_set(f, mine->data, size);
+		else
+			mine = NULL;
+		pthread_mutex_unlock(&st->lock);
+		if (rc || mine)
+			continue;
+		uint8_t *data = NULL;
+		size_t len = 0;
+		/* fetched through the data plane's client: the token is its */
+		if ((rc = mlfs_peer_job_get(st, co, path, &data, &len, why, whylen)) == 0) {
+			if (len != size || fnv(data, len) != want) {
+				snprintf(why, whylen, "job/%s: the coordinator's copy changed", path);
+				rc = -EIO;
+			} else {
+				rc = mlfs_job_set(f, data, len);
+			}
+		}
+		free(data);
+	}
+	if (rc) {
+		mlfs_job_free(root);
+		return rc;
+	}
+	*out = root;
+	return 0;
+}
+
 /* ------------------------------------------------------------ decisions */
 
 static void vote(struct mlfs_cluster *c, int64_t to, const char *what)
@@ -534,6 +656,21 @@ static void participate(struct mlfs_cluster *c, const struct job_keys *k, int64_
 	if (target != to)
 		return;
 	if (s == MLFS_RECONF_PREPARED) {
+		const char *co = json_string_value(json_object_get(k->attempt_j, "coordinator"));
+		if (co && strcmp(co, c->me) != 0 && c->job_to != to) {
+			char why[512];
+			struct mlfs_job *j;
+			if (job_stage(c, json_object_get(k->attempt_j, "job"), co, &j, why,
+				      sizeof(why))) {
+				char v[700];
+				snprintf(v, sizeof(v), "failed: %s", why);
+				vote(c, to, v);
+				return;
+			}
+			mlfs_job_free(c->job);
+			c->job = j;
+			c->job_to = to;
+		}
 		vote(c, to, "ready");
 	} else if (s == MLFS_RECONF_FAILED) {
 		char v[700];
@@ -602,8 +739,16 @@ static void follow(struct mlfs_cluster *c, const struct job_keys *k)
 		mlfs_view_put(v);
 	}
 	if (active && committed == target) {
-		if (s == MLFS_RECONF_PREPARED)
-			mlfs_reconf_commit(st, target, &err);
+		if (s == MLFS_RECONF_PREPARED && mlfs_reconf_commit(st, target, &err) == 0 &&
+		    c->job && c->job_to == target) {
+			pthread_mutex_lock(&st->lock); /* the coordinator's job/, as committed */
+			struct mlfs_job *old = st->job;
+			st->job = c->job;
+			pthread_mutex_unlock(&st->lock);
+			mlfs_job_free(old);
+			c->job = NULL;
+			c->job_to = 0;
+		}
 		return; /* still building: committed once prepared */
 	}
 	int64_t att = k->attempt_j ? json_integer_value(json_object_get(k->attempt_j, "to")) : 0;
@@ -618,6 +763,9 @@ static void follow(struct mlfs_cluster *c, const struct job_keys *k)
 			free(r.value);
 		}
 		mlfs_reconf_abort(st, target, reason, &err);
+		mlfs_job_free(c->job);
+		c->job = NULL;
+		c->job_to = 0;
 	}
 }
 
@@ -815,10 +963,11 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 		rc = move_nodes(st, cfg, k.nodes, &parts, &down, err);
 		json_array_foreach(parts, i, p) me_in |= strcmp(json_string_value(p), c->me) == 0;
 		json_t *a = rc ? NULL
-			       : json_pack("{sIsIsssssOsOsI}", "from", (json_int_t)committed, "to",
+			       : json_pack("{sIsIsssssOsOsIso}", "from", (json_int_t)committed, "to",
 					   (json_int_t)cfg->version, "config", text, "coordinator",
 					   c->me, "participants", parts, "down", down, "deadline_ms",
-					   (json_int_t)(now_ms() + MLFS_ATTEMPT_MS));
+					   (json_int_t)(now_ms() + MLFS_ATTEMPT_MS), "job",
+					   job_manifest(st));
 		int dn[256];
 		int ndown = rc ? 0 : down_indices(st, down, dn, 256);
 		json_decref(down);
@@ -904,6 +1053,7 @@ static void status_add(void *arg, json_t *o)
 	json_object_set_new(job, "nodes", nodes);
 	json_t *a = c->attempt ? json_deep_copy(c->attempt) : json_null();
 	json_object_del(a, "config");
+	json_object_del(a, "job");
 	json_object_set_new(job, "attempt", a);
 	pthread_mutex_unlock(&c->lock);
 	json_object_set_new(o, "cluster", job);
@@ -1007,6 +1157,7 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	json_decref(c->attempt);
 	free(c->mine);
 	free(c->published);
+	mlfs_job_free(c->job);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 }

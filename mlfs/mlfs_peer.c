@@ -29,6 +29,7 @@
  * Threads: server threads run the handlers; transformer workers fetch.
  * Nothing here holds a lock but the store's, briefly, to pin a buffer.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -284,6 +285,23 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 		mlfs_store_note_error(pe->st, msg);
 	}
 	return rc;
+}
+
+int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,
+		      size_t *len, char *why, size_t whylen)
+{
+	struct mlfs_peer *pe = st->fetch_arg;
+	char url[NET_MAX_URL];
+	size_t n = (size_t)snprintf(url, sizeof(url), "http://%s/v1/job?path=",
+				    st->cluster->nodes[node].addr);
+
+	if (!pe || st->fetch != peer_fetch)
+		return -EHOSTUNREACH;
+	for (const unsigned char *p = (const unsigned char *)path; *p && n + 4 < sizeof(url); p++)
+		n += (size_t)snprintf(url + n, sizeof(url) - n,
+				      isalnum(*p) || strchr("/._-~", *p) ? "%c" : "%%%02X", *p);
+	return net_http_get(pe->http, url, (int64_t)MLFS_JOB_FILE_MAX, data, len, NULL, why,
+			    whylen);
 }
 
 /* ---------------------------------------------------------------- start */

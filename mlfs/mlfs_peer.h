@@ -21,6 +21,12 @@ int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer *
 		    size_t whylen);
 /* Stops serving (waits for replies in flight) and frees @pe (NULL: fine). */
 void mlfs_peer_stop(struct mlfs_peer *pe);
+/* The job/ file @path of cluster node @node, fetched with the token into a
+ * new buffer (*@data, the caller's). Errors of net_http_get; -EHOSTUNREACH
+ * without a data plane. Not from a FUSE worker. */
+#define MLFS_JOB_FILE_MAX ((size_t)64 << 20)
+int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,
+		      size_t *len, char *why, size_t whylen);
 /* The port the server listens on. */
 int mlfs_peer_port(const struct mlfs_peer *pe);
 
