@@ -217,6 +217,37 @@ static json_t *read_json(const char *mnt, const char *name)
 	return j;
 }
 
+/* status.json's "cluster" section as a table: one line per node. */
+static void print_cluster(const json_t *c)
+{
+	size_t i;
+	json_t *n;
+	if (!json_is_object(c))
+		return;
+	printf("job %s, etcd %s\n", json_string_value(json_object_get(c, "job")),
+	       json_string_value(json_object_get(c, "etcd")));
+	printf("  %-16s %-5s %-8s %s\n", "node", "up", "version", "state");
+	json_array_foreach(json_object_get(c, "nodes"), i, n)
+	{
+		json_t *v = json_object_get(n, "version");
+		char ver[32] = "-";
+		if (json_is_integer(v))
+			snprintf(ver, sizeof(ver), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+		printf("  %-16s %-5s %-8s %s\n", json_string_value(json_object_get(n, "id")),
+		       json_is_true(json_object_get(n, "up")) ? "up" : "down", ver,
+		       json_is_string(json_object_get(n, "state"))
+			   ? json_string_value(json_object_get(n, "state"))
+			   : "-");
+	}
+	const json_t *a = json_object_get(c, "attempt");
+	if (json_is_object(a))
+		printf("attempt: v%" JSON_INTEGER_FORMAT " -> v%" JSON_INTEGER_FORMAT
+		       ", coordinator %s\n",
+		       json_integer_value(json_object_get(a, "from")),
+		       json_integer_value(json_object_get(a, "to")),
+		       json_string_value(json_object_get(a, "coordinator")));
+}
+
 int cmd_status(int argc, char **argv)
 {
 	bool as_json = argc == 3 && strcmp(argv[2], "--json") == 0;
@@ -254,6 +285,7 @@ int cmd_status(int argc, char **argv)
 			       json_real_value(json_object_get(last, "seconds")));
 		if (json_is_string(json_object_get(s, "error")))
 			printf("error: %s\n", json_string_value(json_object_get(s, "error")));
+		print_cluster(json_object_get(s, "cluster"));
 	}
 	json_decref(s);
 	return 0;
@@ -311,6 +343,9 @@ int cmd_reconfigure(int argc, char **argv)
 	}
 	if (!wait)
 		return 0;
+	bool tty = isatty(STDOUT_FILENO);
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (;;) {
 		json_t *s = read_json(mnt, "status.json");
 		if (!s)
@@ -318,6 +353,8 @@ int cmd_reconfigure(int argc, char **argv)
 		const char *state = json_string_value(json_object_get(s, "state"));
 		int64_t v = json_integer_value(json_object_get(s, "version"));
 		if (state && strcmp(state, "failed") == 0) {
+			if (tty)
+				printf("\n");
 			fprintf(stderr, "mlfs reconfigure: %s\n",
 				json_string_value(json_object_get(s, "error")));
 			json_decref(s);
@@ -325,13 +362,29 @@ int cmd_reconfigure(int argc, char **argv)
 		}
 		if (state && strcmp(state, "idle") == 0 && v >= version) {
 			json_t *last = json_object_get(s, "last");
+			if (tty)
+				printf("\r%-72s\r", "");
 			printf("version %" PRId64 ": %" JSON_INTEGER_FORMAT
-			       " bytes reused, %" JSON_INTEGER_FORMAT " copied in %.3f s\n",
+			       " bytes reused, %" JSON_INTEGER_FORMAT " copied, %" JSON_INTEGER_FORMAT
+			       " fetched in %.3f s\n",
 			       v, json_integer_value(json_object_get(last, "bytes_reused")),
 			       json_integer_value(json_object_get(last, "bytes_copied")),
+			       json_integer_value(json_object_get(last, "bytes_fetched")),
 			       json_real_value(json_object_get(last, "seconds")));
+			print_cluster(json_object_get(s, "cluster")); /* every node's outcome */
 			json_decref(s);
 			return 0;
+		}
+		if (tty && state) { /* live progress: phase, bytes, rate */
+			struct timespec now;
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			double dt = (double)(now.tv_sec - t0.tv_sec) +
+				    (double)(now.tv_nsec - t0.tv_nsec) / 1e9;
+			int64_t done = json_integer_value(json_object_get(s, "progress_bytes"));
+			int64_t total = json_integer_value(json_object_get(s, "progress_total"));
+			printf("\r%-10s %12" PRId64 " / %-12" PRId64 " bytes  %8.1f MB/s  %5.1f s", state,
+			       done, total, dt > 0 ? (double)done / dt / 1e6 : 0.0, dt);
+			fflush(stdout);
 		}
 		json_decref(s);
 		struct timespec ts = {0, 20 * 1000 * 1000};
