@@ -908,7 +908,8 @@ def test_max_memory(mount_factory, tmp_path):
     path.write_text(json.dumps({"version": 2, "tp": 1, "pp": 1, "dp": 4, "nodes": ["n0"]}))
     run_mlfs("reconfigure", m.path, path)
     assert m.status()["last"]["bytes_reused"] == 80 * mib
-    assert m.status()["memory_used"] <= 60 * mib
+    # 60 MiB of partitions, plus what metadata and job/ count (small).
+    assert m.status()["memory_used"] <= 61 * mib
     path.write_text(json.dumps({"version": 3, "tp": 1, "pp": 1, "dp": 2, "nodes": ["n0"]}))
     run_mlfs("reconfigure", m.path, path)
     assert sorted(os.listdir(m.p("ranks"))) == ["0", "1"]
