@@ -36,3 +36,6 @@ $MLFS plan --schema $E/schema.json --from "$tmp/dp2.json" --to "$tmp/shrink.json
 echo
 echo "== a real mount: import a checkpoint, reconfigure, check with NumPy"
 /usr/bin/python3 examples/elastic_demo.py
+echo
+echo "== three nodes on this machine, one etcd: a node-set change, then a node killed"
+/usr/bin/python3 examples/cluster_demo.py

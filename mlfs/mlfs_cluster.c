@@ -88,7 +88,8 @@ struct mlfs_cluster {
 	 * control thread touches these. */
 	struct mlfs_job *job;
 	int64_t job_to;
-	char *published; /* the node entry last put */
+	pthread_mutex_t publock; /* published, and the put of the node's key */
+	char *published;	 /* the node entry last put */
 };
 
 static int64_t now_ms(void)
@@ -159,11 +160,40 @@ static char *node_entry(struct mlfs_cluster *c)
 	return s;
 }
 
+/* Puts this node's entry when it changed since the last put. */
+static int publish(struct mlfs_cluster *c, char *why, size_t whylen)
+{
+	char k[512];
+	int rc = 0;
+	char *e = node_entry(c);
+
+	if (!e)
+		return -ENOMEM;
+	pthread_mutex_lock(&c->publock);
+	if (c->lease && (!c->published || strcmp(c->published, e) != 0)) {
+		key(c, k, sizeof(k), "nodes/%s", c->me);
+		if ((rc = net_etcd_put(c->etcd, k, e, strlen(e), c->lease, NULL, why, whylen)) == 0) {
+			free(c->published);
+			c->published = e;
+			e = NULL;
+		}
+	}
+	pthread_mutex_unlock(&c->publock);
+	free(e);
+	return rc;
+}
+
+/* The store's hook after a step write or an import: publish at once. */
+static void steps_saved(void *arg)
+{
+	char why[512];
+	publish(arg, why, sizeof(why));
+}
+
 /* Registers (a new lease and the node's key) or keeps the lease alive;
  * puts the entry again when it changed. */
 static int keep_registered(struct mlfs_cluster *c, char *why, size_t whylen)
 {
-	char k[512];
 	int rc;
 	int64_t now = now_ms(), ttl;
 
@@ -182,24 +212,12 @@ static int keep_registered(struct mlfs_cluster *c, char *why, size_t whylen)
 					       whylen)))
 			return rc;
 		c->last_keepalive_ms = now;
+		pthread_mutex_lock(&c->publock);
 		free(c->published);
 		c->published = NULL;
+		pthread_mutex_unlock(&c->publock);
 	}
-	char *e = node_entry(c);
-	if (!e)
-		return -ENOMEM;
-	if (!c->published || strcmp(c->published, e) != 0) {
-		key(c, k, sizeof(k), "nodes/%s", c->me);
-		if ((rc = net_etcd_put(c->etcd, k, e, strlen(e), c->lease, NULL, why, whylen))) {
-			free(e);
-			return rc;
-		}
-		free(c->published);
-		c->published = e;
-	} else {
-		free(e);
-	}
-	return 0;
+	return publish(c, why, whylen);
 }
 
 /* Copies the other nodes' ranks' saved steps into the store's table. */
@@ -1075,6 +1093,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *w
 	if (!(c = calloc(1, sizeof(*c))))
 		return -ENOMEM;
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->publock, NULL);
 	c->st = st;
 	c->me = st->cluster->nodes[st->node].id;
 	snprintf(c->prefix, sizeof(c->prefix), "/mlfs/%s/", st->cluster->job);
@@ -1125,6 +1144,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *w
 	st->multinode = true;
 	st->propose = propose;
 	st->status_add = status_add;
+	st->steps_saved = steps_saved;
 	st->cluster_arg = c;
 	if ((rc = -pthread_create(&c->thread, NULL, cluster_main, c))) {
 		snprintf(why, whylen, "cannot start a thread");
@@ -1137,6 +1157,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *w
 err_etcd:
 	net_etcd_free(c->etcd);
 err_free:
+	pthread_mutex_destroy(&c->publock);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 	return rc;
@@ -1158,6 +1179,7 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	free(c->mine);
 	free(c->published);
 	mlfs_job_free(c->job);
+	pthread_mutex_destroy(&c->publock);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 }

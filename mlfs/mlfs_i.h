@@ -153,6 +153,10 @@ struct mlfs_store {
 		       struct ptc_error *err);
 	/* Adds the job's view (nodes, attempt) to status.json; no lock held. */
 	void (*status_add)(void *arg, json_t *status);
+	/* Publishes this node's saved steps at once (after a step write or an
+	 * import), so a config written right after sees them; no lock held,
+	 * may wait on etcd (I/O workers only). */
+	void (*steps_saved)(void *arg);
 	void *cluster_arg;
 };
 

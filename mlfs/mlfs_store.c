@@ -315,6 +315,8 @@ int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_
 			st->steps[rank] = step;
 	}
 	pthread_mutex_unlock(&st->lock);
+	if (rc == 0 && st->steps_saved)
+		st->steps_saved(st->cluster_arg);
 	return rc;
 }
 
@@ -477,6 +479,7 @@ static int import_busy(struct mlfs_store *st, struct mlfs_view *v, char *msg, si
 static int store_import(struct mlfs_store *st, const char *dir, int only, int64_t step, char *msg,
 			size_t msglen)
 {
+	bool saved = false;
 	struct mlfs_view *v = mlfs_store_view(st);
 	const struct ptc_schema *s = st->schema;
 	struct import_file *files = NULL;
@@ -556,9 +559,12 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 		}
 		for (int r = 0; r < l->world; r++)
 			st->steps[r] = step;
+		saved = true;
 		rc = 0;
 	}
 	pthread_mutex_unlock(&st->lock);
+	if (saved && st->steps_saved)
+		st->steps_saved(st->cluster_arg);
 	if (rc == 0) {
 		mlfs_store_changed(st, "");
 		mlfs_store_prefetch(st, v, step);

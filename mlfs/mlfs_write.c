@@ -364,7 +364,9 @@ static int write_fh(struct fh *f, fuse_ino_t ino, pid_t pid, const char *buf, si
  * config.json may name a dataset index to fetch, .mlfs-ctl runs imports. */
 static bool may_block(const struct fh *f)
 {
-	return f->kind == K_CONFIG || f->kind == K_CTL;
+	/* a step is published to etcd at once in a job of many nodes */
+	return f->kind == K_CONFIG || f->kind == K_CTL ||
+	       (f->kind == K_STEP && f->d->st->steps_saved);
 }
 
 /* A write or a flush run by an I/O worker (may_block). */
