@@ -207,28 +207,16 @@ static void full_job_run(struct mlfs_io_job *j)
 	free(o);
 }
 
-/* Queues the open of a full tensor with parts on other nodes. */
-static int open_full_queue(struct mlfs_daemon *d, fuse_req_t req, struct fuse_file_info *fi,
-			   struct fh *f, fuse_ino_t ino)
+/* Queues the open of @f, which @run finishes on an I/O worker (a view, or a
+ * full tensor with parts on other nodes); 0, or an error for the caller to
+ * reply. */
+static int open_queue(struct mlfs_daemon *d, void (*run)(struct mlfs_io_job *), fuse_req_t req,
+		      struct fuse_file_info *fi, struct fh *f, fuse_ino_t ino)
 {
 	struct open_job *o = malloc(sizeof(*o));
 	if (!o)
 		return -ENOMEM;
-	*o = (struct open_job){{full_job_run, open_job_cancel, NULL}, req, *fi, f, ino};
-	int rc = mlfs_io_submit(&d->io, &o->job);
-	if (rc)
-		free(o);
-	return rc;
-}
-
-/* Queues the open of view @f; 0, or an error for the caller to reply. */
-static int open_view_queue(struct mlfs_daemon *d, fuse_req_t req, struct fuse_file_info *fi,
-			   struct fh *f, fuse_ino_t ino)
-{
-	struct open_job *o = malloc(sizeof(*o));
-	if (!o)
-		return -ENOMEM;
-	*o = (struct open_job){{open_job_run, open_job_cancel, NULL}, req, *fi, f, ino};
+	*o = (struct open_job){{run, open_job_cancel, NULL}, req, *fi, f, ino};
 	int rc = mlfs_io_submit(&d->io, &o->job);
 	if (rc)
 		free(o);
@@ -358,12 +346,12 @@ out_locked:
 		rc = f->text ? 0 : -ENOMEM;
 	}
 	if (rc == 0 && f->kind == K_DFILE) { /* may wait on the network: an I/O worker */
-		rc = open_view_queue(d, req, fi, f, ino);
+		rc = open_queue(d, open_job_run, req, fi, f, ino);
 		if (rc == 0)
 			return;
 	}
 	if (rc == 0 && f->kind == K_FFILE && f->pin->remote) { /* parts on peers */
-		rc = open_full_queue(d, req, fi, f, ino);
+		rc = open_queue(d, full_job_run, req, fi, f, ino);
 		if (rc == 0)
 			return;
 	}
