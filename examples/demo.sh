@@ -39,3 +39,6 @@ echo "== a real mount: import a checkpoint, reconfigure, check with NumPy"
 echo
 echo "== three nodes on this machine, one etcd: a node-set change, then a node killed"
 /usr/bin/python3 examples/cluster_demo.py
+echo
+echo "== real training: a GPT (PyTorch, gloo on CPU) changes tp, pp and dp in the middle of its run"
+/usr/bin/python3 examples/elastic_train.py --steps-per-layout 4
