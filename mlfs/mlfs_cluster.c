@@ -15,7 +15,10 @@
  *                    "deadline_ms"}: created by the coordinator's transaction
  *                    that requires no attempt and "config" unchanged since it
  *                    was read; bound to the coordinator's lease.
- *   votes/<to>/<id>  "ready", or "failed: <reason>".
+ *   votes/<to>/<id>  "<attempt id> ready", or "<attempt id> failed: <reason>":
+ *                    a vote counts only for the attempt it names (the
+ *                    attempt's random "id"), so votes a dead coordinator's
+ *                    attempt left behind never count for a later one.
  *   result/<to>      "committed" or "aborted: <reason>" (for every node's
  *                    status.json and for mlfs reconfigure).
  *
@@ -35,6 +38,12 @@
  *     aborts it when the attempt is gone and "config" did not move (the
  *     coordinator aborted, or its lease expired with it).
  * That transaction is the single commit point; nothing else decides.
+ *
+ * job/ is the same on every node after a commit: the coordinator asks every
+ * participant for its job/ manifest and puts their union in the attempt
+ * (the newest copy of each file wins, naming the node to fetch it from);
+ * each participant stages that tree before voting ready and swaps it in at
+ * the commit.
  *
  * Job-wide facts: every node publishes its ranks' saved steps in its key;
  * the control thread copies the other nodes' into the store's step table,
@@ -79,8 +88,10 @@ struct mlfs_cluster {
 	json_t *nodes;	      /* lock: {id: entry} as last read */
 	json_t *attempt;      /* lock: the attempt as last read, or NULL */
 	char etcd_error[512]; /* lock: "" when etcd answers */
-	int64_t started_to;   /* lock: the attempt version this node prepared */
-	int64_t voted_to;     /* the attempt version this node voted on */
+	/* The attempts (their random ids: a version may be tried again after
+	 * an abort) this node started preparing and voted on. */
+	char started_id[24]; /* lock */
+	char voted_id[24];
 	char *mine;	      /* lock: the text of the attempt this node created */
 	int64_t mine_to;
 	/* job/ as the coordinator has it, staged for attempt @job_to (the
@@ -339,39 +350,6 @@ static const struct net_etcd_kv *vote_of(struct mlfs_cluster *c, const struct jo
 
 /* ------------------------------------------------------------------ job/ */
 
-static uint64_t fnv(const uint8_t *p, size_t n)
-{
-	uint64_t h = 1469598103934665603ull;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ p[i]) * 1099511628211ull;
-	return h;
-}
-
-static void manifest_walk(const struct mlfs_job *dir, const char *prefix, json_t *out)
-{
-	for (const struct mlfs_job *j = dir->first; j; j = j->next) {
-		char path[4096];
-		snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "/" : "", j->name);
-		char h[20];
-		snprintf(h, sizeof(h), "%016" PRIx64, j->dir ? 0 : fnv(j->data, j->size));
-		json_array_append_new(out, json_pack("{sssbsIss}", "p", path, "d", j->dir, "n",
-						     (json_int_t)j->size, "h", h));
-		if (j->dir)
-			manifest_walk(j, path, out);
-	}
-}
-
-/* The coordinator's job/ tree: [{"p": path, "d": dir, "n": size, "h":
- * hash}], parents before children. */
-static json_t *job_manifest(struct mlfs_store *st)
-{
-	json_t *m = json_array();
-	pthread_mutex_lock(&st->lock);
-	manifest_walk(st->job, "", m);
-	pthread_mutex_unlock(&st->lock);
-	return m;
-}
-
 /* The job/ node at @path under @root, or NULL. */
 static struct mlfs_job *job_at(struct mlfs_job *root, const char *path)
 {
@@ -425,7 +403,7 @@ static int job_stage(struct mlfs_cluster *c, const json_t *manifest, const char 
 		size_t size = (size_t)json_integer_value(json_object_get(e, "n"));
 		pthread_mutex_lock(&st->lock); /* alike here? */
 		struct mlfs_job *mine = job_at(st->job, path);
-		if (mine && !mine->dir && mine->size == size && fnv(mine->data, size) == want)
+		if (mine && !mine->dir && mine->size == size && mlfs_job_hash(mine) == want)
 			rc = mlfs_job_set(f, mine->data, size);
 		else
 			mine = NULL;
@@ -435,8 +413,15 @@ static int job_stage(struct mlfs_cluster *c, const json_t *manifest, const char 
 		uint8_t *data = NULL;
 		size_t len = 0;
 		/* fetched through the data plane's client: the token is its */
-		if ((rc = mlfs_peer_job_get(st, co, path, &data, &len, why, whylen)) == 0) {
-			if (len != size || fnv(data, len) != want) {
+		const char *src = json_string_value(json_object_get(e, "s"));
+		int from = src ? ptc_cluster_find(st->cluster, src) : co;
+		if (from < 0) {
+			snprintf(why, whylen, "job/%s: no node \"%s\"", path, src);
+			rc = -EINVAL;
+			break;
+		}
+		if ((rc = mlfs_peer_job_get(st, from, path, &data, &len, why, whylen)) == 0) {
+			if (len != size || mlfs_job_hash_bytes(data, len) != want) {
 				snprintf(why, whylen, "job/%s: the coordinator's copy changed", path);
 				rc = -EIO;
 			} else {
@@ -453,14 +438,87 @@ static int job_stage(struct mlfs_cluster *c, const json_t *manifest, const char 
 	return 0;
 }
 
+/*
+ * The job/ every node will have after the attempt: the union of the
+ * participants' job/ trees (asked of each through its peer server), the
+ * most recently modified copy of each file winning (ties: the first node of
+ * cluster.json), each file naming the node to fetch it from ("s"), sorted
+ * so that directories come before what they hold. NULL with *@rc and @err
+ * when a participant's tree cannot be read.
+ */
+static int cmp_paths(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static json_t *merged_job(struct mlfs_cluster *c, json_t *parts, json_t *missing,
+			  struct ptc_error *err, int *rc)
+{
+	struct mlfs_store *st = c->st;
+	json_t *by = json_object(), *out = json_array(), *p;
+	(void)err; /* an unreadable node does not fail the write: see below */
+	size_t i;
+
+	json_array_foreach(parts, i, p)
+	{
+		const char *id = json_string_value(p);
+		int node = ptc_cluster_find(st->cluster, id);
+		json_t *m = NULL;
+		char why[512];
+		if (strcmp(id, c->me) == 0) {
+			pthread_mutex_lock(&st->lock);
+			m = mlfs_job_manifest(st->job);
+			pthread_mutex_unlock(&st->lock);
+		} else if (mlfs_peer_job_manifest(st, node, &m, why, sizeof(why))) {
+			/* Frozen or slow: the attempt goes on, and that node's vote
+			 * fails (its job/ would be lost otherwise). */
+			json_array_append_new(missing, json_string(id));
+			continue;
+		}
+		size_t j;
+		json_t *e;
+		json_array_foreach(m, j, e)
+		{
+			const char *path = json_string_value(json_object_get(e, "p"));
+			json_t *have = path ? json_object_get(by, path) : NULL;
+			if (!path || (have && json_integer_value(json_object_get(have, "m")) >=
+						   json_integer_value(json_object_get(e, "m"))))
+				continue;
+			json_object_set_new(e, "s", json_string(id));
+			json_object_set(by, path, e);
+		}
+		json_decref(m);
+	}
+	/* Sorted by path: a directory before what it holds. */
+	size_t n = json_object_size(by), k = 0;
+	const char **paths = malloc((n ? n : 1) * sizeof(*paths));
+	const char *path;
+	json_t *e;
+	if (!paths) {
+		json_decref(by);
+		json_decref(out);
+		*rc = -ENOMEM;
+		return NULL;
+	}
+	json_object_foreach(by, path, e) paths[k++] = path;
+	qsort(paths, n, sizeof(*paths), cmp_paths);
+	for (k = 0; k < n; k++)
+		json_array_append(out, json_object_get(by, paths[k]));
+	free(paths);
+	json_decref(by);
+	*rc = 0;
+	return out;
+}
+
 /* ------------------------------------------------------------ decisions */
 
-static void vote(struct mlfs_cluster *c, int64_t to, const char *what)
+static void vote(struct mlfs_cluster *c, int64_t to, const char *attempt_id, const char *what)
 {
-	char k[512], why[512];
+	char k[512], why[512], v[1024];
 	key(c, k, sizeof(k), "votes/%" PRId64 "/%s", to, c->me);
-	if (net_etcd_put(c->etcd, k, what, strlen(what), 0, NULL, why, sizeof(why)) == 0)
-		c->voted_to = to;
+	snprintf(v, sizeof(v), "%s %s", attempt_id ? attempt_id : "-", what);
+	if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, why, sizeof(why)) == 0)
+		snprintf(c->voted_id, sizeof(c->voted_id), "%s", attempt_id ? attempt_id : "");
 }
 
 /* The coordinator ends its attempt: commit (@reason NULL) or abort. Only
@@ -506,6 +564,7 @@ static void finish(struct mlfs_cluster *c, const struct job_keys *k, int64_t to,
 static void coordinate(struct mlfs_cluster *c, const struct job_keys *k, int64_t to)
 {
 	json_t *parts = json_object_get(k->attempt_j, "participants");
+	const char *aid = json_string_value(json_object_get(k->attempt_j, "id"));
 	size_t i;
 	json_t *p;
 	bool all = true;
@@ -526,10 +585,11 @@ static void coordinate(struct mlfs_cluster *c, const struct job_keys *k, int64_t
 			return;
 		}
 		const struct net_etcd_kv *v = vote_of(c, k, to, id);
-		if (!v) {
-			all = false;
-		} else if (strncmp(v->value, "failed", 6) == 0) {
-			snprintf(reason, sizeof(reason), "node %s: %.500s", id, v->value);
+		size_t n = aid ? strlen(aid) : 0;
+		if (!v || !aid || strncmp(v->value, aid, n) != 0 || v->value[n] != ' ') {
+			all = false; /* none yet for this attempt */
+		} else if (strncmp(v->value + n + 1, "failed", 6) == 0) {
+			snprintf(reason, sizeof(reason), "node %s: %.500s", id, v->value + n + 1);
 			finish(c, k, to, reason);
 			return;
 		}
@@ -634,18 +694,19 @@ static void participate(struct mlfs_cluster *c, const struct job_keys *k, int64_
 	struct mlfs_store *st = c->st;
 	struct ptc_error err = {""};
 	json_t *parts = json_object_get(k->attempt_j, "participants");
+	const char *aid = json_string_value(json_object_get(k->attempt_j, "id"));
 	bool part = false;
 	size_t i;
 	json_t *p;
 
 	json_array_foreach(parts, i, p) part |= json_string_value(p) &&
 						strcmp(json_string_value(p), c->me) == 0;
-	if (!part || view_version(st) != from)
+	if (!part || !aid || view_version(st) != from)
 		return;
 	pthread_mutex_lock(&c->lock);
-	bool start = c->started_to != to;
+	bool start = strcmp(c->started_id, aid) != 0;
 	if (start)
-		c->started_to = to;
+		snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
 	pthread_mutex_unlock(&c->lock);
 	if (start) {
 		const char *config = json_string_value(json_object_get(k->attempt_j, "config"));
@@ -659,11 +720,11 @@ static void participate(struct mlfs_cluster *c, const struct job_keys *k, int64_
 		if (rc) {
 			char v[700];
 			snprintf(v, sizeof(v), "failed: %s", err.text[0] ? err.text : strerror(-rc));
-			vote(c, to, v);
+			vote(c, to, aid, v);
 			return;
 		}
 	}
-	if (c->voted_to == to)
+	if (strcmp(c->voted_id, aid) == 0)
 		return;
 	pthread_mutex_lock(&st->lock);
 	enum mlfs_reconf_state s = st->reconf;
@@ -673,27 +734,36 @@ static void participate(struct mlfs_cluster *c, const struct job_keys *k, int64_
 	pthread_mutex_unlock(&st->lock);
 	if (target != to)
 		return;
+	json_t *miss;
+	size_t mi;
+	json_array_foreach(json_object_get(k->attempt_j, "job_missing"), mi, miss) if (
+	    json_string_value(miss) && strcmp(json_string_value(miss), c->me) == 0 &&
+	    s == MLFS_RECONF_PREPARED)
+	{
+		vote(c, to, aid, "failed: the coordinator could not read this node's job/");
+		return;
+	}
 	if (s == MLFS_RECONF_PREPARED) {
 		const char *co = json_string_value(json_object_get(k->attempt_j, "coordinator"));
-		if (co && strcmp(co, c->me) != 0 && c->job_to != to) {
+		if (co && (c->job_to != to || !c->job)) {
 			char why[512];
 			struct mlfs_job *j;
 			if (job_stage(c, json_object_get(k->attempt_j, "job"), co, &j, why,
 				      sizeof(why))) {
 				char v[700];
 				snprintf(v, sizeof(v), "failed: %s", why);
-				vote(c, to, v);
+				vote(c, to, aid, v);
 				return;
 			}
 			mlfs_job_free(c->job);
 			c->job = j;
 			c->job_to = to;
 		}
-		vote(c, to, "ready");
+		vote(c, to, aid, "ready");
 	} else if (s == MLFS_RECONF_FAILED) {
 		char v[700];
 		snprintf(v, sizeof(v), "failed: %s", error);
-		vote(c, to, v);
+		vote(c, to, aid, v);
 	}
 }
 
@@ -970,22 +1040,36 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 			else if (!ok)
 				rc = ptc_errorf(err, "config.json: another node set the job's "
 						     "first config meanwhile");
-			else
-				rc = mlfs_store_install_config(st, text, len, err);
+			else if (view_version(st) == cfg->version)
+				rc = 0; /* the control thread installed it first */
+			else if ((rc = mlfs_store_install_config(st, text, len, err)) &&
+				 view_version(st) == cfg->version) {
+				rc = 0; /* ... while we tried */
+				mlfs_store_note_error(st, "");
+			}
 		}
 	} else {
 		json_t *parts, *down;
 		size_t i;
 		json_t *p;
 		bool me_in = false;
+		uint64_t rnd = 0;
+		char aid[24];
+		if (getentropy(&rnd, sizeof(rnd)))
+			rnd = (uint64_t)now_ms() * 2654435761u ^ (uint64_t)getpid();
+		snprintf(aid, sizeof(aid), "%016" PRIx64, rnd);
 		rc = move_nodes(st, cfg, k.nodes, &parts, &down, err);
+		json_t *missing = json_array();
+		json_t *job = rc ? NULL : merged_job(c, parts, missing, err, &rc);
 		json_array_foreach(parts, i, p) me_in |= strcmp(json_string_value(p), c->me) == 0;
 		json_t *a = rc ? NULL
-			       : json_pack("{sIsIsssssOsOsIso}", "from", (json_int_t)committed, "to",
+			       : json_pack("{sssIsIsssssOsOsIsosO}", "id", aid, "from",
+					   (json_int_t)committed, "to",
 					   (json_int_t)cfg->version, "config", text, "coordinator",
 					   c->me, "participants", parts, "down", down, "deadline_ms",
 					   (json_int_t)(now_ms() + MLFS_ATTEMPT_MS), "job",
-					   job_manifest(st));
+					   job ? job : json_array(), "job_missing", missing);
+		json_decref(missing);
 		int dn[256];
 		int ndown = rc ? 0 : down_indices(st, down, dn, 256);
 		json_decref(down);
@@ -999,8 +1083,13 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 			    {.key = ka, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL},
 			    {.key = kc, .target = NET_ETCD_MOD, .result = NET_ETCD_EQUAL,
 			     .num = k.config_mod}};
-			struct net_etcd_op put = {.kind = NET_ETCD_PUT, .key = ka, .value = att,
-						  .len = strlen(att), .lease = c->lease};
+			char kv[512];
+			key(c, kv, sizeof(kv), "votes/%" PRId64 "/", cfg->version);
+			struct net_etcd_op put[] = {
+			    {.kind = NET_ETCD_PUT, .key = ka, .value = att, .len = strlen(att),
+			     .lease = c->lease},
+			    /* what an earlier attempt to this version left behind */
+			    {.kind = NET_ETCD_DELETE, .key = kv, .prefix = true}};
 			pthread_mutex_lock(&c->lock);
 			free(c->mine);
 			c->mine = att;
@@ -1009,7 +1098,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 			if (!c->lease)
 				rc = (ptc_errorf(err, "config.json: this node is not registered "
 						     "with etcd (yet)"), -EIO);
-			else if (net_etcd_txn(c->etcd, cmps, 2, &put, 1, NULL, 0, &ok, NULL,
+			else if (net_etcd_txn(c->etcd, cmps, 2, put, 2, NULL, 0, &ok, NULL,
 					      NULL, why, sizeof(why)))
 				rc = (ptc_errorf(err, "config.json: etcd: %s", why), -EIO);
 			else if (!ok)
@@ -1022,7 +1111,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 		if (rc == 0 && me_in) {
 			struct ptc_error perr = {""};
 			pthread_mutex_lock(&c->lock);
-			c->started_to = cfg->version;
+			snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
 			pthread_mutex_unlock(&c->lock);
 			sync_steps(c, k.nodes);
 			fill_down_steps(c, dn, ndown);
@@ -1031,7 +1120,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 				/* the coordinator aborts the attempt at its next round */
 				char v[700];
 				snprintf(v, sizeof(v), "failed: %s", perr.text);
-				vote(c, cfg->version, v);
+				vote(c, cfg->version, aid, v);
 				snprintf(err->text, sizeof(err->text), "%s", perr.text);
 			}
 		}

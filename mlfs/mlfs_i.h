@@ -157,6 +157,16 @@ struct mlfs_store {
 	 * import), so a config written right after sees them; no lock held,
 	 * may wait on etcd (I/O workers only). */
 	void (*steps_saved)(void *arg);
+	/* Set when an attempt aborts, cleared when one starts: fetches in
+	 * flight give up at once (-ECANCELED) instead of running out their
+	 * retries. */
+	atomic_int cancel;
+	/* Bytes the peer server sent (mlfs_peer.c), and the memory in use when
+	 * the current attempt started: status.json's last.bytes_served and
+	 * last.peak_extra_memory are taken against them. */
+	_Atomic int64_t served;
+	int64_t served_base, mem_base;
+	int64_t last_served, last_peak; /* of the last committed attempt */
 	void *cluster_arg;
 };
 
@@ -338,5 +348,12 @@ int mlfs_job_rename(struct mlfs_job *from, const char *name, struct mlfs_job *to
 		    const char *newname, unsigned flags);
 int mlfs_job_set(struct mlfs_job *f, const uint8_t *data, size_t size);
 int mlfs_job_truncate(struct mlfs_job *f, size_t size);
+/* A file's content hash (FNV-1a 64; 0 for a directory), and of bytes. */
+uint64_t mlfs_job_hash(const struct mlfs_job *f);
+uint64_t mlfs_job_hash_bytes(const uint8_t *p, size_t n);
+/* The tree under @root as [{"p": path, "d": dir, "n": size, "h": hash in
+ * hex, "m": mtime in ns}], parents before children; a new reference (NULL
+ * on ENOMEM). Store lock held. */
+json_t *mlfs_job_manifest(const struct mlfs_job *root);
 
 #endif

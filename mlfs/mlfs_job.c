@@ -7,6 +7,8 @@
  * with ENOSPC. Callers hold the store lock (the tree has no lock of its own).
  */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,4 +210,40 @@ int mlfs_job_set(struct mlfs_job *f, const uint8_t *data, size_t size)
 	if (rc == 0 && (rc = mlfs_job_truncate(f, size)) == 0 && size)
 		memcpy(f->data, data, size);
 	return rc;
+}
+
+uint64_t mlfs_job_hash_bytes(const uint8_t *p, size_t n)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ p[i]) * 1099511628211ull;
+	return h;
+}
+
+uint64_t mlfs_job_hash(const struct mlfs_job *f)
+{
+	return f->dir ? 0 : mlfs_job_hash_bytes(f->data, f->size);
+}
+
+static void manifest_walk(const struct mlfs_job *dir, const char *prefix, json_t *out)
+{
+	for (const struct mlfs_job *j = dir->first; j; j = j->next) {
+		char path[4096], h[20];
+		snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "/" : "", j->name);
+		snprintf(h, sizeof(h), "%016" PRIx64, mlfs_job_hash(j));
+		json_array_append_new(
+		    out, json_pack("{sssbsIsssI}", "p", path, "d", j->dir, "n", (json_int_t)j->size,
+				   "h", h, "m",
+				   (json_int_t)(j->mtime.tv_sec * 1000000000LL + j->mtime.tv_nsec)));
+		if (j->dir)
+			manifest_walk(j, path, out);
+	}
+}
+
+json_t *mlfs_job_manifest(const struct mlfs_job *root)
+{
+	json_t *m = json_array();
+	if (m)
+		manifest_walk(root, "", m);
+	return m;
 }

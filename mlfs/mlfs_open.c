@@ -177,7 +177,8 @@ static int assemble_full(struct fh *f)
 			break;
 		int r = p->remote[2 * t];
 		struct mlfs_view *v = mlfs_store_view(st);
-		struct ptc_op op = {.kind = PTC_OP_FETCH, .state = (uint16_t)f->state,
+		struct ptc_op op = {.kind = PTC_OP_FETCH, .dst_node = -1, /* not an attempt's */
+				    .state = (uint16_t)f->state,
 				    .src_rank = r, .src_tensor = p->remote[2 * t + 1],
 				    .src_node = v && r < v->layout.world ? v->layout.ranks[r].node : 0,
 				    .rows = rows};

@@ -15,6 +15,7 @@
  *       the buffer pinned until the reply ends, so a commit meanwhile
  *       cannot free it.
  *   /v1/job?path=P               a job/ file's bytes
+ *   /v1/jobmanifest              the job/ tree: paths, sizes, hashes, mtimes
  * Only the current layout is served: during an attempt that is the old
  * one (the one peers fetch from), until the commit. Every parameter is
  * checked before use; a bad one is a 400 naming it, an unknown partition a
@@ -65,6 +66,8 @@ static bool arg_int(struct net_request *r, const char *name, int64_t max, int64_
 
 /* Rows of a pinned partition, gathered block by block as they are sent. */
 struct part_stream {
+	struct mlfs_store *st;
+	bool count; /* a reconfiguration's fetch: counted in st->served */
 	struct xf_buf *buf;
 	int64_t prows, row, rows, rb; /* partition rows; the range; row bytes */
 };
@@ -81,6 +84,8 @@ static ssize_t part_read(void *arg, uint64_t pos, char *out, size_t max)
 		memcpy(out + done, p->buf->data + (o * p->prows + p->row) * p->rb + off, (size_t)n);
 		done += n;
 	}
+	if (p->count)
+		atomic_fetch_add(&p->st->served, done);
 	return done ? done : -1;
 }
 
@@ -150,7 +155,7 @@ static void serve_part(struct mlfs_peer *pe, struct net_request *r)
 		net_reply_error(r, 503, "out of memory");
 		goto out;
 	}
-	*p = (struct part_stream){b, prows, row, rows, rb};
+	*p = (struct part_stream){st, !net_request_arg(r, "full"), b, prows, row, rows, rb};
 	net_reply_stream(r, 200, outer * rows * rb, part_read, part_done, p,
 			 "application/octet-stream");
 out:
@@ -203,6 +208,17 @@ static void handle(void *arg, struct net_request *r)
 		serve_part(pe, r);
 	} else if (strcmp(path, "/v1/job") == 0) {
 		serve_job(pe, r);
+	} else if (strcmp(path, "/v1/jobmanifest") == 0) {
+		pthread_mutex_lock(&pe->st->lock);
+		json_t *m = mlfs_job_manifest(pe->st->job);
+		pthread_mutex_unlock(&pe->st->lock);
+		char *text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+		json_decref(m);
+		if (text)
+			net_reply_buf(r, 200, text, strlen(text), "application/json");
+		else
+			net_reply_error(r, 503, "out of memory");
+		free(text);
 	} else if (strcmp(path, "/v1/health") == 0) {
 		struct mlfs_store *st = pe->st;
 		char out[256];
@@ -231,10 +247,12 @@ static int fetch_from(struct mlfs_peer *pe, int node, int rank, int64_t version,
 
 	snprintf(url, sizeof(url),
 		 "http://%s/v1/part?version=%" PRId64 "&rank=%d&state=%d&tensor=%d&row=%" PRId64
-		 "&rows=%" PRId64,
-		 n->addr, version, rank, op->state, op->src_tensor, op->src_row, op->rows);
+		 "&rows=%" PRId64 "%s",
+		 n->addr, version, rank, op->state, op->src_tensor, op->src_row, op->rows,
+		 op->dst_node < 0 ? "&full=1" : "");
 	struct net_http_range rg = {.off = 0, .len = len, .iov = iov, .iovcnt = (int)outer};
-	int rc = net_http_get_range(pe->http, url, &rg, NULL, why, whylen);
+	struct net_http_call call = {.stop = &pe->st->cancel}; /* an abort ends it */
+	int rc = net_http_get_range(pe->http, url, &rg, &call, why, whylen);
 	if (rc == 0 && rg.got != rg.len) {
 		snprintf(why, whylen, "%.300s: %" PRId64 " bytes, expected %" PRId64, url, rg.got,
 			 rg.len);
@@ -266,7 +284,7 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 	struct mlfs_view *v = rc ? mlfs_store_view(pe->st) : NULL;
 	if (v && v->config->version == version) {
 		const struct ptc_layout *l = &v->layout;
-		for (int r = 0; r < l->world && rc; r++) {
+		for (int r = 0; r < l->world && rc && rc != -ECANCELED; r++) {
 			int node = l->ranks[r].node;
 			if (r == op->src_rank || node == op->src_node || node == pe->st->node ||
 			    l->ranks[r].t != l->ranks[op->src_rank].t ||
@@ -302,6 +320,34 @@ int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t
 				      isalnum(*p) || strchr("/._-~", *p) ? "%c" : "%%%02X", *p);
 	return net_http_get(pe->http, url, (int64_t)MLFS_JOB_FILE_MAX, data, len, NULL, why,
 			    whylen);
+}
+
+int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *why,
+			   size_t whylen)
+{
+	struct mlfs_peer *pe = st->fetch_arg;
+	char url[NET_MAX_URL];
+	uint8_t *data = NULL;
+	size_t len = 0;
+	json_error_t je;
+
+	*out = NULL;
+	if (!pe || st->fetch != peer_fetch)
+		return -EHOSTUNREACH;
+	snprintf(url, sizeof(url), "http://%s/v1/jobmanifest", st->cluster->nodes[node].addr);
+	struct net_http_call call = {.deadline_ms = 2000}; /* a frozen node must not stall a write */
+	int rc = net_http_get(pe->http, url, (int64_t)64 << 20, &data, &len, &call, why, whylen);
+	if (rc)
+		return rc;
+	*out = json_loadb((const char *)data, len, 0, &je);
+	free(data);
+	if (!json_is_array(*out)) {
+		json_decref(*out);
+		*out = NULL;
+		snprintf(why, whylen, "%.300s: not a job/ manifest", url);
+		return -EIO;
+	}
+	return 0;
 }
 
 /* ---------------------------------------------------------------- start */

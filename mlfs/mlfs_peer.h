@@ -27,6 +27,9 @@ void mlfs_peer_stop(struct mlfs_peer *pe);
 #define MLFS_JOB_FILE_MAX ((size_t)64 << 20)
 int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,
 		      size_t *len, char *why, size_t whylen);
+/* The job/ manifest (mlfs_job_manifest) of cluster node @node. */
+int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *why,
+			   size_t whylen);
 /* The port the server listens on. */
 int mlfs_peer_port(const struct mlfs_peer *pe);
 

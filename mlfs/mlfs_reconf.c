@@ -370,6 +370,11 @@ static void commit_begin(struct mlfs_store *st, struct mlfs_attempt *a)
 	st->steps = a->steps;
 	a->steps = NULL;
 	st->last = a->stats;
+	/* served to peers since the last commit: every attempt fetch is for
+	 * the current version, and some start before this node's prepare */
+	st->last_served = atomic_load(&st->served) - st->served_base;
+	st->served_base = atomic_load(&st->served);
+	st->last_peak = atomic_load(&st->mem.peak) - st->mem_base;
 	st->last_from = old->config->version;
 	st->last_to = st->view->config->version;
 	st->has_last = true;
@@ -425,6 +430,8 @@ static void abort_finish(struct mlfs_store *st, struct mlfs_attempt *a)
  * version N @how: @why" (a long reason cut). Lock held. */
 static void abort_begin(struct mlfs_store *st, const char *how, const char *why)
 {
+	atomic_store(&st->cancel, 1);
+	st->served_base = atomic_load(&st->served); /* what it served counts for none */
 	snprintf(st->error, sizeof(st->error), "reconfiguration to version %" PRId64 " %s: %.400s",
 		 st->target_version, how, why);
 	set_state(st, MLFS_RECONF_ABORTING);
@@ -553,6 +560,9 @@ static int reconf_publish(struct mlfs_store *st, struct mlfs_attempt *a, struct 
 	set_state(st, MLFS_RECONF_PREPARING);
 	st->attempt = a;
 	st->target_version = a->to->config->version;
+	atomic_store(&st->cancel, 0);
+	st->mem_base = atomic_load(&st->mem.used);
+	atomic_store(&st->mem.peak, st->mem_base);
 	st->progress = 0;
 	st->progress_total = a->plan->per_node[st->node].bytes_total;
 	st->error[0] = '\0';

@@ -690,6 +690,12 @@ char *mlfs_store_status_json(struct mlfs_store *st)
 			      (json_int_t)st->last.bytes_copied, "bytes_fetched",
 			      (json_int_t)st->last.bytes_fetched, "bytes_zeroed",
 			      (json_int_t)st->last.bytes_zeroed, "seconds", st->last.seconds));
+	if (st->has_last) {
+		json_t *l = json_object_get(o, "last");
+		json_object_set_new(l, "bytes_served", json_integer(st->last_served));
+		json_object_set_new(l, "peak_extra_memory",
+				    json_integer(st->last_peak > 0 ? st->last_peak : 0));
+	}
 	json_object_set_new(o, "error", st->error[0] ? json_string(st->error) : json_null());
 	struct mlfs_view *v = mlfs_view_get(st->view);
 	pthread_mutex_unlock(&st->lock);

@@ -22,6 +22,7 @@
 struct xf_mem {
 	_Atomic int64_t used;
 	int64_t limit;
+	_Atomic int64_t peak; /* the most @used reached since someone reset it */
 };
 
 /* Reserves @n bytes: 0, or -ENOSPC when that would pass the limit. */

@@ -21,6 +21,16 @@
 /* Buffers at least this large are anonymous mappings. */
 #define XF_MAP_MIN ((int64_t)1 << 20)
 
+/* Raises m->peak to @used if that is more. */
+static void note_peak(struct xf_mem *m, int64_t used)
+{
+	int64_t p = atomic_load_explicit(&m->peak, memory_order_relaxed);
+	while (used > p && !atomic_compare_exchange_weak_explicit(&m->peak, &p, used,
+								  memory_order_relaxed,
+								  memory_order_relaxed))
+		;
+}
+
 int xf_mem_reserve(struct xf_mem *m, int64_t n)
 {
 	int64_t cur;
@@ -29,7 +39,7 @@ int xf_mem_reserve(struct xf_mem *m, int64_t n)
 	if (!m)
 		return 0;
 	if (m->limit <= 0) {
-		atomic_fetch_add_explicit(&m->used, n, memory_order_relaxed);
+		note_peak(m, atomic_fetch_add_explicit(&m->used, n, memory_order_relaxed) + n);
 		return 0;
 	}
 	cur = atomic_load_explicit(&m->used, memory_order_relaxed);
@@ -39,6 +49,7 @@ int xf_mem_reserve(struct xf_mem *m, int64_t n)
 			return -ENOSPC;
 	} while (!atomic_compare_exchange_weak_explicit(
 	    &m->used, &cur, cur + n, memory_order_relaxed, memory_order_relaxed));
+	note_peak(m, cur + n);
 	return 0;
 }
 
