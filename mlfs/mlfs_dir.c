@@ -228,48 +228,43 @@ static void job_reply_entry(fuse_req_t req, struct target *t, const char *name, 
 	mlfs_view_put(v);
 }
 
-void mlfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+/* Creates @name (a directory when @isdir) in job/ directory @parent: 0 with
+ * the store lock held and *@t, *@j set, or an error already replied (a
+ * name outside job/ is EPERM: the rest of the tree is fixed, as for mkdir,
+ * unlink and rename there). */
+static int job_new_entry(fuse_req_t req, fuse_ino_t parent, const char *name, bool isdir,
+			 struct target *t, struct mlfs_job **j)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
+	int rc = job_dir(d, parent, t);
+
+	if (rc == 0 && (rc = mlfs_job_create(t->e.job, name, isdir, j))) {
+		mlfs_target_done(t);
+		mlfs_target_put(t);
+	}
+	if (rc)
+		fuse_reply_err(req, -rc);
+	return rc;
+}
+
+void mlfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
 	struct target t;
 	struct mlfs_job *j;
-	int rc = job_dir(d, parent, &t);
 	(void)mode;
-	if (rc) {
-		fuse_reply_err(req, -rc);
-		return;
-	}
-	if ((rc = mlfs_job_create(t.e.job, name, true, &j))) {
-		mlfs_target_done(&t);
-		mlfs_target_put(&t);
-		fuse_reply_err(req, -rc);
-		return;
-	}
-	job_reply_entry(req, &t, name, j);
+	if (job_new_entry(req, parent, name, true, &t, &j) == 0)
+		job_reply_entry(req, &t, name, j);
 }
 
 void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
-		      struct fuse_file_info *fi)
+		    struct fuse_file_info *fi)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
 	struct target t;
 	struct mlfs_job *j;
-	int rc = job_dir(d, parent, &t);
 	(void)mode;
-
-	if (rc) {
-		/* O_CREAT of a new name: fixed trees do not allow new names (EPERM,
-		 * as mkdir, unlink and rename there). */
-		fuse_reply_err(req, -rc);
+	if (job_new_entry(req, parent, name, false, &t, &j))
 		return;
-	}
-	rc = mlfs_job_create(t.e.job, name, false, &j);
-	if (rc) {
-		mlfs_target_done(&t);
-		mlfs_target_put(&t);
-		fuse_reply_err(req, -rc);
-		return;
-	}
 	struct fuse_entry_param ep = {0};
 	struct ent e = {.kind = K_JOB, .job = j};
 	char path[4096 + 256];

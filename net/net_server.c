@@ -286,6 +286,18 @@ const char *net_request_body(const struct net_request *r, size_t *len)
 	return r->body;
 }
 
+/* Queues response @rs (taken over) as @r's reply. */
+static int queue_reply(struct net_request *r, int status, struct MHD_Response *rs,
+		       const char *content_type)
+{
+	if (content_type)
+		MHD_add_response_header(rs, "Content-Type", content_type);
+	r->result = MHD_queue_response(r->conn, (unsigned)status, rs);
+	MHD_destroy_response(rs);
+	r->replied = true;
+	return 0;
+}
+
 int net_reply_buf(struct net_request *r, int status, const void *data, size_t len,
 		  const char *content_type)
 {
@@ -295,12 +307,7 @@ int net_reply_buf(struct net_request *r, int status, const void *data, size_t le
 	    MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
 	if (!rs)
 		return -ENOMEM;
-	if (content_type)
-		MHD_add_response_header(rs, "Content-Type", content_type);
-	r->result = MHD_queue_response(r->conn, (unsigned)status, rs);
-	MHD_destroy_response(rs);
-	r->replied = true;
-	return 0;
+	return queue_reply(r, status, rs, content_type);
 }
 
 int net_reply_error(struct net_request *r, int status, const char *fmt, ...)
@@ -360,10 +367,5 @@ int net_reply_stream(struct net_request *r, int status, int64_t len, net_read_fn
 		stream_free(st);
 		return -ENOMEM;
 	}
-	if (content_type)
-		MHD_add_response_header(rs, "Content-Type", content_type);
-	r->result = MHD_queue_response(r->conn, (unsigned)status, rs);
-	MHD_destroy_response(rs);
-	r->replied = true;
-	return 0;
+	return queue_reply(r, status, rs, content_type);
 }
