@@ -28,6 +28,15 @@ Rows:
 - cold: a fresh mount, the shards' pages dropped (posix_fadvise DONTNEED after
   fsync), vs the memmap gather with the same pages dropped.
 
+Buffers: unlike bench_store.py (whose buffers are page-aligned), every array
+here is NumPy's, on the mount side and the reference side alike: np.load
+allocates its own and reads the bulk of the data straight into it at an
+offset its stdio buffer decides (the file's first st_blksize bytes go
+through that buffer: 3968 bytes into the array for a 4 KiB buffer and a
+128-byte header), whatever the array's alignment; a loader reading into
+aligned buffers would also make fewer reads than np.load, which is what
+training does. The references' arrays come from the same allocator.
+
 Usage: bench_data.py [--size-mib N] [--steps N] [--dir DIR] [--reps N]
                      [--global-batch N]
    (default 512 MiB in a temporary folder under /tmp, 64 steps, 3 reps,

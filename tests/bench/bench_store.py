@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """Store benchmarks: I/O through the mount vs tmpfs, and local reconfiguration
 vs single-thread memcpy, each measured against its reference in this same run.
+Every buffer written from, read into or copied is page-aligned (aligned_empty)
+and shared by both sides.
 
 Usage: bench_store.py [--size-mib N]   (default 1024: a 1 GiB partition)
 """
@@ -14,8 +16,7 @@ import time
 
 import numpy as np
 
-from benchmount import MLFS, Mount
-
+from benchmount import MLFS, Mount, aligned_empty
 
 
 def best(fn, reps=3):
@@ -55,8 +56,9 @@ def io_bench(tmp, size_mib):
         part = os.path.join(m.dir, "ranks/0/model/w.npy")
         header = open(part, "rb").read(128)
         header = header[:10 + int.from_bytes(header[8:10], "little")]
-        data = np.random.default_rng(0).random(n, dtype=np.float32)
-        out = np.empty_like(data)
+        data = aligned_empty(n, np.float32)
+        np.random.default_rng(0).random(n, dtype=np.float32, out=data)
+        out = aligned_empty(n, np.float32)
         shm = tempfile.NamedTemporaryFile(dir="/dev/shm", delete=False)
         shm.close()
         try:
@@ -76,7 +78,10 @@ def io_bench(tmp, size_mib):
             t_cold = min(cold() for _ in range(3))
             read_file(part, out)
             t_warm = best(lambda: read_file(part, out))
-            assert np.array_equal(out[len(header) // 4:][:16], out[len(header) // 4:][:16])
+            # The file is the header then data; out holds its first n * 4 bytes.
+            got, want = out.view(np.uint8), data.view(np.uint8)
+            assert got[:len(header)].tobytes() == header
+            assert np.array_equal(got[len(header):], want[:len(want) - len(header)])
         finally:
             os.unlink(shm.name)
     finally:
@@ -110,8 +115,10 @@ def reconf_bench(tmp, size_mib):
             results.append((st["bytes_copied"], st["seconds"]))
         copied = max(b for b, _ in results)
         secs = min(s for b, s in results if b == copied)
-        src = np.random.default_rng(1).random(copied // 4, dtype=np.float32)
-        dst = np.empty_like(src)
+        src = aligned_empty(copied // 4, np.float32)
+        np.random.default_rng(1).random(copied // 4, dtype=np.float32, out=src)
+        dst = aligned_empty(copied // 4, np.float32)
+        dst.fill(0)  # fault its pages in before timing, as np.copyto's first rep did
         t_memcpy = best(lambda: np.copyto(dst, src))
     finally:
         m.close()
