@@ -19,7 +19,7 @@ ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS)
 
 DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev \
 	libzstd-dev libcmocka-dev pkg-config python3-numpy python3-pytest etcd-server \
-	python3-torch python3-matplotlib
+	python3-torch python3-matplotlib iperf3
 
 PTC_SRC   := $(wildcard ptc/*.c)
 XF_SRC    := $(wildcard transform/*.c)
@@ -134,6 +134,7 @@ bench: deps
 	$(PY) tests/bench/bench_store.py --size-mib 1024
 	$(PY) tests/bench/bench_data.py --size-mib 512
 	$(PY) tests/bench/bench_data.py --size-mib 1024 --global-batch 2048 --steps 16
+	$(PY) tests/bench/bench_cluster.py --size-mib 1500
 
 $(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
 	@mkdir -p $(dir $@)

@@ -231,12 +231,13 @@ def tp_unslice(parts, split, tp, shape, dtype):
 
 
 def self_test_unslice():
-    """tp_unslice inverts tp_slice for padded, chunked and every split dim."""
+    """tp_unslice inverts tp_slice, and tp_cut equals it, for padded, chunked and
+    inner split dims."""
     rng = np.random.default_rng(1)
-    for split, shape in (({"dim": 0, "pad_multiple": 8}, (37, 5)), ({"dim": 1, "pad_multiple": 4}, (3, 9, 2)),
-                         ({"dim": 0, "chunks": 3}, (24, 4)),
-                         ({"dim": 1}, (6, 16)), ({"dim": 0, "chunks": [8, 4, 4]}, (16, 3)),
-                         (None, (7,))):
+    for split, shape in (({"dim": 0, "pad_multiple": 8}, (37, 5)),
+                         ({"dim": 1, "pad_multiple": 4}, (3, 9, 2)),
+                         ({"dim": 0, "chunks": 3}, (24, 4)), ({"dim": 1}, (6, 16)),
+                         ({"dim": 0, "chunks": [8, 4, 4]}, (16, 3)), (None, (7,))):
         x = rng.integers(0, 1000, shape).astype(np.float32)
         for tp in (1, 2, 4):
             parts = [tp_slice(x, split, tp, t) for t in range(tp)]
