@@ -979,6 +979,18 @@ static int job_steps_agree(struct mlfs_cluster *c, const struct job_keys *k,
 	return rc;
 }
 
+/* Whether every live node published the committed config's version (one
+ * that just committed publishes it within a round). */
+static bool versions_agree(const struct job_keys *k)
+{
+	int64_t committed = config_version(k->config->value, k->config->len);
+	const char *id;
+	json_t *e;
+	json_object_foreach(k->nodes, id, e) if (json_integer_value(json_object_get(e, "version")) !=
+						 committed) return false;
+	return true;
+}
+
 static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 			  struct ptc_error *err)
 {
@@ -1006,7 +1018,8 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 					       "unreachable: %s",
 					  why), -EIO);
 		}
-		if (!k.config || k.attempt || (rc = job_steps_agree(c, &k, err)) == 0 || tries >= 20)
+		if (!k.config || k.attempt || tries >= 20 ||
+		    ((rc = job_steps_agree(c, &k, err)) == 0 && versions_agree(&k)))
 			break;
 		job_keys_free(&k);
 		struct timespec nap = {0, 100 * 1000000L};
