@@ -1018,8 +1018,10 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 					       "unreachable: %s",
 					  why), -EIO);
 		}
-		if (!k.config || k.attempt || tries >= 20 ||
-		    ((rc = job_steps_agree(c, &k, err)) == 0 && versions_agree(&k)))
+		if (!k.config || k.attempt)
+			break;
+		/* (read_job reset rc: the check runs every round, the last included) */
+		if (((rc = job_steps_agree(c, &k, err)) == 0 && versions_agree(&k)) || tries >= 20)
 			break;
 		job_keys_free(&k);
 		struct timespec nap = {0, 100 * 1000000L};
