@@ -98,7 +98,7 @@ void mlfs_fill_attr(struct mlfs_daemon *d, const struct ent *e, const struct mlf
 		return;
 	case K_CLUSTER:
 		stb->st_mode = S_IFREG | 0444;
-		stb->st_size = (off_t)strlen(d->st->cluster_text);
+		stb->st_size = (off_t)strlen(mlfs_store_cluster_text(d->st));
 		return;
 	case K_STATUS:
 		stb->st_mode = S_IFREG | 0444;

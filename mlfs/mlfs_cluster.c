@@ -68,6 +68,7 @@
 #include <jansson.h>
 
 #include "mlfs/mlfs_cluster.h"
+#include "mlfs/mlfs_log.h"
 #include "mlfs/mlfs_peer.h"
 
 #define MLFS_LEASE_TTL 5	     /* seconds */
@@ -101,6 +102,7 @@ struct mlfs_cluster {
 	int64_t job_to;
 	pthread_mutex_t publock; /* published, and the put of the node's key */
 	char *published;	 /* the node entry last put */
+	int64_t cluster_mod;	 /* lock: the "cluster" key's revision last taken */
 };
 
 static int64_t now_ms(void)
@@ -146,7 +148,7 @@ static int64_t view_version(struct mlfs_store *st)
 static char *node_entry(struct mlfs_cluster *c)
 {
 	struct mlfs_store *st = c->st;
-	const struct ptc_node *n = &st->cluster->nodes[st->node];
+	const struct ptc_node *n = &mlfs_store_cluster(st)->nodes[st->node];
 	json_t *steps = json_object();
 	char rank[16];
 
@@ -372,7 +374,7 @@ static int job_stage(struct mlfs_cluster *c, const json_t *manifest, const char 
 {
 	struct mlfs_store *st = c->st;
 	struct mlfs_job *root = mlfs_job_new_dir("job", &st->mem);
-	int co = ptc_cluster_find(st->cluster, coordinator);
+	int co = ptc_cluster_find(mlfs_store_cluster(st), coordinator);
 	size_t i;
 	json_t *e;
 	int rc = root && co >= 0 ? 0 : -ENOMEM;
@@ -414,7 +416,7 @@ static int job_stage(struct mlfs_cluster *c, const json_t *manifest, const char 
 		size_t len = 0;
 		/* fetched through the data plane's client: the token is its */
 		const char *src = json_string_value(json_object_get(e, "s"));
-		int from = src ? ptc_cluster_find(st->cluster, src) : co;
+		int from = src ? ptc_cluster_find(mlfs_store_cluster(st), src) : co;
 		if (from < 0) {
 			snprintf(why, whylen, "job/%s: no node \"%s\"", path, src);
 			rc = -EINVAL;
@@ -462,7 +464,7 @@ static json_t *merged_job(struct mlfs_cluster *c, json_t *parts, json_t *missing
 	json_array_foreach(parts, i, p)
 	{
 		const char *id = json_string_value(p);
-		int node = ptc_cluster_find(st->cluster, id);
+		int node = ptc_cluster_find(mlfs_store_cluster(st), id);
 		json_t *m = NULL;
 		char why[512];
 		if (strcmp(id, c->me) == 0) {
@@ -598,11 +600,11 @@ static void coordinate(struct mlfs_cluster *c, const struct job_keys *k, int64_t
 		finish(c, k, to, NULL);
 }
 
-/* Whether node @node hosts a rank of config @text's layout (or of the
- * current view, @cur). */
+/* Whether node @node hosts a rank of layout @l (NULL: none; a node that
+ * joined after @l was made hosts none of it). */
 static bool hosts(const struct ptc_layout *l, int node)
 {
-	return l && l->node_nranks[node] > 0;
+	return l && node < l->cluster->nnodes && l->node_nranks[node] > 0;
 }
 
 /*
@@ -617,7 +619,7 @@ static int move_nodes(struct mlfs_store *st, const struct ptc_config *cfg, const
 {
 	struct ptc_layout to;
 	struct mlfs_view *v = mlfs_store_view(st);
-	int rc = ptc_layout_init(&to, st->schema, cfg, st->cluster, "config.json", err);
+	int rc = ptc_layout_init(&to, st->schema, cfg, mlfs_store_cluster(st), "config.json", err);
 
 	*parts = *down = NULL;
 	if (rc == 0) {
@@ -626,8 +628,8 @@ static int move_nodes(struct mlfs_store *st, const struct ptc_config *cfg, const
 		/* Every live node takes part (one with no ranks in either layout
 		 * just moves to the new version); a node down, or restarted with
 		 * its partitions lost, is no source and may host no rank. */
-		for (int n = 0; n < st->cluster->nnodes && rc == 0; n++) {
-			const char *id = st->cluster->nodes[n].id;
+		for (int n = 0; n < mlfs_store_cluster(st)->nnodes && rc == 0; n++) {
+			const char *id = mlfs_store_cluster(st)->nodes[n].id;
 			json_t *e = json_object_get(up, id);
 			const char *state = json_string_value(json_object_get(e, "state"));
 			bool lost = state && strcmp(state, "lost") == 0;
@@ -680,7 +682,7 @@ static int down_indices(const struct mlfs_store *st, const json_t *down, int *ou
 	int n = 0;
 	json_array_foreach(down, i, d)
 	{
-		int k = json_string_value(d) ? ptc_cluster_find(st->cluster, json_string_value(d)) : -1;
+		int k = json_string_value(d) ? ptc_cluster_find(mlfs_store_cluster(st), json_string_value(d)) : -1;
 		if (k >= 0 && n < cap)
 			out[n++] = k;
 	}
@@ -765,6 +767,32 @@ static void participate(struct mlfs_cluster *c, const struct job_keys *k, int64_
 		snprintf(v, sizeof(v), "failed: %s", error);
 		vote(c, to, aid, v);
 	}
+}
+
+/* Nodes joined: the job's cluster.json in etcd grew (a node started with
+ * one that lists more nodes); this node's store takes it. */
+static void sync_cluster(struct mlfs_cluster *c, const struct job_keys *k)
+{
+	const char *have = mlfs_store_cluster_text(c->st);
+	struct ptc_error err = {""};
+
+	if (!k->cluster ||
+	    (strlen(have) == k->cluster->len && memcmp(have, k->cluster->value, k->cluster->len) == 0))
+		return;
+	pthread_mutex_lock(&c->lock);
+	bool seen = k->cluster->mod_revision == c->cluster_mod;
+	c->cluster_mod = k->cluster->mod_revision;
+	pthread_mutex_unlock(&c->lock);
+	if (seen)
+		return;
+	int rc = mlfs_store_grow_cluster(c->st, k->cluster->value, k->cluster->len, &err);
+	if (rc == 1)
+		mlfs_log(MLFS_LOG_INFO, "cluster: nodes joined the job: it has %d nodes now",
+			 mlfs_store_cluster(c->st)->nnodes);
+	else if (rc < 0)
+		mlfs_log(MLFS_LOG_WARNING, "cluster: the job's cluster.json in etcd does not "
+					   "extend this node's: %s",
+			 err.text);
 }
 
 /* Follows the committed config: installs the first one, commits a
@@ -870,6 +898,7 @@ static void round_once(struct mlfs_cluster *c)
 	pthread_mutex_unlock(&c->lock);
 	if (rc)
 		return;
+	sync_cluster(c, &k);
 	sync_steps(c, k.nodes);
 	follow(c, &k);
 	if (k.attempt_j) {
@@ -933,7 +962,7 @@ static int propose_schema(struct mlfs_cluster *c, const char *text, size_t len,
 	    !ok)
 		return ptc_errorf(err, "schema.json: the job \"%s\" already has a different "
 				       "schema (etcd key %s); a job's schema is fixed",
-				  c->st->cluster->job, k);
+				  mlfs_store_cluster(c->st)->job, k);
 	if (rc)
 		return (ptc_errorf(err, "schema.json: etcd: %s", why), -EIO);
 	return mlfs_store_install_schema(c->st, text, len, err);
@@ -1001,6 +1030,8 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 	bool ok = false;
 	int rc = ptc_config_parse_text(text, len, "config.json", &cfg, err);
 
+	if (rc == 0 && (rc = mlfs_config_supported(cfg, "config.json", err)))
+		ptc_config_free(cfg);
 	if (rc)
 		return rc;
 	if (!st->schema) {
@@ -1018,6 +1049,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 					       "unreachable: %s",
 					  why), -EIO);
 		}
+		sync_cluster(c, &k); /* nodes that joined may be in the config */
 		if (!k.config || k.attempt)
 			break;
 		/* (read_job reset rc: the check runs every round, the last included) */
@@ -1046,7 +1078,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 		    .key = kc, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
 		struct net_etcd_op put = {.kind = NET_ETCD_PUT, .key = kc, .value = text, .len = len};
 		struct ptc_layout l;
-		if ((rc = ptc_layout_init(&l, st->schema, cfg, st->cluster, "config.json", err)) ==
+		if ((rc = ptc_layout_init(&l, st->schema, cfg, mlfs_store_cluster(st), "config.json", err)) ==
 		    0) {
 			ptc_layout_release(&l);
 			if (net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL,
@@ -1160,15 +1192,15 @@ static void status_add(void *arg, json_t *o)
 	struct mlfs_store *st = c->st;
 
 	pthread_mutex_lock(&c->lock);
-	for (int n = 0; n < st->cluster->nnodes; n++) {
-		const char *id = st->cluster->nodes[n].id;
+	for (int n = 0; n < mlfs_store_cluster(st)->nnodes; n++) {
+		const char *id = mlfs_store_cluster(st)->nodes[n].id;
 		json_t *e = json_object_get(c->nodes, id);
 		json_array_append_new(
 		    nodes, json_pack("{sssbsOsO}", "id", id, "up", e != NULL, "version",
 				     e ? json_object_get(e, "version") : json_null(), "state",
 				     e ? json_object_get(e, "state") : json_null()));
 	}
-	json_object_set_new(job, "job", json_string(st->cluster->job));
+	json_object_set_new(job, "job", json_string(mlfs_store_cluster(st)->job));
 	json_object_set_new(job, "etcd", json_string(c->etcd_error[0] ? "unreachable" : "ok"));
 	if (c->etcd_error[0])
 		json_object_set_new(job, "etcd_error", json_string(c->etcd_error));
@@ -1183,15 +1215,77 @@ static void status_add(void *arg, json_t *o)
 
 /* ---------------------------------------------------------------- start */
 
+/* One try at joining the job's cluster (etcd key @k): 0, -EAGAIN when the
+ * key changed meanwhile, or an error with @why. */
+static int join_cluster(struct mlfs_cluster *c, const char *k, char *why, size_t whylen)
+{
+	struct mlfs_store *st = c->st;
+	const char *mine = mlfs_store_cluster_text(st);
+	struct net_etcd_cmp absent = {.key = k, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
+	struct net_etcd_op put = {.kind = NET_ETCD_PUT, .key = k, .value = mine, .len = strlen(mine)};
+	struct net_etcd_kv kv;
+	struct ptc_cluster *theirs = NULL;
+	struct ptc_error err = {""}, err2 = {""};
+	char e[512];
+	bool ok = false;
+	int rc;
+
+	if (net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL, e, sizeof(e)) ||
+	    (!ok && net_etcd_get(c->etcd, k, &kv, NULL, e, sizeof(e)))) {
+		snprintf(why, whylen, "etcd at %s: %s", mlfs_store_cluster(st)->etcd, e);
+		return -EIO;
+	}
+	if (ok)
+		return 0; /* the first node */
+	if ((rc = ptc_cluster_parse_text(kv.value, kv.len, "the job's cluster.json", &theirs,
+					 &err)) == 0) {
+		if (ptc_cluster_extends(theirs, mlfs_store_cluster(st), &err) == 0) {
+			if (theirs->nnodes < mlfs_store_cluster(st)->nnodes) { /* we add nodes */
+				struct net_etcd_cmp same = {.key = k, .target = NET_ETCD_MOD,
+							    .result = NET_ETCD_EQUAL,
+							    .num = kv.mod_revision};
+				rc = net_etcd_txn(c->etcd, &same, 1, &put, 1, NULL, 0, &ok, NULL,
+						  NULL, e, sizeof(e))
+					 ? (snprintf(why, whylen, "etcd at %s: %s",
+						     mlfs_store_cluster(st)->etcd, e),
+					    -EIO)
+				     : ok ? 0
+					  : -EAGAIN;
+				if (rc == 0)
+					mlfs_log(MLFS_LOG_INFO,
+						 "cluster: this node's cluster.json adds %d nodes "
+						 "to the job's %d",
+						 mlfs_store_cluster(st)->nnodes - theirs->nnodes,
+						 theirs->nnodes);
+			}
+		} else if (ptc_cluster_extends(mlfs_store_cluster(st), theirs, &err2) == 0) {
+			/* nodes joined since our cluster.json was written */
+			rc = mlfs_store_grow_cluster(st, kv.value, kv.len, &err2);
+			rc = rc < 0 ? (snprintf(why, whylen, "%s", err2.text), rc) : 0;
+		} else {
+			rc = -EINVAL;
+		}
+	}
+	if (rc == -EINVAL)
+		snprintf(why, whylen,
+			 "cluster.json differs from the job \"%s\"'s (etcd key %s): %s; every "
+			 "node mounts with the job's cluster.json, or one that adds nodes at its end",
+			 mlfs_store_cluster(st)->job, k, err.text);
+	ptc_cluster_free(theirs);
+	free(kv.key);
+	free(kv.value);
+	return rc;
+}
+
 int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *why, size_t whylen)
 {
 	struct mlfs_cluster *c;
 	int rc;
 
 	*out = NULL;
-	if (!st->cluster->etcd || !st->cluster->job) {
+	if (!mlfs_store_cluster(st)->etcd || !mlfs_store_cluster(st)->job) {
 		snprintf(why, whylen, "cluster.json: a job of %d nodes needs \"job\" and \"etcd\"",
-			 st->cluster->nnodes);
+			 mlfs_store_cluster(st)->nnodes);
 		return -EINVAL;
 	}
 	if (!(c = calloc(1, sizeof(*c))))
@@ -1199,49 +1293,27 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *w
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->publock, NULL);
 	c->st = st;
-	c->me = st->cluster->nodes[st->node].id;
-	snprintf(c->prefix, sizeof(c->prefix), "/mlfs/%s/", st->cluster->job);
+	c->me = mlfs_store_cluster(st)->nodes[st->node].id;
+	snprintf(c->prefix, sizeof(c->prefix), "/mlfs/%s/", mlfs_store_cluster(st)->job);
 	struct net_http_opts o = {.retries = 2, .timeout_ms = 2000, .deadline_ms = 5000};
-	if ((rc = net_etcd_new(st->cluster->etcd, &o, &c->etcd, why, whylen)))
+	if ((rc = net_etcd_new(mlfs_store_cluster(st)->etcd, &o, &c->etcd, why, whylen)))
 		goto err_free;
-	/* Join: the job's cluster must be ours (the first node puts it). */
+	/* Join: the job's cluster is ours (the first node puts it), or one
+	 * that ours extends (nodes join: ours replaces it), or one that
+	 * extends ours (nodes joined before us: we take it). */
 	char k[512], e[512];
-	bool ok = false;
 	key(c, k, sizeof(k), "cluster");
-	struct net_etcd_cmp absent = {.key = k, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
-	struct net_etcd_op put = {.kind = NET_ETCD_PUT, .key = k, .value = st->cluster_text,
-				  .len = strlen(st->cluster_text)};
-	if ((rc = net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL, e,
-			       sizeof(e)))) {
-		snprintf(why, whylen, "etcd at %s: %s", st->cluster->etcd, e);
+	for (int tries = 0; (rc = join_cluster(c, k, why, whylen)) == -EAGAIN; tries++)
+		if (tries == 20) {
+			snprintf(why, whylen, "the job's cluster.json (etcd key %s) kept changing", k);
+			break;
+		}
+	if (rc)
 		goto err_etcd;
-	}
-	if (!ok) {
-		struct net_etcd_kv kv;
-		if ((rc = net_etcd_get(c->etcd, k, &kv, NULL, e, sizeof(e)))) {
-			snprintf(why, whylen, "etcd at %s: %s", st->cluster->etcd, e);
-			goto err_etcd;
-		}
-		json_t *theirs = json_loadb(kv.value, kv.len, 0, NULL);
-		json_t *ours = json_loads(st->cluster_text, 0, NULL);
-		bool same = theirs && ours && json_equal(theirs, ours);
-		json_decref(theirs);
-		json_decref(ours);
-		free(kv.key);
-		free(kv.value);
-		if (!same) {
-			snprintf(why, whylen,
-				 "cluster.json differs from the job \"%s\"'s (etcd key %s): every "
-				 "node must mount with the same cluster.json",
-				 st->cluster->job, k);
-			rc = -EINVAL;
-			goto err_etcd;
-		}
-	}
 	/* Register and read the job once before serving: a restarted node
 	 * knows the current version as it mounts. */
 	if ((rc = keep_registered(c, e, sizeof(e)))) {
-		snprintf(why, whylen, "etcd at %s: %s", st->cluster->etcd, e);
+		snprintf(why, whylen, "etcd at %s: %s", mlfs_store_cluster(st)->etcd, e);
 		goto err_etcd;
 	}
 	round_once(c);

@@ -101,8 +101,13 @@ struct mlfs_attempt; /* one reconfiguration attempt: mlfs_reconf.c */
 
 struct mlfs_store {
 	pthread_mutex_t lock; /* everything below */
+	/* The job's nodes (cluster.json): replaced, never changed, when nodes
+	 * join (mlfs_store_grow_cluster); the replaced ones stay valid until
+	 * the store is released (layouts point to them). Read them through
+	 * mlfs_store_cluster()/mlfs_store_cluster_text() without the lock. */
 	struct ptc_cluster *cluster;
 	char *cluster_text;
+	struct mlfs_retired_cluster *retired;
 	int node; /* index in cluster */
 	struct xf_mem mem;
 	int threads;
@@ -175,6 +180,34 @@ int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cl
 /* Ends a reconfiguration in progress (mlfs_reconf_shutdown) and frees the
  * store. Called once, when no other thread uses the store. */
 void mlfs_store_release(struct mlfs_store *st);
+
+static inline struct ptc_cluster *mlfs_store_cluster(const struct mlfs_store *st)
+{
+	return __atomic_load_n(&st->cluster, __ATOMIC_ACQUIRE);
+}
+
+static inline const char *mlfs_store_cluster_text(const struct mlfs_store *st)
+{
+	return __atomic_load_n(&st->cluster_text, __ATOMIC_ACQUIRE);
+}
+
+/* Nodes join the job: @text is the job's cluster.json, which must extend
+ * the store's (ptc_cluster_extends). 1 when it added nodes, 0 when it is
+ * the same, or an error with @err (nothing changes). */
+int mlfs_store_grow_cluster(struct mlfs_store *st, const char *text, size_t len,
+			    struct ptc_error *err);
+
+/* What the daemon does not do yet of a valid config: 0, or -EINVAL with @err. */
+static inline int mlfs_config_supported(const struct ptc_config *c, const char *what,
+					struct ptc_error *err)
+{
+	if (c->replicas)
+		return ptc_errorf(err, "%s: \"replicas\": %d (backups of each node's saved state "
+				       "on the next node) is not supported yet; without it a dead "
+				       "node's state comes from DP replicas",
+				  what, c->replicas);
+	return 0;
+}
 
 /* The current view with a reference (NULL when unset). */
 struct mlfs_view *mlfs_store_view(struct mlfs_store *st);

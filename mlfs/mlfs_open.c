@@ -65,7 +65,7 @@ static char *snapshot_text(struct mlfs_daemon *d, const struct ent *e, const str
 	case K_SCHEMA:
 		return strdup(d->st->schema_text ? d->st->schema_text : "");
 	case K_CLUSTER:
-		return strdup(d->st->cluster_text);
+		return strdup(mlfs_store_cluster_text(d->st));
 	case K_RANKJSON:
 		return mlfs_rank_json(v, e->rank);
 	case K_STEP:

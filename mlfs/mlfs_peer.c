@@ -110,7 +110,7 @@ static void serve_part(struct mlfs_peer *pe, struct net_request *r)
 	const struct ptc_schema *s = l->schema;
 	if (atomic_load(&st->lost)) {
 		net_reply_error(r, 409, "node %s restarted and lost its partitions",
-				st->cluster->nodes[st->node].id);
+				mlfs_store_cluster(st)->nodes[st->node].id);
 		goto out;
 	}
 	if (!arg_int(r, "version", INT64_MAX, &version) || !arg_int(r, "rank", l->world, &rank) ||
@@ -225,7 +225,7 @@ static void handle(void *arg, struct net_request *r)
 		pthread_mutex_lock(&st->lock);
 		int n = snprintf(out, sizeof(out), "{\"node\":\"%s\",\"version\":%" PRId64
 						   ",\"state\":\"%s\"}\n",
-				 st->cluster->nodes[st->node].id,
+				 mlfs_store_cluster(st)->nodes[st->node].id,
 				 st->view ? st->view->config->version : (int64_t)-1,
 				 mlfs_reconf_state_name(st->reconf));
 		pthread_mutex_unlock(&st->lock);
@@ -242,7 +242,7 @@ static int fetch_from(struct mlfs_peer *pe, int node, int rank, int64_t version,
 		      const struct ptc_op *op, struct iovec *iov, int64_t outer, int64_t len,
 		      char *why, size_t whylen)
 {
-	const struct ptc_node *n = &pe->st->cluster->nodes[node];
+	const struct ptc_node *n = &mlfs_store_cluster(pe->st)->nodes[node];
 	char url[NET_MAX_URL];
 
 	snprintf(url, sizeof(url),
@@ -299,7 +299,7 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 	if (rc) {
 		char msg[700];
 		snprintf(msg, sizeof(msg), "fetch from node %s: %s",
-			 pe->st->cluster->nodes[op->src_node].id, first);
+			 mlfs_store_cluster(pe->st)->nodes[op->src_node].id, first);
 		mlfs_store_note_error(pe->st, msg);
 	}
 	return rc;
@@ -311,7 +311,7 @@ int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t
 	struct mlfs_peer *pe = st->fetch_arg;
 	char url[NET_MAX_URL];
 	size_t n = (size_t)snprintf(url, sizeof(url), "http://%s/v1/job?path=",
-				    st->cluster->nodes[node].addr);
+				    mlfs_store_cluster(st)->nodes[node].addr);
 
 	if (!pe || st->fetch != peer_fetch)
 		return -EHOSTUNREACH;
@@ -334,7 +334,7 @@ int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *
 	*out = NULL;
 	if (!pe || st->fetch != peer_fetch)
 		return -EHOSTUNREACH;
-	snprintf(url, sizeof(url), "http://%s/v1/jobmanifest", st->cluster->nodes[node].addr);
+	snprintf(url, sizeof(url), "http://%s/v1/jobmanifest", mlfs_store_cluster(st)->nodes[node].addr);
 	struct net_http_call call = {.deadline_ms = 2000}; /* a frozen node must not stall a write */
 	int rc = net_http_get(pe->http, url, (int64_t)64 << 20, &data, &len, &call, why, whylen);
 	if (rc)
@@ -355,7 +355,7 @@ int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *
 int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out, char *why,
 		    size_t whylen)
 {
-	const struct ptc_node *me = &st->cluster->nodes[st->node];
+	const struct ptc_node *me = &mlfs_store_cluster(st)->nodes[st->node];
 	struct mlfs_peer *pe;
 	char hdr[300];
 	int rc;

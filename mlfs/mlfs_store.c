@@ -122,7 +122,8 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 	clock_gettime(CLOCK_REALTIME, &v->time);
 	if (!(v->config_text = strndup(text, len)))
 		goto err_put;
-	if ((rc = ptc_layout_init(&v->layout, st->schema, config, st->cluster, what, err)))
+	if ((rc = mlfs_config_supported(config, what, err)) ||
+	    (rc = ptc_layout_init(&v->layout, st->schema, config, mlfs_store_cluster(st), what, err)))
 		goto err_put;
 	/* The partition table, the local stages' name trees and the full tree. */
 	int64_t meta = (int64_t)v->layout.world * st->schema->nstates * st->schema->ntensors *
@@ -176,11 +177,52 @@ int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cl
 	return 0;
 }
 
+struct mlfs_retired_cluster {
+	struct ptc_cluster *cluster;
+	char *text;
+	struct mlfs_retired_cluster *next;
+};
+
+int mlfs_store_grow_cluster(struct mlfs_store *st, const char *text, size_t len,
+			    struct ptc_error *err)
+{
+	struct ptc_cluster *cl;
+	struct mlfs_retired_cluster *old = malloc(sizeof(*old));
+	char *copy = strndup(text, len);
+	int rc = old && copy ? ptc_cluster_parse_text(text, len, "cluster.json", &cl, err) : -ENOMEM;
+
+	if (rc)
+		goto out;
+	pthread_mutex_lock(&st->lock);
+	if ((rc = ptc_cluster_extends(st->cluster, cl, err)) == 0 &&
+	    cl->nnodes > st->cluster->nnodes) {
+		*old = (struct mlfs_retired_cluster){st->cluster, st->cluster_text, st->retired};
+		st->retired = old;
+		__atomic_store_n(&st->cluster_text, copy, __ATOMIC_RELEASE);
+		__atomic_store_n(&st->cluster, cl, __ATOMIC_RELEASE);
+		old = NULL, copy = NULL, cl = NULL;
+		rc = 1;
+	}
+	pthread_mutex_unlock(&st->lock);
+	ptc_cluster_free(cl);
+out:
+	free(old);
+	free(copy);
+	return rc;
+}
+
 void mlfs_store_release(struct mlfs_store *st)
 {
 	mlfs_reconf_shutdown(st);
 	mlfs_view_put(st->view);
 	ptc_schema_free(st->schema);
+	while (st->retired) {
+		struct mlfs_retired_cluster *r = st->retired;
+		st->retired = r->next;
+		ptc_cluster_free(r->cluster);
+		free(r->text);
+		free(r);
+	}
 	ptc_cluster_free(st->cluster);
 	mlfs_job_free(st->job);
 	free(st->schema_text);
@@ -670,7 +712,7 @@ char *mlfs_store_status_json(struct mlfs_store *st)
 	json_t *o = json_object();
 
 	pthread_mutex_lock(&st->lock);
-	json_object_set_new(o, "node", json_string(st->cluster->nodes[st->node].id));
+	json_object_set_new(o, "node", json_string(mlfs_store_cluster(st)->nodes[st->node].id));
 	json_object_set_new(o, "version",
 			    st->view ? json_integer(st->view->config->version) : json_null());
 	json_object_set_new(o, "state", json_string(mlfs_reconf_state_name(st->reconf)));

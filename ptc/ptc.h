@@ -179,6 +179,11 @@ struct ptc_cluster *ptc_cluster_new_uniform(int nnodes, char *const *ids, int de
 void ptc_cluster_free(struct ptc_cluster *c);
 /* Index of node @id, or -1. */
 int ptc_cluster_find(const struct ptc_cluster *c, const char *id);
+/* 0 when @to extends @from: the same job, control plane and token file, and
+ * @from's nodes first, in the same order, unchanged (@to may add nodes);
+ * else -EINVAL with @err naming the difference. */
+int ptc_cluster_extends(const struct ptc_cluster *from, const struct ptc_cluster *to,
+			struct ptc_error *err);
 
 struct ptc_config {
 	int64_t version;

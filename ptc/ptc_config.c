@@ -206,6 +206,37 @@ int ptc_cluster_find(const struct ptc_cluster *c, const char *id)
 	return -1;
 }
 
+static bool same_str(const char *a, const char *b)
+{
+	return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+int ptc_cluster_extends(const struct ptc_cluster *from, const struct ptc_cluster *to,
+			struct ptc_error *err)
+{
+	if (from == to)
+		return 0;
+	if (!same_str(from->job, to->job) || !same_str(from->etcd, to->etcd) ||
+	    !same_str(from->token_file, to->token_file))
+		return ptc_errorf(err, "cluster.json: \"job\", \"etcd\" and \"token_file\" "
+				       "must stay the same");
+	if (to->nnodes < from->nnodes)
+		return ptc_errorf(err, "cluster.json: %d nodes, fewer than the job's %d (nodes "
+				       "are added, never removed: a config leaves them out)",
+				  to->nnodes, from->nnodes);
+	for (int i = 0; i < from->nnodes; i++) {
+		const struct ptc_node *a = &from->nodes[i], *b = &to->nodes[i];
+		if (strcmp(a->id, b->id) != 0 || !same_str(a->addr, b->addr) ||
+		    a->devices != b->devices)
+			return ptc_errorf(err, "cluster.json: node %d is \"%s\" (%s, %d devices) "
+					       "where the job has \"%s\" (%s, %d devices): the "
+					       "job's nodes come first, in order, unchanged",
+					  i, b->id, b->addr ? b->addr : "no addr", b->devices, a->id,
+					  a->addr ? a->addr : "no addr", a->devices);
+	}
+	return 0;
+}
+
 struct ptc_cluster *ptc_cluster_new_uniform(int nnodes, char *const *ids, int devices)
 {
 	struct ptc_cluster *c = calloc(1, sizeof(*c));

@@ -572,8 +572,10 @@ static int cmp_op(const void *a, const void *b)
 static int check_inputs(const struct ptc_layout *from, const struct ptc_layout *to,
 			const bool *down, struct ptc_error *err)
 {
-	if (from->schema != to->schema || from->cluster != to->cluster)
-		return ptc_errorf(err, "plan: both layouts must share one schema and cluster");
+	if (from->schema != to->schema)
+		return ptc_errorf(err, "plan: both layouts must share one schema");
+	if (ptc_cluster_extends(from->cluster, to->cluster, err))
+		return -EINVAL; /* nodes may join between the layouts, never leave */
 	if (from->schema->nstates > PTC_MAX_STATES)
 		return ptc_errorf(err, "plan: more than %d states", PTC_MAX_STATES);
 	for (int n = 0; n < to->cluster->nnodes; n++)
@@ -620,7 +622,7 @@ int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to,
 {
 	struct ptc_error scratch;
 	struct ctx c = {.from = from, .to = to, .s = from->schema, .err = err ? err : &scratch};
-	int nnodes = from->cluster->nnodes;
+	int nnodes = to->cluster->nnodes; /* from's nodes come first */
 	bool *isdown = calloc((size_t)nnodes, sizeof(bool));
 	struct ptc_plan *p = calloc(1, sizeof(*p));
 	int rc = -ENOMEM;

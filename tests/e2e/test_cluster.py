@@ -291,6 +291,72 @@ def test_nodes_outside_both_layouts_follow_and_coordinate(cluster_factory):
         check_traffic(cl, old, new, later=[])
 
 
+def test_nodes_join_the_job(cluster_factory):
+    """A node started with a cluster.json that lists more nodes (the job's first, unchanged)
+    joins: every node takes the longer one, a config may use the new node, and a config
+    naming a listed node that is not up is refused before anything starts, naming it. A
+    node restarted with the older, shorter cluster.json takes the job's."""
+    cl = cluster_factory(nnodes=3)
+    a = {"version": 1, "tp": 2, "pp": 1, "dp": 3, "nodes": ["n0", "n1", "n2"]}
+    full = full_of(31)
+    cl.start_job(MIXED, a, "n0", full, step=3)
+    old_spec, old_path = copy.deepcopy(cl.spec), cl.cluster_path
+
+    # n3 is not in the job's cluster.json: a config naming it is refused, naming it.
+    b = {"version": 2, "tp": 2, "pp": 2, "dp": 1, "nodes": ["n3", "n0"]}
+    p = cl.reconfigure("n1", b)
+    assert p.returncode == 1 and "n3" in p.stderr, (p.returncode, p.stderr)
+    assert cl.committed() == a and "attempt" not in cl.keys()
+
+    # n3 joins with a cluster.json that adds n3 and n4 (n4 is not started).
+    spec = copy.deepcopy(old_spec)
+    for nid in ("n3", "n4"):
+        spec["nodes"].append({"id": nid, "addr": f"127.0.0.1:{free_port()}", "devices": 2})
+    n3 = cl.join("n3", spec)
+    assert json.loads(cl.keys()["cluster"].value) == spec
+    cl.wait_registered(["n3"])
+    cl.wait(lambda: all([e["id"] for e in st["cluster"]["nodes"]] == ["n0", "n1", "n2", "n3",
+                                                                       "n4"]
+                        for st in cl.statuses().values()),
+            "every node's status.json lists n3 and n4")
+    for n in cl.nodes:
+        assert json.loads(n.read("cluster.json")) == spec, n.id
+    cl.wait_version(1, nodes=["n3"])
+    assert os.listdir(n3.p("ranks")) == []
+
+    # Backups are not built yet: a config asking for them is refused before anything starts.
+    p = cl.reconfigure("n0", dict(b, replicas=1))
+    assert p.returncode == 1 and '"replicas": 1' in p.stderr, (p.returncode, p.stderr)
+    assert cl.committed() == a and "attempt" not in cl.keys()
+
+    # n4 is listed but not up: refused before anything starts, naming it.
+    c = {"version": 2, "tp": 2, "pp": 2, "dp": 1, "nodes": ["n4", "n0"]}
+    p = cl.reconfigure("n2", c)
+    assert p.returncode == 1 and "node n4 is down" in p.stderr, (p.returncode, p.stderr)
+    assert cl.committed() == a and "attempt" not in cl.keys()
+
+    # The job moves onto n3 (coordinated by a node that started with the old file).
+    p = cl.reconfigure("n1", b)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(2)
+    assert cl.committed() == b
+    cl.check_layout(MIXED, b, full, step=3)
+    check_traffic(cl, a, b, later=[])
+
+    # n2 (no ranks now) restarted with the old, shorter cluster.json: it takes the job's.
+    cl.kill("n2")
+    n2 = cl.join("n2", spec, cluster_path=old_path)
+    assert json.loads(n2.read("cluster.json")) == spec
+    assert json.loads(cl.keys()["cluster"].value) == spec
+    cl.wait_version(2, nodes=["n2"])
+    d = {"version": 3, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n2", "n3", "n1", "n0"]}
+    p = cl.reconfigure("n3", d)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(3)
+    cl.check_layout(MIXED, d, full, step=3)
+    check_traffic(cl, b, d, later=[])
+
+
 # --------------------------------------------------------------- 3. etcd's keys
 
 def test_etcd_keys_after_a_commit(cluster_factory):

@@ -394,6 +394,65 @@ static void test_cluster_uniform(void **state)
 	ptc_cluster_free(c);
 }
 
+static void test_cluster_extends(void **state)
+{
+	const char *base = "{'job': 'j', 'etcd': 'http://e:1', 'nodes': [{'id': 'n0', "
+			   "'addr': 'a:1', 'devices': 2}, {'id': 'n1', 'addr': 'a:2', 'devices': 2}]}";
+	struct {
+		const char *text, *msg; /* msg NULL: extends base */
+	} cases[] = {
+	    {"{'job': 'j', 'etcd': 'http://e:1', 'nodes': [{'id': 'n0', 'addr': 'a:1', "
+	     "'devices': 2}, {'id': 'n1', 'addr': 'a:2', 'devices': 2}, {'id': 'n2', 'addr': "
+	     "'a:3', 'devices': 4}]}",
+	     NULL},
+	    {"{'etcd': 'http://e:1', 'job': 'j', 'nodes': [{'id': 'n0', 'addr': 'a:1', "
+	     "'devices': 2}, {'id': 'n1', 'addr': 'a:2', 'devices': 2}]}",
+	     NULL},
+	    {"{'job': 'k', 'etcd': 'http://e:1', 'nodes': [{'id': 'n0', 'addr': 'a:1', "
+	     "'devices': 2}, {'id': 'n1', 'addr': 'a:2', 'devices': 2}]}",
+	     "cluster.json: \"job\", \"etcd\" and \"token_file\" must stay the same"},
+	    {"{'job': 'j', 'etcd': 'http://e:1', 'token_file': '/t', 'nodes': [{'id': 'n0', "
+	     "'addr': 'a:1', 'devices': 2}, {'id': 'n1', 'addr': 'a:2', 'devices': 2}]}",
+	     "cluster.json: \"job\", \"etcd\" and \"token_file\" must stay the same"},
+	    {"{'job': 'j', 'etcd': 'http://e:1', 'nodes': [{'id': 'n0', 'addr': 'a:1', "
+	     "'devices': 2}]}",
+	     "cluster.json: 1 nodes, fewer than the job's 2 (nodes are added, never removed: a "
+	     "config leaves them out)"},
+	    {"{'job': 'j', 'etcd': 'http://e:1', 'nodes': [{'id': 'n1', 'addr': 'a:2', "
+	     "'devices': 2}, {'id': 'n0', 'addr': 'a:1', 'devices': 2}]}",
+	     "cluster.json: node 0 is \"n1\" (a:2, 2 devices) where the job has \"n0\" (a:1, 2 "
+	     "devices): the job's nodes come first, in order, unchanged"},
+	    {"{'job': 'j', 'etcd': 'http://e:1', 'nodes': [{'id': 'n0', 'addr': 'a:1', "
+	     "'devices': 2}, {'id': 'n1', 'addr': 'a:9', 'devices': 2}, {'id': 'n2', 'devices': "
+	     "1}]}",
+	     "cluster.json: node 1 is \"n1\" (a:9, 2 devices) where the job has \"n1\" (a:2, 2 "
+	     "devices): the job's nodes come first, in order, unchanged"},
+	    {"{'job': 'j', 'etcd': 'http://e:1', 'nodes': [{'id': 'n0', 'addr': 'a:1', "
+	     "'devices': 2}, {'id': 'n1', 'addr': 'a:2', 'devices': 3}]}",
+	     "cluster.json: node 1 is \"n1\" (a:2, 3 devices) where the job has \"n1\" (a:2, 2 "
+	     "devices): the job's nodes come first, in order, unchanged"},
+	};
+	struct ptc_cluster *a = NULL, *b = NULL;
+	struct ptc_error err = {.text = ""};
+
+	(void)state;
+	assert_int_equal(parse_cluster(base, &a, &err), 0);
+	assert_int_equal(ptc_cluster_extends(a, a, &err), 0);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		err.text[0] = '\0';
+		assert_int_equal(parse_cluster(cases[i].text, &b, &err), 0);
+		int rc = ptc_cluster_extends(a, b, &err);
+		if (cases[i].msg) {
+			assert_int_equal(rc, -EINVAL);
+			assert_string_equal(err.text, cases[i].msg);
+		} else {
+			assert_int_equal(rc, 0);
+		}
+		ptc_cluster_free(b);
+	}
+	ptc_cluster_free(a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -413,6 +472,7 @@ int main(void)
 	    cmocka_unit_test(test_cluster_errors_node),
 	    cmocka_unit_test(test_cluster_ok),
 	    cmocka_unit_test(test_cluster_uniform),
+	    cmocka_unit_test(test_cluster_extends),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
