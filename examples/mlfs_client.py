@@ -16,6 +16,8 @@ layout, loads its partitions, trains, and saves them back:
 and a driver changes the layout between two runs of the workers:
 
     mnt.reconfigure({"tp": 4, "pp": 1, "dp": 1})  # config.json with version + 1; waits
+    mnt.reconfigure({"tp": 2, "pp": 2, "dp": 1, "nodes": ["n1", "n2"]})  # many nodes:
+    other.wait_version(3)                         # then each node's Mount waits for it
 
 Rules this module follows, and a hand-written client must too:
 - Read a partition with ONE open (numpy.load(path), or `read_npy` here):
@@ -156,12 +158,13 @@ class Mount:
 
     def reconfigure(self, changes, wait=True, timeout=600, on_progress=None):
         """Writes a new config.json: the current config updated with @changes (a dict,
-        e.g. {"tp": 2, "pp": 1, "dp": 2}) and, unless @changes gives one, the next
-        version. Every rank must have saved the same step first. With @wait, polls
-        status.json until the new version is current, calling on_progress(state,
-        bytes_done, bytes_total) as it goes, and returns status.json's "last" figures
-        (bytes_reused, bytes_copied, bytes_fetched, bytes_zeroed, seconds).
-        MlfsError, with the reason, when the config is refused or the change fails."""
+        e.g. {"tp": 2, "pp": 1, "dp": 2}, or with the nodes too in a job of many nodes:
+        {"tp": 2, "pp": 1, "dp": 2, "nodes": ["n1", "n2"]}) and, unless @changes gives
+        one, the next version. Every rank must have saved the same step first. With
+        @wait, waits for the new version on this node (wait_version) and returns
+        status.json's "last" figures (bytes_reused, bytes_copied, bytes_fetched,
+        bytes_zeroed, seconds, ...). MlfsError, with the reason, when the config is
+        refused or the change fails."""
         cur = self.config()
         new = dict(cur, **changes)
         if "version" not in changes:
@@ -169,17 +172,26 @@ class Mount:
         self.write("config.json", json.dumps(new))
         if not wait:
             return None
+        return self.wait_version(new["version"], timeout, on_progress)
+
+    def wait_version(self, version, timeout=600, on_progress=None):
+        """Polls status.json until config version @version (or a later one) is current
+        on this node and the node is idle, calling on_progress(state, bytes_done,
+        bytes_total) as it goes; returns status.json's "last" figures. In a job of many
+        nodes every node swaps when it sees the commit, the node where config.json was
+        written not necessarily first: wait on each node whose files are read next.
+        MlfsError, with the reason, when the change failed."""
         deadline = time.monotonic() + timeout
         while True:
             s = self.status()
             if s["state"] == "failed":
-                raise MlfsError(f"reconfiguration to version {new['version']}: {s.get('error')}")
+                raise MlfsError(f"reconfiguration to version {version}: {s.get('error')}")
             if on_progress:
                 on_progress(s["state"], s.get("progress_bytes", 0), s.get("progress_total", 0))
-            if s["state"] == "idle" and s["version"] >= new["version"]:
+            if s["state"] == "idle" and (s["version"] or 0) >= version:
                 return s.get("last")
             if time.monotonic() > deadline:
-                raise MlfsError(f"reconfiguration to version {new['version']}: still "
+                raise MlfsError(f"reconfiguration to version {version}: still "
                                 f"{s['state']} after {timeout} s")
             time.sleep(0.01)
 

@@ -237,21 +237,19 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 		  const char *text, size_t len, const char *what, struct mlfs_view **out,
 		  struct ptc_error *err);
 
-/* Control file writes: 0 or a negative errno; @err gets the reason. In a
- * job of many nodes they are proposed to the control plane (st->propose),
- * which installs them on every node with the _install variants. */
-int mlfs_store_set_schema(struct mlfs_store *st, const char *text, size_t len,
-			  struct ptc_error *err);
+/* A write of config.json (@config) or schema.json: 0 or a negative errno;
+ * @err gets the reason, which also goes to status.json. One node installs
+ * it (the _install functions); in a job of many nodes it is proposed to
+ * the control plane (st->propose), which installs it on every node. */
+int mlfs_store_set_control(struct mlfs_store *st, bool config, const char *text, size_t len,
+			   struct ptc_error *err);
 int mlfs_store_install_schema(struct mlfs_store *st, const char *text, size_t len,
 			      struct ptc_error *err);
+/* The first config is installed at once (partitions zeroed); a later one
+ * is a reconfiguration that commits by itself (mlfs_reconf_prepare with
+ * autocommit): 0 once it runs. */
 int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t len,
 			      struct ptc_error *err);
-/* config.json: the first config is installed at once (partitions zeroed);
- * a later one is a reconfiguration that commits by itself
- * (mlfs_reconf_prepare with @autocommit): 0 once it runs. The refusal's
- * reason also goes to status.json. FUSE workers. */
-int mlfs_store_set_config(struct mlfs_store *st, const char *text, size_t len,
-			  struct ptc_error *err);
 int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_t len,
 			struct ptc_error *err);
 /*

@@ -620,18 +620,6 @@ int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len
 	return rc ? rc : reconf_start(st, c, ds, text, len, what, autocommit, down, ndown, err);
 }
 
-int mlfs_store_set_config(struct mlfs_store *st, const char *text, size_t len,
-			  struct ptc_error *err)
-{
-	if (st->propose) {
-		int rc = st->propose(st->cluster_arg, true, text, len, err);
-		if (rc)
-			mlfs_store_note_error(st, err->text);
-		return rc;
-	}
-	return mlfs_store_install_config(st, text, len, err);
-}
-
 int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t len,
 			      struct ptc_error *err)
 {

@@ -244,16 +244,17 @@ void mlfs_store_changed(struct mlfs_store *st, const char *prefix)
 		st->changed(st->changed_arg, prefix);
 }
 
-int mlfs_store_set_schema(struct mlfs_store *st, const char *text, size_t len,
-			  struct ptc_error *err)
+int mlfs_store_set_control(struct mlfs_store *st, bool config, const char *text, size_t len,
+			   struct ptc_error *err)
 {
 	if (st->propose) {
-		int rc = st->propose(st->cluster_arg, false, text, len, err);
+		int rc = st->propose(st->cluster_arg, config, text, len, err);
 		if (rc)
 			mlfs_store_note_error(st, err->text);
 		return rc;
 	}
-	return mlfs_store_install_schema(st, text, len, err);
+	return config ? mlfs_store_install_config(st, text, len, err)
+		      : mlfs_store_install_schema(st, text, len, err);
 }
 
 int mlfs_store_install_schema(struct mlfs_store *st, const char *text, size_t len,

@@ -254,11 +254,11 @@ int mlfs_ctl_try_commit(struct fh *f, bool final)
 	}
 	switch (f->kind) {
 	case K_CONFIG:
-		if ((rc = mlfs_store_set_config(d->st, w, f->wlen, &err)))
+		if ((rc = mlfs_store_set_control(d->st, true, w, f->wlen, &err)))
 			log_ctl_refusal("config.json", rc, err.text);
 		break;
 	case K_SCHEMA:
-		if ((rc = mlfs_store_set_schema(d->st, w, f->wlen, &err)))
+		if ((rc = mlfs_store_set_control(d->st, false, w, f->wlen, &err)))
 			log_ctl_refusal("schema.json", rc, err.text);
 		break;
 	case K_STEP:

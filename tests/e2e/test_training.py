@@ -1,8 +1,10 @@
-"""Real training on mlfs (issue 13, one node): a PyTorch GPT with tensor, pipeline and
-data parallelism (examples/train_gpt.py, gloo on CPU) changes its layout four times in
-the middle of its run; its loss matches a run that never changes, its data is every
-record once per epoch, and a loader that restarts its data at each change diverges.
-Also the client module (examples/mlfs_client.py) on bfloat16 partitions and refusals."""
+"""Real training on mlfs (issue 13): a PyTorch GPT with tensor, pipeline and data
+parallelism (examples/train_gpt.py, gloo on CPU) changes its layout four times in the
+middle of its run; its loss matches a run that never changes, its data is every record
+once per epoch, and a loader that restarts its data at each change diverges. The same
+job on four daemons and one etcd (examples/local_cluster.py), its layouts moving between
+sets of nodes and growing from two nodes to four and back. Also the client module
+(examples/mlfs_client.py) on bfloat16 partitions and refusals."""
 import json
 import os
 import re
@@ -12,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_mlfs
+from conftest import MLFS, ROOT, run_mlfs
 
 sys.path.insert(0, str(ROOT / "examples"))
 import elastic_train as et  # noqa: E402
+import local_cluster  # noqa: E402
 import mlfs_client  # noqa: E402
 
 STEPS = 3  # per layout: 15 steps, 240 samples of a 200-record dataset (an epoch boundary)
@@ -23,17 +26,20 @@ STEPS = 3  # per layout: 15 steps, 240 samples of a 200-record dataset (an epoch
 
 def replica_groups(mnt_path):
     """{(state, tensor, t or -1): [(rank, array)]}: partitions that must be identical
-    (DP replicas of a slice; every TP and DP rank's copy of a replicated tensor)."""
-    mnt = mlfs_client.Mount(mnt_path)
-    spec = {t["name"]: t for t in mnt.schema()["tensors"]}
+    (DP replicas of a slice; every TP and DP rank's copy of a replicated tensor), over
+    every rank of the mount, or of every node of {node: mount}."""
     groups = {}
-    for r in mnt.ranks():
-        me = mnt.rank(r)
-        for state in ("model", "optim/exp_avg", "optim/exp_avg_sq"):
-            for name in me.tensor_names(state):
-                tmpl = re.sub(r"^layers/\d+/", "layers/{L}/", name)
-                key = (state, name, me.t if "split" in spec[tmpl] else -1)
-                groups.setdefault(key, []).append((r, mlfs_client.read_npy(me.path(state, name))))
+    for path in et.mounts_of(mnt_path).values():
+        mnt = mlfs_client.Mount(path)
+        spec = {t["name"]: t for t in mnt.schema()["tensors"]}
+        for r in mnt.ranks():
+            me = mnt.rank(r)
+            for state in ("model", "optim/exp_avg", "optim/exp_avg_sq"):
+                for name in me.tensor_names(state):
+                    tmpl = re.sub(r"^layers/\d+/", "layers/{L}/", name)
+                    key = (state, name, me.t if "split" in spec[tmpl] else -1)
+                    groups.setdefault(key, []).append(
+                        (r, mlfs_client.read_npy(me.path(state, name))))
     return groups
 
 
@@ -81,6 +87,18 @@ def test_elastic_training(mount_factory, tmp_path):
     assert [c["to"] for c in el["changes"]] == et.SCHEDULE[1:]
     assert all(c["bytes_copied"] > 0 for c in el["changes"])
 
+    check_same_training(el, ref, n, work)
+
+    # A loader without carried state repeats samples and trains another model.
+    with pytest.raises(AssertionError, match="repeated"):
+        et.exactly_once(rs["ids"], et.RECORDS)
+    assert et.max_loss_diff(rs["loss"], ref["loss"]) > 1000 * et.TOLERANCE
+    for s in range(STEPS):  # identical until the first change
+        assert rs["loss"][s] == el["loss"][s]
+
+
+def check_same_training(el, ref, n, work):
+    """The elastic run @el trained the same as the reference @ref over @n steps."""
     # The loss matches the never-changed run at every step (fp32; see the README for why
     # not bitwise), and so do the parameters and moments after the last step.
     diff = et.max_loss_diff(el["loss"], ref["loss"])
@@ -100,12 +118,65 @@ def test_elastic_training(mount_factory, tmp_path):
     for s in range(n):
         assert el["tokens_sum"][s] == data[el["ids"][s]].sum(), s
 
-    # A loader without carried state repeats samples and trains another model.
-    with pytest.raises(AssertionError, match="repeated"):
-        et.exactly_once(rs["ids"], et.RECORDS)
-    assert et.max_loss_diff(rs["loss"], ref["loss"]) > 1000 * et.TOLERANCE
-    for s in range(STEPS):  # identical until the first change
-        assert rs["loss"][s] == el["loss"][s]
+
+def test_elastic_training_across_nodes(mount_factory, tmp_path):
+    """The elastic run on four daemons of 2 devices and one etcd (the driver's --nodes 4):
+    tp2 pp2 dp1 on n0,n1 -> tp1 pp2 dp2 on n1,n2 -> tp4 pp1 dp1 on n2,n3 -> tp2 pp2 dp2
+    on all four -> tp2 pp1 dp2 on n3,n0, each change written on another node, each rank
+    run on the mount of its node. Its loss and data are those of tp1 pp1 dp1 on one node."""
+    work = str(tmp_path / "work")
+    schedule = et.NODE_SCHEDULE
+    n = STEPS * len(schedule)
+    ref = {"loss": {}, "ids": {}}
+    m = mount_factory(devices=4, name="reference")
+    et.set_up(str(m.path), work, et.REFERENCE[0])
+    ref = et.train_run(str(m.path), et.REFERENCE, n, say=lambda line: None)
+    ref["final"] = et.full_state(str(m.path))
+    m.umount()
+
+    el = {"loss": {}, "ids": {}, "tokens_sum": {}, "changes": []}
+    with local_cluster.start(4, et.NODE_DEVICES, job="train", tmp=str(tmp_path / "nodes"),
+                             mlfs=str(MLFS)) as cl:
+        et.set_up(cl.mounts, work, schedule[0])
+        for layout in schedule:  # one layout at a time, to check the saved state of each
+            r = et.train_run(cl.mounts, [layout], STEPS, say=lambda line: None)
+            for k in ("loss", "ids", "tokens_sum"):
+                el[k].update(r[k])
+            el["changes"] += r["changes"]
+            # Each node hosts the ranks the allocation gives it (train_run checks it, and
+            # ran each rank on its node's mount), and only those.
+            hosted = {i: mlfs_client.Mount(p).ranks() for i, p in cl.mounts.items()}
+            order = [i for i in layout[3] for _ in range(et.NODE_DEVICES)]
+            assert hosted == {i: [q for q in range(len(order)) if order[q] == i]
+                              for i in cl.mounts}, hosted
+            check_replicas(cl.mounts)
+            for i in cl.mounts:
+                st = cl.status(i)
+                assert st["state"] == "idle" and st["error"] is None, (i, st)
+                assert st["version"] == len(el["changes"]) + 1, (i, st)
+            steps = {mlfs_client.Mount(cl.mounts[i]).rank(q).saved_step()
+                     for i, rs in hosted.items() for q in rs}
+            assert steps == {max(el["loss"]) + 1}, steps
+        # The state read on a node that hosts none of the ranks: every tensor assembled
+        # from the other nodes' partitions.
+        assert hosted["n1"] == [] and hosted["n2"] == []
+        el["final"] = et.full_state(cl.mounts["n1"])
+
+    assert sorted(el["loss"]) == sorted(ref["loss"]) == list(range(n))
+    # The layouts changed at the steps planned, each written on another node, and the
+    # nodes that joined fetched their partitions from their peers: as many bytes served
+    # as fetched, as many as `mlfs plan` says.
+    assert [c["step"] for c in el["changes"]] == [STEPS * k for k in range(1, len(schedule))]
+    assert [c["to"] for c in el["changes"]] == schedule[1:]
+    assert [c["on"] for c in el["changes"]] == ["n1", "n2", "n3", "n0"]
+    for c in el["changes"]:
+        assert c["bytes_fetched"] > 0 and c["bytes_fetched"] == c["bytes_served"], c
+        assert c["bytes_fetched"] == c["plan_network"], c
+    first = el["changes"][0]["nodes"]  # n2 joined: what it holds came over the network
+    assert first["n2"]["bytes_fetched"] > 0 and first["n2"]["bytes_served"] == 0, first
+    assert first["n0"]["bytes_served"] > 0 and first["n0"]["bytes_fetched"] == 0, first
+
+    check_same_training(el, ref, n, work)
 
 
 def test_client(mount_factory):
