@@ -759,6 +759,10 @@ static void round_once(struct mlfs_cluster *c)
 	c->attempt = json_incref(k.attempt_j);
 	pthread_mutex_unlock(&c->lock);
 	job_keys_free(&k);
+	/* What this round changed (a commit: the version; a state) is the
+	 * job's at once, not at the next round: a config proposed right after
+	 * a commit waits for every node's version. */
+	publish(c, why, sizeof(why));
 }
 
 static void *cluster_main(void *arg)

@@ -127,7 +127,6 @@ def test_elastic_training_across_nodes(mount_factory, tmp_path):
     work = str(tmp_path / "work")
     schedule = et.NODE_SCHEDULE
     n = STEPS * len(schedule)
-    ref = {"loss": {}, "ids": {}}
     m = mount_factory(devices=4, name="reference")
     et.set_up(str(m.path), work, et.REFERENCE[0])
     ref = et.train_run(str(m.path), et.REFERENCE, n, say=lambda line: None)
