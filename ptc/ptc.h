@@ -315,6 +315,15 @@ static inline int ptc_layout_rank(const struct ptc_layout *l, int t, int d, int 
 	return p * l->tp * l->dp + d * l->tp + t;
 }
 
+/*
+ * The cluster node index that keeps the backup of cluster node @node's saved
+ * state under l->config: with "replicas": 1, node config.nodes[i]'s backup
+ * is held by config.nodes[(i + 1) % nnodes] (DESIGN.md section 7). -1 when
+ * the config keeps no backups (replicas 0), has one node (nothing to back
+ * up to), or does not name @node.
+ */
+int ptc_layout_backup_holder(const struct ptc_layout *l, int node);
+
 /* Whether pipeline stage @p holds tensor @t. */
 bool ptc_layout_stage_holds(const struct ptc_layout *l, int p, int t);
 /* Whether rank @r holds tensor @t. */
@@ -374,6 +383,8 @@ struct ptc_op {
 	int32_t src_rank;   /* old rank (REUSE, COPY, FETCH), new rank (DUP), -1 (ZERO) */
 	int32_t src_node;   /* cluster node of the source, -1 for ZERO */
 	int32_t src_tensor; /* source tensor (differs from tensor across a tie) */
+	uint8_t backup;	    /* FETCH only: src_node is down; its backup holder serves the
+			     * rows of old rank src_rank (ptc_plan_compute_backups) */
 	int64_t dst_row, src_row, rows;
 	int64_t bytes;
 };
@@ -408,9 +419,26 @@ struct ptc_plan {
  */
 int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
 		     int ndown, struct ptc_plan **out, struct ptc_error *err);
+/*
+ * ptc_plan_compute, also reading the backups of down nodes. @backup_of is
+ * NULL (no backups: exactly ptc_plan_compute) or has one entry per node of
+ * to->cluster: the node holding a valid backup of that node's ranks of
+ * @from, or -1 (@from's nodes come first, see ptc_cluster_extends; later
+ * entries are -1). Rows that no surviving node holds are FETCHed from a down
+ * node whose backup holder is up: the op names the down node and its old
+ * rank as the source, with backup = 1; the holder serves them, also when it
+ * is the destination, and per_node counts them as the holder's bytes_out.
+ * Backups are never REUSEd or COPYed, and never read while a live replica
+ * exists. Returns as ptc_plan_compute; also -EINVAL when an entry is out of
+ * range. The caller owns @backup_of; the plan does not keep it.
+ */
+int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_layout *to,
+			     const int *down, int ndown, const int *backup_of,
+			     struct ptc_plan **out, struct ptc_error *err);
 void ptc_plan_free(struct ptc_plan *p);
 const char *ptc_op_kind_name(enum ptc_op_kind k);
-/* The plan as JSON: figures, per_node and (when @with_ops) operations. */
+/* The plan as JSON: figures, per_node and (when @with_ops) operations; an
+ * op read from a backup has "backup": true. */
 json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from,
 			 const struct ptc_layout *to, bool with_ops);
 

@@ -11,6 +11,9 @@
  * each chunk, the balanced range [floor(t*n/tp), floor((t+1)*n/tp)) of that
  * chunk; with pad_multiple m the dim is padded to a multiple of m*tp and
  * divided evenly, the rows past the logical size being zero padding.
+ *
+ * With "replicas": 1 the nodes of config.nodes form a ring for backups: the
+ * saved state of config.nodes[i] is kept by config.nodes[(i + 1) % k].
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -131,6 +134,20 @@ int ptc_layout_init(struct ptc_layout *l, const struct ptc_schema *schema,
 		l->node_nranks[node]++;
 	}
 	return 0;
+}
+
+int ptc_layout_backup_holder(const struct ptc_layout *l, int node)
+{
+	const struct ptc_config *c = l->config;
+
+	if (c->replicas < 1 || c->nnodes < 2 || node < 0 || node >= l->cluster->nnodes)
+		return -1;
+	/* The ring is config.nodes order, not cluster order: the config names
+	 * who backs up whom, so a new config may pair nodes differently. */
+	for (int i = 0; i < c->nnodes; i++)
+		if (strcmp(c->nodes[i], l->cluster->nodes[node].id) == 0)
+			return ptc_cluster_find(l->cluster, c->nodes[(i + 1) % c->nnodes]);
+	return -1;
 }
 
 bool ptc_layout_stage_holds(const struct ptc_layout *l, int p, int ti)

@@ -22,6 +22,15 @@
  * that has served the fewest bytes so far (ties: lowest node index), which
  * spreads reads of replicated data over every holder, deterministically.
  *
+ * Backups (ptc_plan_compute_backups): an old TP rank that no surviving node
+ * holds is read from the backups of the down nodes that held it, when their
+ * backup holders are up. Such a candidate keeps the down node and its old
+ * rank as the source (the rows are laid out as that rank's), is marked
+ * `backup`, and is charged to its backup holder, which serves it. Backups
+ * are a last resort: a live replica, however loaded, always wins, and a
+ * down node hosts no new rank, so its partitions are never REUSEd or
+ * COPYed; a backup holder that needs the rows FETCHes them from itself.
+ *
  * Invariants checked by the tests: applying the ops reproduces the new
  * layout exactly; per node, total = reused + local + network + zero;
  * network bytes equal the lower bound (missing logical rows per node).
@@ -33,6 +42,9 @@
 #include <string.h>
 
 #include "ptc/ptc_i.h"
+
+/* backup lives in what was padding: plans keep their size and layout. */
+_Static_assert(sizeof(struct ptc_op) == 64, "struct ptc_op grew");
 
 struct holder {
 	int node, rank, t, tensor;
@@ -46,6 +58,8 @@ struct rowseg {
 
 struct cand {
 	int node, rank, tensor;
+	int serve;   /* the node that serves it: @node, or its backup holder */
+	bool backup; /* read from the backup of down node @node */
 };
 
 /* Rows fetched into node N for the current group. */
@@ -62,6 +76,7 @@ struct ctx {
 	const struct ptc_layout *from, *to;
 	const struct ptc_schema *s;
 	const bool *down;
+	const int *backup_of; /* per node: its backup holder, or -1; NULL: none */
 	struct ptc_op *ops;
 	size_t nops, cap;
 	struct ptc_node_stats *stats;
@@ -145,14 +160,15 @@ static int emit(struct ctx *c, const struct ptc_op *tmpl, const struct cand *can
 		case PTC_OP_FETCH: {
 			const struct cand *best = &cands[0];
 			for (int i = 1; i < ncand; i++)
-				if (c->stats[cands[i].node].bytes_out <
-				    c->stats[best->node].bytes_out)
+				if (c->stats[cands[i].serve].bytes_out <
+				    c->stats[best->serve].bytes_out)
 					best = &cands[i];
 			op->src_node = best->node;
 			op->src_rank = best->rank;
 			op->src_tensor = best->tensor;
+			op->backup = best->backup;
 			dst->bytes_in += op->bytes;
-			c->stats[best->node].bytes_out += op->bytes;
+			c->stats[best->serve].bytes_out += op->bytes;
 			break;
 		}
 		}
@@ -223,7 +239,9 @@ static int index_group(struct ctx *c)
 		}
 	qsort(c->hold, c->nhold, sizeof(*c->hold), cmp_holder);
 
-	/* Candidates per old TP rank: the first holder on each surviving node. */
+	/* Candidates per old TP rank: the first holder on each surviving node;
+	 * when there is none, the first holder on each down node whose backup
+	 * holder is up. */
 	int n = 0;
 	for (int t = 0; t < f->tp; t++) {
 		c->cand_off[t] = n;
@@ -232,7 +250,17 @@ static int index_group(struct ctx *c)
 			const struct holder *h = &c->hold[i];
 			if (h->t != t || h->node == last || c->down[h->node])
 				continue;
-			c->cand[n++] = (struct cand){h->node, h->rank, h->tensor};
+			c->cand[n++] = (struct cand){h->node, h->rank, h->tensor, h->node, false};
+			last = h->node;
+		}
+		if (n > c->cand_off[t] || !c->backup_of)
+			continue;
+		for (size_t i = 0; i < c->nhold; i++) { /* every holder of t is down */
+			const struct holder *h = &c->hold[i];
+			int b = c->backup_of[h->node];
+			if (h->t != t || h->node == last || b < 0 || c->down[b])
+				continue;
+			c->cand[n++] = (struct cand){h->node, h->rank, h->tensor, b, true};
 			last = h->node;
 		}
 	}
@@ -620,8 +648,19 @@ static int plan_all(struct ctx *c)
 int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
 		     int ndown, struct ptc_plan **out, struct ptc_error *err)
 {
+	return ptc_plan_compute_backups(from, to, down, ndown, NULL, out, err);
+}
+
+int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_layout *to,
+			     const int *down, int ndown, const int *backup_of,
+			     struct ptc_plan **out, struct ptc_error *err)
+{
 	struct ptc_error scratch;
-	struct ctx c = {.from = from, .to = to, .s = from->schema, .err = err ? err : &scratch};
+	struct ctx c = {.from = from,
+			.to = to,
+			.s = from->schema,
+			.backup_of = backup_of,
+			.err = err ? err : &scratch};
 	int nnodes = to->cluster->nnodes; /* from's nodes come first */
 	bool *isdown = calloc((size_t)nnodes, sizeof(bool));
 	struct ptc_plan *p = calloc(1, sizeof(*p));
@@ -639,6 +678,13 @@ int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to,
 		}
 		isdown[down[i]] = true;
 	}
+	for (int n = 0; backup_of && n < nnodes; n++)
+		if (backup_of[n] < -1 || backup_of[n] >= nnodes) {
+			rc = ptc_errorf(c.err,
+					"plan: backup holder %d of node \"%s\" is out of range",
+					backup_of[n], to->cluster->nodes[n].id);
+			goto out;
+		}
 	c.down = isdown;
 	if ((rc = check_inputs(from, to, isdown, c.err)))
 		goto out;
@@ -742,6 +788,8 @@ json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from
 					    json_string(s->tensors[op->src_tensor].name));
 			json_object_set_new(j, "src_row", json_integer(op->src_row));
 		}
+		if (op->backup)
+			json_object_set_new(j, "backup", json_true());
 		json_array_append_new(ops, j);
 	}
 	json_object_set_new(o, "operations", ops);

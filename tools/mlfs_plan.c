@@ -185,7 +185,8 @@ static void print_summary(const struct ptc_plan *p, const struct ptc_layout *a,
 			  const struct ptc_layout *b)
 {
 	const struct ptc_schema *s = a->schema;
-	size_t kinds[5] = {0};
+	size_t kinds[5] = {0}, nbackup = 0;
+	int64_t backup_bytes = 0;
 	char h[6][32];
 
 	printf("plan v%" PRId64 " -> v%" PRId64 ": tp%d pp%d dp%d -> tp%d pp%d dp%d\n",
@@ -206,13 +207,21 @@ static void print_summary(const struct ptc_plan *p, const struct ptc_layout *a,
 	       human(p->bytes_reused, h[1], 32), human(p->bytes_local, h[2], 32),
 	       human(p->bytes_network, h[3], 32), human(p->bytes_network, h[4], 32),
 	       human(p->bytes_zero, h[5], 32));
-	for (size_t i = 0; i < p->nops; i++)
+	for (size_t i = 0; i < p->nops; i++) {
 		kinds[p->ops[i].kind]++;
+		if (p->ops[i].backup) {
+			nbackup++;
+			backup_bytes += p->ops[i].bytes;
+		}
+	}
 	printf("network: %" PRId64 " bytes; lower bound %" PRId64 " bytes\n", p->bytes_network,
 	       p->lower_bound_network);
 	printf("operations: %zu (reuse %zu, copy %zu, fetch %zu, dup %zu, zero %zu)\n", p->nops,
 	       kinds[PTC_OP_REUSE], kinds[PTC_OP_COPY], kinds[PTC_OP_FETCH], kinds[PTC_OP_DUP],
 	       kinds[PTC_OP_ZERO]);
+	if (nbackup)
+		printf("from backups: %zu fetches, %" PRId64 " bytes (held only by down nodes)\n",
+		       nbackup, backup_bytes);
 }
 
 int cmd_plan(int argc, char **argv)
@@ -255,8 +264,13 @@ int cmd_plan(int argc, char **argv)
 		}
 	}
 	if (!schema || !from || !to || optind != argc) {
-		fprintf(stderr, "usage: mlfs plan --schema S --from A.json --to B.json "
-				"[--cluster C] [--down ID,...] [--json]\n");
+		fprintf(stderr,
+			"usage: mlfs plan --schema S --from A.json --to B.json "
+			"[--cluster C] [--down ID,...] [--json]\n"
+			"  --down ID,...  nodes that cannot serve; when A.json has\n"
+			"                 \"replicas\": 1, what only they held is read from\n"
+			"                 their backups (each node's is kept by the next node\n"
+			"                 of A.json's \"nodes\")\n");
 		return 2;
 	}
 
@@ -264,7 +278,7 @@ int cmd_plan(int argc, char **argv)
 	struct ptc_layout la, lb;
 	struct ptc_error err = {""};
 	struct ptc_plan *plan = NULL;
-	int *down = NULL, ndown = 0;
+	int *down = NULL, ndown = 0, *backup_of = NULL;
 
 	if (load_inputs(&in, schema, from, to, cluster))
 		goto out;
@@ -280,7 +294,15 @@ int cmd_plan(int argc, char **argv)
 		goto out_lb;
 	if (downlist && parse_down(in.cluster, downlist, down, &ndown))
 		goto out_lb;
-	int prc = ptc_plan_compute(&la, &lb, down, ndown, &plan, &err);
+	/* With "replicas": 1 in the source config every node kept a backup of
+	 * its saved state on the next one, as the daemons do. */
+	if (in.from->replicas >= 1) {
+		if (!(backup_of = malloc((size_t)in.cluster->nnodes * sizeof(int))))
+			goto out_lb;
+		for (int n = 0; n < in.cluster->nnodes; n++)
+			backup_of[n] = ptc_layout_backup_holder(&la, n);
+	}
+	int prc = ptc_plan_compute_backups(&la, &lb, down, ndown, backup_of, &plan, &err);
 	if (prc) {
 		fprintf(stderr, "mlfs plan: %s\n", prc == -ENOMEM ? "out of memory" : err.text);
 		goto out_lb;
@@ -304,6 +326,7 @@ out_la:
 	ptc_layout_release(&la);
 out:
 	ptc_plan_free(plan);
+	free(backup_of);
 	free(down);
 	inputs_release(&in);
 	return rc;

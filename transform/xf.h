@@ -149,8 +149,10 @@ void xf_parts_release(struct xf_parts *p);
 
 /*
  * Fetches rows of an old partition held by another node into @dst (FETCH
- * ops). Called from executor threads, concurrently. Returns 0 or a negative
- * errno (the execution then fails with it). Unused for local plans.
+ * ops). An op with backup = 1 names a down node and its old rank: the rows
+ * come from that node's backup holder, which may be this node. Called from
+ * executor threads, concurrently. Returns 0 or a negative errno (the
+ * execution then fails with it). Unused for local plans.
  */
 typedef int (*xf_fetch_fn)(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t dst_rows,
 			   int64_t outer, int64_t row_bytes);

@@ -11,7 +11,9 @@
  * node's ops (plan->node_first_op[node] .. [node + 1]) in four steps:
  *  1. validate, on the calling thread: every op names a rank of the node, a
  *     tensor that rank holds, equal geometry on both sides and row ranges
- *     inside both partitions; sources exist with the size their layout says;
+ *     inside both partitions; sources exist with the size their layout says
+ *     on the node the op names (a FETCH from a backup excepted: the rank's
+ *     node is down and another serves its rows);
  *     no op writes into a REUSEd partition, no two ops write the same row,
  *     and no DUP reads rows that phase 1 writes. A malformed plan is
  *     -EINVAL before anything is allocated or copied.
@@ -189,16 +191,21 @@ struct check {
 };
 
 /* Checks the source side of @op: the partition it reads exists with the
- * destination's geometry and holds the op's rows. */
+ * destination's geometry and holds the op's rows. A FETCH from a backup
+ * reads old rank src_rank's rows from a node other than the rank's own (that
+ * one is down), so the rank need not live on src_node. */
 static int check_source(const struct ptc_op *op, const struct xf_parts *from,
 			const struct xf_parts *to, const struct geom *dg)
 {
 	const struct ptc_layout *l = op->kind == PTC_OP_DUP ? to->layout : from->layout;
 	struct geom sg;
 
+	if (op->backup > 1 || (op->backup && op->kind != PTC_OP_FETCH))
+		return -EINVAL; /* only a FETCH may read a backup */
 	if (op->src_rank < 0 || op->src_rank >= l->world || op->src_tensor < 0 ||
 	    op->src_tensor >= to->ntensors || op->src_node < 0 ||
-	    op->src_node >= l->cluster->nnodes || l->ranks[op->src_rank].node != op->src_node ||
+	    op->src_node >= l->cluster->nnodes ||
+	    (!op->backup && l->ranks[op->src_rank].node != op->src_node) ||
 	    !ptc_layout_holds(l, op->src_rank, op->src_tensor))
 		return -EINVAL;
 	if (op->kind != PTC_OP_FETCH && op->src_node != to->node)

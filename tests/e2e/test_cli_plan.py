@@ -80,6 +80,53 @@ def test_down_node_with_replica_succeeds(write_json):
     assert j["bytes_network"] == 0 and j["per_node"]["n1"]["bytes_out"] == 0
 
 
+def test_down_node_served_from_backup(write_json):
+    """With "replicas": 1 each node's state has a backup on the next node of the
+    config's "nodes": n1's stage (layer 1 of tp4 pp3) lives on in n2's backup."""
+    cluster = write_json("c.json", {"nodes": [{"id": n, "devices": 4}
+                                              for n in ("n0", "n1", "n2")]})
+    a = {"version": 1, "tp": 4, "pp": 3, "dp": 1, "nodes": ["n0", "n1", "n2"]}
+    # A full replica on each of n0 and n2: both need layer 1.
+    b = write_json("b.json", {"version": 2, "tp": 4, "pp": 1, "dp": 2, "nodes": ["n0", "n2"]})
+
+    def plan(conf, *extra, to=b, check=True):
+        return run_mlfs("plan", "--schema", EXAMPLE / "schema.json",
+                        "--from", write_json("a.json", conf), "--to", to,
+                        "--cluster", cluster, *extra, check=check)
+
+    # No backups: n1's layers are gone.
+    p = plan(a, "--down", "n1", check=False)
+    assert p.returncode == 1 and 'no surviving copy of "layers/1/' in p.stderr, p.stderr
+
+    j = json.loads(plan({**a, "replicas": 1}, "--down", "n1", "--json").stdout)
+    backup = [op for op in j["operations"] if op.get("backup")]
+    assert backup
+    for op in j["operations"]:
+        # Every read of n1's ranks (4-7) is a fetch from its backup, and only those.
+        from_n1 = op["op"] in ("reuse", "copy", "fetch") and 4 <= op["src_rank"] < 8
+        assert from_n1 == bool(op.get("backup")), op
+        if op.get("backup"):
+            assert op["op"] == "fetch" and op["src_node"] == "n1" and op["backup"] is True
+    # n2 keeps n1's backup and serves it, to n0 and to itself; dead n1 serves nothing.
+    assert {op["node"] for op in backup} == {"n0", "n2"}
+    served = {"n0": 0, "n1": 0, "n2": 0}
+    for op in j["operations"]:
+        if op["op"] == "fetch":
+            served["n2" if op.get("backup") else op["src_node"]] += op["bytes"]
+    assert served["n1"] == 0
+    assert {n: j["per_node"][n]["bytes_out"] for n in served} == served
+    assert j["bytes_network"] == j["lower_bound_network"]
+
+    text = plan({**a, "replicas": 1}, "--down", "n1").stdout
+    assert f"from backups: {len(backup)} fetches" in text, text
+
+    # n1 and n2 both down: n1's backup died with n2 (n2's own, layers 2-3, lives on n0).
+    only_n0 = write_json("n0.json", {"version": 2, "tp": 4, "pp": 1, "dp": 1, "nodes": ["n0"]})
+    p = plan({**a, "replicas": 1}, "--down", "n1,n2", to=only_n0, check=False)
+    assert p.returncode == 1 and 'no surviving copy of "layers/1/' in p.stderr, p.stderr
+    assert "layers/2/" not in p.stderr and "layers/3/" not in p.stderr
+
+
 @pytest.mark.parametrize("conf,msg", [
     ({"version": 2, "tp": 3, "pp": 1, "dp": 4, "nodes": ["n0", "n1"]},
      "tp * pp * dp = 12 ranks exceed the 8 devices of its 2 nodes"),

@@ -13,7 +13,11 @@
  *    candidate before its last piece;
  *  - checks determinism (a second plan is identical) and failure awareness
  *    (the plan fails iff some needed row has no surviving holder, and then
- *    names a tensor that lacks one).
+ *    names a tensor that lacks one);
+ *  - with backups ("replicas": 1, the ring of config.nodes computed here),
+ *    a row held only by down nodes is alive when one of them has its backup
+ *    holder up; such rows, and only they, are FETCHed with backup = 1 from a
+ *    down node, and charged to its backup holder.
  * The row maps and stage placement (model.h) and the lower bound are
  * written independently of ptc's.
  */
@@ -115,7 +119,27 @@ struct scenario {
 	struct ptc_layout la, lb;
 	int down[16], ndown;
 	bool isdown[16];
+	bool backups;	   /* A keeps backups: pass backup_of to the planner */
+	int backup_of[16]; /* per cluster node: its backup holder, or -1 */
 };
+
+/* Whether a down node @n has a backup the plan may read. */
+static bool backup_ok(const struct scenario *sc, int n)
+{
+	return sc->backups && sc->backup_of[n] >= 0 && !sc->isdown[sc->backup_of[n]];
+}
+
+/* The node that serves FETCH @op: its source, or the source's backup holder. */
+static int serving_node(const struct scenario *sc, const struct ptc_op *op)
+{
+	return op->backup ? sc->backup_of[op->src_node] : op->src_node;
+}
+
+static int plan_scenario(const struct scenario *sc, struct ptc_plan **p, struct ptc_error *err)
+{
+	return ptc_plan_compute_backups(&sc->la, &sc->lb, sc->down, sc->ndown,
+					sc->backups ? sc->backup_of : NULL, p, err);
+}
 
 /* Independent: logical rows every node needs that it lacks, in bytes; and
  * whether any needed row has no surviving holder. */
@@ -134,8 +158,9 @@ static int64_t lower_bound(const struct scenario *sc, bool *unsourced)
 		bool *alive = calloc((size_t)N, 1);
 		for (int r = 0; r < sc->la.world; r++)
 			for (int t = 0; t < s->ntensors; t++) {
+				int n = node_of(&sc->la, r);
 				if ((t != L && s->tensors[t].tied != L) || !holds(&sc->la, r, t) ||
-				    sc->isdown[node_of(&sc->la, r)])
+				    (sc->isdown[n] && !backup_ok(sc, n)))
 					continue;
 				int64_t nr,
 				    *m = rowmap(&s->tensors[t], sc->la.tp, r % sc->la.tp, &nr);
@@ -183,6 +208,32 @@ static int64_t lower_bound(const struct scenario *sc, bool *unsourced)
 static bool same_map(const int64_t *a, int64_t na, const int64_t *b, int64_t nb)
 {
 	return na == nb && memcmp(a, b, (size_t)na * sizeof(int64_t)) == 0;
+}
+
+/* A FETCH from a backup: allowed by the scenario, reading the old rank of
+ * the down node it names, and only rows that no surviving node holds.
+ * @srcmap is the global row of each local row of the source partition. */
+static void check_backup_op(const struct scenario *sc, const struct ptc_op *op,
+			    const int64_t *srcmap)
+{
+	const struct ptc_schema *s = sc->schema;
+	int logical = ptc_schema_logical(s, op->tensor);
+
+	assert_true(backup_ok(sc, op->src_node));
+	assert_int_equal(node_of(&sc->la, op->src_rank), op->src_node);
+	for (int r = 0; r < sc->la.world; r++) {
+		if (sc->isdown[node_of(&sc->la, r)])
+			continue;
+		for (int t = 0; t < s->ntensors; t++) {
+			if (ptc_schema_logical(s, t) != logical || !holds(&sc->la, r, t))
+				continue;
+			int64_t nr, *m = rowmap(&s->tensors[t], sc->la.tp, r % sc->la.tp, &nr);
+			for (int64_t i = 0; i < nr; i++)
+				for (int64_t k = 0; k < op->rows; k++)
+					assert_true(m[i] < 0 || m[i] != srcmap[op->src_row + k]);
+			free(m);
+		}
+	}
 }
 
 static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
@@ -256,8 +307,10 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 		case PTC_OP_FETCH:
 			assert_int_equal(op->phase, 0);
 			assert_int_not_equal(op->src_node, op->dst_node);
-			assert_false(sc->isdown[op->src_node]);
-			node_out[op->src_node] += op->bytes;
+			assert_int_equal(sc->isdown[op->src_node], op->backup);
+			if (op->backup)
+				check_backup_op(sc, op, src->map[si]);
+			node_out[serving_node(sc, op)] += op->bytes;
 			node_in[op->dst_node] += op->bytes;
 			break;
 		case PTC_OP_DUP:
@@ -267,6 +320,8 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 		default:
 			fail();
 		}
+		if (op->kind != PTC_OP_FETCH)
+			assert_int_equal(op->backup, 0);
 		for (int64_t r = 0; r < op->rows && op->kind != PTC_OP_REUSE; r++)
 			assert_true(src->map[si][op->src_row + r] >= 0 &&
 				    src->map[si][op->src_row + r] == neu.map[di][op->dst_row + r]);
@@ -338,14 +393,16 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 	}
 
 	/* Balance: each serving node's last piece went to it while it had served
-	 * no more than any other candidate; checked on the final figures. */
+	 * no more than any other candidate; checked on the final figures. The
+	 * candidates of a piece read from a backup are the other down nodes that
+	 * held it, served by their backup holders. */
 	for (int x = 0; x < p->nnodes; x++) {
 		if (!node_out[x])
 			continue;
 		bool ok = false;
 		for (size_t k = 0; k < p->nops && !ok; k++) {
 			const struct ptc_op *op = &p->ops[k];
-			if (op->kind != PTC_OP_FETCH || op->src_node != x)
+			if (op->kind != PTC_OP_FETCH || serving_node(sc, op) != x)
 				continue;
 			bool fine = true;
 			int64_t g0 = old.map[widx(&old, op->src_rank, op->state, op->src_tensor)]
@@ -355,8 +412,14 @@ static void check_plan(const struct scenario *sc, const struct ptc_plan *p)
 				       : op->src_tensor;
 			for (int r = 0; r < sc->la.world && fine; r++) {
 				int y = node_of(&sc->la, r);
-				if (y == x || y == op->dst_node || sc->isdown[y])
+				if (op->backup) {
+					if (y == op->src_node || !backup_ok(sc, y) ||
+					    !sc->isdown[y] || sc->backup_of[y] == x)
+						continue;
+					y = sc->backup_of[y];
+				} else if (y == x || y == op->dst_node || sc->isdown[y]) {
 					continue;
+				}
 				for (int t = 0; t < s->ntensors; t++) {
 					size_t si = widx(&old, r, op->state, t);
 					int lt = s->tensors[t].tied >= 0 ? s->tensors[t].tied : t;
@@ -412,6 +475,16 @@ static bool make_scenario(struct scenario *sc)
 				sc->down[sc->ndown++] = i;
 				sc->isdown[i] = true;
 			}
+	/* Half the time A keeps backups: the ring of its config's nodes. */
+	sc->backups = rndi(0, 1);
+	sc->a->replicas = sc->backups;
+	for (int i = 0; i < nn; i++)
+		sc->backup_of[i] = -1;
+	for (int i = 0; sc->backups && sc->a->nnodes > 1 && i < sc->a->nnodes; i++)
+		sc->backup_of[ptc_cluster_find(sc->cluster, sc->a->nodes[i])] = ptc_cluster_find(
+		    sc->cluster, sc->a->nodes[(i + 1) % sc->a->nnodes]);
+	for (int i = 0; i < nn; i++)
+		assert_int_equal(ptc_layout_backup_holder(&sc->la, i), sc->backup_of[i]);
 	return true;
 }
 
@@ -429,7 +502,7 @@ static void test_random_plans(void **state)
 {
 	(void)state;
 	const char *env = getenv("PTC_PROP_CASES");
-	int cases = env ? atoi(env) : 3000, planned = 0, failed = 0, fetched = 0;
+	int cases = env ? atoi(env) : 3000, planned = 0, failed = 0, fetched = 0, from_backups = 0;
 
 	rng_state = 0x1234567887654321ull;
 	for (int c = 0; planned + failed < cases && c < 10 * cases; c++) {
@@ -445,7 +518,7 @@ static void test_random_plans(void **state)
 		}
 		bool unsourced;
 		lower_bound(&sc, &unsourced);
-		int rc = ptc_plan_compute(&sc.la, &sc.lb, sc.down, sc.ndown, &p, &err);
+		int rc = plan_scenario(&sc, &p, &err);
 		if (unsourced) {
 			assert_int_equal(rc, -EINVAL);
 			assert_non_null(strstr(err.text, "no surviving copy of \""));
@@ -454,22 +527,41 @@ static void test_random_plans(void **state)
 			if (rc)
 				fail_msg("case %d: %s", c, err.text);
 			check_plan(&sc, p);
-			assert_int_equal(
-			    ptc_plan_compute(&sc.la, &sc.lb, sc.down, sc.ndown, &q, &err), 0);
+			assert_int_equal(plan_scenario(&sc, &q, &err), 0);
 			assert_int_equal(p->nops, q->nops);
 			assert_memory_equal(p->ops, q->ops, p->nops * sizeof(*p->ops));
 			assert_memory_equal(p->per_node, q->per_node,
 					    (size_t)p->nnodes * sizeof(*p->per_node));
 			planned++;
 			fetched += p->bytes_network > 0;
+			/* Backups are a last resort: when the plan can do without
+			 * them it is the plan without them. */
+			bool read_backup = false;
+			for (size_t k = 0; k < p->nops; k++)
+				read_backup |= p->ops[k].backup;
+			from_backups += read_backup;
+			ptc_plan_free(q);
+			q = NULL;
+			rc = ptc_plan_compute(&sc.la, &sc.lb, sc.down, sc.ndown, &q, &err);
+			assert_int_equal(rc == 0, !read_backup);
+			if (!rc) {
+				assert_int_equal(p->nops, q->nops);
+				assert_memory_equal(p->ops, q->ops, p->nops * sizeof(*p->ops));
+				assert_memory_equal(p->per_node, q->per_node,
+						    (size_t)p->nnodes * sizeof(*p->per_node));
+			} else {
+				assert_non_null(strstr(err.text, "no surviving copy of \""));
+			}
 		}
 		ptc_plan_free(p);
 		ptc_plan_free(q);
 		free_scenario(&sc);
 	}
-	printf("plan property: %d plans checked (%d with network traffic), %d correctly refused\n",
-	       planned, fetched, failed);
-	assert_true(planned + failed == cases && failed > 0 && fetched > cases / 4);
+	printf("plan property: %d plans checked (%d with network traffic, %d read backups), "
+	       "%d correctly refused\n",
+	       planned, fetched, from_backups, failed);
+	assert_true(planned + failed == cases && failed > 0 && fetched > cases / 4 &&
+		    from_backups > 0);
 }
 
 /* A fixed case with a known answer: the README example. */
@@ -563,11 +655,278 @@ static void test_many_ties(void **state)
 	free_scenario(&sc);
 }
 
+/* --------------------------------------------------------------- backups */
+
+static void test_backup_holder(void **state)
+{
+	(void)state;
+	static const char schema[] = "{'tensors': [{'name': 'w', 'dtype': 'int8', 'shape': [4]}]}";
+	static const char *const configs[] = {
+	    "{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'replicas': 1, 'nodes': ['n2', 'n0', 'n1']}",
+	    "{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n2', 'n0', 'n1']}",
+	    "{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'replicas': 1, 'nodes': ['n3']}",
+	    "{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'replicas': 1, 'nodes': ['n3', 'n1']}",
+	};
+	/* Per config, the holder of n0..n3: config.nodes order, wrapping
+	 * around; none without replicas, on a config of one node, or for a
+	 * node the config does not name. */
+	static const int want[][4] = {{1, 2, 0, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1},
+				      {-1, 3, -1, 1}};
+	char *ids[] = {"n0", "n1", "n2", "n3"};
+	struct ptc_cluster *cl = ptc_cluster_new_uniform(4, ids, 1);
+	struct ptc_schema *sch;
+	struct ptc_error err;
+	char *js = unit_json(schema);
+
+	assert_int_equal(ptc_schema_parse_text(js, strlen(js), "s", &sch, &err), 0);
+	free(js);
+	for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++) {
+		struct ptc_config *c;
+		struct ptc_layout l;
+		char *text = unit_json(configs[i]);
+		assert_int_equal(ptc_config_parse_text(text, strlen(text), "c", &c, &err), 0);
+		assert_int_equal(ptc_layout_init(&l, sch, c, cl, "c", &err), 0);
+		for (int n = 0; n < 4; n++)
+			assert_int_equal(ptc_layout_backup_holder(&l, n), want[i][n]);
+		assert_int_equal(ptc_layout_backup_holder(&l, -1), -1);
+		assert_int_equal(ptc_layout_backup_holder(&l, 4), -1);
+		ptc_layout_release(&l);
+		ptc_config_free(c);
+		free(text);
+	}
+	ptc_schema_free(sch);
+	ptc_cluster_free(cl);
+}
+
+/* Six float32 layers of a row-split and a replicated tensor; a padded
+ * embedding on the first stage and its tied copy on the last. */
+static const char backup_schema[] =
+    "{'num_layers': 6, 'tensors': ["
+    "{'name': 'emb', 'dtype': 'float32', 'shape': [10, 3],"
+    " 'split': {'dim': 0, 'pad_multiple': 4}, 'place': 'first'},"
+    "{'name': 'l/{L}/w', 'dtype': 'float32', 'shape': [8, 4], 'split': {'dim': 0}},"
+    "{'name': 'l/{L}/norm', 'dtype': 'float32', 'shape': [4]},"
+    "{'name': 'out', 'dtype': 'float32', 'shape': [10, 3],"
+    " 'split': {'dim': 0, 'pad_multiple': 4}, 'place': 'last', 'tied': 'emb'}]}";
+
+/* Layouts @a and @b on @nnodes nodes of @devices devices, nodes @down down;
+ * backups as @a's config keeps them. */
+static void backup_scenario(struct scenario *sc, int nnodes, int devices, const char *a,
+			    const char *b, const int *down, int ndown)
+{
+	char *ids[] = {"n0", "n1", "n2", "n3"};
+	char *js = unit_json(backup_schema), *ja = unit_json(a), *jb = unit_json(b);
+	struct ptc_error err;
+
+	memset(sc, 0, sizeof(*sc));
+	if (ptc_schema_parse_text(js, strlen(js), "s", &sc->schema, &err))
+		fail_msg("%s", err.text);
+	sc->cluster = ptc_cluster_new_uniform(nnodes, ids, devices);
+	assert_int_equal(ptc_config_parse_text(ja, strlen(ja), "a.json", &sc->a, &err), 0);
+	assert_int_equal(ptc_config_parse_text(jb, strlen(jb), "b.json", &sc->b, &err), 0);
+	assert_int_equal(ptc_layout_init(&sc->la, sc->schema, sc->a, sc->cluster, "a.json", &err),
+			 0);
+	assert_int_equal(ptc_layout_init(&sc->lb, sc->schema, sc->b, sc->cluster, "b.json", &err),
+			 0);
+	for (int i = 0; i < ndown; i++) {
+		sc->down[sc->ndown++] = down[i];
+		sc->isdown[down[i]] = true;
+	}
+	sc->backups = sc->a->replicas > 0;
+	for (int n = 0; n < nnodes; n++)
+		sc->backup_of[n] = ptc_layout_backup_holder(&sc->la, n);
+	free(js);
+	free(ja);
+	free(jb);
+}
+
+/* Bytes of the plan's ops read from backups; the count in *@n. */
+static int64_t backup_bytes(const struct ptc_plan *p, int dst_node, int *n)
+{
+	int64_t bytes = 0;
+
+	*n = 0;
+	for (size_t k = 0; k < p->nops; k++)
+		if (p->ops[k].backup && (dst_node < 0 || p->ops[k].dst_node == dst_node)) {
+			bytes += p->ops[k].bytes;
+			++*n;
+		}
+	return bytes;
+}
+
+/*
+ * dp 1 on three nodes with backups: n0 stage 0 (emb, layers 0-1), n1 stage
+ * 1 (layers 2-3), n2 stage 2 (layers 4-5, out). n1 dies; its backup is on
+ * n2. The new layout on n0 and n2 (stages of layers 0-2 and 3-5) reads
+ * layer 2 from the backup into n0 and layer 3 into n2 itself.
+ */
+static void test_backup_serves_down_node(void **state)
+{
+	(void)state;
+	static const int down[] = {1};
+	struct scenario sc;
+	struct ptc_plan *p, *q;
+	struct ptc_error err;
+	int n;
+
+	backup_scenario(&sc, 3, 2,
+			"{'version': 1, 'tp': 2, 'pp': 3, 'dp': 1, 'replicas': 1,"
+			" 'nodes': ['n0', 'n1', 'n2']}",
+			"{'version': 2, 'tp': 2, 'pp': 2, 'dp': 1, 'nodes': ['n0', 'n2']}", down,
+			1);
+	assert_int_equal(sc.backup_of[0], 1);
+	assert_int_equal(sc.backup_of[1], 2);
+	assert_int_equal(sc.backup_of[2], 0);
+
+	/* Without backups layers 2 and 3 are lost. */
+	assert_int_equal(ptc_plan_compute(&sc.la, &sc.lb, down, 1, &p, &err), -EINVAL);
+	assert_null(p);
+	assert_string_equal(err.text, "no surviving copy of \"l/2/w\", \"l/3/w\", \"l/2/norm\", "
+				      "\"l/3/norm\"");
+	assert_int_equal(ptc_plan_compute_backups(&sc.la, &sc.lb, down, 1, NULL, &p, &err),
+			 -EINVAL);
+	assert_non_null(strstr(err.text, "no surviving copy of \"l/2/w\""));
+
+	/* With them the plan is exact (check_plan applies it to the data) and
+	 * every read of n1's ranks is a FETCH from its backup. */
+	assert_int_equal(plan_scenario(&sc, &p, &err), 0);
+	check_plan(&sc, p);
+	for (size_t k = 0; k < p->nops; k++) {
+		const struct ptc_op *op = &p->ops[k];
+		bool reads_n1 = op->kind != PTC_OP_ZERO && op->kind != PTC_OP_DUP &&
+				node_of(&sc.la, op->src_rank) == 1;
+		assert_int_equal(reads_n1, op->backup);
+		if (op->backup) {
+			assert_int_equal(op->kind, PTC_OP_FETCH);
+			assert_int_equal(op->src_node, 1);
+		}
+	}
+	/* Layer 2 (w and norm: 128 + 16 bytes) into n0, layer 3 into n2: every
+	 * byte served by n2, none by the dead n1. */
+	assert_int_equal(backup_bytes(p, 0, &n), 144);
+	assert_int_equal(n, 3); /* w into each of n0's two ranks; norm once, then DUP */
+	assert_int_equal(backup_bytes(p, 2, &n), 144);
+	assert_int_equal(p->per_node[1].bytes_out, 0);
+	assert_int_equal(p->per_node[2].bytes_out, 288);
+	assert_int_equal(p->per_node[0].bytes_out, 0);
+	assert_int_equal(p->bytes_network, 288);
+	assert_int_equal(p->lower_bound_network, 288);
+
+	/* JSON marks them; nothing else is marked. */
+	json_t *j = ptc_plan_to_json(p, &sc.la, &sc.lb, true), *op;
+	size_t i;
+	int marked = 0;
+	json_array_foreach(json_object_get(j, "operations"), i, op)
+	{
+		json_t *b = json_object_get(op, "backup");
+		if (!b)
+			continue;
+		assert_true(json_is_true(b));
+		assert_string_equal(json_string_value(json_object_get(op, "op")), "fetch");
+		assert_string_equal(json_string_value(json_object_get(op, "src_node")), "n1");
+		marked++;
+	}
+	backup_bytes(p, -1, &n);
+	assert_int_equal(marked, n);
+	json_decref(j);
+
+	/* Deterministic. */
+	assert_int_equal(plan_scenario(&sc, &q, &err), 0);
+	assert_int_equal(p->nops, q->nops);
+	assert_memory_equal(p->ops, q->ops, p->nops * sizeof(*p->ops));
+	ptc_plan_free(q);
+	ptc_plan_free(p);
+
+	/* A holder index outside the cluster is refused. */
+	int bad[3] = {1, 3, 0};
+	assert_int_equal(ptc_plan_compute_backups(&sc.la, &sc.lb, down, 1, bad, &p, &err),
+			 -EINVAL);
+	assert_string_equal(err.text, "plan: backup holder 3 of node \"n1\" is out of range");
+	free_scenario(&sc);
+}
+
+/* n1 and n2 die: n1's backup died with n2, n2's lives on n0. */
+static void test_backup_holder_down(void **state)
+{
+	(void)state;
+	static const int down[] = {1, 2};
+	struct scenario sc;
+	struct ptc_plan *p;
+	struct ptc_error err;
+
+	backup_scenario(&sc, 3, 2,
+			"{'version': 1, 'tp': 2, 'pp': 3, 'dp': 1, 'replicas': 1,"
+			" 'nodes': ['n0', 'n1', 'n2']}",
+			"{'version': 2, 'tp': 2, 'pp': 1, 'dp': 1, 'nodes': ['n0']}", down, 2);
+	assert_int_equal(plan_scenario(&sc, &p, &err), -EINVAL);
+	assert_null(p);
+	assert_string_equal(err.text, "no surviving copy of \"l/2/w\", \"l/3/w\", \"l/2/norm\", "
+				      "\"l/3/norm\"");
+	free_scenario(&sc);
+
+	/* Only n2 down: n0 keeps its backup, the plan reads layers 4-5 from it
+	 * (out is tied to emb, which n0 has). */
+	static const int down2[] = {2};
+	backup_scenario(&sc, 3, 2,
+			"{'version': 1, 'tp': 2, 'pp': 3, 'dp': 1, 'replicas': 1,"
+			" 'nodes': ['n0', 'n1', 'n2']}",
+			"{'version': 2, 'tp': 2, 'pp': 2, 'dp': 1, 'nodes': ['n0', 'n1']}", down2,
+			1);
+	assert_int_equal(plan_scenario(&sc, &p, &err), 0);
+	check_plan(&sc, p);
+	int n;
+	/* n0 serves n2's layers 4-5 from the backup and out through the
+	 * embedding it holds (10 rows x 3 x 4 bytes); n1 serves layer 2. */
+	assert_int_equal(backup_bytes(p, -1, &n), 288);
+	assert_int_equal(p->per_node[0].bytes_out, 288 + 120);
+	assert_int_equal(p->per_node[1].bytes_out, 144);
+	assert_int_equal(p->per_node[2].bytes_out, 0);
+	for (size_t k = 0; k < p->nops; k++)
+		if (p->ops[k].backup)
+			assert_int_equal(p->ops[k].src_node, 2);
+	ptc_plan_free(p);
+	free_scenario(&sc);
+}
+
+/* Live DP replicas win over backups: no op reads one, the plan is the one
+ * without backups. */
+static void test_backup_unused_with_replicas(void **state)
+{
+	(void)state;
+	static const int down[] = {1};
+	struct scenario sc;
+	struct ptc_plan *p, *q;
+	struct ptc_error err;
+	int n;
+
+	backup_scenario(&sc, 3, 2,
+			"{'version': 1, 'tp': 2, 'pp': 1, 'dp': 2, 'replicas': 1,"
+			" 'nodes': ['n0', 'n1']}",
+			"{'version': 2, 'tp': 2, 'pp': 1, 'dp': 1, 'nodes': ['n2']}", down, 1);
+	assert_int_equal(sc.backup_of[1], 0);
+	assert_int_equal(plan_scenario(&sc, &p, &err), 0);
+	check_plan(&sc, p);
+	assert_int_equal(backup_bytes(p, -1, &n), 0);
+	assert_int_equal(n, 0);
+	assert_true(p->bytes_network > 0);
+	assert_int_equal(p->per_node[0].bytes_out, p->bytes_network);
+	assert_int_equal(ptc_plan_compute(&sc.la, &sc.lb, down, 1, &q, &err), 0);
+	assert_int_equal(p->nops, q->nops);
+	assert_memory_equal(p->ops, q->ops, p->nops * sizeof(*p->ops));
+	ptc_plan_free(q);
+	ptc_plan_free(p);
+	free_scenario(&sc);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_many_ties),
 	    cmocka_unit_test(test_readme_example),
+	    cmocka_unit_test(test_backup_holder),
+	    cmocka_unit_test(test_backup_serves_down_node),
+	    cmocka_unit_test(test_backup_holder_down),
+	    cmocka_unit_test(test_backup_unused_with_replicas),
 	    cmocka_unit_test(test_random_plans),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -304,6 +304,7 @@ struct peers {
 	struct xf_parts *old; /* per cluster node */
 	int nnodes;
 	int fail; /* when set, every fetch returns it */
+	const bool *down; /* per node, or NULL: a down node serves only as a backup */
 	atomic_int calls;
 };
 
@@ -320,8 +321,10 @@ static int peer_fetch(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t 
 	atomic_fetch_add(&fetch_calls, 1);
 	if (pe->fail)
 		return pe->fail;
+	/* A backup FETCH names the down node whose state its holder keeps:
+	 * old[src_node] stands for that copy. */
 	if (op->kind != PTC_OP_FETCH || op->src_node < 0 || op->src_node >= pe->nnodes ||
-	    op->src_node == op->dst_node)
+	    op->src_node == op->dst_node || op->backup != (pe->down && pe->down[op->src_node]))
 		return -EPROTO;
 	const struct xf_parts *p = &pe->old[op->src_node];
 	const struct ptc_layout *l = p->layout;
@@ -676,6 +679,128 @@ static void test_fetch_error(void **state)
 	free_scenario(&sc);
 }
 
+/* ---------------------------------------------------------------- backups */
+
+static const char backup_schema[] =
+    "{'num_layers': 6, 'states': {'model': {}, 'optim/m': {'dtype': 'float32'}},"
+    " 'tensors': ["
+    "{'name': 'emb', 'dtype': 'bfloat16', 'shape': [1000, 64],"
+    " 'split': {'dim': 0, 'pad_multiple': 64}, 'place': 'first'},"
+    "{'name': 'l/{L}/col', 'dtype': 'bfloat16', 'shape': [512, 768], 'split': {'dim': 1}},"
+    "{'name': 'l/{L}/norm', 'dtype': 'float32', 'shape': [768]},"
+    "{'name': 'out', 'dtype': 'bfloat16', 'shape': [1000, 64],"
+    " 'split': {'dim': 0, 'pad_multiple': 64}, 'place': 'last', 'tied': 'emb'}]}";
+
+/* A plan whose node-0 ops are @ops, run on node 0 with @fetch. */
+static int run_node0(const struct ptc_plan *p, const struct ptc_op *ops, size_t nops,
+		     struct xf_parts *old, const struct ptc_layout *lb, struct xf_mem *mem,
+		     xf_fetch_fn fetch, void *arg)
+{
+	struct ptc_plan q = *p;
+	size_t first[2] = {0, nops};
+	struct xf_parts to;
+
+	q.ops = (struct ptc_op *)ops;
+	q.nops = nops;
+	q.node_first_op = first;
+	assert_int_equal(xf_parts_init(&to, lb, 0), 0);
+	int rc = xf_execute(&q, 0, old, &to, mem, 2, fetch, arg, NULL, NULL);
+	xf_parts_release(&to);
+	return rc;
+}
+
+/*
+ * dp 1 on three nodes keeping backups; n1 dies and the new layout on n0
+ * and n2 reads its layers from its backup on n2 (n0 over the network, n2
+ * from itself). Every surviving node builds its layout exactly, and a
+ * backup FETCH is valid while its rank's node is not the one it names.
+ */
+static void test_execute_backup(void **state)
+{
+	(void)state;
+	static const int down[] = {1};
+	static const bool isdown[3] = {false, true, false};
+	struct scenario sc;
+	struct xf_parts old[3];
+	struct xf_mem mem = {0};
+	struct ptc_plan *p;
+	struct ptc_error err;
+	int backup_of[3];
+
+	fixed_scenario(&sc, backup_schema, 3, 2,
+		       "{'version': 1, 'tp': 2, 'pp': 3, 'dp': 1, 'replicas': 1,"
+		       " 'nodes': ['n0', 'n1', 'n2']}",
+		       "{'version': 2, 'tp': 2, 'pp': 2, 'dp': 1, 'nodes': ['n0', 'n2']}");
+	for (int n = 0; n < 3; n++)
+		backup_of[n] = ptc_layout_backup_holder(&sc.la, n);
+	assert_int_equal(backup_of[1], 2);
+	assert_int_equal(ptc_plan_compute_backups(&sc.la, &sc.lb, down, 1, backup_of, &p, &err),
+			 0);
+	for (int n = 0; n < 3; n++)
+		old_parts(&old[n], &sc.la, n, &mem);
+
+	struct peers pe = {.old = old, .nnodes = 3, .down = isdown};
+	atomic_init(&pe.calls, 0);
+	size_t backups[3] = {0};
+	for (int n = 0; n < 3; n += 2) {
+		struct xf_parts to;
+		struct xf_stats st;
+		for (size_t k = p->node_first_op[n]; k < p->node_first_op[n + 1]; k++)
+			backups[n] += p->ops[k].backup;
+		assert_int_equal(xf_parts_init(&to, &sc.lb, n), 0);
+		assert_int_equal(
+		    xf_execute(p, n, &old[n], &to, &mem, 3, peer_fetch, &pe, NULL, &st), 0);
+		assert_int_equal(check_parts(&to, p, &old[n]), p->per_node[n].bytes_total);
+		assert_int_equal(st.bytes_fetched, p->per_node[n].bytes_in);
+		xf_parts_release(&to);
+	}
+	assert_true(backups[0] > 0 && backups[2] > 0);
+
+	/* Validation, on node 0's ops: a backup FETCH may name the holder
+	 * instead of the rank's node (it gets as far as wanting a fetch
+	 * callback); without the mark it may not; only a FETCH is marked. */
+	size_t n0 = p->node_first_op[1], b = SIZE_MAX, reuse = SIZE_MAX, dup = SIZE_MAX;
+	struct ptc_op *ops = malloc(n0 * sizeof(*ops));
+	for (size_t k = 0; k < n0; k++) {
+		if (p->ops[k].backup && b == SIZE_MAX)
+			b = k;
+		if (p->ops[k].kind == PTC_OP_REUSE && reuse == SIZE_MAX)
+			reuse = k;
+		if (p->ops[k].kind == PTC_OP_DUP && dup == SIZE_MAX)
+			dup = k;
+	}
+	assert_true(b != SIZE_MAX && reuse != SIZE_MAX && dup != SIZE_MAX);
+#define MUTATE(k, stmt, want)                                                                      \
+	do {                                                                                       \
+		memcpy(ops, p->ops, n0 * sizeof(*ops));                                            \
+		struct ptc_op *op = &ops[k];                                                       \
+		stmt;                                                                              \
+		assert_int_equal(run_node0(p, ops, n0, &old[0], &sc.lb, &mem, NULL, NULL), want);  \
+	} while (0)
+	MUTATE(b, (void)op, -EIO);
+	MUTATE(b, op->src_node = 2, -EIO);
+	MUTATE(b, op->src_node = 0, -EIO);
+	MUTATE(b, (op->src_node = 2, op->backup = 0), -EINVAL);
+	MUTATE(b, op->backup = 0, -EIO); /* a plain FETCH from n1: the plan's word */
+	MUTATE(b, op->backup = 2, -EINVAL);
+	MUTATE(b, op->src_node = 3, -EINVAL);
+	MUTATE(b, op->src_node = -1, -EINVAL);
+	MUTATE(b, op->src_rank = sc.la.world, -EINVAL);
+	MUTATE(b, op->src_rank = 0, -EINVAL); /* stage 0 does not hold the layer */
+	MUTATE(reuse, op->backup = 1, -EINVAL);
+	MUTATE(dup, op->backup = 1, -EINVAL);
+#undef MUTATE
+	memcpy(ops, p->ops, n0 * sizeof(*ops));
+	assert_int_equal(run_node0(p, ops, n0, &old[0], &sc.lb, &mem, peer_fetch, &pe), 0);
+	free(ops);
+
+	for (int n = 0; n < 3; n++)
+		xf_parts_release(&old[n]);
+	assert_int_equal(mem.used, 0);
+	ptc_plan_free(p);
+	free_scenario(&sc);
+}
+
 /* ------------------------------------------------------ malformed plans */
 
 /* A plan whose ops for node 0 are @ops (a private copy of @p's). */
@@ -976,7 +1101,7 @@ int main(void)
 	    cmocka_unit_test(test_malformed),	    cmocka_unit_test(test_fetch_error),
 	    cmocka_unit_test(test_execute_big),	    cmocka_unit_test(test_execute_local),
 	    cmocka_unit_test(test_execute_nodes),   cmocka_unit_test(test_full_by_hand),
-	    cmocka_unit_test(test_full_round_trip),
+	    cmocka_unit_test(test_full_round_trip), cmocka_unit_test(test_execute_backup),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
