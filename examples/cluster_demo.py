@@ -12,27 +12,25 @@ serving its peers on its own port, with a cluster token), then:
      served from n2's DP replicas;
 and checks after each step that `mlfs export` on a node (full tensors, parts
 fetched from the other nodes) equals the checkpoint. Everything started is
-stopped at the end; exit 0 when every check held.
+stopped at the end (examples/local_cluster.py); exit 0 when every check held.
 """
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MLFS = os.path.join(ROOT, os.environ.get("BUILD", "build"), "mlfs")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import local_cluster  # noqa: E402
+from local_cluster import MLFS, ROOT, ClusterError, wait_for  # noqa: E402
+
 SCHEMA = os.path.join(ROOT, "examples", "gpt-tiny", "schema.json")
 
 
-class DemoError(Exception):
+class DemoError(ClusterError):
     pass
 
 
@@ -41,26 +39,11 @@ def check(cond, what):
         raise DemoError(what)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def sh(*args, check_rc=True):
     p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120)
     if check_rc and p.returncode != 0:
         raise DemoError(f"{' '.join(map(str, args))} failed: {p.stderr.strip()}")
     return p
-
-
-def wait_for(what, fn, timeout=30):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if fn():
-            return
-        time.sleep(0.05)
-    raise DemoError(f"timed out waiting for {what}")
 
 
 def expand(schema):
@@ -100,118 +83,70 @@ def check_export(mnt, out, full, where):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="mlfs-cluster-demo-")
-    procs, mounts = {}, {}
-    etcd = None
     try:
-        cport, pport = free_port(), free_port()
-        etcd_url = f"http://127.0.0.1:{cport}"
-        etcd = subprocess.Popen(
-            ["etcd", "--data-dir", f"{tmp}/etcd", "--listen-client-urls", etcd_url,
-             "--advertise-client-urls", etcd_url, "--listen-peer-urls",
-             f"http://127.0.0.1:{pport}", "--initial-advertise-peer-urls",
-             f"http://127.0.0.1:{pport}", "--initial-cluster",
-             f"default=http://127.0.0.1:{pport}"],
-            stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/etcd.log", "w"))
-
-        def etcd_up():
+        with local_cluster.start(nnodes=3, devices=4, job="demo") as cl:
             try:
-                urllib.request.urlopen(f"{etcd_url}/health", timeout=1).read()
-                return True
-            except OSError:
-                return False
-        wait_for("etcd", etcd_up)
-        token = os.path.join(tmp, "token")
-        with open(token, "w") as f:
-            f.write(os.urandom(16).hex() + "\n")
-        os.chmod(token, 0o600)
-        nodes = [{"id": f"n{i}", "addr": f"127.0.0.1:{free_port()}", "devices": 4}
-                 for i in range(3)]
-        cluster = os.path.join(tmp, "cluster.json")
-        with open(cluster, "w") as f:
-            json.dump({"job": "demo", "etcd": etcd_url, "token_file": token, "nodes": nodes}, f)
-        print(f"== etcd at {etcd_url}; three nodes, 4 devices each, ports "
-              f"{', '.join(n['addr'].split(':')[1] for n in nodes)}")
-        for n in nodes:
-            mnt = os.path.join(tmp, n["id"])
-            os.mkdir(mnt)
-            procs[n["id"]] = subprocess.Popen(
-                [MLFS, "mount", mnt, "--node", n["id"], "--cluster", cluster, "-f"],
-                stdout=subprocess.DEVNULL, stderr=open(f"{mnt}.log", "w"))
-            mounts[n["id"]] = mnt
-        for i, mnt in mounts.items():
-            wait_for(f"the mount of {i}", lambda m=mnt: os.path.ismount(m))
-
-        schema = json.load(open(SCHEMA))
-        with open(SCHEMA, "rb") as src, open(os.path.join(mounts["n0"], "schema.json"), "wb") as dst:
-            dst.write(src.read())
-        v1 = {"version": 1, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n0", "n1"]}
-        with open(os.path.join(mounts["n0"], "config.json"), "w") as f:
-            json.dump(v1, f)
-        wait_for("every node at version 1", lambda: all(
-            json.load(open(os.path.join(m, "status.json")))["version"] == 1
-            for m in mounts.values()))
-        hosted = {i: sorted(os.listdir(os.path.join(m, "ranks"))) for i, m in mounts.items()}
-        print(f"1. schema and config v1 (tp2 pp2 dp2) written on n0; ranks per node: {hosted}")
-        check(hosted == {"n0": ["0", "1", "2", "3"], "n1": ["4", "5", "6", "7"], "n2": []},
-              f"ranks are not where DESIGN section 2 puts them: {hosted}")
-
-        ckpt = os.path.join(tmp, "ckpt")
-        full = make_checkpoint(schema, ckpt)
-        for i in ("n0", "n1"):
-            sh(MLFS, "import", mounts[i], "--from", ckpt, "--step", "10")
-        print(f"2. checkpoint of {len(full)} tensors imported on n0 and n1 (step 10)")
-        check_export(mounts["n2"], os.path.join(tmp, "out1"), full, "n2 (hosts nothing)")
-
-        v2 = {"version": 2, "tp": 2, "pp": 1, "dp": 4, "nodes": ["n1", "n2"]}
-        with open(os.path.join(tmp, "v2.json"), "w") as f:
-            json.dump(v2, f)
-        t0 = time.monotonic()
-        p = sh(MLFS, "reconfigure", mounts["n2"], os.path.join(tmp, "v2.json"))
-        took = time.monotonic() - t0
-        fetched = {i: json.load(open(os.path.join(m, "status.json")))["last"]["bytes_fetched"]
-                   for i, m in mounts.items()}
-        print(f"3. mlfs reconfigure on n2 to v2 (tp2 pp1 dp4 on n1, n2) in {took:.2f} s; "
-              f"bytes fetched per node: {fetched}")
-        print("   " + p.stdout.strip().replace("\n", "\n   "))
-        check(fetched["n2"] > 0, "n2 fetched nothing")
-        check(sorted(os.listdir(os.path.join(mounts["n0"], "ranks"))) == [],
-              "n0 still hosts ranks")
-        check_export(mounts["n0"], os.path.join(tmp, "out2"), full, "n0 (hosts nothing now)")
-
-        procs["n1"].send_signal(signal.SIGKILL)
-        procs["n1"].wait()
-        subprocess.run(["fusermount3", "-u", "-z", mounts["n1"]], capture_output=True)
-        wait_for("n1's lease to expire", lambda: not json.load(
-            open(os.path.join(mounts["n2"], "status.json")))["cluster"]["nodes"][1]["up"])
-        print("4. n1 killed (kill -9); its lease expired, the job sees it down:")
-        print("   " + sh(MLFS, "status", mounts["n2"]).stdout.strip().replace("\n", "\n   "))
-        v3 = {"version": 3, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n2"]}
-        with open(os.path.join(tmp, "v3.json"), "w") as f:
-            json.dump(v3, f)
-        sh(MLFS, "reconfigure", mounts["n2"], os.path.join(tmp, "v3.json"))
-        print("   config v3 (tp2 pp1 dp2 on n2 alone) served from n2's DP replicas")
-        check_export(mounts["n2"], os.path.join(tmp, "out3"), full, "n2")
-        print("cluster demo: every check held")
-        return 0
-    except DemoError as e:
+                demo(cl)
+            except ClusterError:
+                sys.stderr.write(cl.logs())
+                raise
+    except ClusterError as e:
         print(f"cluster demo FAILED: {e}", file=sys.stderr)
-        for i, m in mounts.items():
-            if os.path.exists(f"{m}.log"):
-                sys.stderr.write(f"--- {i}'s log:\n" + open(f"{m}.log").read()[-2000:])
         return 1
-    finally:
-        for i, p in procs.items():
-            if p.poll() is None:
-                subprocess.run(["fusermount3", "-u", mounts[i]], capture_output=True)
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        if etcd:
-            etcd.kill()
-            etcd.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+    print("cluster demo: every check held")
+    return 0
+
+
+def demo(cl):
+    tmp, mounts, nodes = cl.tmp, cl.mounts, cl.spec["nodes"]
+    print(f"== etcd at {cl.etcd_url}; three nodes, 4 devices each, ports "
+          f"{', '.join(n['addr'].split(':')[1] for n in nodes)}")
+
+    schema = json.load(open(SCHEMA))
+    with open(SCHEMA, "rb") as src, open(os.path.join(mounts["n0"], "schema.json"), "wb") as dst:
+        dst.write(src.read())
+    v1 = {"version": 1, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n0", "n1"]}
+    with open(os.path.join(mounts["n0"], "config.json"), "w") as f:
+        json.dump(v1, f)
+    cl.wait_version(1)
+    hosted = {i: sorted(os.listdir(os.path.join(m, "ranks"))) for i, m in mounts.items()}
+    print(f"1. schema and config v1 (tp2 pp2 dp2) written on n0; ranks per node: {hosted}")
+    check(hosted == {"n0": ["0", "1", "2", "3"], "n1": ["4", "5", "6", "7"], "n2": []},
+          f"ranks are not where DESIGN section 2 puts them: {hosted}")
+
+    ckpt = os.path.join(tmp, "ckpt")
+    full = make_checkpoint(schema, ckpt)
+    for i in ("n0", "n1"):
+        sh(MLFS, "import", mounts[i], "--from", ckpt, "--step", "10")
+    print(f"2. checkpoint of {len(full)} tensors imported on n0 and n1 (step 10)")
+    check_export(mounts["n2"], os.path.join(tmp, "out1"), full, "n2 (hosts nothing)")
+
+    v2 = {"version": 2, "tp": 2, "pp": 1, "dp": 4, "nodes": ["n1", "n2"]}
+    with open(os.path.join(tmp, "v2.json"), "w") as f:
+        json.dump(v2, f)
+    t0 = time.monotonic()
+    p = sh(MLFS, "reconfigure", mounts["n2"], os.path.join(tmp, "v2.json"))
+    took = time.monotonic() - t0
+    fetched = {i: cl.status(i)["last"]["bytes_fetched"] for i in mounts}
+    print(f"3. mlfs reconfigure on n2 to v2 (tp2 pp1 dp4 on n1, n2) in {took:.2f} s; "
+          f"bytes fetched per node: {fetched}")
+    print("   " + p.stdout.strip().replace("\n", "\n   "))
+    check(fetched["n2"] > 0, "n2 fetched nothing")
+    check(sorted(os.listdir(os.path.join(mounts["n0"], "ranks"))) == [],
+          "n0 still hosts ranks")
+    check_export(mounts["n0"], os.path.join(tmp, "out2"), full, "n0 (hosts nothing now)")
+
+    cl.kill("n1")
+    wait_for("n1's lease to expire",
+             lambda: not cl.status("n2")["cluster"]["nodes"][1]["up"])
+    print("4. n1 killed (kill -9); its lease expired, the job sees it down:")
+    print("   " + sh(MLFS, "status", mounts["n2"]).stdout.strip().replace("\n", "\n   "))
+    v3 = {"version": 3, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n2"]}
+    with open(os.path.join(tmp, "v3.json"), "w") as f:
+        json.dump(v3, f)
+    sh(MLFS, "reconfigure", mounts["n2"], os.path.join(tmp, "v3.json"))
+    print("   config v3 (tp2 pp1 dp2 on n2 alone) served from n2's DP replicas")
+    check_export(mounts["n2"], os.path.join(tmp, "out3"), full, "n2")
 
 
 if __name__ == "__main__":
