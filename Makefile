@@ -6,7 +6,7 @@ PY      ?= /usr/bin/python3
 CC      ?= cc
 BUILD   ?= build
 export BUILD
-PKGS    := jansson fuse3 libcurl libmicrohttpd
+PKGS    := jansson fuse3 libcurl libmicrohttpd libxxhash
 CFLAGS  ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-declarations -Werror
 CPPFLAGS += -D_GNU_SOURCE -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -18,7 +18,7 @@ endif
 ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS)
 
 DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev \
-	libzstd-dev libcmocka-dev pkg-config python3-numpy python3-pytest etcd-server \
+	libzstd-dev libxxhash-dev libcmocka-dev pkg-config python3-numpy python3-pytest etcd-server \
 	python3-torch python3-matplotlib iperf3
 
 PTC_SRC   := $(wildcard ptc/*.c)

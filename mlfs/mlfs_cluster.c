@@ -5,14 +5,15 @@
  *
  * DESIGN
  * Keys under /mlfs/<job>/ (net_etcd):
- *   nodes/<id>       {"addr","devices","pid","version","state","steps"}, bound
+ *   nodes/<id>       {"addr","devices","pid","version","state","steps",
+ *                    "backup"}, bound
  *                    to this node's lease (TTL MLFS_LEASE_TTL s, kept alive
  *                    every second): gone = the node is down.
  *   schema, cluster  the first writer wins (a transaction on "absent"); a
  *                    node whose own differ refuses to join, saying so.
  *   config           the committed config: written only by a transaction.
  *   attempt          {"from","to","config","coordinator","participants",
- *                    "deadline_ms"}: created by the coordinator's transaction
+ *                    "down","backups","deadline_ms","job"}: created by the coordinator's transaction
  *                    that requires no attempt and "config" unchanged since it
  *                    was read; bound to the coordinator's lease.
  *   votes/<to>/<id>  "<attempt id> ready", or "<attempt id> failed: <reason>":
@@ -45,6 +46,12 @@
  * to fetch it from); each participant stages that tree before voting ready
  * and swaps it in at the commit.
  *
+ * Backups ("replicas": 1, mlfs_backup.c): each node's entry says whose
+ * saved state it holds at which steps; the coordinator names, in the
+ * attempt's "backups", the holders of down nodes that hold every rank of
+ * theirs at the job's step, and the plan reads what no DP replica has
+ * from there (ptc_plan_compute_backups).
+ *
  * Nodes join: a daemon whose cluster.json extends the job's (the same
  * nodes first, more after them) replaces the "cluster" key; every node
  * takes the longer one within a round (mlfs_store_grow_cluster).
@@ -71,6 +78,7 @@
 
 #include <jansson.h>
 
+#include "mlfs/mlfs_backup.h"
 #include "mlfs/mlfs_cluster.h"
 #include "mlfs/mlfs_jobsync.h"
 #include "mlfs/mlfs_log.h"
@@ -147,6 +155,11 @@ static int64_t view_version(struct mlfs_store *st)
 	return ver;
 }
 
+static struct mlfs_backup *st_backup(const struct mlfs_cluster *c)
+{
+	return __atomic_load_n(&c->st->backup, __ATOMIC_ACQUIRE);
+}
+
 /* ------------------------------------------------------------ node entry */
 
 /* This node's entry: what it serves and its ranks' saved steps. */
@@ -172,6 +185,11 @@ static char *node_entry(struct mlfs_cluster *c)
 	json_t *o = json_pack("{sssisisIsssO}", "addr", n->addr ? n->addr : "", "devices",
 			      n->devices, "pid", (int)getpid(), "version", (json_int_t)version,
 			      "state", state, "steps", steps);
+	json_t *bk = mlfs_backup_describe(st_backup(c));
+	if (o && bk)
+		json_object_set_new(o, "backup", bk);
+	else
+		json_decref(bk);
 	json_decref(steps);
 	char *s = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
 	json_decref(o);
@@ -517,19 +535,94 @@ static int move_nodes(struct mlfs_store *st, const struct ptc_config *cfg, const
 	return rc;
 }
 
-/* The cluster indices of the ids in @down (at most @cap). */
-static int down_indices(const struct mlfs_store *st, const json_t *down, int *out, int cap)
+/* Attempt @att's "down" nodes and "backups" holders as cluster indices in
+ * @dn (arrays malloc'd: down_free). 0 or -ENOMEM. */
+static int attempt_down(struct mlfs_store *st, const json_t *att, struct mlfs_reconf_down *dn)
 {
+	const struct ptc_cluster *cl = mlfs_store_cluster(st);
+	const json_t *down = json_object_get(att, "down"), *bk = json_object_get(att, "backups");
+	int *d = malloc((json_array_size(down) + 1) * sizeof(int));
+	int *b = malloc((size_t)cl->nnodes * sizeof(int));
 	size_t i;
-	json_t *d;
-	int n = 0;
+	const char *id;
+	json_t *e;
+
+	*dn = (struct mlfs_reconf_down){d, 0, b, cl->nnodes};
+	if (!d || !b)
+		return -ENOMEM;
+	json_array_foreach(down, i, e)
+	{
+		int n = json_string_value(e) ? ptc_cluster_find(cl, json_string_value(e)) : -1;
+		if (n >= 0)
+			d[dn->ndown++] = n;
+	}
+	for (int n = 0; n < cl->nnodes; n++)
+		b[n] = -1;
+	json_object_foreach((json_t *)bk, id, e)
+	{
+		int n = ptc_cluster_find(cl, id);
+		if (n >= 0 && json_string_value(e))
+			b[n] = ptc_cluster_find(cl, json_string_value(e));
+	}
+	return 0;
+}
+
+static void down_free(struct mlfs_reconf_down *dn)
+{
+	free((int *)dn->down);
+	free((int *)dn->backup_of);
+	memset(dn, 0, sizeof(*dn));
+}
+
+/*
+ * For each node of @down (ids) whose backup holder under the current
+ * layout (ptc_layout_backup_holder) is up and published a backup of every
+ * rank of it at the step the live ranks saved: {id: holder id}. The plan
+ * takes what no DP replica has from there.
+ */
+static json_t *usable_backups(struct mlfs_cluster *c, const struct job_keys *k,
+			      const json_t *down)
+{
+	struct mlfs_view *v = mlfs_store_view(c->st);
+	json_t *out = json_object(), *d;
+	size_t i;
+
+	if (!v || !v->config->replicas || !out)
+		goto done;
+	const struct ptc_layout *l = &v->layout;
+	int64_t agreed = -1; /* the step of the ranks on live nodes */
+	for (int r = 0; r < l->world && agreed < 0; r++) {
+		char rk[16];
+		snprintf(rk, sizeof(rk), "%d", r);
+		json_t *e = json_object_get(k->nodes, l->cluster->nodes[l->ranks[r].node].id);
+		if (json_integer_value(json_object_get(e, "version")) == v->config->version &&
+		    json_is_integer(json_object_get(json_object_get(e, "steps"), rk)))
+			agreed = json_integer_value(json_object_get(json_object_get(e, "steps"), rk));
+	}
 	json_array_foreach(down, i, d)
 	{
-		int k = json_string_value(d) ? ptc_cluster_find(mlfs_store_cluster(st), json_string_value(d)) : -1;
-		if (k >= 0 && n < cap)
-			out[n++] = k;
+		const char *id = json_string_value(d);
+		int n = id ? ptc_cluster_find(l->cluster, id) : -1;
+		int h = n >= 0 ? ptc_layout_backup_holder(l, n) : -1;
+		if (h < 0 || agreed < 0)
+			continue;
+		const char *hid = l->cluster->nodes[h].id;
+		json_t *bk = json_object_get(json_object_get(k->nodes, hid), "backup");
+		bool ok = json_equal(json_object_get(bk, "of"), d) &&
+			  json_integer_value(json_object_get(bk, "version")) == v->config->version;
+		for (int r = l->node_first_rank[n]; ok && r < l->node_first_rank[n] + l->node_nranks[n];
+		     r++) {
+			char rk[16];
+			snprintf(rk, sizeof(rk), "%d", r);
+			json_t *st = json_object_get(json_object_get(bk, "steps"), rk);
+			ok = json_is_integer(st) && json_integer_value(st) == agreed;
+		}
+		if (ok)
+			json_object_set_new(out, id, json_string(hid));
 	}
-	return n;
+done:
+	mlfs_view_put(v);
+	return out;
 }
 
 /* This node's part in attempt @to, round after round. */
@@ -556,12 +649,15 @@ static void participate(struct mlfs_cluster *c, const struct job_keys *k, int64_
 	if (start) {
 		const char *config = json_string_value(json_object_get(k->attempt_j, "config"));
 		sync_steps(c, k->nodes);
-		int down[256];
-		int ndown = down_indices(st, json_object_get(k->attempt_j, "down"), down, 256);
-		fill_down_steps(c, down, ndown);
-		int rc = config ? mlfs_reconf_prepare_down(st, config, strlen(config), "attempt",
-							   false, down, ndown, &err)
-				: -EINVAL;
+		struct mlfs_reconf_down dn;
+		int rc = attempt_down(st, k->attempt_j, &dn);
+		if (rc == 0) {
+			fill_down_steps(c, dn.down, dn.ndown);
+			rc = config ? mlfs_reconf_prepare_down(st, config, strlen(config), "attempt",
+							       false, &dn, &err)
+				    : -EINVAL;
+		}
+		down_free(&dn);
 		if (rc) {
 			char v[700];
 			snprintf(v, sizeof(v), "failed: %s", err.text[0] ? err.text : strerror(-rc));
@@ -743,6 +839,7 @@ static void round_once(struct mlfs_cluster *c)
 		return;
 	sync_cluster(c, &k);
 	sync_steps(c, k.nodes);
+	mlfs_backup_kick(st_backup(c));
 	follow(c, &k);
 	if (k.attempt_j) {
 		int64_t from = json_integer_value(json_object_get(k.attempt_j, "from"));
@@ -877,7 +974,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 	bool ok = false;
 	int rc = ptc_config_parse_text(text, len, "config.json", &cfg, err);
 
-	if (rc == 0 && (rc = mlfs_config_supported(cfg, "config.json", err)))
+	if (rc == 0 && (rc = mlfs_config_supported(cfg, true, "config.json", err)))
 		ptc_config_free(cfg);
 	if (rc)
 		return rc;
@@ -957,15 +1054,17 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 		json_t *job = rc ? NULL : mlfs_jobsync_merge(st, c->me, parts, missing, &rc);
 		json_array_foreach(parts, i, p) me_in |= strcmp(json_string_value(p), c->me) == 0;
 		json_t *a = rc ? NULL
-			       : json_pack("{sssIsIsssssOsOsIsosO}", "id", aid, "from",
+			       : json_pack("{sssIsIsssssOsOsosIsosO}", "id", aid, "from",
 					   (json_int_t)committed, "to",
 					   (json_int_t)cfg->version, "config", text, "coordinator",
-					   c->me, "participants", parts, "down", down, "deadline_ms",
+					   c->me, "participants", parts, "down", down, "backups",
+					   usable_backups(c, &k, down), "deadline_ms",
 					   (json_int_t)(now_ms() + MLFS_ATTEMPT_MS), "job",
 					   job ? job : json_array(), "job_missing", missing);
 		json_decref(missing);
-		int dn[256];
-		int ndown = rc ? 0 : down_indices(st, down, dn, 256);
+		struct mlfs_reconf_down dn = {0};
+		if (rc == 0 && a)
+			rc = attempt_down(st, a, &dn);
 		json_decref(down);
 		char *att = a ? json_dumps(a, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
 		json_decref(a);
@@ -1008,9 +1107,9 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 			snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
 			pthread_mutex_unlock(&c->lock);
 			sync_steps(c, k.nodes);
-			fill_down_steps(c, dn, ndown);
-			if ((rc = mlfs_reconf_prepare_down(st, text, len, "attempt", false, dn,
-							   ndown, &perr))) {
+			fill_down_steps(c, dn.down, dn.ndown);
+			if ((rc = mlfs_reconf_prepare_down(st, text, len, "attempt", false, &dn,
+							   &perr))) {
 				/* the coordinator aborts the attempt at its next round */
 				char v[700];
 				snprintf(v, sizeof(v), "failed: %s", perr.text);
@@ -1018,6 +1117,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 				snprintf(err->text, sizeof(err->text), "%s", perr.text);
 			}
 		}
+		down_free(&dn);
 	}
 	job_keys_free(&k);
 	ptc_config_free(cfg);
@@ -1052,6 +1152,8 @@ static void status_add(void *arg, json_t *o)
 	if (c->etcd_error[0])
 		json_object_set_new(job, "etcd_error", json_string(c->etcd_error));
 	json_object_set_new(job, "nodes", nodes);
+	json_t *bk = mlfs_backup_describe(st_backup(c));
+	json_object_set_new(job, "backup", bk ? bk : json_null());
 	json_t *a = c->attempt ? json_deep_copy(c->attempt) : json_null();
 	json_object_del(a, "config");
 	json_object_del(a, "job");

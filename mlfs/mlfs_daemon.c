@@ -20,6 +20,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "mlfs/mlfs_backup.h"
 #include "mlfs/mlfs_cluster.h"
 #include "mlfs/mlfs_fuse_i.h"
 #include "mlfs/mlfs_peer.h"
@@ -267,10 +268,20 @@ static int join_job(struct mlfs_store *st, const struct mlfs_options *o, struct 
 		fprintf(stderr, "mlfs mount: %s\n", why);
 		return 1;
 	}
+	struct mlfs_backup *backup;
+	if ((rc = mlfs_backup_start(st, &backup))) {
+		fprintf(stderr, "mlfs mount: cannot start the backup thread: %s\n", strerror(-rc));
+		mlfs_peer_stop(*peer);
+		*peer = NULL;
+		return 1;
+	}
+	__atomic_store_n(&st->backup, backup, __ATOMIC_RELEASE);
 	if (mlfs_cluster_start(st, cluster, why, sizeof(why))) {
 		fprintf(stderr, "mlfs mount: %s\n", why);
 		mlfs_peer_stop(*peer);
 		*peer = NULL;
+		mlfs_backup_stop(backup);
+		st->backup = NULL;
 		return 1;
 	}
 	return 0;
@@ -389,7 +400,8 @@ out_session:
 	fuse_session_destroy(se);
 out_daemon:
 	mlfs_cluster_stop(cluster);
-	mlfs_peer_stop(peer);
+	mlfs_peer_stop(peer); /* its server threads read the backups */
+	mlfs_backup_stop(st->backup);
 	daemon_free(d);
 out_free_store:
 	mlfs_store_release(st);

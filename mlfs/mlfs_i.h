@@ -50,7 +50,29 @@ struct mlfs_view {
 	struct xf_mem *mem;	  /* where meta_bytes are counted */
 	int64_t meta_bytes;	  /* estimate of the table and trees */
 	struct ptc_cursor cursor; /* with ds: the samples each step consumes */
+	/* With "replicas": 1, each local rank's partitions as they were when
+	 * its step was last written (or the layout installed or imported):
+	 * pinned buffers, shared with parts until a write replaces them, which
+	 * the backup holder fetches (mlfs_backup.c). Indexed as parts; the
+	 * step per rank. NULL without replicas. Store lock. */
+	struct xf_buf **snap;
+	int64_t *snap_step;
 };
+
+struct mlfs_store;
+
+/* Pins rank @rank's current partitions of @v as its saved state at
+ * st->steps[@rank] (no-op without replicas). Lock held; the replaced
+ * snapshot's buffers go to *@old (nstates * ntensors entries, the
+ * caller's; put them with mlfs_bufs_put after unlocking), or are put here
+ * when @old is NULL (when none can be freed: a fresh view). */
+void mlfs_view_snap(struct mlfs_store *st, struct mlfs_view *v, int rank, struct xf_buf **old);
+void mlfs_bufs_put(struct xf_buf **bufs, size_t n);
+/* Rank @rank's snapshot partition (@state, @tensor) of @v pinned, when it
+ * was taken at @step; else NULL, and *@have = the snapshot's step (-1:
+ * none). */
+struct xf_buf *mlfs_view_snap_get(struct mlfs_store *st, struct mlfs_view *v, int rank,
+				  int state, int tensor, int64_t step, int64_t *have);
 
 /* Adds a reference to @v and returns it; NULL-safe. Any thread: the caller
  * must already hold a reference (mlfs_store_view gives the first). */
@@ -173,6 +195,10 @@ struct mlfs_store {
 	int64_t served_base, mem_base;
 	int64_t last_served, last_peak; /* of the last committed attempt */
 	void *cluster_arg;
+	/* The backups this node keeps of another node's saved state
+	 * (mlfs_backup.c); NULL on one node. Set before the control plane
+	 * starts, freed after the peer server stopped. */
+	struct mlfs_backup *backup;
 };
 
 int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cluster_text,
@@ -197,14 +223,14 @@ static inline const char *mlfs_store_cluster_text(const struct mlfs_store *st)
 int mlfs_store_grow_cluster(struct mlfs_store *st, const char *text, size_t len,
 			    struct ptc_error *err);
 
-/* What the daemon does not do yet of a valid config: 0, or -EINVAL with @err. */
-static inline int mlfs_config_supported(const struct ptc_config *c, const char *what,
-					struct ptc_error *err)
+/* What a valid config may not ask of this daemon (@multinode: a job of
+ * many nodes): 0, or -EINVAL with @err. */
+static inline int mlfs_config_supported(const struct ptc_config *c, bool multinode,
+					const char *what, struct ptc_error *err)
 {
-	if (c->replicas)
-		return ptc_errorf(err, "%s: \"replicas\": %d (backups of each node's saved state "
-				       "on the next node) is not supported yet; without it a dead "
-				       "node's state comes from DP replicas",
+	if (c->replicas && (!multinode || c->nnodes < 2))
+		return ptc_errorf(err, "%s: \"replicas\": %d keeps each node's saved state on the "
+				       "next node of \"nodes\": it needs a job of 2 or more nodes",
 				  what, c->replicas);
 	return 0;
 }
@@ -330,11 +356,20 @@ int mlfs_reconf_busy(const struct mlfs_store *st, const char *what, struct ptc_e
  */
 int mlfs_reconf_prepare(struct mlfs_store *st, const char *text, size_t len, const char *what,
 			bool autocommit, struct ptc_error *err);
-/* The same, for a job whose nodes @down (ndown cluster indices) cannot
- * serve: the plan takes their partitions from other copies (DP replicas),
- * or refuses naming what has none (ptc_plan_compute). */
+/* Nodes of the current layout that cannot serve: @down (ndown cluster
+ * indices), and for each cluster node (@nbackup entries, 0: none) the node
+ * that holds a backup of its saved state at the job's step, or -1. */
+struct mlfs_reconf_down {
+	const int *down;
+	int ndown;
+	const int *backup_of;
+	int nbackup;
+};
+/* The same, for a job whose nodes @dn->down cannot serve: the plan takes
+ * their partitions from other copies (DP replicas, backups), or refuses
+ * naming what has none (ptc_plan_compute_backups). */
 int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len,
-			     const char *what, bool autocommit, const int *down, int ndown,
+			     const char *what, bool autocommit, const struct mlfs_reconf_down *dn,
 			     struct ptc_error *err);
 /*
  * Commits the prepared attempt to @version: the new view becomes current

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mlfs/mlfs_backup.h"
 #include "mlfs/mlfs_fuse_i.h"
 #include "mlfs/mlfs_peer.h"
 
@@ -62,6 +63,22 @@ static bool arg_int(struct net_request *r, const char *name, int64_t max, int64_
 		return false;
 	*v = x;
 	return true;
+}
+
+/* A partition's geometry: @outer blocks of @prows rows of @rb bytes. */
+static void part_geometry(const struct ptc_layout *l, int rank, int state, int tensor,
+			  int64_t *outer, int64_t *prows, int64_t *rb)
+{
+	const struct ptc_tensor *T = &l->schema->tensors[tensor];
+	int64_t rowel;
+	ptc_tensor_geometry(T, outer, &rowel);
+	*prows = 1;
+	if (T->split_dim >= 0) {
+		struct ptc_slice sl;
+		ptc_slice_compute(T, l->tp, l->ranks[rank].t, &sl);
+		*prows = sl.rows;
+	}
+	*rb = rowel * (int64_t)ptc_dtype_size(ptc_schema_dtype(l->schema, state, tensor));
 }
 
 /* Rows of a pinned partition, gathered block by block as they are sent. */
@@ -128,15 +145,33 @@ static void serve_part(struct mlfs_peer *pe, struct net_request *r)
 		goto out;
 	}
 	const struct ptc_tensor *T = &s->tensors[tensor];
-	int64_t outer, rowel, prows = 1;
-	ptc_tensor_geometry(T, &outer, &rowel);
-	if (T->split_dim >= 0) {
-		struct ptc_slice sl;
-		ptc_slice_compute(T, l->tp, l->ranks[rank].t, &sl);
-		prows = sl.rows;
+	int64_t outer, prows, rb;
+	part_geometry(l, (int)rank, (int)state, (int)tensor, &outer, &prows, &rb);
+	struct xf_buf *b = NULL;
+	int64_t snap, have;
+	char why[256] = "";
+	if (net_request_arg(r, "snap")) { /* the saved state, for a backup */
+		if (!arg_int(r, "snap", INT64_MAX, &snap)) {
+			net_reply_error(r, 400, "snap must be a step number");
+			goto out;
+		}
+		if (!(b = mlfs_view_snap_get(st, v, (int)rank, (int)state, (int)tensor, snap,
+					     &have)) &&
+		    have != snap) {
+			net_reply_error(r, 409, "rank %" PRId64 "'s saved state is at step %" PRId64
+						", not %" PRId64,
+					rank, have, snap);
+			goto out;
+		}
+	} else if (net_request_arg(r, "backup")) { /* a dead node's, from its backup */
+		if (!(b = mlfs_backup_get(__atomic_load_n(&st->backup, __ATOMIC_ACQUIRE), version, (int)rank, (int)state, (int)tensor,
+					  why, sizeof(why)))) {
+			net_reply_error(r, 404, "%s", why);
+			goto out;
+		}
+	} else {
+		b = mlfs_store_part_get(st, v, (int)rank, (int)state, (int)tensor);
 	}
-	int64_t rb = rowel * (int64_t)ptc_dtype_size(ptc_schema_dtype(s, (int)state, (int)tensor));
-	struct xf_buf *b = mlfs_store_part_get(st, v, (int)rank, (int)state, (int)tensor);
 	if (!b) {
 		net_reply_error(r, 404, "partition (rank %" PRId64 ", %s, %s) is not on this node",
 				rank, s->states[state].name, T->name);
@@ -247,9 +282,9 @@ static int fetch_from(struct mlfs_peer *pe, int node, int rank, int64_t version,
 
 	snprintf(url, sizeof(url),
 		 "http://%s/v1/part?version=%" PRId64 "&rank=%d&state=%d&tensor=%d&row=%" PRId64
-		 "&rows=%" PRId64 "%s",
+		 "&rows=%" PRId64 "%s%s",
 		 n->addr, version, rank, op->state, op->src_tensor, op->src_row, op->rows,
-		 op->dst_node < 0 ? "&full=1" : "");
+		 op->dst_node < 0 ? "&full=1" : "", op->backup ? "&backup=1" : "");
 	struct net_http_range rg = {.off = 0, .len = len, .iov = iov, .iovcnt = (int)outer};
 	struct net_http_call call = {.stop = &pe->st->cancel}; /* an abort ends it */
 	int rc = net_http_get_range(pe->http, url, &rg, &call, why, whylen);
@@ -279,9 +314,23 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 		iov[o] = (struct iovec){dst + (o * dst_rows + op->dst_row) * row_bytes,
 					(size_t)(op->rows * row_bytes)};
 	int64_t len = outer * op->rows * row_bytes;
-	int rc = fetch_from(pe, op->src_node, op->src_rank, version, op, iov, outer, len, first,
+	int src = op->src_node;
+	if (op->backup) { /* src_node is down: its backup holder serves the rows */
+		struct mlfs_view *cur = mlfs_store_view(pe->st);
+		src = cur && cur->config->version == version
+			  ? ptc_layout_backup_holder(&cur->layout, op->src_node)
+			  : -1;
+		mlfs_view_put(cur);
+		if (src < 0) {
+			if (iov != stack)
+				free(iov);
+			mlfs_store_note_error(pe->st, "fetch from a backup: the layout changed");
+			return -ESTALE;
+		}
+	}
+	int rc = fetch_from(pe, src, op->src_rank, version, op, iov, outer, len, first,
 			    sizeof(first));
-	struct mlfs_view *v = rc ? mlfs_store_view(pe->st) : NULL;
+	struct mlfs_view *v = rc && !op->backup ? mlfs_store_view(pe->st) : NULL;
 	if (v && v->config->version == version) {
 		const struct ptc_layout *l = &v->layout;
 		for (int r = 0; r < l->world && rc && rc != -ECANCELED; r++) {
@@ -298,9 +347,42 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 		free(iov);
 	if (rc) {
 		char msg[700];
-		snprintf(msg, sizeof(msg), "fetch from node %s: %s",
-			 mlfs_store_cluster(pe->st)->nodes[op->src_node].id, first);
+		snprintf(msg, sizeof(msg), "fetch from node %s%s: %s",
+			 mlfs_store_cluster(pe->st)->nodes[src].id,
+			 op->backup ? " (a backup)" : "", first);
 		mlfs_store_note_error(pe->st, msg);
+	}
+	return rc;
+}
+
+int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout *l, int rank,
+		       int state, int tensor, int64_t snap, struct xf_buf *dst, char *why,
+		       size_t whylen)
+{
+	struct mlfs_peer *pe = st->fetch_arg;
+	char url[NET_MAX_URL];
+	int64_t outer, prows, rb;
+
+	if (!pe || st->fetch != peer_fetch)
+		return -EHOSTUNREACH;
+	part_geometry(l, rank, state, tensor, &outer, &prows, &rb);
+	if (dst->size != outer * prows * rb) {
+		snprintf(why, whylen, "rank %d's partition: %" PRId64 " bytes, expected %" PRId64,
+			 rank, dst->size, outer * prows * rb);
+		return -EINVAL;
+	}
+	snprintf(url, sizeof(url),
+		 "http://%s/v1/part?version=%" PRId64 "&rank=%d&state=%d&tensor=%d&row=0&rows=%" PRId64
+		 "&snap=%" PRId64 "&full=1",
+		 mlfs_store_cluster(st)->nodes[node].addr, l->config->version, rank, state, tensor,
+		 prows, snap);
+	struct iovec iov = {dst->data, (size_t)dst->size};
+	struct net_http_range rg = {.off = 0, .len = dst->size, .iov = &iov, .iovcnt = 1};
+	int rc = net_http_get_range(pe->http, url, &rg, NULL, why, whylen);
+	if (rc == 0 && rg.got != rg.len) {
+		snprintf(why, whylen, "%.300s: %" PRId64 " bytes, expected %" PRId64, url, rg.got,
+			 rg.len);
+		rc = -EIO;
 	}
 	return rc;
 }

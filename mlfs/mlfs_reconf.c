@@ -226,6 +226,8 @@ static int set_first_config(struct mlfs_store *st, struct ptc_config *c, struct 
 	st->view = v;
 	free(st->steps);
 	st->steps = steps;
+	for (int r = 0; r < v->layout.world; r++)
+		mlfs_view_snap(st, v, r, NULL);
 	return 0;
 }
 
@@ -301,6 +303,23 @@ out:
 	return rc;
 }
 
+/* The plan of @a past the nodes of @dn (NULL: none down). */
+static int plan_down(struct mlfs_attempt *a, const struct mlfs_reconf_down *dn,
+		     struct ptc_error *err)
+{
+	int n = a->to->layout.cluster->nnodes, *backup_of = NULL;
+	if (dn && dn->nbackup) { /* one entry per node of the new layout's cluster */
+		if (!(backup_of = malloc((size_t)n * sizeof(int))))
+			return -ENOMEM;
+		for (int i = 0; i < n; i++)
+			backup_of[i] = i < dn->nbackup ? dn->backup_of[i] : -1;
+	}
+	int rc = ptc_plan_compute_backups(&a->from->layout, &a->to->layout, dn ? dn->down : NULL,
+					  dn ? dn->ndown : 0, backup_of, &a->plan, err);
+	free(backup_of);
+	return rc;
+}
+
 /*
  * Plans an attempt to @c (and dataset @ds; both taken over) into *@out
  * without the lock: the new view, its cursor and step table, the plan.
@@ -308,8 +327,9 @@ out:
  * fixed once a view is set. 0, or an error with @err.
  */
 static int reconf_plan(struct mlfs_store *st, struct ptc_config *c, struct mlfs_dataset *ds,
-		       const char *text, size_t len, const char *what, const int *down, int ndown,
-		       struct mlfs_attempt **out, struct ptc_error *err)
+		       const char *text, size_t len, const char *what,
+		       const struct mlfs_reconf_down *dn, struct mlfs_attempt **out,
+		       struct ptc_error *err)
 {
 	struct mlfs_attempt *a = calloc(1, sizeof(*a));
 	int rc = -ENOMEM;
@@ -335,7 +355,7 @@ static int reconf_plan(struct mlfs_store *st, struct ptc_config *c, struct mlfs_
 			goto err_free_attempt;
 		}
 	}
-	if ((rc = ptc_plan_compute(&a->from->layout, &a->to->layout, down, ndown, &a->plan, err)))
+	if ((rc = plan_down(a, dn, err)))
 		goto err_free_attempt;
 	rc = -ENOMEM;
 	if (!(a->steps = malloc((size_t)a->to->layout.world * sizeof(int64_t))))
@@ -369,6 +389,8 @@ static void commit_begin(struct mlfs_store *st, struct mlfs_attempt *a)
 	free(st->steps);
 	st->steps = a->steps;
 	a->steps = NULL;
+	for (int r = 0; r < st->view->layout.world; r++) /* the saved state, for backups */
+		mlfs_view_snap(st, st->view, r, NULL);
 	st->last = a->stats;
 	/* served to peers since the last commit: every attempt fetch is for
 	 * the current version, and some start before this node's prepare */
@@ -592,10 +614,10 @@ err_unlock:
 /* Plans and publishes an attempt to @c and @ds (taken over). */
 static int reconf_start(struct mlfs_store *st, struct ptc_config *c, struct mlfs_dataset *ds,
 			const char *text, size_t len, const char *what, bool autocommit,
-			const int *down, int ndown, struct ptc_error *err)
+			const struct mlfs_reconf_down *dn, struct ptc_error *err)
 {
 	struct mlfs_attempt *a;
-	int rc = reconf_plan(st, c, ds, text, len, what, down, ndown, &a, err);
+	int rc = reconf_plan(st, c, ds, text, len, what, dn, &a, err);
 
 	if (rc)
 		return rc;
@@ -606,18 +628,18 @@ static int reconf_start(struct mlfs_store *st, struct ptc_config *c, struct mlfs
 int mlfs_reconf_prepare(struct mlfs_store *st, const char *text, size_t len, const char *what,
 			bool autocommit, struct ptc_error *err)
 {
-	return mlfs_reconf_prepare_down(st, text, len, what, autocommit, NULL, 0, err);
+	return mlfs_reconf_prepare_down(st, text, len, what, autocommit, NULL, err);
 }
 
 int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len,
-			     const char *what, bool autocommit, const int *down, int ndown,
+			     const char *what, bool autocommit, const struct mlfs_reconf_down *dn,
 			     struct ptc_error *err)
 {
 	struct ptc_config *c;
 	struct mlfs_dataset *ds;
 	int rc = reconf_validate(st, text, len, what, &c, &ds, err);
 
-	return rc ? rc : reconf_start(st, c, ds, text, len, what, autocommit, down, ndown, err);
+	return rc ? rc : reconf_start(st, c, ds, text, len, what, autocommit, dn, err);
 }
 
 int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t len,
@@ -642,7 +664,7 @@ int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t le
 		pthread_mutex_unlock(&st->lock);
 		/* A view, once set, stays set: the rest is a reconfiguration. */
 		if (rc == 0 && !first)
-			rc = reconf_start(st, c, ds, text, len, "config.json", true, NULL, 0, err);
+			rc = reconf_start(st, c, ds, text, len, "config.json", true, NULL, err);
 	}
 	if (rc) {
 		mlfs_store_note_error(st, err->text);

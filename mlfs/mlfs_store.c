@@ -44,6 +44,11 @@ void mlfs_view_put(struct mlfs_view *v)
 		return;
 	xf_mem_release(v->mem, v->meta_bytes);
 	xf_parts_release(&v->parts);
+	if (v->snap)
+		mlfs_bufs_put(v->snap, (size_t)v->layout.world * (size_t)v->parts.nstates *
+					   (size_t)v->parts.ntensors);
+	free(v->snap);
+	free(v->snap_step);
 	if (v->stage_tree)
 		for (int p = 0; p < v->layout.pp; p++)
 			mlfs_tree_free(v->stage_tree[p]);
@@ -55,6 +60,50 @@ void mlfs_view_put(struct mlfs_view *v)
 	mlfs_dataset_put(v->ds);
 	free(v->cursor.segs);
 	free(v);
+}
+
+void mlfs_bufs_put(struct xf_buf **bufs, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		xf_buf_put(bufs[i]);
+		bufs[i] = NULL;
+	}
+}
+
+void mlfs_view_snap(struct mlfs_store *st, struct mlfs_view *v, int rank, struct xf_buf **old)
+{
+	const struct xf_parts *p = &v->parts;
+	if (!v->snap)
+		return;
+	for (int s = 0; s < p->nstates; s++)
+		for (int t = 0; t < p->ntensors; t++) {
+			size_t i = xf_parts_index(p, rank, s, t);
+			struct xf_buf *was = v->snap[i];
+			v->snap[i] = xf_buf_get(p->bufs[i]);
+			if (old)
+				old[s * p->ntensors + t] = was;
+			else
+				xf_buf_put(was);
+		}
+	v->snap_step[rank] = st->steps[rank];
+}
+
+struct xf_buf *mlfs_view_snap_get(struct mlfs_store *st, struct mlfs_view *v, int rank,
+				  int state, int tensor, int64_t step, int64_t *have)
+{
+	const struct xf_parts *p = &v->parts;
+	struct xf_buf *b = NULL;
+
+	*have = -1;
+	if (!v->snap || rank < 0 || rank >= v->layout.world || state < 0 || state >= p->nstates ||
+	    tensor < 0 || tensor >= p->ntensors)
+		return NULL;
+	pthread_mutex_lock(&st->lock);
+	*have = v->snap_step[rank];
+	if (*have == step)
+		b = xf_buf_get(v->snap[xf_parts_index(p, rank, state, tensor)]);
+	pthread_mutex_unlock(&st->lock);
+	return b;
 }
 
 struct mlfs_view *mlfs_store_view(struct mlfs_store *st)
@@ -122,12 +171,13 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 	clock_gettime(CLOCK_REALTIME, &v->time);
 	if (!(v->config_text = strndup(text, len)))
 		goto err_put;
-	if ((rc = mlfs_config_supported(config, what, err)) ||
+	if ((rc = mlfs_config_supported(config, st->multinode, what, err)) ||
 	    (rc = ptc_layout_init(&v->layout, st->schema, config, mlfs_store_cluster(st), what, err)))
 		goto err_put;
 	/* The partition table, the local stages' name trees and the full tree. */
-	int64_t meta = (int64_t)v->layout.world * st->schema->nstates * st->schema->ntensors *
-			   (int64_t)sizeof(void *) +
+	size_t nparts = (size_t)v->layout.world * (size_t)st->schema->nstates *
+			(size_t)st->schema->ntensors;
+	int64_t meta = (int64_t)nparts * (int64_t)sizeof(void *) * (config->replicas ? 2 : 1) +
 		       tree_bytes(st->schema) * (1 + v->layout.pp);
 	if ((rc = xf_mem_reserve(&st->mem, meta))) {
 		ptc_errorf(err,
@@ -141,6 +191,13 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 	rc = -ENOMEM;
 	if (xf_parts_init(&v->parts, &v->layout, st->node))
 		goto err_put;
+	if (config->replicas) {
+		if (!(v->snap = calloc(nparts, sizeof(*v->snap))) ||
+		    !(v->snap_step = malloc((size_t)v->layout.world * sizeof(int64_t))))
+			goto err_put;
+		for (int r = 0; r < v->layout.world; r++)
+			v->snap_step[r] = -1;
+	}
 	if (!(v->stage_tree = calloc((size_t)v->layout.pp, sizeof(*v->stage_tree))))
 		goto err_put;
 	int r0 = v->layout.node_first_rank[st->node];
@@ -339,6 +396,8 @@ int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_
 
 	if (len == 0 || len >= sizeof(buf))
 		return ptc_errorf(err, "ranks/%d/step: expected a step number", rank);
+	struct xf_buf **old = NULL;
+	size_t nold = 0;
 	memcpy(buf, text, len);
 	buf[len] = '\0';
 	long long step = strtoll(buf, &end, 10);
@@ -354,10 +413,19 @@ int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_
 	else {
 		char what[32];
 		snprintf(what, sizeof(what), "ranks/%d/step", rank);
-		if (!(rc = mlfs_reconf_busy(st, what, err)))
+		if (st->view->snap) /* the old snapshot's buffers: put after unlocking */
+			nold = (size_t)st->schema->nstates * (size_t)st->schema->ntensors;
+		if (nold && !(old = calloc(nold, sizeof(*old))))
+			rc = -ENOMEM;
+		else if (!(rc = mlfs_reconf_busy(st, what, err))) {
 			st->steps[rank] = step;
+			mlfs_view_snap(st, st->view, rank, old);
+		}
 	}
 	pthread_mutex_unlock(&st->lock);
+	if (old)
+		mlfs_bufs_put(old, nold);
+	free(old);
 	if (rc == 0 && st->steps_saved)
 		st->steps_saved(st->cluster_arg);
 	return rc;
@@ -590,6 +658,13 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 					goto out_parts;
 				}
 			}
+	size_t nparts = (size_t)l->world * (size_t)s->nstates * (size_t)s->ntensors;
+	/* the snapshots replaced (with "replicas"): put after unlocking */
+	struct xf_buf **oldsnap = v->snap ? calloc(nparts, sizeof(*oldsnap)) : NULL;
+	if (v->snap && !oldsnap) {
+		rc = -ENOMEM;
+		goto out_parts;
+	}
 	pthread_mutex_lock(&st->lock);
 	if (!(rc = import_busy(st, v, msg, msglen))) {
 		for (size_t i = 0; i < (size_t)l->world * (size_t)s->nstates * (size_t)s->ntensors;
@@ -600,12 +675,18 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 			v->parts.bufs[i] = np.bufs[i];
 			np.bufs[i] = tmp;
 		}
-		for (int r = 0; r < l->world; r++)
+		size_t per = (size_t)s->nstates * (size_t)s->ntensors;
+		for (int r = 0; r < l->world; r++) {
 			st->steps[r] = step;
+			mlfs_view_snap(st, v, r, oldsnap ? oldsnap + (size_t)r * per : NULL);
+		}
 		saved = true;
 		rc = 0;
 	}
 	pthread_mutex_unlock(&st->lock);
+	if (oldsnap)
+		mlfs_bufs_put(oldsnap, nparts);
+	free(oldsnap);
 	if (saved && st->steps_saved)
 		st->steps_saved(st->cluster_arg);
 	if (rc == 0) {

@@ -324,9 +324,10 @@ def test_nodes_join_the_job(cluster_factory):
     cl.wait_version(1, nodes=["n3"])
     assert os.listdir(n3.p("ranks")) == []
 
-    # Backups are not built yet: a config asking for them is refused before anything starts.
-    p = cl.reconfigure("n0", dict(b, replicas=1))
-    assert p.returncode == 1 and '"replicas": 1' in p.stderr, (p.returncode, p.stderr)
+    # Backups need a second node: a config of one node asking for them is refused.
+    p = cl.reconfigure("n0", {"version": 2, "tp": 2, "pp": 1, "dp": 1, "nodes": ["n0"],
+                              "replicas": 1})
+    assert p.returncode == 1 and "2 or more nodes" in p.stderr, (p.returncode, p.stderr)
     assert cl.committed() == a and "attempt" not in cl.keys()
 
     # n4 is listed but not up: refused before anything starts, naming it.
@@ -439,6 +440,94 @@ def test_node_killed_before_a_reconfiguration_that_needs_it(cluster_factory):
     cl.check_layout(MIXED, v2, full, step=5)
     # (bytes served may differ from the plan's after a failed fetch moved to a replica)
     check_traffic(cl, V1, v2, down=("n3",), later=[])
+
+
+def wait_backups(cl, cfg, holder, of, step, timeout=30):
+    """Node @holder's etcd entry shows a backup of every rank of node @of under @cfg, at
+    @step; returns the entry's "backup"."""
+    def ok():
+        kv = cl.keys().get(f"nodes/{holder}")
+        bk = json.loads(kv.value).get("backup") if kv else None
+        want = {str(r): step for r in cl.hosted(cfg, of)}
+        return bk if bk and bk["of"] == of and bk["version"] == cfg["version"] and \
+            bk["steps"] == want else None
+    return cl.wait(ok, f"{holder}'s backup of {of} at step {step}", timeout)
+
+
+def test_backups_serve_a_dead_node_without_dp_replicas(cluster_factory):
+    """"replicas": 1: each node keeps the saved state of the node before it in "nodes"
+    (n0's on n1, n1's on n0), refreshed at every save; a config that drops a dead node
+    whose state has no DP replica is served from its backup, bit-exact at the saved step.
+    Without replicas the same config is refused, naming the state that has no copy."""
+    cl = cluster_factory()
+    a = {"version": 1, "tp": 2, "pp": 2, "dp": 1, "nodes": ["n0", "n1"], "replicas": 1}
+    cl.start_job(MIXED, a, "n0", full_of(40), step=3)
+    wait_backups(cl, a, "n1", "n0", 3)
+    wait_backups(cl, a, "n0", "n1", 3)
+    # Another save: new state on every rank (an import at step 4): the backups follow.
+    full = full_of(41)
+    write_full(cl.tmp / "ckpt4", full)
+    for nid in ("n0", "n1"):
+        p = cl[nid].mlfs("import", "--from", cl.tmp / "ckpt4", "--step", "4", check=False)
+        assert p.returncode == 0, p.stderr
+    cl.wait_published(a, 4)
+    bk = wait_backups(cl, a, "n0", "n1", 4)
+    assert bk["bytes"] == partition_bytes(cl, a, "n1") and "error" not in bk, bk
+    st = cl["n0"].status()["cluster"]["backup"]
+    assert st["of"] == "n1" and st["steps"] == bk["steps"], st
+    wait_backups(cl, a, "n1", "n0", 4)
+
+    # n1 dies; n2 takes its place: n1's ranks (no DP replica) come from n0's backup.
+    cl.kill("n1")
+    cl.wait_down("n1")
+    b = {"version": 2, "tp": 2, "pp": 2, "dp": 1, "nodes": ["n0", "n2"], "replicas": 1}
+    p = cl.reconfigure("n2", b)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(2)
+    cl.check_layout(MIXED, b, full, step=4)
+    # The new layout is backed up in turn (n0's on n2, n2's on n0).
+    wait_backups(cl, b, "n2", "n0", 4)
+    wait_backups(cl, b, "n0", "n2", 4)
+
+    # Without "replicas" nothing keeps n2's state elsewhere: once it is dead, a config
+    # that drops it is refused, naming the state that has no copy; nothing changes.
+    c = {"version": 3, "tp": 2, "pp": 2, "dp": 1, "nodes": ["n0", "n2"]}
+    p = cl.reconfigure("n0", c)
+    assert p.returncode == 0, p.stderr
+    cl.wait_version(3)
+    cl.kill("n2")
+    cl.wait_down("n2")
+    before = cl.snapshot()
+    p = cl.reconfigure("n0", {"version": 4, "tp": 2, "pp": 2, "dp": 1, "nodes": ["n0", "n3"]})
+    assert p.returncode == 1 and "no surviving copy" in p.stderr, (p.returncode, p.stderr)
+    assert cl.committed() == c and cl.snapshot() == before
+
+
+def test_stale_backup_is_not_used(cluster_factory):
+    """A node dies after its ranks saved a step that its backup holder did not fetch yet
+    (the holder was stopped meanwhile): its backup is of the older step, so a config
+    that drops it is refused, naming what has no copy, rather than restoring a mix of
+    two steps; nothing changes."""
+    cl = cluster_factory(nnodes=3)
+    a = {"version": 1, "tp": 2, "pp": 2, "dp": 1, "nodes": ["n0", "n1"], "replicas": 1}
+    cl.start_job(MIXED, a, "n0", full_of(42), step=3)
+    wait_backups(cl, a, "n0", "n1", 3)
+    saved(cl, a, 4, but=(2, 3))  # n0's ranks
+    cl.freeze("n0")  # its backup thread cannot fetch n1's next save
+    try:
+        saved(cl, a, 4, but=(0, 1))  # n1's ranks
+        cl.kill("n1")
+    finally:
+        cl.thaw("n0")
+    cl.wait_down("n1")
+    kv = cl.keys()["nodes/n0"]
+    bk = json.loads(kv.value)["backup"]
+    assert bk["steps"] == {"2": 3, "3": 3}, bk
+    before = cl.snapshot()
+    p = cl.reconfigure("n2", {"version": 2, "tp": 2, "pp": 2, "dp": 1,
+                              "nodes": ["n0", "n2"], "replicas": 1})
+    assert p.returncode == 1 and "no surviving copy" in p.stderr, (p.returncode, p.stderr)
+    assert cl.committed() == a and cl.snapshot() == before
 
 
 # ------------------------------------------------------ 5. killed during an attempt

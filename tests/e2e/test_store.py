@@ -595,7 +595,7 @@ def test_refusals_change_nothing(mount, tmp_path):
     assert "pp" in st["error"]
     st = refused({"version": 3, "tp": 1, "pp": 1, "dp": 1, "nodes": ["n0"], "replicas": 1},
                  '"replicas": 1')
-    assert "not supported yet" in st["error"]
+    assert "2 or more nodes" in st["error"]
     refused(None, "new.json", text='{"version": 3, "tp": 1, "pp": 1')
     refused(None, "tpp", text='{"version": 3, "tpp": 1, "pp": 1, "dp": 1, "nodes": ["n0"]}')
     # Malformed JSON written straight to config.json: EINVAL and status says why.
