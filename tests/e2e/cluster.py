@@ -343,13 +343,14 @@ class Cluster:
             time.sleep(0.01)
         return True
 
-    def mount(self, node_id):
-        """Starts node @node_id's daemon on <tmp>/<id> (again, after a kill)."""
+    def mount(self, node_id, cluster_path=None):
+        """Starts node @node_id's daemon on <tmp>/<id> (again, after a kill), with the
+        job's cluster.json or @cluster_path."""
         mnt = self.tmp / node_id
         mnt.mkdir(exist_ok=True)
         assert not os.path.ismount(mnt), f"{mnt} is still a mount point"
         runs = sum(1 for n in self.nodes + self.retired if n.id == node_id)
-        proc, errpath = self._spawn(node_id, mnt, self.cluster_path,
+        proc, errpath = self._spawn(node_id, mnt, cluster_path or self.cluster_path,
                                     f".{runs}" if runs else "")
         node = Node(self, node_id, mnt, proc, errpath)
         if not self._wait_mounted(node):
@@ -386,26 +387,14 @@ class Cluster:
         """Starts node @node_id with cluster.json @spec, which lists more nodes than the
         job's (they join it): it becomes the harness's cluster.json (restarts, plans).
         @cluster_path: mount with that file instead (e.g. an older, shorter one)."""
-        old_path = self.cluster_path
+        old_spec, old_path = self.spec, self.cluster_path
         self.spec = spec
         self.cluster_path = self.file(f"cluster-{len(spec['nodes'])}.json", spec)
-        mnt = self.tmp / node_id
-        mnt.mkdir(exist_ok=True)
-        runs = sum(1 for n in self.nodes + self.retired if n.id == node_id)
-        proc, errpath = self._spawn(node_id, mnt, cluster_path or self.cluster_path,
-                                    f".{runs}" if runs else "")
-        node = Node(self, node_id, mnt, proc, errpath)
-        if not self._wait_mounted(node):
-            self.spec, self.cluster_path = json.loads(old_path.read_text()), old_path
-            raise AssertionError(f"mlfs mount --node {node_id} (joining) exited "
-                                 f"{proc.returncode}: {node.stderr()}")
-        old = [i for i, n in enumerate(self.nodes) if n.id == node_id]
-        if old:
-            self.retired.append(self.nodes[old[0]])
-            self.nodes[old[0]] = node
-        else:
-            self.nodes.append(node)
-        return node
+        try:
+            return self.mount(node_id, cluster_path)
+        except AssertionError:
+            self.spec, self.cluster_path = old_spec, old_path
+            raise
 
     def kill(self, n):
         """kill -9 of node @n's daemon; its dead mount is lazily unmounted."""
