@@ -3,22 +3,30 @@
  * per event, level first.
  *
  * State: the sink and the minimum level, process-wide (one daemon a
- * process, as syslog is one a process); atomics, no lock. A line is built
+ * process, as syslog is one a process); atomics, no lock; the rate limit
+ * (LOG_PER_SECOND) under a lock of its own. A line is built
  * whole in a buffer on the caller's stack, then written with one write(2)
  * to stderr (lines of threads never interleave) or one syslog(3) call.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mlfs/mlfs_log.h"
 
 /* Bytes of one line, "mlfs: <level>: " and the newline included. */
 #define LOG_LINE_MAX 2048
+/* Lines a second, at most: a fault repeated in a loop (a peer refusing
+ * every fetch, a client hammering a bad request) must not fill the disk
+ * or drown the one line that matters. The lines past it are counted and
+ * the count said at the next second's first line. */
+#define LOG_PER_SECOND 200
 
 static atomic_int min_level = MLFS_LOG_INFO;
 static atomic_bool to_syslog = false;
@@ -65,18 +73,39 @@ int mlfs_log_level_parse(const char *name, enum mlfs_log_level *level)
 	return -EINVAL;
 }
 
-void mlfs_log(enum mlfs_log_level level, const char *fmt, ...)
+/* Whether a line may go out now; *@dropped gets the lines suppressed in
+ * the seconds before it, to say so first. */
+static bool rate_ok(long *dropped)
+{
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	static time_t second;
+	static long lines, suppressed;
+	struct timespec now;
+	bool ok;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	pthread_mutex_lock(&lock);
+	*dropped = 0;
+	if (now.tv_sec != second) {
+		second = now.tv_sec;
+		lines = 0;
+		*dropped = suppressed;
+		suppressed = 0;
+	}
+	ok = lines++ < LOG_PER_SECOND;
+	if (!ok)
+		suppressed++;
+	pthread_mutex_unlock(&lock);
+	return ok;
+}
+
+static void emit(enum mlfs_log_level level, const char *fmt, va_list ap)
 {
 	char line[LOG_LINE_MAX];
-	int saved = errno, head, n;
-	va_list ap;
+	int head, n;
 
-	if ((int)level > atomic_load(&min_level))
-		return;
 	head = snprintf(line, sizeof(line), "mlfs: %s: ", mlfs_log_level_name(level));
-	va_start(ap, fmt);
 	n = vsnprintf(line + head, sizeof(line) - (size_t)head - 1, fmt, ap);
-	va_end(ap);
 	if (n < 0)
 		n = 0;
 	if ((size_t)n >= sizeof(line) - (size_t)head - 1) { /* cut: say so */
@@ -99,6 +128,35 @@ void mlfs_log(enum mlfs_log_level level, const char *fmt, ...)
 			else if (!(w < 0 && errno == EINTR))
 				break; /* lost: there is nowhere to say so */
 		}
+	}
+}
+
+static void emitf(enum mlfs_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void emitf(enum mlfs_log_level level, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	emit(level, fmt, ap);
+	va_end(ap);
+}
+
+void mlfs_log(enum mlfs_log_level level, const char *fmt, ...)
+{
+	int saved = errno;
+	long dropped;
+	va_list ap;
+
+	if ((int)level > atomic_load(&min_level))
+		return;
+	bool ok = rate_ok(&dropped);
+	if (dropped)
+		emitf(MLFS_LOG_WARNING, "log: %ld lines suppressed (more than %d a second)",
+		      dropped, LOG_PER_SECOND);
+	if (ok) {
+		va_start(ap, fmt);
+		emit(level, fmt, ap);
+		va_end(ap);
 	}
 	errno = saved;
 }
