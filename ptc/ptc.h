@@ -98,6 +98,7 @@ struct ptc_tensor {
 	int nchunks;	      /* >= 1 when split */
 	int64_t *chunks;      /* nchunks sizes along split_dim, summing to shape[split_dim] */
 	int64_t pad_multiple; /* 0 when unpadded */
+	int64_t unit;	      /* rows kept on one TP rank (a head's), 1 by default */
 	enum ptc_place place;
 	int layer;  /* for PTC_PLACE_LAYER, else -1 */
 	int tied;   /* index of the tensor this one copies, or -1 */

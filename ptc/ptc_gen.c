@@ -6,6 +6,8 @@
  * of DESIGN.md section 4 with Megatron-LM tensor names:
  *   megatron-gpt  learned position embeddings, LayerNorm with biases, fused
  *                 QKV in three equal chunks, GELU MLP of width ffn (4H).
+ *                 The QKV rows and the attention projection's columns are
+ *                 split in whole heads ("unit": head size).
  *   llama         no biases or position embeddings, RMSNorm weights, fused
  *                 QKV with grouped-query attention (chunks [A*d, G*d, G*d]),
  *                 SwiGLU gate/up fused in two chunks, ffn 256-rounded 8H/3.
@@ -114,6 +116,16 @@ static void gen_split(struct gen *g, json_t *t, int dim, json_t *chunks, bool pa
 	gen_set(g, t, "split", split);
 }
 
+/* The same, keeping heads of @d rows along @dim whole on one TP rank (a tp
+ * that would cut one, e.g. more TP ranks than GQA's KV heads, is refused,
+ * as Megatron refuses it). */
+static void gen_split_heads(struct gen *g, json_t *t, int dim, json_t *chunks, int64_t d)
+{
+	gen_split(g, t, dim, chunks, false);
+	if (d > 1)
+		gen_set(g, json_object_get(t, "split"), "unit", json_integer(d));
+}
+
 static void gen_place(struct gen *g, json_t *t, const char *place)
 {
 	gen_set(g, t, "place", json_string(place));
@@ -165,18 +177,18 @@ static void gen_output(struct gen *g, int64_t vocab, int64_t hidden, bool tied)
 
 /* --------------------------------------------------------- megatron-gpt */
 
-static void gen_gpt_layer(struct gen *g, int64_t h, int64_t f)
+static void gen_gpt_layer(struct gen *g, int64_t h, int64_t f, int64_t d)
 {
 	json_t *t;
 
 	gen_vector(g, "layers/{L}/input_layernorm/weight", h);
 	gen_vector(g, "layers/{L}/input_layernorm/bias", h);
 	t = gen_matrix(g, "layers/{L}/self_attention/query_key_value/weight", 3 * h, h);
-	gen_split(g, t, 0, json_integer(3), false);
+	gen_split_heads(g, t, 0, json_integer(3), d);
 	t = gen_vector(g, "layers/{L}/self_attention/query_key_value/bias", 3 * h);
-	gen_split(g, t, 0, json_integer(3), false);
+	gen_split_heads(g, t, 0, json_integer(3), d);
 	t = gen_matrix(g, "layers/{L}/self_attention/dense/weight", h, h);
-	gen_split(g, t, 1, NULL, false);
+	gen_split_heads(g, t, 1, NULL, d);
 	gen_vector(g, "layers/{L}/self_attention/dense/bias", h);
 	gen_vector(g, "layers/{L}/post_attention_layernorm/weight", h);
 	gen_vector(g, "layers/{L}/post_attention_layernorm/bias", h);
@@ -206,7 +218,7 @@ json_t *ptc_gen_megatron_gpt(const struct ptc_gen_args *a, struct ptc_error *err
 	gen_embedding(&g, v, h);
 	t = gen_matrix(&g, "embedding/position_embeddings/weight", seq, h);
 	gen_place(&g, t, "first");
-	gen_gpt_layer(&g, h, f);
+	gen_gpt_layer(&g, h, f, h / a->heads);
 	t = gen_vector(&g, "final_layernorm/weight", h);
 	gen_place(&g, t, "last");
 	t = gen_vector(&g, "final_layernorm/bias", h);
@@ -225,9 +237,9 @@ static void gen_llama_layer(struct gen *g, int64_t h, int64_t f, int64_t nq, int
 
 	gen_vector(g, "layers/{L}/input_layernorm/weight", h);
 	t = gen_matrix(g, "layers/{L}/self_attention/query_key_value/weight", q + 2 * kv, h);
-	gen_split(g, t, 0, json_pack("[I, I, I]", q, kv, kv), false);
+	gen_split_heads(g, t, 0, json_pack("[I, I, I]", q, kv, kv), d);
 	t = gen_matrix(g, "layers/{L}/self_attention/dense/weight", h, q);
-	gen_split(g, t, 1, NULL, false);
+	gen_split_heads(g, t, 1, NULL, d);
 	gen_vector(g, "layers/{L}/post_attention_layernorm/weight", h);
 	t = gen_matrix(g, "layers/{L}/mlp/dense_h_to_4h/weight", 2 * f, h);
 	gen_split(g, t, 0, json_integer(2), false);

@@ -9,8 +9,10 @@
  *
  * A split tensor's TP slice is a list of segments along the split dim: for
  * each chunk, the balanced range [floor(t*n/tp), floor((t+1)*n/tp)) of that
- * chunk; with pad_multiple m the dim is padded to a multiple of m*tp and
- * divided evenly, the rows past the logical size being zero padding.
+ * chunk (counted in units of "unit" rows, 1 by default, so that a unit, an
+ * attention head, is never cut); with pad_multiple m the dim is padded to a
+ * multiple of m*tp and divided evenly, the rows past the logical size being
+ * zero padding.
  *
  * With "replicas": 1 the nodes of config.nodes form a ring for backups: the
  * saved state of config.nodes[i] is kept by config.nodes[(i + 1) % k].
@@ -52,7 +54,14 @@ static int check_tp(const struct ptc_layout *l, const char *file, struct ptc_err
 		if (t->split_dim < 0 || t->pad_multiple)
 			continue;
 		for (int c = 0; c < t->nchunks; c++)
-			if (t->chunks[c] < l->tp)
+			if (t->unit > 1 && t->chunks[c] / t->unit < l->tp)
+				return ptc_errorf(err,
+						  "%s: \"tp\" = %d exceeds the %" PRId64
+						  " units of %" PRId64 " rows (heads) of chunk %d of "
+						  "\"%s\" (dim %d): a unit is never cut",
+						  file, l->tp, t->chunks[c] / t->unit, t->unit, c,
+						  t->name, t->split_dim);
+			else if (t->chunks[c] < l->tp)
 				return ptc_errorf(err,
 						  "%s: \"tp\" = %d exceeds the %" PRId64
 						  " rows of chunk %d of \"%s\" (dim %d)",
@@ -209,10 +218,10 @@ void ptc_slice_compute(const struct ptc_tensor *t, int tp, int tpr, struct ptc_s
 	}
 	int64_t base = 0;
 	for (int c = 0; c < t->nchunks; c++) {
-		int64_t cn = t->chunks[c];
-		int64_t lo = tpr * cn / tp, hi = (tpr + 1) * cn / tp;
+		int64_t u = t->unit > 1 ? t->unit : 1, cn = t->chunks[c] / u; /* in units */
+		int64_t lo = tpr * cn / tp * u, hi = (tpr + 1) * cn / tp * u;
 		seg_push(out, base + lo, hi - lo);
-		base += cn;
+		base += t->chunks[c];
 	}
 }
 

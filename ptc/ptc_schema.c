@@ -23,7 +23,7 @@
 static const char *const schema_keys[] = {"model",   "num_layers",  "states",
 					  "tensors", "description", NULL};
 static const char *const tensor_keys[] = {"name", "dtype", "shape", "split", "place", "tied", NULL};
-static const char *const split_keys[] = {"dim", "chunks", "pad_multiple", NULL};
+static const char *const split_keys[] = {"dim", "chunks", "pad_multiple", "unit", NULL};
 static const char *const state_keys[] = {"dtype", NULL};
 
 #define MAX_ROWS ((int64_t)1 << 40)
@@ -200,7 +200,7 @@ static int parse_states(struct ptc_schema *s, const json_t *states, const char *
 	return 0;
 }
 
-/* Parses "split" into @t (dim, chunks, pad_multiple). */
+/* Parses "split" into @t (dim, chunks, pad_multiple, unit). */
 static int parse_split(struct ptc_tensor *t, const json_t *split, const char *file,
 		       const char *where, struct ptc_error *err)
 {
@@ -274,6 +274,23 @@ static int parse_split(struct ptc_tensor *t, const json_t *split, const char *fi
 	if (rc == 0 && t->nchunks > 1)
 		return ptc_errorf(err, "%s: %s.pad_multiple cannot be combined with chunks", file,
 				  w);
+	/* "unit": rows that stay together on one TP rank (an attention head's
+	 * rows of a fused QKV), so that a tp which would cut one is refused. */
+	bool padded = rc == 0;
+	if ((rc = ptc_json_int(split, "unit", false, 1, (int64_t)1 << 40, &t->unit, file, w,
+			       err)) < 0)
+		return rc;
+	if (rc == 1)
+		t->unit = 1;
+	else if (padded && t->unit > 1)
+		return ptc_errorf(err, "%s: %s.unit cannot be combined with pad_multiple", file,
+				  w);
+	for (int c = 0; c < t->nchunks; c++)
+		if (t->chunks[c] % t->unit)
+			return ptc_errorf(err,
+					  "%s: %s.unit = %" PRId64 " does not divide the %" PRId64
+					  " rows of chunk %d",
+					  file, w, t->unit, t->chunks[c], c);
 	return 0;
 }
 
@@ -464,7 +481,7 @@ static int link_tensors(struct ptc_schema *s, const json_t *arr, const char *fil
 		else if ((*hit)->dtype != t->dtype || (*hit)->ndim != t->ndim ||
 			 memcmp((*hit)->shape, t->shape, sizeof(t->shape)) != 0 ||
 			 (*hit)->split_dim != t->split_dim || (*hit)->nchunks != t->nchunks ||
-			 (*hit)->pad_multiple != t->pad_multiple ||
+			 (*hit)->pad_multiple != t->pad_multiple || (*hit)->unit != t->unit ||
 			 ((*hit)->nchunks &&
 			  memcmp((*hit)->chunks, t->chunks, (size_t)t->nchunks * sizeof(int64_t))))
 			rc = ptc_errorf(err,

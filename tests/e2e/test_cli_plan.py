@@ -173,6 +173,13 @@ def test_schema_generators_feed_the_planner(tmp_path, write_json):
     # tp2 -> tp1 merges: everything is copied locally, nothing reused except
     # replicated norms that stayed on their rank's node.
     assert j["bytes_local"] > 0
+    # Heads stay whole (split "unit" = head size 32): 2 KV heads admit tp 2, not tp 4,
+    # which would give each TP rank half a KV head.
+    assert qkv["split"]["unit"] == 32
+    c = write_json("c.json", {"version": 2, "tp": 4, "pp": 1, "dp": 1, "nodes": ["n0"]})
+    p = run_mlfs("plan", "--schema", path, "--from", a, "--to", c, check=False)
+    assert p.returncode == 1 and '"tp" = 4 exceeds the 2 units of 32 rows (heads) of chunk 1' \
+        in p.stderr, p.stderr
     p = run_mlfs("schema", "megatron-gpt", "--layers", 2, "--hidden", 64, "--heads", 5,
                  "--vocab", 100, check=False)
     assert p.returncode == 1 and '"--heads" = 5 does not divide "--hidden" = 64' in p.stderr

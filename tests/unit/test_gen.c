@@ -2,6 +2,7 @@
  * test_gen.c - schema generators: exact tensors, defaults, ties, argument
  * errors, and that every generated schema parses with the expected count.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -54,7 +55,41 @@ static void assert_split(const json_t *root, const char *name, int dim, int chun
 		assert_int_equal(json_integer_value(json_object_get(split, "pad_multiple")), pad);
 	else
 		assert_null(json_object_get(split, "pad_multiple"));
-	assert_int_equal(json_object_size(split), 1 + !!chunks + !!pad);
+	assert_int_equal(json_object_size(split),
+			 1 + !!chunks + !!pad + !!json_object_get(split, "unit"));
+}
+
+/* Asserts @name keeps heads of @unit rows whole ("split": {"unit"}). */
+static void assert_unit(const json_t *root, const char *name, int unit)
+{
+	json_t *split = json_object_get(tensor(root, name), "split");
+	assert_int_equal(json_integer_value(json_object_get(split, "unit")), unit);
+}
+
+/* Asserts the layout of @cfg (a config's text) over @root's schema fails
+ * naming @want, or succeeds (@want NULL). */
+static void assert_layout(const json_t *root, const char *cfg, const char *want)
+{
+	struct ptc_error err = {""};
+	struct ptc_schema *s = NULL;
+	struct ptc_config *c = NULL;
+	struct ptc_layout l;
+	char *ids[] = {"n0"};
+	struct ptc_cluster *cl = ptc_cluster_new_uniform(1, ids, 64);
+
+	assert_int_equal(ptc_schema_parse(root, "schema.json", &s, &err), 0);
+	assert_int_equal(ptc_config_parse_text(cfg, strlen(cfg), "config.json", &c, &err), 0);
+	int rc = ptc_layout_init(&l, s, c, cl, "config.json", &err);
+	if (want) {
+		assert_int_equal(rc, -EINVAL);
+		assert_string_equal(err.text, want);
+	} else {
+		assert_int_equal(rc, 0);
+		ptc_layout_release(&l);
+	}
+	ptc_config_free(c);
+	ptc_cluster_free(cl);
+	ptc_schema_free(s);
 }
 
 static void assert_replicated(const json_t *root, const char *name)
@@ -157,6 +192,16 @@ static void test_gpt_defaults(void **state)
 	assert_split(root, "layers/{L}/self_attention/query_key_value/bias", 0, 3, 0);
 	assert_shape(root, "layers/{L}/self_attention/dense/weight", 64, 64);
 	assert_split(root, "layers/{L}/self_attention/dense/weight", 1, 0, 0);
+	/* heads of 64 / 4 = 16 rows stay whole: tp 4 fits, tp 8 would cut them */
+	assert_unit(root, "layers/{L}/self_attention/query_key_value/weight", 16);
+	assert_unit(root, "layers/{L}/self_attention/query_key_value/bias", 16);
+	assert_unit(root, "layers/{L}/self_attention/dense/weight", 16);
+	assert_layout(root, "{\"version\": 1, \"tp\": 4, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
+		      NULL);
+	assert_layout(root, "{\"version\": 1, \"tp\": 8, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
+		      "config.json: \"tp\" = 8 exceeds the 4 units of 16 rows (heads) of chunk 0 "
+		      "of \"layers/0/self_attention/query_key_value/weight\" (dim 0): a unit is "
+		      "never cut");
 	assert_replicated(root, "layers/{L}/self_attention/dense/bias");
 	assert_shape(root, "layers/{L}/post_attention_layernorm/bias", 64, 0);
 	assert_shape(root, "layers/{L}/mlp/dense_h_to_4h/weight", 256, 64);
@@ -244,6 +289,16 @@ static void test_llama_gqa(void **state)
 	/* head size 8: q 8 * 8 = 64 rows, k and v 2 * 8 = 16 rows each */
 	assert_shape(root, "layers/{L}/self_attention/query_key_value/weight", 96, 64);
 	assert_chunks(root, "layers/{L}/self_attention/query_key_value/weight", 64, 16);
+	/* Heads of 8 rows stay whole: 2 KV heads admit tp 2, not tp 4 (Megatron
+	 * requires the query groups to divide among TP ranks too). */
+	assert_unit(root, "layers/{L}/self_attention/query_key_value/weight", 8);
+	assert_unit(root, "layers/{L}/self_attention/dense/weight", 8);
+	assert_layout(root, "{\"version\": 1, \"tp\": 2, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
+		      NULL);
+	assert_layout(root, "{\"version\": 1, \"tp\": 4, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
+		      "config.json: \"tp\" = 4 exceeds the 2 units of 8 rows (heads) of chunk 1 "
+		      "of \"layers/0/self_attention/query_key_value/weight\" (dim 0): a unit is "
+		      "never cut");
 	assert_shape(root, "layers/{L}/self_attention/dense/weight", 64, 64);
 	assert_split(root, "layers/{L}/self_attention/dense/weight", 1, 0, 0);
 	assert_shape(root, "layers/{L}/post_attention_layernorm/weight", 64, 0);

@@ -419,6 +419,28 @@ static void test_slice_chunks(void **state)
 	SLICE(&t, 2, 1, 5, {0, 2, 3}, {3, 6, 2});
 }
 
+static void test_slice_units(void **state)
+{
+	/* GQA with heads of 2 rows ("unit": 2): q 4 heads, k and v 2 heads.
+	 * tp 2: one KV head each, never half of one. */
+	int64_t gqa[3] = {8, 4, 4};
+	struct ptc_tensor qkv = tensor(16, 3, gqa, 0);
+	qkv.unit = 2;
+
+	(void)state;
+	SLICE(&qkv, 2, 0, 8, {0, 0, 4}, {4, 8, 2}, {6, 12, 2});
+	SLICE(&qkv, 2, 1, 8, {0, 4, 4}, {4, 10, 2}, {6, 14, 2});
+	/* 3 heads of 2 rows over tp 2: whole heads, uneven (1 and 2), where
+	 * rows alone would give 3 and 3 and cut the middle head. */
+	int64_t three[1] = {6};
+	struct ptc_tensor t = tensor(6, 1, three, 0);
+	t.unit = 2;
+	SLICE(&t, 2, 0, 2, {0, 0, 2});
+	SLICE(&t, 2, 1, 4, {0, 2, 4});
+	t.unit = 1;
+	SLICE(&t, 2, 0, 3, {0, 0, 3});
+}
+
 static void test_slice_padding(void **state)
 {
 	int64_t c1000[1] = {1000};
@@ -721,6 +743,7 @@ int main(void)
 	    cmocka_unit_test(test_uneven_stages),	 cmocka_unit_test(test_stage_holds),
 	    cmocka_unit_test(test_slice_even),		 cmocka_unit_test(test_slice_uneven),
 	    cmocka_unit_test(test_slice_chunks),	 cmocka_unit_test(test_slice_padding),
+	    cmocka_unit_test(test_slice_units),
 	    cmocka_unit_test(test_slice_replicated),	 cmocka_unit_test(test_partition_shapes),
 	    cmocka_unit_test(test_slice_cover),		 cmocka_unit_test(test_layout_errors),
 	    cmocka_unit_test(test_layout_limits_ok),	 cmocka_unit_test(test_too_many_partitions),

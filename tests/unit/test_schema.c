@@ -628,6 +628,15 @@ static void test_split_pad_multiple_invalid(void **state)
 	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [512], 'split': {'dim': 0, "
 		  "'chunks': [256, 256], 'pad_multiple': 128}}"),
 	      "tensors[0].split.pad_multiple", "cannot be combined with chunks");
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [512], 'split': {'dim': 0, "
+			"'pad_multiple': 128, 'unit': 64}}"),
+		    "schema.json: tensors[0].split.unit cannot be combined with pad_multiple");
+	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [96, 4], 'split': {'dim': 0, "
+			"'chunks': [64, 16, 16], 'unit': 32}}"),
+		    "schema.json: tensors[0].split.unit = 32 does not divide the 16 rows of chunk 1");
+	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [96, 4], 'split': {'dim': 0, "
+		  "'unit': 0}}"),
+	      "tensors[0].split.unit", "out of range");
 	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [512], 'split': {'dim': 0, "
 		  "'pad_multiple': 0}}"),
 	      "tensors[0].split.pad_multiple = 0", "out of range");
