@@ -576,25 +576,30 @@ def main():
                    f"{samples - epochs * RECORDS} more" if epochs else f"of {RECORDS} records")
     if many:
         nsets = " -> ".join(str(len(x[3])) for x in schedule)
+        waits = [c["wall_s"] * 1e3 for c in el["changes"]]
         print(f"""
 == what happened
-The elastic run trained {total} steps in {len(schedule)} layouts on {args.nodes} nodes (mlfs daemons on this
-machine, one etcd, {NODE_DEVICES} devices each; nodes per layout {nsets}):
+The elastic run trained {total} steps in {len(schedule)} layouts on {args.nodes} nodes (mlfs daemons
+on this machine, one etcd, {NODE_DEVICES} devices each; nodes per layout {nsets}):
   {lay}.
 At each change, every worker saved its partitions (model and both Adam moments) and its
 step to the mount of its node and exited; the driver wrote a new config.json on one node;
 every node of the old and new layouts planned the change, fetched from its peers what it
 lacked, re-sliced the rest locally, and one etcd transaction made the new layout current
-everywhere ({len(el["changes"])} changes: {fetched / 2**20:.1f} MiB fetched over the network, {moved / 2**20:.1f} MiB copied
-locally, {reused / 2**20:.2f} MiB reused, {reconf_ms:.0f} ms in all); new workers, each on the mount of
-the node that hosts its rank, read their ranks' files and data views and trained on.
-Starting the workers took {min(starts):.1f} to {max(starts):.1f} s; the changes, {min(c["wall_s"] for c in el["changes"]) * 1e3:.0f} to {max(c["wall_s"] for c in el["changes"]) * 1e3:.0f} ms each.
+everywhere ({len(el["changes"])} changes: {fetched / 2**20:.1f} MiB fetched over the network, \
+{moved / 2**20:.1f} MiB copied
+locally, {reused / 2**20:.2f} MiB reused; {reconf_ms:.0f} ms of work on the nodes in all). New \
+workers, each
+on the mount of the node that hosts its rank, read their ranks' files and data views and
+trained on. Starting the workers took {min(starts):.1f} to {max(starts):.1f} s; each change, from \
+writing
+config.json until every node had swapped, {min(waits):.0f} to {max(waits):.0f} ms.
 - Loss: equal to the run that never changed layout (tp1 pp1 dp1 on one node) at every
   step, within {d_el:.1e} ({args.dtype}; tolerance {tol:g}).
-- State after step {total - 1}, read from {el["full_on"]}'s full/ (which hosts no rank: every tensor
-  assembled from the other nodes): parameters and moments within {p_el:.1e} of it (relative).
-- Data: {samples} samples ({epochs_said}), each node's ranks reading their own
-  views: every record once per epoch, in the order of the reference
+- State after step {total - 1}, read on {el["full_on"]} (which hosts no rank: full/ assembles every
+  tensor from the other nodes): parameters and moments within {p_el:.1e} of it (relative).
+- Data: {samples} samples ({epochs_said}), each node's ranks reading
+  their own views: every record once per epoch, in the order of the reference
   ({'the same' if same_order else 'NOT the same'} batch at every step).
 Plot: {png} ({time.monotonic() - t0:.0f} s in all)
 {"OK" if ok else "FAILED"}""")
