@@ -313,6 +313,28 @@ static int write_whole(const char *path, const char *buf, size_t len)
 	return err;
 }
 
+/* Whether to wait for the other nodes before printing every node's outcome:
+ * this node committed, and some node that is up does not show @version yet
+ * (it swaps within a round of the control plane). At most 3 s from the
+ * first call (*@since, ms), then the table is printed as it stands. */
+static bool settling(const json_t *cluster, int64_t version, int64_t *since)
+{
+	struct timespec now;
+	size_t i;
+	json_t *n;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	int64_t ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+	if (!*since)
+		*since = ms;
+	if (ms - *since > 3000)
+		return false;
+	json_array_foreach(json_object_get(cluster, "nodes"), i, n) if (
+	    json_is_true(json_object_get(n, "up")) &&
+	    json_integer_value(json_object_get(n, "version")) < version) return true;
+	return false;
+}
+
 int cmd_reconfigure(int argc, char **argv)
 {
 	bool wait = !(argc == 4 && strcmp(argv[3], "--no-wait") == 0);
@@ -345,6 +367,7 @@ int cmd_reconfigure(int argc, char **argv)
 		return 0;
 	bool tty = isatty(STDOUT_FILENO);
 	struct timespec t0;
+	int64_t idle_since = 0;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (;;) {
 		json_t *s = read_json(mnt, "status.json");
@@ -360,7 +383,8 @@ int cmd_reconfigure(int argc, char **argv)
 			json_decref(s);
 			return 1;
 		}
-		if (state && strcmp(state, "idle") == 0 && v >= version) {
+		if (state && strcmp(state, "idle") == 0 && v >= version &&
+		    !settling(json_object_get(s, "cluster"), version, &idle_since)) {
 			json_t *last = json_object_get(s, "last");
 			if (tty)
 				printf("\r%-72s\r", "");
