@@ -178,6 +178,10 @@ struct mlfs_store {
 	 * etcd took them (the nodes then install them), or a refusal. */
 	int (*propose)(void *arg, bool config, const char *text, size_t len,
 		       struct ptc_error *err);
+	/* The reconfiguration state changed (prepared, failed, ...): the
+	 * control plane wakes to vote or publish. Store lock held: it may only
+	 * set a flag. */
+	void (*reconf_changed)(void *arg);
 	/* Adds the job's view (nodes, attempt) to status.json; no lock held. */
 	void (*status_add)(void *arg, json_t *status);
 	/* Publishes this node's saved steps at once (after a step write or an

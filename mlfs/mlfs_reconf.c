@@ -107,6 +107,8 @@ static void set_state(struct mlfs_store *st, enum mlfs_reconf_state s)
 	st->reconf = s;
 	st->state =
 	    s == MLFS_RECONF_IDLE || s == MLFS_RECONF_FAILED ? MLFS_IDLE : MLFS_TRANSFORMING;
+	if (st->reconf_changed) /* the control plane votes or publishes at once */
+		st->reconf_changed(st->cluster_arg);
 }
 
 int mlfs_reconf_busy(const struct mlfs_store *st, const char *what, struct ptc_error *err)
