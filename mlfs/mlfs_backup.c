@@ -144,8 +144,8 @@ static int take(struct mlfs_backup *b, const struct mlfs_view *v, int of, int r,
 					 size);
 				break;
 			}
-			if ((rc = mlfs_peer_get_part(st, of, l, r, s, t, step, got[i], why,
-						     sizeof(why))))
+			if ((rc = mlfs_peer_get_part(st, of, l, r, s, t, step, got[i], &b->stop,
+						     why, sizeof(why))))
 				break;
 			sum[i] = XXH3_64bits(got[i]->data, (size_t)size);
 			bytes += size;

@@ -191,8 +191,16 @@ static void serve_part(struct mlfs_peer *pe, struct net_request *r)
 		goto out;
 	}
 	*p = (struct part_stream){st, !net_request_arg(r, "full"), b, prows, row, rows, rb};
-	net_reply_stream(r, 200, outer * rows * rb, part_read, part_done, p,
-			 "application/octet-stream");
+	if (outer == 1 || (row == 0 && rows == prows)) {
+		/* one contiguous range of the pinned buffer: sent from it as it is */
+		if (p->count)
+			atomic_fetch_add(&st->served, outer * rows * rb);
+		net_reply_pinned(r, 200, b->data + row * rb, (size_t)(outer * rows * rb), part_done,
+				 p, "application/octet-stream");
+	} else {
+		net_reply_stream(r, 200, outer * rows * rb, part_read, part_done, p,
+				 "application/octet-stream");
+	}
 out:
 	mlfs_view_put(v);
 }
@@ -356,8 +364,8 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 }
 
 int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout *l, int rank,
-		       int state, int tensor, int64_t snap, struct xf_buf *dst, char *why,
-		       size_t whylen)
+		       int state, int tensor, int64_t snap, struct xf_buf *dst, atomic_int *stop,
+		       char *why, size_t whylen)
 {
 	struct mlfs_peer *pe = st->fetch_arg;
 	char url[NET_MAX_URL];
@@ -378,7 +386,8 @@ int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout 
 		 prows, snap);
 	struct iovec iov = {dst->data, (size_t)dst->size};
 	struct net_http_range rg = {.off = 0, .len = dst->size, .iov = &iov, .iovcnt = 1};
-	int rc = net_http_get_range(pe->http, url, &rg, NULL, why, whylen);
+	struct net_http_call call = {.stop = stop};
+	int rc = net_http_get_range(pe->http, url, &rg, &call, why, whylen);
 	if (rc == 0 && rg.got != rg.len) {
 		snprintf(why, whylen, "%.300s: %" PRId64 " bytes, expected %" PRId64, url, rg.got,
 			 rg.len);

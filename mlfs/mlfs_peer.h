@@ -31,12 +31,13 @@ int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t
 int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *why,
 			   size_t whylen);
 /* The whole partition (@rank, @state, @tensor) of layout @l, as saved at
- * step @snap, from cluster node @node into @dst (its size). 0, -EINVAL
- * (@dst's size), or net_http_get_range's errors (a 409: the node saved
- * another step meanwhile), with @why. Not from a FUSE worker. */
+ * step @snap, from cluster node @node into @dst (its size); no new try
+ * starts once *@stop is set. 0, -EINVAL (@dst's size), or
+ * net_http_get_range's errors (a 409: the node saved another step
+ * meanwhile), with @why. Not from a FUSE worker. */
 int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout *l, int rank,
-		       int state, int tensor, int64_t snap, struct xf_buf *dst, char *why,
-		       size_t whylen);
+		       int state, int tensor, int64_t snap, struct xf_buf *dst, atomic_int *stop,
+		       char *why, size_t whylen);
 /* The port the server listens on. */
 int mlfs_peer_port(const struct mlfs_peer *pe);
 

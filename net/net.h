@@ -223,6 +223,11 @@ int net_reply_error(struct net_request *r, int status, const char *fmt, ...)
  * then.
  */
 typedef ssize_t (*net_read_fn)(void *arg, uint64_t pos, char *buf, size_t max);
+/* Replies the @len bytes at @data, sent from there without a copy: they
+ * must stay as they are until @done(@arg) runs (once the reply is over or
+ * abandoned, also when this call fails). 0, -ENOMEM, -EALREADY. */
+int net_reply_pinned(struct net_request *r, int status, const void *data, size_t len,
+		     void (*done)(void *arg), void *arg, const char *content_type);
 int net_reply_stream(struct net_request *r, int status, int64_t len, net_read_fn read,
 		     void (*done)(void *arg), void *arg, const char *content_type);
 

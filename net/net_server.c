@@ -351,6 +351,35 @@ static void stream_free(void *cls)
 	free(st);
 }
 
+/* The pinned reply's end, adapted to libmicrohttpd's free callback. */
+static void pinned_free(void *cls)
+{
+	struct stream *st = cls;
+	if (st->done)
+		st->done(st->arg);
+	free(st);
+}
+
+int net_reply_pinned(struct net_request *r, int status, const void *data, size_t len,
+		     void (*done)(void *arg), void *arg, const char *content_type)
+{
+	struct stream *st = r->replied ? NULL : malloc(sizeof(*st));
+	if (!st) {
+		if (done)
+			done(arg);
+		return r->replied ? -EALREADY : -ENOMEM;
+	}
+	*st = (struct stream){NULL, done, arg};
+	/* sent from @data itself (no copy into a reply buffer) */
+	struct MHD_Response *rs =
+	    MHD_create_response_from_buffer_with_free_callback_cls(len, (void *)data, pinned_free, st);
+	if (!rs) {
+		pinned_free(st);
+		return -ENOMEM;
+	}
+	return queue_reply(r, status, rs, content_type);
+}
+
 int net_reply_stream(struct net_request *r, int status, int64_t len, net_read_fn read,
 		     void (*done)(void *arg), void *arg, const char *content_type)
 {
