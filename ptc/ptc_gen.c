@@ -13,7 +13,8 @@
  *                 SwiGLU gate/up fused in two chunks, ffn 256-rounded 8H/3.
  * Both pad the vocabulary to multiples of 128 per TP rank and tie
  * output_layer/weight to the word embeddings when asked. Every tensor has
- * the argument dtype; the optimizer moments are float32 states.
+ * the argument dtype; the optimizer moments are float32 states unless
+ * asked otherwise (--moments-dtype).
  *
  * Building is a sequence of jansson calls on one struct gen; a failed
  * allocation only sets gen.failed (jansson accepts NULL and frees the
@@ -131,12 +132,13 @@ static void gen_place(struct gen *g, json_t *t, const char *place)
 	gen_set(g, t, "place", json_string(place));
 }
 
-/* The root object with its states and an empty "tensors" array. */
-static json_t *gen_root(struct gen *g, const char *model, int layers)
+/* The root object with its states (the moments in @moments) and an empty
+ * "tensors" array. */
+static json_t *gen_root(struct gen *g, const char *model, int layers, const char *moments)
 {
 	json_t *root = json_pack("{s:s, s:i, s:{s:{}, s:{s:s}, s:{s:s}}}", "model", model,
 				 "num_layers", layers, "states", "model", "optim/exp_avg", "dtype",
-				 "float32", "optim/exp_avg_sq", "dtype", "float32");
+				 moments, "optim/exp_avg_sq", "dtype", moments);
 
 	g->tensors = json_array();
 	if (json_object_set_new(root, "tensors", g->tensors)) {
@@ -214,7 +216,8 @@ json_t *ptc_gen_megatron_gpt(const struct ptc_gen_args *a, struct ptc_error *err
 	int64_t seq = a->seq ? a->seq : GEN_DEFAULT_SEQ;
 
 	g.dtype = ptc_dtype_name(a->dtype);
-	root = gen_root(&g, model, a->layers);
+	root = gen_root(&g, model, a->layers,
+			ptc_dtype_name(a->has_moments_dtype ? a->moments_dtype : PTC_FLOAT32));
 	gen_embedding(&g, v, h);
 	t = gen_matrix(&g, "embedding/position_embeddings/weight", seq, h);
 	gen_place(&g, t, "first");
@@ -271,7 +274,8 @@ json_t *ptc_gen_llama(const struct ptc_gen_args *a, struct ptc_error *err)
 	int64_t f = a->ffn ? a->ffn : llama_default_ffn(h);
 
 	g.dtype = ptc_dtype_name(a->dtype);
-	root = gen_root(&g, model, a->layers);
+	root = gen_root(&g, model, a->layers,
+			ptc_dtype_name(a->has_moments_dtype ? a->moments_dtype : PTC_FLOAT32));
 	gen_embedding(&g, v, h);
 	gen_llama_layer(&g, h, f, a->heads, kv, h / a->heads);
 	t = gen_vector(&g, "final_layernorm/weight", h);

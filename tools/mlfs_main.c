@@ -25,7 +25,7 @@ static const struct {
     {"dataset", cmd_dataset, "dataset index DIR --dtype D --shape N[,N...] [--out FILE]"},
     {"schema", cmd_schema,
      "schema megatron-gpt|llama --layers N --hidden H --heads A --vocab V [--ffn F]\n"
-     "               [--kv-heads G] [--seq S] [--tied] [--dtype D]"},
+     "               [--kv-heads G] [--seq S] [--tied] [--dtype D] [--moments-dtype D]"},
 };
 
 static void usage(FILE *f)

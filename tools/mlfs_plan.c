@@ -339,7 +339,8 @@ int cmd_schema(int argc, char **argv)
 	    {"heads", required_argument, NULL, 'a'},  {"kv-heads", required_argument, NULL, 'g'},
 	    {"vocab", required_argument, NULL, 'v'},  {"ffn", required_argument, NULL, 'f'},
 	    {"seq", required_argument, NULL, 's'},    {"tied", no_argument, NULL, 't'},
-	    {"dtype", required_argument, NULL, 'd'},  {NULL, 0, NULL, 0}};
+	    {"dtype", required_argument, NULL, 'd'},  {"moments-dtype", required_argument, NULL, 'm'},
+	    {NULL, 0, NULL, 0}};
 	struct ptc_gen_args a = {.dtype = PTC_BFLOAT16};
 	struct ptc_error err = {""};
 	int c;
@@ -347,14 +348,14 @@ int cmd_schema(int argc, char **argv)
 	if (argc < 2 || (strcmp(argv[1], "megatron-gpt") != 0 && strcmp(argv[1], "llama") != 0)) {
 		fprintf(stderr, "usage: mlfs schema megatron-gpt|llama --layers N --hidden H "
 				"--heads A --vocab V [--ffn F] [--kv-heads G] [--seq S] [--tied] "
-				"[--dtype D]\n");
+				"[--dtype D] [--moments-dtype D]\n");
 		return 2;
 	}
 	optind = 2;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		char *end = NULL;
 		long v = optarg ? strtol(optarg, &end, 10) : 0;
-		if (optarg && c != 'd' &&
+		if (optarg && c != 'd' && c != 'm' &&
 		    (*optarg == '\0' || *end != '\0' || v < 0 || v > 1 << 30)) {
 			fprintf(stderr, "mlfs schema: \"%s\" is not a count\n", optarg);
 			return 2;
@@ -391,6 +392,15 @@ int cmd_schema(int argc, char **argv)
 					optarg);
 				return 2;
 			}
+			break;
+		case 'm':
+			if (ptc_dtype_parse(optarg, &a.moments_dtype)) {
+				fprintf(stderr,
+					"mlfs schema: --moments-dtype \"%s\" is not a known dtype\n",
+					optarg);
+				return 2;
+			}
+			a.has_moments_dtype = true;
 			break;
 		default:
 			return 2;

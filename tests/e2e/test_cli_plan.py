@@ -180,6 +180,15 @@ def test_schema_generators_feed_the_planner(tmp_path, write_json):
     p = run_mlfs("plan", "--schema", path, "--from", a, "--to", c, check=False)
     assert p.returncode == 1 and '"tp" = 4 exceeds the 2 units of 32 rows (heads) of chunk 1' \
         in p.stderr, p.stderr
+    # The Adam moments are float32 unless asked otherwise.
+    assert s["states"]["optim/exp_avg"] == {"dtype": "float32"}
+    p = run_mlfs("schema", "llama", "--layers", 1, "--hidden", 64, "--heads", 4, "--vocab", 100,
+                 "--moments-dtype", "bfloat16")
+    assert json.loads(p.stdout)["states"] == {"model": {}, "optim/exp_avg": {"dtype": "bfloat16"},
+                                              "optim/exp_avg_sq": {"dtype": "bfloat16"}}
+    p = run_mlfs("schema", "llama", "--layers", 1, "--hidden", 64, "--heads", 4, "--vocab", 100,
+                 "--moments-dtype", "bf17", check=False)
+    assert p.returncode == 2 and '--moments-dtype "bf17" is not a known dtype' in p.stderr
     p = run_mlfs("schema", "megatron-gpt", "--layers", 2, "--hidden", 64, "--heads", 5,
                  "--vocab", 100, check=False)
     assert p.returncode == 1 and '"--heads" = 5 does not divide "--hidden" = 64' in p.stderr
