@@ -280,6 +280,21 @@ static void handle(void *arg, struct net_request *r)
 
 /* ----------------------------------------------------------------- fetch */
 
+/* One GET of @url's @len bytes into @iov, exactly; no new try once *@stop. */
+static int get_rows(struct mlfs_peer *pe, const char *url, struct iovec *iov, int iovcnt,
+		    int64_t len, atomic_int *stop, char *why, size_t whylen)
+{
+	struct net_http_range rg = {.off = 0, .len = len, .iov = iov, .iovcnt = iovcnt};
+	struct net_http_call call = {.stop = stop};
+	int rc = net_http_get_range(pe->http, url, &rg, &call, why, whylen);
+	if (rc == 0 && rg.got != rg.len) {
+		snprintf(why, whylen, "%.300s: %" PRId64 " bytes, expected %" PRId64, url, rg.got,
+			 rg.len);
+		rc = -EIO;
+	}
+	return rc;
+}
+
 /* One GET of rows of (@rank, op's state and source tensor) from @node. */
 static int fetch_from(struct mlfs_peer *pe, int node, int rank, int64_t version,
 		      const struct ptc_op *op, struct iovec *iov, int64_t outer, int64_t len,
@@ -293,15 +308,8 @@ static int fetch_from(struct mlfs_peer *pe, int node, int rank, int64_t version,
 		 "&rows=%" PRId64 "%s%s",
 		 n->addr, version, rank, op->state, op->src_tensor, op->src_row, op->rows,
 		 op->dst_node < 0 ? "&full=1" : "", op->backup ? "&backup=1" : "");
-	struct net_http_range rg = {.off = 0, .len = len, .iov = iov, .iovcnt = (int)outer};
-	struct net_http_call call = {.stop = &pe->st->cancel}; /* an abort ends it */
-	int rc = net_http_get_range(pe->http, url, &rg, &call, why, whylen);
-	if (rc == 0 && rg.got != rg.len) {
-		snprintf(why, whylen, "%.300s: %" PRId64 " bytes, expected %" PRId64, url, rg.got,
-			 rg.len);
-		rc = -EIO;
-	}
-	return rc;
+	return get_rows(pe, url, iov, (int)outer, len, &pe->st->cancel /* an abort ends it */, why,
+			whylen);
 }
 
 /*
@@ -385,15 +393,7 @@ int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout 
 		 mlfs_store_cluster(st)->nodes[node].addr, l->config->version, rank, state, tensor,
 		 prows, snap);
 	struct iovec iov = {dst->data, (size_t)dst->size};
-	struct net_http_range rg = {.off = 0, .len = dst->size, .iov = &iov, .iovcnt = 1};
-	struct net_http_call call = {.stop = stop};
-	int rc = net_http_get_range(pe->http, url, &rg, &call, why, whylen);
-	if (rc == 0 && rg.got != rg.len) {
-		snprintf(why, whylen, "%.300s: %" PRId64 " bytes, expected %" PRId64, url, rg.got,
-			 rg.len);
-		rc = -EIO;
-	}
-	return rc;
+	return get_rows(pe, url, &iov, 1, dst->size, stop, why, whylen);
 }
 
 int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,

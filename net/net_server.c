@@ -351,50 +351,56 @@ static void stream_free(void *cls)
 	free(st);
 }
 
-/* The pinned reply's end, adapted to libmicrohttpd's free callback. */
-static void pinned_free(void *cls)
+/* The reply @rs (NULL: out of memory) over @st, queued; @st is freed (and
+ * its done run) by libmicrohttpd once the reply ends, or here. */
+static int queue_stream(struct net_request *r, int status, struct MHD_Response *rs,
+			struct stream *st, const char *content_type)
 {
-	struct stream *st = cls;
-	if (st->done)
-		st->done(st->arg);
-	free(st);
-}
-
-int net_reply_pinned(struct net_request *r, int status, const void *data, size_t len,
-		     void (*done)(void *arg), void *arg, const char *content_type)
-{
-	struct stream *st = r->replied ? NULL : malloc(sizeof(*st));
-	if (!st) {
-		if (done)
-			done(arg);
-		return r->replied ? -EALREADY : -ENOMEM;
-	}
-	*st = (struct stream){NULL, done, arg};
-	/* sent from @data itself (no copy into a reply buffer) */
-	struct MHD_Response *rs =
-	    MHD_create_response_from_buffer_with_free_callback_cls(len, (void *)data, pinned_free, st);
-	if (!rs) {
-		pinned_free(st);
-		return -ENOMEM;
-	}
-	return queue_reply(r, status, rs, content_type);
-}
-
-int net_reply_stream(struct net_request *r, int status, int64_t len, net_read_fn read,
-		     void (*done)(void *arg), void *arg, const char *content_type)
-{
-	struct stream *st = r->replied ? NULL : malloc(sizeof(*st));
-	if (!st) {
-		if (done)
-			done(arg);
-		return r->replied ? -EALREADY : -ENOMEM;
-	}
-	*st = (struct stream){read, done, arg};
-	struct MHD_Response *rs = MHD_create_response_from_callback(
-	    (uint64_t)len, 256 << 10, stream_read, st, stream_free);
 	if (!rs) {
 		stream_free(st);
 		return -ENOMEM;
 	}
 	return queue_reply(r, status, rs, content_type);
+}
+
+/* A stream for a reply to @r, or NULL (done run, *@rc set). */
+static struct stream *stream_new(struct net_request *r, net_read_fn read,
+				 void (*done)(void *arg), void *arg, int *rc)
+{
+	struct stream *st = r->replied ? NULL : malloc(sizeof(*st));
+	if (!st) {
+		if (done)
+			done(arg);
+		*rc = r->replied ? -EALREADY : -ENOMEM;
+		return NULL;
+	}
+	*st = (struct stream){read, done, arg};
+	return st;
+}
+
+int net_reply_pinned(struct net_request *r, int status, const void *data, size_t len,
+		     void (*done)(void *arg), void *arg, const char *content_type)
+{
+	int rc;
+	struct stream *st = stream_new(r, NULL, done, arg, &rc);
+	if (!st)
+		return rc;
+	/* sent from @data itself (no copy into a reply buffer) */
+	return queue_stream(
+	    r, status,
+	    MHD_create_response_from_buffer_with_free_callback_cls(len, (void *)data, stream_free, st),
+	    st, content_type);
+}
+
+int net_reply_stream(struct net_request *r, int status, int64_t len, net_read_fn read,
+		     void (*done)(void *arg), void *arg, const char *content_type)
+{
+	int rc;
+	struct stream *st = stream_new(r, read, done, arg, &rc);
+	if (!st)
+		return rc;
+	return queue_stream(r, status,
+			    MHD_create_response_from_callback((uint64_t)len, 256 << 10, stream_read,
+							      st, stream_free),
+			    st, content_type);
 }
