@@ -1099,6 +1099,10 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 			free(c->mine);
 			c->mine = att;
 			c->mine_to = cfg->version;
+			/* This thread prepares it (below): the control thread, which
+			 * may see the attempt in etcd first, must not start it too. */
+			if (me_in)
+				snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
 			pthread_mutex_unlock(&c->lock);
 			if (!c->lease)
 				rc = (ptc_errorf(err, "config.json: this node is not registered "
@@ -1109,15 +1113,18 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 			else if (!ok)
 				rc = (ptc_errorf(err, "config.json: another reconfiguration started, "
 						     "or the config changed, meanwhile"), -EBUSY);
+			if (rc && me_in) { /* no attempt of ours: the next one starts */
+				pthread_mutex_lock(&c->lock);
+				if (strcmp(c->started_id, aid) == 0)
+					c->started_id[0] = '\0';
+				pthread_mutex_unlock(&c->lock);
+			}
 		}
 		/* The coordinator prepares at once when it takes part: its
 		 * status.json (which mlfs reconfigure reads) shows the attempt
 		 * from now on. */
 		if (rc == 0 && me_in) {
 			struct ptc_error perr = {""};
-			pthread_mutex_lock(&c->lock);
-			snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
-			pthread_mutex_unlock(&c->lock);
 			sync_steps(c, k.nodes);
 			fill_down_steps(c, dn.down, dn.ndown);
 			if ((rc = mlfs_reconf_prepare_down(st, text, len, "attempt", false, &dn,
