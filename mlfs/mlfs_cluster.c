@@ -109,6 +109,10 @@ struct mlfs_cluster {
 	/* The attempts (their random ids: a version may be tried again after
 	 * an abort) this node started preparing and voted on. */
 	char started_id[24]; /* lock */
+	/* The attempt whose preparation the store runs (set once its prepare
+	 * started there): the store's state speaks for that attempt only, not
+	 * for an earlier one to the same version. */
+	char prepared_id[24]; /* lock */
 	char voted_id[24];
 	char *mine;	      /* lock: the text of the attempt this node created */
 	int64_t mine_to;
@@ -636,6 +640,13 @@ done:
 	return out;
 }
 
+static void mark_prepared(struct mlfs_cluster *c, const char *aid)
+{
+	pthread_mutex_lock(&c->lock);
+	snprintf(c->prepared_id, sizeof(c->prepared_id), "%s", aid);
+	pthread_mutex_unlock(&c->lock);
+}
+
 /* This node's part in attempt @to, round after round. */
 static void participate(struct mlfs_cluster *c, const struct job_keys *k, int64_t from,
 			int64_t to)
@@ -675,9 +686,13 @@ static void participate(struct mlfs_cluster *c, const struct job_keys *k, int64_
 			vote(c, to, aid, v);
 			return;
 		}
+		mark_prepared(c, aid);
 	}
-	if (strcmp(c->voted_id, aid) == 0)
-		return;
+	pthread_mutex_lock(&c->lock);
+	bool ours = strcmp(c->prepared_id, aid) == 0;
+	pthread_mutex_unlock(&c->lock);
+	if (!ours || strcmp(c->voted_id, aid) == 0)
+		return; /* (the coordinator's propose may still be starting it) */
 	pthread_mutex_lock(&st->lock);
 	enum mlfs_reconf_state s = st->reconf;
 	int64_t target = st->target_version;
@@ -1134,6 +1149,8 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 				snprintf(v, sizeof(v), "failed: %s", perr.text);
 				vote(c, cfg->version, aid, v);
 				snprintf(err->text, sizeof(err->text), "%s", perr.text);
+			} else {
+				mark_prepared(c, aid);
 			}
 		}
 		down_free(&dn);
