@@ -592,11 +592,11 @@ static void down_free(struct mlfs_reconf_down *dn)
 /*
  * For each node of @down (ids) whose backup holder under the current
  * layout (ptc_layout_backup_holder) is up and published a backup of every
- * rank of it at the step the live ranks saved: {id: holder id}. The plan
- * takes what no DP replica has from there.
+ * rank of it at @agreed, the step the live ranks saved (job_steps_agree):
+ * {id: holder id}. The plan takes what no DP replica has from there.
  */
 static json_t *usable_backups(struct mlfs_cluster *c, const struct job_keys *k,
-			      const json_t *down)
+			      const json_t *down, int64_t agreed)
 {
 	struct mlfs_view *v = mlfs_store_view(c->st);
 	json_t *out = json_object(), *d;
@@ -605,15 +605,6 @@ static json_t *usable_backups(struct mlfs_cluster *c, const struct job_keys *k,
 	if (!v || !v->config->replicas || !out)
 		goto done;
 	const struct ptc_layout *l = &v->layout;
-	int64_t agreed = -1; /* the step of the ranks on live nodes */
-	for (int r = 0; r < l->world && agreed < 0; r++) {
-		char rk[16];
-		snprintf(rk, sizeof(rk), "%d", r);
-		json_t *e = json_object_get(k->nodes, l->cluster->nodes[l->ranks[r].node].id);
-		if (json_integer_value(json_object_get(e, "version")) == v->config->version &&
-		    json_is_integer(json_object_get(json_object_get(e, "steps"), rk)))
-			agreed = json_integer_value(json_object_get(json_object_get(e, "steps"), rk));
-	}
 	json_array_foreach(down, i, d)
 	{
 		const char *id = json_string_value(d);
@@ -940,16 +931,18 @@ static int propose_schema(struct mlfs_cluster *c, const char *text, size_t len,
 }
 
 /* The saved step of every rank of the current layout, from every node's
- * entry: 0, or -EINVAL naming a rank that lags (or a node down). */
-static int job_steps_agree(struct mlfs_cluster *c, const struct job_keys *k,
+ * entry: 0 and that step in *@step (-1: no live rank), or -EINVAL naming
+ * a rank that lags (or a node down). */
+static int job_steps_agree(struct mlfs_cluster *c, const struct job_keys *k, int64_t *step,
 			   struct ptc_error *err)
 {
 	struct mlfs_view *v = mlfs_store_view(c->st);
 	int rc = 0;
+	*step = -1;
 	if (!v)
 		return 0;
 	const struct ptc_layout *l = &v->layout;
-	int64_t first = -2;
+	int64_t first = -1;
 	int first_rank = -1;
 	for (int r = 0; r < l->world && rc == 0; r++) {
 		const char *id = l->cluster->nodes[l->ranks[r].node].id;
@@ -976,6 +969,7 @@ static int job_steps_agree(struct mlfs_cluster *c, const struct job_keys *k,
 		}
 	}
 	mlfs_view_put(v);
+	*step = first;
 	return rc;
 }
 
@@ -999,6 +993,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 	struct job_keys k;
 	char ka[512], kc[512], why[512];
 	bool ok = false;
+	int64_t agreed = -1; /* the step the live ranks saved */
 	int rc = ptc_config_parse_text(text, len, "config.json", &cfg, err);
 
 	if (rc == 0 && (rc = mlfs_config_supported(cfg, true, "config.json", err)))
@@ -1024,7 +1019,8 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 		if (!k.config || k.attempt)
 			break;
 		/* (read_job reset rc: the check runs every round, the last included) */
-		if (((rc = job_steps_agree(c, &k, err)) == 0 && versions_agree(&k)) || tries >= 20)
+		if (((rc = job_steps_agree(c, &k, &agreed, err)) == 0 && versions_agree(&k)) ||
+		    tries >= 20)
 			break;
 		job_keys_free(&k);
 		struct timespec nap = {0, 100 * 1000000L};
@@ -1085,7 +1081,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 					   (json_int_t)committed, "to",
 					   (json_int_t)cfg->version, "config", text, "coordinator",
 					   c->me, "participants", parts, "down", down, "backups",
-					   usable_backups(c, &k, down), "deadline_ms",
+					   usable_backups(c, &k, down, agreed), "deadline_ms",
 					   (json_int_t)(now_ms() + MLFS_ATTEMPT_MS), "job",
 					   job ? job : json_array(), "job_missing", missing);
 		json_decref(missing);

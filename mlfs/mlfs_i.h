@@ -67,6 +67,9 @@ struct mlfs_store;
  * caller's; put them with mlfs_bufs_put after unlocking), or are put here
  * when @old is NULL (when none can be freed: a fresh view). */
 void mlfs_view_snap(struct mlfs_store *st, struct mlfs_view *v, int rank, struct xf_buf **old);
+/* The same for every rank of @v on this node; @old: their nstates *
+ * ntensors entries each, in rank order, or NULL. */
+void mlfs_view_snap_local(struct mlfs_store *st, struct mlfs_view *v, struct xf_buf **old);
 void mlfs_bufs_put(struct xf_buf **bufs, size_t n);
 /* Rank @rank's snapshot partition (@state, @tensor) of @v pinned, when it
  * was taken at @step; else NULL, and *@have = the snapshot's step (-1:

@@ -228,8 +228,7 @@ static int set_first_config(struct mlfs_store *st, struct ptc_config *c, struct 
 	st->view = v;
 	free(st->steps);
 	st->steps = steps;
-	for (int r = 0; r < v->layout.world; r++)
-		mlfs_view_snap(st, v, r, NULL);
+	mlfs_view_snap_local(st, v, NULL);
 	return 0;
 }
 
@@ -391,8 +390,7 @@ static void commit_begin(struct mlfs_store *st, struct mlfs_attempt *a)
 	free(st->steps);
 	st->steps = a->steps;
 	a->steps = NULL;
-	for (int r = 0; r < st->view->layout.world; r++) /* the saved state, for backups */
-		mlfs_view_snap(st, st->view, r, NULL);
+	mlfs_view_snap_local(st, st->view, NULL); /* the saved state, for backups */
 	st->last = a->stats;
 	/* served to peers since the last commit: every attempt fetch is for
 	 * the current version, and some start before this node's prepare */

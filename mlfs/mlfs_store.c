@@ -88,6 +88,14 @@ void mlfs_view_snap(struct mlfs_store *st, struct mlfs_view *v, int rank, struct
 	v->snap_step[rank] = st->steps[rank];
 }
 
+void mlfs_view_snap_local(struct mlfs_store *st, struct mlfs_view *v, struct xf_buf **old)
+{
+	size_t per = (size_t)v->parts.nstates * (size_t)v->parts.ntensors;
+	int r0 = v->layout.node_first_rank[st->node];
+	for (int i = 0; v->snap && r0 >= 0 && i < v->layout.node_nranks[st->node]; i++)
+		mlfs_view_snap(st, v, r0 + i, old ? old + (size_t)i * per : NULL);
+}
+
 struct xf_buf *mlfs_view_snap_get(struct mlfs_store *st, struct mlfs_view *v, int rank,
 				  int state, int tensor, int64_t step, int64_t *have)
 {
@@ -658,9 +666,9 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 					goto out_parts;
 				}
 			}
-	size_t nparts = (size_t)l->world * (size_t)s->nstates * (size_t)s->ntensors;
 	/* the snapshots replaced (with "replicas"): put after unlocking */
-	struct xf_buf **oldsnap = v->snap ? calloc(nparts, sizeof(*oldsnap)) : NULL;
+	size_t nold = (size_t)l->node_nranks[st->node] * (size_t)s->nstates * (size_t)s->ntensors;
+	struct xf_buf **oldsnap = v->snap ? calloc(nold ? nold : 1, sizeof(*oldsnap)) : NULL;
 	if (v->snap && !oldsnap) {
 		rc = -ENOMEM;
 		goto out_parts;
@@ -675,17 +683,15 @@ static int store_import(struct mlfs_store *st, const char *dir, int only, int64_
 			v->parts.bufs[i] = np.bufs[i];
 			np.bufs[i] = tmp;
 		}
-		size_t per = (size_t)s->nstates * (size_t)s->ntensors;
-		for (int r = 0; r < l->world; r++) {
+		for (int r = 0; r < l->world; r++)
 			st->steps[r] = step;
-			mlfs_view_snap(st, v, r, oldsnap ? oldsnap + (size_t)r * per : NULL);
-		}
+		mlfs_view_snap_local(st, v, oldsnap);
 		saved = true;
 		rc = 0;
 	}
 	pthread_mutex_unlock(&st->lock);
 	if (oldsnap)
-		mlfs_bufs_put(oldsnap, nparts);
+		mlfs_bufs_put(oldsnap, nold);
 	free(oldsnap);
 	if (saved && st->steps_saved)
 		st->steps_saved(st->cluster_arg);
