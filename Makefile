@@ -21,18 +21,38 @@ DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson
 	libzstd-dev libxxhash-dev libcmocka-dev pkg-config python3-numpy python3-pytest etcd-server \
 	python3-torch python3-matplotlib iperf3
 
-PTC_SRC   := $(wildcard ptc/*.c)
-XF_SRC    := $(wildcard transform/*.c)
-NET_SRC   := $(wildcard net/*.c)
-MLFS_SRC  := $(wildcard mlfs/*.c)
+# The modules, one static library each, and what each may include (its own
+# headers and these folders' public headers). `make check-deps` enforces the
+# graph (tools/check_deps.sh); docs/internals/README.md explains it.
+#   ptc       -                       pure: schema, config, layout, plan
+#   common    ptc                     log, .npy, hashing, parallel loops, mapped copies
+#   net       -                       HTTP server and client, etcd client
+#   transform ptc common              executes plans
+#   dataset   ptc common net transform
+#   store     ptc common transform dataset
+#   cluster   ptc common net transform dataset store
+#   mount     ptc common transform dataset store (and cluster in mlfs_daemon.c, start-up)
+#   tools     public headers only (ptc.h, mount.h)
+MODULES   := mount cluster store dataset transform net common ptc
+DEPS_ptc       :=
+DEPS_common    := ptc
+DEPS_net       :=
+DEPS_transform := ptc common
+DEPS_dataset   := ptc common net transform
+DEPS_store     := ptc common transform dataset
+DEPS_cluster   := ptc common net transform dataset store
+DEPS_mount     := ptc common transform dataset store
+DEPS_tools     := ptc mount
+export $(foreach m,$(MODULES) tools,DEPS_$(m))
 TOOLS_SRC := $(wildcard tools/*.c)
-PTC_OBJ   := $(PTC_SRC:%.c=$(BUILD)/obj/%.o)
-XF_OBJ    := $(XF_SRC:%.c=$(BUILD)/obj/%.o)
-NET_OBJ   := $(NET_SRC:%.c=$(BUILD)/obj/%.o)
-MLFS_OBJ  := $(MLFS_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS_OBJ := $(TOOLS_SRC:%.c=$(BUILD)/obj/%.o)
-# Link order: dependents first (tools -> mlfs -> transform -> ptc; mlfs -> net).
-LIBS      := $(BUILD)/libmlfs.a $(BUILD)/libxf.a $(BUILD)/libnet.a $(BUILD)/libptc.a
+# Link order: dependents first.
+LIBS      := $(foreach m,$(MODULES),$(BUILD)/lib$(m).a)
+$(foreach m,$(MODULES),$(eval $(BUILD)/lib$(m).a: $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard $(m)/*.c))))
+$(BUILD)/lib%.a:
+	@rm -f $@
+	ar rcs $@ $^
+
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
@@ -43,22 +63,6 @@ all: $(BUILD)/mlfs
 $(BUILD)/obj/%.o: %.c $(wildcard */*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c -o $@ $<
-
-$(BUILD)/libptc.a: $(PTC_OBJ)
-	@rm -f $@
-	ar rcs $@ $^
-
-$(BUILD)/libxf.a: $(XF_OBJ)
-	@rm -f $@
-	ar rcs $@ $^
-
-$(BUILD)/libnet.a: $(NET_OBJ)
-	@rm -f $@
-	ar rcs $@ $^
-
-$(BUILD)/libmlfs.a: $(MLFS_OBJ)
-	@rm -f $@
-	ar rcs $@ $^
 
 $(BUILD)/mlfs: $(TOOLS_OBJ) $(LIBS)
 	$(CC) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(LIBS) $(LDLIBS)
@@ -82,13 +86,11 @@ fuzz: deps
 	@command -v clang >/dev/null || apt-get install -y clang
 	$(MAKE) BUILD=build/libfuzzer CC=clang SANITIZE=address,undefined \
 		CFLAGS="-O1 -g -fsanitize=fuzzer-no-link" \
-		build/libfuzzer/libmlfs.a build/libfuzzer/libxf.a build/libfuzzer/libnet.a \
-		build/libfuzzer/libptc.a
+		$(foreach m,$(MODULES),build/libfuzzer/lib$(m).a)
 	@mkdir -p build/libfuzzer/tests
 	set -e; for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
 		clang $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined -o build/libfuzzer/tests/$$n \
-			$$f build/libfuzzer/libmlfs.a build/libfuzzer/libxf.a build/libfuzzer/libnet.a \
-			build/libfuzzer/libptc.a $(LDLIBS); \
+			$$f $(foreach m,$(MODULES),build/libfuzzer/lib$(m).a) $(LDLIBS); \
 		mkdir -p build/corpus/$$n; \
 		build/libfuzzer/tests/$$n -max_total_time=$(FUZZ_SECONDS) build/corpus/$$n tests/fuzz/corpus/$$n; \
 	done
@@ -109,6 +111,7 @@ unit: $(UNIT_BIN) $(FUZZ_BIN)
 		$$f -runs=20000 tests/fuzz/corpus/$$n; done
 
 test: deps
+	$(MAKE) check-deps
 	$(MAKE) all
 	$(MAKE) unit
 	$(PY) -m pytest -q tests/e2e
@@ -139,6 +142,9 @@ bench: deps
 $(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS)
+
+check-deps:
+	@tests/check_deps.sh
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mlfs/mlfs.h"
+#include "mount/mount.h"
 #include "ptc/ptc.h"
 #include "tools/tools.h"
 

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mlfs/mlfs_npy.h"
+#include "common/common.h"
 #include "tests/fuzz/fuzz.h"
 
 static bool same_header(const struct mlfs_npy *a, const struct mlfs_npy *b)

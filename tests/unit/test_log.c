@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "mlfs/mlfs_log.h"
+#include "common/common.h"
 
 /* Runs @fn with stderr going to a temporary file; returns what it wrote. */
 static char *captured(void (*fn)(void))

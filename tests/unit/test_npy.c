@@ -5,7 +5,7 @@
  */
 #include <inttypes.h>
 
-#include "mlfs/mlfs_npy.h"
+#include "common/common.h"
 #include "tests/unit/unit.h"
 
 struct expect_header {

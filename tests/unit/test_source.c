@@ -22,7 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mlfs/mlfs_source.h"
+#include "common/common.h"
+#include "dataset/dataset.h"
 #include "tests/unit/unit.h"
 #include "tests/unit/unit_server.h"
 
@@ -420,12 +421,12 @@ static void test_file_direct(void **state)
 	const uint8_t *map = mmap(NULL, 9000, PROT_READ, MAP_SHARED, fd, 0);
 	assert_true(map != MAP_FAILED);
 	uint8_t got[4000];
-	assert_int_equal(mlfs_src_map_copy(got, map + 4096, 4000), 0);
+	assert_int_equal(mlfs_mapcopy(got, map + 4096, 4000), 0);
 	assert_memory_equal(got, content[F_A] + 4096, 4000);
 	assert_int_equal(truncate(path, 100), 0);
-	assert_int_equal(mlfs_src_map_copy(got, map + 4096, 4000), -EIO);
-	assert_int_equal(mlfs_src_map_copy(got, map + 4096, 4000), -EIO); /* and again */
-	assert_int_equal(mlfs_src_map_copy(got, map, 100), 0);
+	assert_int_equal(mlfs_mapcopy(got, map + 4096, 4000), -EIO);
+	assert_int_equal(mlfs_mapcopy(got, map + 4096, 4000), -EIO); /* and again */
+	assert_int_equal(mlfs_mapcopy(got, map, 100), 0);
 	assert_memory_equal(got, content[F_A], 100);
 	munmap((void *)map, 9000);
 	close(fd);

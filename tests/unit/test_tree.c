@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <time.h>
 
-#include "mlfs/mlfs_i.h"
+#include "store/store.h"
 #include "tests/unit/unit.h"
 
 UNIT_PARSER(schema, struct ptc_schema, "schema.json", ptc_schema_parse_text, ptc_schema_free)

@@ -1,0 +1,99 @@
+/*
+ * cluster.h - a job of many nodes: the control plane on etcd, the peer
+ * data plane, backups.
+ */
+#ifndef MLFS_CLUSTER_H
+#define MLFS_CLUSTER_H
+
+/*
+ * mlfs_cluster.h - the control plane of a job of many nodes, on etcd
+ * (mlfs_cluster.c; DESIGN section 7).
+ */
+
+#include "store/store.h"
+#include "net/net.h"
+
+struct mlfs_cluster;
+
+/*
+ * Joins the job of @st's cluster.json ("job", "etcd"): checks the job's
+ * cluster is the same (the first node puts it), registers this node with a
+ * lease, installs the job's schema and committed config if there are, and
+ * starts the control thread; from then on schema.json and config.json
+ * writes are proposed to etcd (st->propose) and status.json shows the job
+ * (st->status_add). 0, or -EINVAL (no job or etcd, another cluster.json),
+ * -EIO (etcd unreachable), -ENOMEM, with the reason in @why. Call after
+ * mlfs_peer_start, before the mount serves.
+ */
+int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *why, size_t whylen);
+/* Stops the control thread, leaves the job (revokes the lease: this node's
+ * key vanishes at once) and frees @c (NULL: fine). */
+void mlfs_cluster_stop(struct mlfs_cluster *c);
+
+/*
+ * mlfs_peer.h - the data plane between nodes (mlfs_peer.c): this node's
+ * server for its peers and the fetch of partition rows from theirs.
+ */
+
+
+struct mlfs_peer;
+
+/*
+ * Serves @st's partitions, job/ files and health on this node's "addr"
+ * (cluster.json) to requests carrying @token (16 to 256 characters), and
+ * sets st->fetch so that a reconfiguration fetches rows from peers with
+ * it. 0, or -EINVAL (no addr, a bad token), -EADDRINUSE, -ENOMEM with the
+ * reason in @why. Call before the mount serves; stop after it stopped.
+ */
+int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out, char *why,
+		    size_t whylen);
+/* Stops serving (waits for replies in flight) and frees @pe (NULL: fine). */
+void mlfs_peer_stop(struct mlfs_peer *pe);
+/* The job/ file @path of cluster node @node, fetched with the token into a
+ * new buffer (*@data, the caller's). Errors of net_http_get; -EHOSTUNREACH
+ * without a data plane. Not from a FUSE worker. */
+#define MLFS_JOB_FILE_MAX ((size_t)64 << 20)
+int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,
+		      size_t *len, char *why, size_t whylen);
+/* The job/ manifest (mlfs_job_manifest) of cluster node @node. */
+int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *why,
+			   size_t whylen);
+/* The whole partition (@rank, @state, @tensor) of layout @l, as saved at
+ * step @snap, from cluster node @node into @dst (its size); no new try
+ * starts once *@stop is set. 0, -EINVAL (@dst's size), or
+ * net_http_get_range's errors (a 409: the node saved another step
+ * meanwhile), with @why. Not from a FUSE worker. */
+int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout *l, int rank,
+		       int state, int tensor, int64_t snap, struct xf_buf *dst, atomic_int *stop,
+		       char *why, size_t whylen);
+/* The port the server listens on. */
+int mlfs_peer_port(const struct mlfs_peer *pe);
+
+/*
+ * mlfs_backup.h - backups of the saved state of the previous node, for a
+ * config with "replicas": 1 (mlfs_backup.c; DESIGN section 7).
+ */
+
+#include <jansson.h>
+
+
+struct mlfs_backup;
+
+/* Starts keeping backups for @st (a job of many nodes, with a data plane:
+ * mlfs_peer_start first). 0, -ENOMEM, or a pthread error. */
+int mlfs_backup_start(struct mlfs_store *st, struct mlfs_backup **out);
+/* Stops the thread and frees the backups (NULL: fine). */
+void mlfs_backup_stop(struct mlfs_backup *b);
+/* The saved steps may have changed (a round of the control plane). */
+void mlfs_backup_kick(struct mlfs_backup *b);
+/* What this node holds, for its etcd entry and status.json:
+ * {"of": node id, "version", "steps": {"<rank>": step}, "bytes"[, "error"]},
+ * or NULL when it holds none (no "replicas" in the current config). */
+json_t *mlfs_backup_describe(struct mlfs_backup *b);
+/* The backup of partition (@rank, @state, @tensor) of layout @version,
+ * pinned, its checksum verified (once); NULL with @why when there is none
+ * or it is corrupt. Peer server threads. */
+struct xf_buf *mlfs_backup_get(struct mlfs_backup *b, int64_t version, int rank, int state,
+			       int tensor, char *why, size_t whylen);
+
+#endif

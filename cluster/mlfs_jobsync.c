@@ -1,0 +1,162 @@
+/*
+ * mlfs_jobsync.c - job/ across the nodes of a job: the coordinator merges
+ * the participants' job/ trees into one manifest (in the attempt), and
+ * each participant stages that tree before it votes (mlfs_cluster.c swaps
+ * it in at the commit). See mlfs_jobsync.h.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cluster/cluster_i.h"
+#include "cluster/cluster.h"
+
+/* The job/ node at @path under @root, or NULL. */
+static struct mlfs_job *job_at(struct mlfs_job *root, const char *path)
+{
+	struct mlfs_job *j = root;
+	while (j && *path) {
+		size_t n = strcspn(path, "/");
+		j = j->dir ? mlfs_job_child(j, path, n) : NULL;
+		path += n;
+		while (*path == '/')
+			path++;
+	}
+	return j;
+}
+
+int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char *coordinator,
+		       struct mlfs_job **out, char *why, size_t whylen)
+{
+	struct mlfs_job *root = mlfs_job_new_dir("job", &st->mem);
+	int co = ptc_cluster_find(mlfs_store_cluster(st), coordinator);
+	size_t i;
+	json_t *e;
+	int rc = root && co >= 0 ? 0 : -ENOMEM;
+
+	json_array_foreach(manifest, i, e)
+	{
+		if (rc)
+			break;
+		const char *path = json_string_value(json_object_get(e, "p"));
+		if (!path) {
+			snprintf(why, whylen, "job/: a bad manifest");
+			rc = -EINVAL;
+			break;
+		}
+		const char *slash = strrchr(path, '/');
+		char parent[4096];
+		snprintf(parent, sizeof(parent), "%.*s", slash ? (int)(slash - path) : 0, path);
+		struct mlfs_job *dir = job_at(root, parent), *f;
+		if (!dir || (rc = mlfs_job_create(dir, slash ? slash + 1 : path,
+							   json_is_true(json_object_get(e, "d")), &f))) {
+			snprintf(why, whylen, "job/%s: cannot stage it", path);
+			rc = rc ? rc : -EINVAL;
+			break;
+		}
+		if (f->dir)
+			continue;
+		uint64_t want = strtoull(json_string_value(json_object_get(e, "h")), NULL, 16);
+		size_t size = (size_t)json_integer_value(json_object_get(e, "n"));
+		pthread_mutex_lock(&st->lock); /* alike here? */
+		struct mlfs_job *mine = job_at(st->job, path);
+		if (mine && !mine->dir && mine->size == size && mlfs_job_hash(mine) == want)
+			rc = mlfs_job_set(f, mine->data, size);
+		else
+			mine = NULL;
+		pthread_mutex_unlock(&st->lock);
+		if (rc || mine)
+			continue;
+		uint8_t *data = NULL;
+		size_t len = 0;
+		/* fetched through the data plane's client: the token is its */
+		const char *src = json_string_value(json_object_get(e, "s"));
+		int from = src ? ptc_cluster_find(mlfs_store_cluster(st), src) : co;
+		if (from < 0) {
+			snprintf(why, whylen, "job/%s: no node \"%s\"", path, src);
+			rc = -EINVAL;
+			break;
+		}
+		if ((rc = mlfs_peer_job_get(st, from, path, &data, &len, why, whylen)) == 0) {
+			if (len != size || mlfs_job_hash_bytes(data, len) != want) {
+				snprintf(why, whylen, "job/%s: the coordinator's copy changed", path);
+				rc = -EIO;
+			} else {
+				rc = mlfs_job_set(f, data, len);
+			}
+		}
+		free(data);
+	}
+	if (rc) {
+		mlfs_job_free(root);
+		return rc;
+	}
+	*out = root;
+	return 0;
+}
+
+/* By path: a directory before what it holds. */
+static int cmp_paths(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+json_t *mlfs_jobsync_merge(struct mlfs_store *st, const char *me, const json_t *parts,
+			   json_t *missing, int *rc)
+{
+	json_t *by = json_object(), *out = json_array(), *p;
+	size_t i;
+
+	json_array_foreach(parts, i, p)
+	{
+		const char *id = json_string_value(p);
+		int node = ptc_cluster_find(mlfs_store_cluster(st), id);
+		json_t *m = NULL;
+		char why[512];
+		if (strcmp(id, me) == 0) {
+			pthread_mutex_lock(&st->lock);
+			m = mlfs_job_manifest(st->job);
+			pthread_mutex_unlock(&st->lock);
+		} else if (mlfs_peer_job_manifest(st, node, &m, why, sizeof(why))) {
+			/* Frozen or slow: the attempt goes on, and that node's vote
+			 * fails (its job/ would be lost otherwise). */
+			json_array_append_new(missing, json_string(id));
+			continue;
+		}
+		size_t j;
+		json_t *e;
+		json_array_foreach(m, j, e)
+		{
+			const char *path = json_string_value(json_object_get(e, "p"));
+			json_t *have = path ? json_object_get(by, path) : NULL;
+			if (!path || (have && json_integer_value(json_object_get(have, "m")) >=
+						   json_integer_value(json_object_get(e, "m"))))
+				continue;
+			json_object_set_new(e, "s", json_string(id));
+			json_object_set(by, path, e);
+		}
+		json_decref(m);
+	}
+	/* Sorted by path: a directory before what it holds. */
+	size_t n = json_object_size(by), k = 0;
+	const char **paths = malloc((n ? n : 1) * sizeof(*paths));
+	const char *path;
+	json_t *e;
+	if (!paths) {
+		json_decref(by);
+		json_decref(out);
+		*rc = -ENOMEM;
+		return NULL;
+	}
+	json_object_foreach(by, path, e) paths[k++] = path;
+	qsort(paths, n, sizeof(*paths), cmp_paths);
+	for (k = 0; k < n; k++)
+		json_array_append(out, json_object_get(by, paths[k]));
+	free(paths);
+	json_decref(by);
+	*rc = 0;
+	return out;
+}

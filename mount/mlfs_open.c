@@ -1,0 +1,537 @@
+/*
+ * mlfs_open.c - open files and their reads: snapshots, views, splice.
+ */
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "mount/mount_i.h"
+#include "common/common.h"
+
+struct fh *mlfs_fh_new(struct mlfs_daemon *d, enum kind kind)
+{
+	struct fh *f = calloc(1, sizeof(*f));
+	if (f) {
+		atomic_init(&f->refs, 1);
+		pthread_mutex_init(&f->lock, NULL);
+		f->d = d;
+		f->kind = kind;
+	}
+	return f;
+}
+
+void mlfs_fh_free(struct fh *f)
+{
+	if (!f || atomic_fetch_sub(&f->refs, 1) != 1)
+		return;
+	if (f->w)
+		xf_mem_release(&f->d->st->mem, (int64_t)f->wcap + 1);
+	pthread_mutex_destroy(&f->lock);
+	free(f->path);
+	xf_buf_put(f->buf);
+	xf_buf_put(f->wdata);
+	for (int64_t i = 0; i < f->nviews; i++)
+		mlfs_dview_put(f->views[i]);
+	free(f->views);
+	mlfs_view_put(f->v);
+	mlfs_pin_put(f->pin);
+	free(f->text);
+	free(f->w);
+	free(f->whdr);
+	free(f);
+}
+
+struct fh *mlfs_fh_of(struct fuse_file_info *fi)
+{
+	return (struct fh *)(uintptr_t)fi->fh;
+}
+
+/* Text snapshot of a generated or control file; lock held. */
+static char *snapshot_text(struct mlfs_daemon *d, const struct ent *e, const struct mlfs_view *v)
+{
+	switch (e->kind) {
+	case K_CONFIG:
+		return strdup(v ? v->config_text : "");
+	case K_SCHEMA:
+		return strdup(d->st->schema_text ? d->st->schema_text : "");
+	case K_CLUSTER:
+		return strdup(mlfs_store_cluster_text(d->st));
+	case K_RANKJSON:
+		return mlfs_rank_json(v, e->rank);
+	case K_STEP:
+		return mlfs_step_text(d, e->rank);
+	default:
+		return strdup("");
+	}
+}
+
+/* Assembles (or finds) the records of a dataset view for @f, or of each
+ * step of a window, and queues the next steps of its DP group. No lock
+ * held. */
+static int open_view(struct fh *f)
+{
+	struct mlfs_daemon *d = f->d;
+	char why[512] = "";
+	int dp = f->v->layout.ranks[f->rank].d, rc = 0;
+	int64_t n = f->nsteps ? f->nsteps : 1, count = f->count, firsts[MLFS_DATA_WINDOW_MAX];
+
+	firsts[0] = f->first;
+	if (f->nsteps && /* the slices mlfs_resolve() checked, under the same view */
+	    (rc = mlfs_data_window(f->v->ds, &f->v->cursor, f->step, n, dp, firsts, &count)))
+		snprintf(why, sizeof(why), "its steps have no views of one length");
+	if (!(f->views = calloc((size_t)n, sizeof(*f->views))))
+		return -ENOMEM;
+	for (; f->nviews < n && rc == 0; f->nviews++) {
+		char err[400];
+		rc = mlfs_data_get(f->v->ds, firsts[f->nviews], count, &f->views[f->nviews], err,
+				   sizeof(err));
+		if (rc && f->nsteps) /* a window: which step */
+			snprintf(why, sizeof(why), "step %" PRId64 ": %s", f->step + f->nviews,
+				 err);
+		else if (rc)
+			snprintf(why, sizeof(why), "%s", err);
+	}
+	if (rc) {
+		char msg[700], name[64], one[48];
+		mlfs_data_format_name(f->step, f->dkind, one, sizeof(one));
+		if (f->nsteps) /* a window: "<s>-<e>" and the suffix */
+			snprintf(name, sizeof(name), "%" PRId64 "-%" PRId64 "%s", f->step,
+				 f->step + f->nsteps, strchr(one, '.'));
+		else
+			snprintf(name, sizeof(name), "%s", one);
+		snprintf(msg, sizeof(msg), "dataset: ranks/%d/data/%s: %s", f->rank, name, why);
+		mlfs_store_note_error(d->st, msg);
+		mlfs_log(MLFS_LOG_WARNING, "open failed: %s", msg);
+		return rc == -ENOSPC || rc == -ENOMEM ? rc : -EIO;
+	}
+	mlfs_data_prefetch(f->v->ds, &f->v->cursor, dp, f->step + n, f->nsteps);
+	return 0;
+}
+
+static void open_reply(fuse_req_t req, struct fuse_file_info *fi, struct fh *f, fuse_ino_t ino,
+		       int rc);
+
+/* An open of a dataset view, run by an I/O worker. */
+struct open_job {
+	struct mlfs_io_job job;
+	fuse_req_t req;
+	struct fuse_file_info fi;
+	struct fh *f;
+	fuse_ino_t ino;
+};
+
+static void open_job_run(struct mlfs_io_job *j)
+{
+	struct open_job *o = (struct open_job *)j;
+	open_reply(o->req, &o->fi, o->f, o->ino, open_view(o->f));
+	free(o);
+}
+
+static void open_job_cancel(struct mlfs_io_job *j)
+{
+	struct open_job *o = (struct open_job *)j;
+	open_reply(o->req, &o->fi, o->f, o->ino, -EINTR);
+	free(o);
+}
+
+/*
+ * Assembles the full tensor of @f from its pin: local parts as they are,
+ * the others fetched whole from the nodes holding them (st->fetch, which
+ * may wait on the network: I/O workers only). 0 or a negative errno.
+ */
+static int assemble_full(struct fh *f)
+{
+	struct mlfs_store *st = f->d->st;
+	struct pin *p = f->pin;
+	struct xf_buf **fetched = calloc((size_t)p->nbufs * 2, sizeof(*fetched));
+	struct xf_buf **srcs = fetched + p->nbufs;
+	int rc = 0;
+
+	if (!fetched)
+		return -ENOMEM;
+	const struct ptc_tensor *T = &st->schema->tensors[f->tensor];
+	for (int t = 0; t < p->nbufs && rc == 0; t++) {
+		srcs[t] = p->bufs[t];
+		if (srcs[t])
+			continue;
+		int64_t outer, rowel, rows = 1;
+		ptc_tensor_geometry(T, &outer, &rowel);
+		if (T->split_dim >= 0) {
+			struct ptc_slice sl;
+			ptc_slice_compute(T, p->nbufs, t, &sl);
+			rows = sl.rows;
+		}
+		int64_t rb = rowel * (int64_t)ptc_dtype_size(ptc_schema_dtype(st->schema, f->state,
+									      f->tensor));
+		if (!(fetched[t] = xf_buf_new(&st->mem, outer * rows * rb, &rc)))
+			break;
+		int r = p->remote[2 * t];
+		struct mlfs_view *v = mlfs_store_view(st);
+		struct ptc_op op = {.kind = PTC_OP_FETCH, .dst_node = -1, /* not an attempt's */
+				    .state = (uint16_t)f->state,
+				    .src_rank = r, .src_tensor = p->remote[2 * t + 1],
+				    .src_node = v && r < v->layout.world ? v->layout.ranks[r].node : 0,
+				    .rows = rows};
+		bool same = v && v->config->version == p->version;
+		mlfs_view_put(v);
+		rc = same ? st->fetch(st->fetch_arg, p->version, &op, fetched[t]->data, rows, outer,
+				      rb)
+			  : -ESTALE; /* the layout changed since the lookup: look up again */
+		srcs[t] = fetched[t];
+	}
+	if (rc == 0)
+		rc = mlfs_full_assemble(st->schema, f->state, f->tensor, srcs, p->nbufs, &st->mem,
+					&f->buf);
+	for (int t = 0; t < p->nbufs; t++)
+		xf_buf_put(fetched[t]);
+	free(fetched);
+	mlfs_pin_put(f->pin);
+	f->pin = NULL;
+	return rc;
+}
+
+static void full_job_run(struct mlfs_io_job *j)
+{
+	struct open_job *o = (struct open_job *)j;
+	o->fi.direct_io = 1; /* fetched anew at every open: no page cache to go stale */
+	open_reply(o->req, &o->fi, o->f, o->ino, assemble_full(o->f));
+	free(o);
+}
+
+/* Queues the open of @f, which @run finishes on an I/O worker (a view, or a
+ * full tensor with parts on other nodes); 0, or an error for the caller to
+ * reply. */
+static int open_queue(struct mlfs_daemon *d, void (*run)(struct mlfs_io_job *), fuse_req_t req,
+		      struct fuse_file_info *fi, struct fh *f, fuse_ino_t ino)
+{
+	struct open_job *o = malloc(sizeof(*o));
+	if (!o)
+		return -ENOMEM;
+	*o = (struct open_job){{run, open_job_cancel, NULL}, req, *fi, f, ino};
+	int rc = mlfs_io_submit(&d->io, &o->job);
+	if (rc)
+		free(o);
+	return rc;
+}
+
+void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mlfs_daemon *d = fuse_req_userdata(req);
+	struct target t;
+	int rc = mlfs_target_get(d, ino, &t), acc = fi->flags & O_ACCMODE;
+	struct fh *f = NULL;
+
+	if (rc) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	bool write = acc != O_RDONLY;
+	if (t.vanished && write) { /* only its old content is left: to read */
+		mlfs_target_done(&t);
+		mlfs_target_put(&t);
+		fuse_reply_err(req, ENOENT);
+		return;
+	}
+	rc = -ENOMEM;
+	if (!(f = mlfs_fh_new(d, t.e.kind)))
+		goto out_locked;
+	f->v = t.v;
+	t.v = NULL;
+	f->rank = t.e.rank;
+	f->state = t.e.state;
+	f->tensor = t.e.tensor;
+	f->write = write;
+	switch (t.e.kind) {
+	case K_ROOT:
+	case K_RANKS:
+	case K_RANK:
+	case K_FULL:
+	case K_TDIR:
+	case K_FDIR:
+		rc = -EISDIR;
+		if (t.e.kind == K_TDIR || t.e.kind == K_FDIR)
+			rc = t.e.tn->tensor < 0 ? -EISDIR : 0;
+		goto out_locked;
+	case K_JOB:
+		rc = t.e.job->dir ? -EISDIR : 0;
+		if (rc == 0 && (fi->flags & O_TRUNC) && write)
+			rc = mlfs_job_truncate(t.e.job, 0);
+		fi->direct_io = 1;
+		break;
+	case K_CLUSTER:
+	case K_RANKJSON:
+	case K_STATUS:
+		rc = write ? -EACCES : 0;
+		fi->direct_io = 1;
+		break;
+	case K_CONFIG:
+	case K_SCHEMA:
+	case K_STEP:
+	case K_CTL:
+		fi->direct_io = 1;
+		rc = 0;
+		if (write && !(fi->flags & O_TRUNC) && t.e.kind != K_CTL) {
+			char *cur = snapshot_text(d, &t.e, f->v);
+			rc = cur ? mlfs_text_append(f, cur, strlen(cur), 0) : -ENOMEM;
+			free(cur);
+		}
+		break;
+	case K_PART:
+		if (write && d->st->state == MLFS_TRANSFORMING) {
+			rc = -EBUSY;
+			break;
+		}
+		if (write && !(f->path = strdup(t.path))) {
+			rc = -ENOMEM;
+			break;
+		}
+		if (write || !t.pin) { /* writers stage against the current content */
+			size_t i = xf_parts_index(&f->v->parts, f->rank, f->state, f->tensor);
+			f->buf = xf_buf_get(f->v->parts.bufs[i]);
+			f->hdr_len = mlfs_part_header(d->st->schema, &f->v->layout, f->rank,
+						      f->state, f->tensor, f->hdr, sizeof(f->hdr));
+		} else { /* readers read what the inode names */
+			f->buf = xf_buf_get(t.pin->bufs[0]);
+			memcpy(f->hdr, t.pin->hdr, t.pin->hdr_len);
+			f->hdr_len = t.pin->hdr_len;
+		}
+		f->wbase = !(fi->flags & O_TRUNC);
+		rc = 0;
+		break;
+	case K_FFILE:
+		rc = write ? -EACCES : t.pin ? 0 : -ESTALE;
+		if (rc == 0) {
+			f->pin = mlfs_pin_get(t.pin);
+			memcpy(f->hdr, t.pin->hdr, t.pin->hdr_len);
+			f->hdr_len = t.pin->hdr_len;
+		}
+		break;
+	case K_DDIR:
+		rc = -EISDIR;
+		break;
+	case K_DFILE:
+		rc = write ? -EACCES : 0;
+		f->dkind = t.e.dkind;
+		f->step = t.e.step;
+		f->first = t.e.first;
+		f->count = t.e.count;
+		f->nsteps = t.e.nsteps;
+		mlfs_data_file_size(f->v->ds, f->first, f->count, f->nsteps, f->dkind, f->hdr,
+				    sizeof(f->hdr), &f->hdr_len);
+		break;
+	}
+	if (rc == 0 &&
+	    (t.e.kind == K_STATUS || (!write && t.e.kind != K_JOB && t.e.kind != K_PART &&
+				      t.e.kind != K_FFILE && t.e.kind != K_CTL))) {
+		f->text = t.e.kind == K_STATUS ? NULL : snapshot_text(d, &t.e, f->v);
+		if (t.e.kind != K_STATUS && !f->text)
+			rc = -ENOMEM;
+		f->text_len = f->text ? strlen(f->text) : 0;
+	}
+out_locked:
+	mlfs_target_done(&t);
+	mlfs_target_put(&t);
+	if (rc == 0 && f->kind == K_STATUS) {
+		f->text = mlfs_store_status_json(d->st);
+		f->text_len = f->text ? strlen(f->text) : 0;
+		rc = f->text ? 0 : -ENOMEM;
+	}
+	if (rc == 0 && f->kind == K_DFILE) { /* may wait on the network: an I/O worker */
+		rc = open_queue(d, open_job_run, req, fi, f, ino);
+		if (rc == 0)
+			return;
+	}
+	if (rc == 0 && f->kind == K_FFILE && f->pin->remote) { /* parts on peers */
+		rc = open_queue(d, full_job_run, req, fi, f, ino);
+		if (rc == 0)
+			return;
+	}
+	if (rc == 0 && f->kind == K_FFILE)
+		rc = assemble_full(f);
+	open_reply(req, fi, f, ino, rc);
+}
+
+/* Replies an open of @f (or its failure @rc, freeing @f). Any thread. */
+static void open_reply(fuse_req_t req, struct fuse_file_info *fi, struct fh *f, fuse_ino_t ino,
+		       int rc)
+{
+	if (rc) {
+		mlfs_fh_free(f);
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	struct mlfs_daemon *d = f->d;
+	bool write = f->write;
+	if ((f->kind == K_PART || f->kind == K_FFILE) && !write)
+		fi->keep_cache = 1; /* this inode's pages are its pinned content's */
+	else if (f->kind == K_DFILE)
+		fi->direct_io = 1; /* read once: straight to the reader, no page cache */
+	else if (f->kind == K_PART)
+		fi->direct_io = 1; /* nothing staged reaches the page cache */
+	fi->noflush = !write;	   /* a reader's flush does nothing: spare the round trip */
+	fi->fh = (uintptr_t)f;
+	if (write && (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA ||
+		      f->kind == K_STEP))
+		mlfs_fresh_add(f, ino, fuse_req_ctx(req)->pid);
+	if (fuse_reply_open(req, fi)) {
+		mlfs_fh_free(mlfs_fresh_take(d, f, 0, 0));
+		mlfs_fh_free(f);
+	}
+}
+
+/* Replies bytes [off, off+size) of header+data, with no copy on our side:
+ * data alone through a pipe when @splice (large partitions: measured a
+ * little faster cold), else one writev (dataset views: measured faster,
+ * their replies being 1 MiB or less). */
+static void reply_parts(fuse_req_t req, const char *hdr, size_t hlen, const uint8_t *data,
+			size_t dlen, size_t size, off_t off, bool splice)
+{
+	size_t total = hlen + dlen, o = (size_t)off;
+	if (o >= total) {
+		fuse_reply_buf(req, NULL, 0);
+		return;
+	}
+	if (size > total - o)
+		size = total - o;
+	if (o >= hlen && splice) {
+		struct fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
+		bv.buf[0].mem = (void *)(data + (o - hlen));
+		fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
+		return;
+	}
+	if (o >= hlen) {
+		struct iovec one = {(void *)(data + (o - hlen)), size};
+		fuse_reply_iov(req, &one, 1);
+		return;
+	}
+	struct iovec iov[2] = {{(void *)(hdr + o), hlen - o < size ? hlen - o : size},
+			       {(void *)data, 0}};
+	iov[1].iov_len = size - iov[0].iov_len;
+	fuse_reply_iov(req, iov, iov[1].iov_len ? 2 : 1);
+}
+
+/* Bytes [off, off+size) of a dataset view or window: the header, then the
+ * bodies of its views back to back (all of one length), in one writev. */
+static void reply_views(fuse_req_t req, struct fh *f, size_t size, off_t off)
+{
+	struct iovec iov[MLFS_DATA_WINDOW_MAX + 1];
+	int n = 0;
+	size_t o = (size_t)off, hlen = f->hdr_len;
+
+	if (o < hlen && size) {
+		iov[n] = (struct iovec){f->hdr + o, hlen - o < size ? hlen - o : size};
+		size -= iov[n++].iov_len;
+		o = hlen;
+	}
+	for (int64_t i = 0; i < f->nviews && size; i++) {
+		const uint8_t *body;
+		size_t len;
+		mlfs_dview_body(f->views[i], f->dkind, &body, &len);
+		if (o >= hlen + len) { /* before the range */
+			o -= len;
+			continue;
+		}
+		size_t a = o - hlen, k = len - a < size ? len - a : size;
+		iov[n++] = (struct iovec){(void *)(body + a), k};
+		size -= k;
+		o = hlen;
+	}
+	fuse_reply_iov(req, iov, n);
+}
+
+static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fh *f)
+{
+	struct mlfs_daemon *d = fuse_req_userdata(req);
+	if (f->kind == K_PART || f->kind == K_FFILE) {
+		pthread_mutex_lock(&f->lock); /* a writer's flush replaces buf */
+		struct xf_buf *b = xf_buf_get(f->buf);
+		pthread_mutex_unlock(&f->lock);
+		reply_parts(req, f->hdr, f->hdr_len, b->data, (size_t)b->size, size, off, true);
+		xf_buf_put(b);
+		return;
+	}
+	if (f->kind == K_DFILE) {
+		reply_views(req, f, size, off);
+		return;
+	}
+	if (f->kind == K_JOB) {
+		struct target t;
+		int rc = mlfs_target_get(d, ino, &t);
+		if (rc) {
+			fuse_reply_err(req, -rc);
+			return;
+		}
+		size_t n = t.e.job->size, o = (size_t)off;
+		size_t len = o < n ? (size < n - o ? size : n - o) : 0;
+		char *copy = len ? malloc(len) : NULL;
+		if (copy)
+			memcpy(copy, t.e.job->data + o, len);
+		mlfs_target_done(&t);
+		mlfs_target_put(&t);
+		if (len && !copy)
+			fuse_reply_err(req, ENOMEM);
+		else
+			fuse_reply_buf(req, copy, len);
+		free(copy);
+		return;
+	}
+	/* A text: the open's snapshot, or .mlfs-ctl's last reply, which a write
+	 * on the same handle may replace meanwhile: copy the range under the
+	 * lock. */
+	pthread_mutex_lock(&f->lock);
+	size_t n = f->text ? f->text_len : 0, o = (size_t)off;
+	size_t len = o < n ? (size < n - o ? size : n - o) : 0;
+	char *copy = len ? malloc(len) : NULL;
+	if (copy)
+		memcpy(copy, f->text + o, len);
+	pthread_mutex_unlock(&f->lock);
+	if (len && !copy)
+		fuse_reply_err(req, ENOMEM);
+	else
+		fuse_reply_buf(req, copy, len);
+	free(copy);
+}
+
+void mlfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct fh *f = mlfs_fh_of(fi);
+	atomic_fetch_add(&f->refs, 1);
+	read_fh(req, ino, size, off, f);
+	mlfs_fh_free(f);
+}
+
+void mlfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mlfs_daemon *d = fuse_req_userdata(req);
+	struct fh *f = mlfs_fh_of(fi);
+	(void)ino;
+
+	mlfs_fh_free(mlfs_fresh_take(d, f, 0, 0));
+	if (f->kind == K_PART && f->write) {
+		pthread_mutex_lock(&f->lock);
+		if (f->err == 0 && f->dirty) /* written after the last commit */
+			mlfs_part_commit(f);
+		else if (f->err == 0 && f->truncated && !f->committed)
+			mlfs_part_refuse(f, "truncated, then closed without a write; previous content "
+				       "kept");
+		pthread_mutex_unlock(&f->lock);
+	} else if (f->write && (f->kind == K_CONFIG || f->kind == K_SCHEMA || f->kind == K_STEP)) {
+		pthread_mutex_lock(&f->lock); /* closed by a thread that did not write it */
+		if (f->err == 0 && f->dirty && !f->committed)
+			mlfs_ctl_try_commit(f, true); /* a refusal is in status.json */
+		pthread_mutex_unlock(&f->lock);
+	}
+	mlfs_fh_free(f);
+	fuse_reply_err(req, 0);
+}

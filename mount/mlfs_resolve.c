@@ -1,0 +1,300 @@
+/*
+ * mlfs_resolve.c - paths of the mount resolved against the current view.
+ */
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "mount/mount_i.h"
+
+const struct mlfs_root_file mlfs_root_files[] = {
+    {"config.json", K_CONFIG}, {"schema.json", K_SCHEMA}, {"cluster.json", K_CLUSTER},
+    {"status.json", K_STATUS}, {MLFS_CTL_NAME, K_CTL},	  {"job", K_JOB},
+    {"ranks", K_RANKS},	       {"full", K_FULL},          {NULL, K_ROOT},
+};
+
+/* Next component of *p: returns its length and advances past it. */
+static size_t next_comp(const char **p, const char **comp)
+{
+	while (**p == '/')
+		(*p)++;
+	*comp = *p;
+	size_t n = strcspn(*p, "/");
+	*p += n;
+	return n;
+}
+
+static bool is_local_rank(struct mlfs_daemon *d, const struct mlfs_view *v, int r)
+{
+	int r0 = v->layout.node_first_rank[d->st->node];
+	return r0 >= 0 && r >= r0 && r < r0 + v->layout.node_nranks[d->st->node];
+}
+
+/* Resolves @path against the store; lock held (job nodes are only valid
+ * under it). @v is the current view or NULL. 0 or -ENOENT. */
+int mlfs_resolve(struct mlfs_daemon *d, const char *path, struct mlfs_view *v, struct ent *e)
+{
+	const char *p = path, *c;
+	size_t n = next_comp(&p, &c);
+
+	memset(e, 0, sizeof(*e));
+	e->kind = K_ROOT;
+	if (n == 0)
+		return 0;
+	size_t i = 0;
+	while (mlfs_root_files[i].name && !(strlen(mlfs_root_files[i].name) == n &&
+					     strncmp(mlfs_root_files[i].name, c, n) == 0))
+		i++;
+	if (!mlfs_root_files[i].name)
+		return -ENOENT;
+	e->kind = mlfs_root_files[i].kind;
+	switch (e->kind) {
+	case K_JOB:
+		e->job = d->st->job;
+		while ((n = next_comp(&p, &c))) {
+			if (!e->job->dir || !(e->job = mlfs_job_child(e->job, c, n)))
+				return -ENOENT;
+		}
+		return 0;
+	case K_RANKS: {
+		if ((n = next_comp(&p, &c)) == 0)
+			return 0;
+		char num[16];
+		if (!v || n >= sizeof(num))
+			return -ENOENT;
+		memcpy(num, c, n);
+		num[n] = '\0';
+		char *end;
+		long r = strtol(num, &end, 10);
+		if (*end || (n > 1 && num[0] == '0') || r < 0 || r >= v->layout.world ||
+		    !is_local_rank(d, v, (int)r))
+			return -ENOENT;
+		e->kind = K_RANK;
+		e->rank = (int)r;
+		if ((n = next_comp(&p, &c)) == 0)
+			return 0;
+		if (n == 9 && strncmp(c, "rank.json", 9) == 0 && !*p) {
+			e->kind = K_RANKJSON;
+			return 0;
+		}
+		if (n == 4 && strncmp(c, "step", 4) == 0 && !*p) {
+			e->kind = K_STEP;
+			return 0;
+		}
+		if (n == 4 && strncmp(c, "data", 4) == 0 && v->ds) {
+			e->kind = K_DDIR;
+			if ((n = next_comp(&p, &c)) == 0)
+				return 0;
+			if (mlfs_data_name(v->ds, c, n, &e->step, &e->nsteps, &e->dkind) ||
+			    next_comp(&p, &c))
+				return -ENOENT;
+			e->kind = K_DFILE;
+			if (!e->nsteps)
+				return mlfs_data_slice(v->ds, &v->cursor, e->step,
+						       v->layout.ranks[r].d, &e->first, &e->count);
+			int64_t firsts[MLFS_DATA_WINDOW_MAX];
+			int rc = mlfs_data_window(v->ds, &v->cursor, e->step, e->nsteps,
+						  v->layout.ranks[r].d, firsts, &e->count);
+			e->first = rc ? 0 : firsts[0];
+			for (int64_t k = 0; k < e->nsteps && rc == 0; k++)
+				e->whash = (e->whash ^ (uint64_t)firsts[k]) * 1099511628211ull;
+			return rc;
+		}
+		e->kind = K_TDIR;
+		e->tn = v->stage_tree[v->layout.ranks[r].p];
+		break;
+	}
+	case K_FULL:
+		if (!v)
+			return *p ? -ENOENT : 0;
+		e->kind = K_FDIR;
+		e->tn = v->full_tree;
+		if ((n = next_comp(&p, &c)) == 0)
+			return 0;
+		break;
+	default:
+		return next_comp(&p, &c) ? -ENOENT : 0;
+	}
+	/* Walk a name tree, starting with component c. */
+	for (;;) {
+		if (!(e->tn = mlfs_tree_child(e->tn, c, n)))
+			return -ENOENT;
+		if ((n = next_comp(&p, &c)) == 0)
+			break;
+	}
+	if (e->tn->tensor >= 0) {
+		e->kind = e->kind == K_TDIR ? K_PART : K_FFILE;
+		e->state = e->tn->state;
+		e->tensor = e->tn->tensor;
+	}
+	return 0;
+}
+
+/* The generation of an entity whose content changes, and for partitions and
+ * full tensors a new pin of that content (into @pin, NULL for the rest): a
+ * partition's generation is the id of its current buffer, a full tensor's a
+ * hash of its sources' ids (bit 62 set), a dataset view's its samples (bit
+ * 63 set); 0 for the rest. Lock held. 0 or -ENOMEM, -EIO. */
+/*
+ * The parts of full tensor @e: the local ones pinned in p->bufs, the others
+ * named in p->remote (a rank of another node holding it, and the tensor
+ * index that rank holds: a tied tensor's copy). Returns the number of parts
+ * or -EIO when one is nowhere. Lock held.
+ */
+static int remote_sources(struct mlfs_daemon *d, const struct mlfs_view *v, const struct ent *e,
+			  struct pin *p)
+{
+	const struct ptc_layout *l = &v->layout;
+	const struct ptc_schema *s = d->st->schema;
+	int n = s->tensors[e->tensor].split_dim < 0 ? 1 : l->tp;
+
+	if (!(p->remote = malloc((size_t)n * 2 * sizeof(int))))
+		return -ENOMEM;
+	p->version = v->config->version;
+	for (int t = 0; t < n; t++) {
+		p->bufs[t] = NULL;
+		p->remote[2 * t] = -1;
+		for (int r = 0; r < l->world && !p->bufs[t] && p->remote[2 * t] < 0; r++) {
+			if (l->ranks[r].t != t)
+				continue;
+			for (int a = 0; a < s->ntensors; a++) {
+				if (ptc_schema_logical(s, a) != e->tensor || !ptc_layout_holds(l, r, a))
+					continue;
+				if (l->ranks[r].node == d->st->node)
+					p->bufs[t] = xf_buf_get(v->parts.bufs[xf_parts_index(
+					    &v->parts, r, e->state, a)]);
+				else
+					p->remote[2 * t] = r, p->remote[2 * t + 1] = a;
+				break;
+			}
+		}
+		if (!p->bufs[t] && p->remote[2 * t] < 0) {
+			while (t > 0)
+				xf_buf_put(p->bufs[--t]), p->bufs[t] = NULL;
+			return -EIO;
+		}
+	}
+	return n;
+}
+
+int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct ent *e, uint64_t *gen, struct pin **pin)
+{
+	*gen = 0;
+	*pin = NULL;
+	if (e->kind == K_DFILE) {
+		uint64_t h = mlfs_path_hash("", (uint64_t)e->first * 0x9e3779b97f4a7c15ull ^
+					       (uint64_t)e->count << 8 ^ (uint64_t)e->dkind ^
+					       e->whash * 31 ^ (uint64_t)e->nsteps << 40);
+		*gen = h | 1ull << 63;
+		return 0;
+	}
+	if (e->kind != K_PART && e->kind != K_FFILE)
+		return 0;
+	int n = e->kind == K_PART ? 1 : v->layout.tp;
+	struct pin *p = calloc(1, sizeof(*p) + (size_t)n * sizeof(p->bufs[0]));
+	if (!p)
+		return -ENOMEM;
+	atomic_init(&p->refs, 1);
+	p->nbufs = n;
+	p->kind = e->kind;
+	p->rank = e->rank;
+	p->state = e->state;
+	p->tensor = e->tensor;
+	if (e->kind == K_PART) {
+		p->bufs[0] = xf_buf_get(
+		    v->parts.bufs[xf_parts_index(&v->parts, e->rank, e->state, e->tensor)]);
+		p->hdr_len = mlfs_part_header(d->st->schema, &v->layout, e->rank, e->state,
+					      e->tensor, p->hdr, sizeof(p->hdr));
+		*gen = p->bufs[0]->id;
+	} else {
+		int rc = mlfs_view_full_sources(v, d->st->schema, d->st->node, e->state, e->tensor,
+						p->bufs);
+		if (rc == -EIO && d->st->fetch) /* parts on other nodes */
+			rc = remote_sources(d, v, e, p);
+		if (rc < 0) {
+			mlfs_pin_put(p);
+			return rc;
+		}
+		p->nbufs = rc;
+		p->hdr_len = mlfs_full_header(d->st->schema, e->state, e->tensor, p->hdr,
+					      sizeof(p->hdr));
+		uint64_t h = 1469598103934665603ull ^ (uint64_t)p->version;
+		for (int i = 0; i < p->nbufs; i++)
+			h = (h ^ (p->bufs[i] ? p->bufs[i]->id : 0)) * 1099511628211ull;
+		*gen = (h & ~(3ull << 62)) | 1ull << 62;
+	}
+	*pin = p;
+	return 0;
+}
+
+int mlfs_target_get(struct mlfs_daemon *d, fuse_ino_t ino, struct target *t)
+{
+	t->d = d;
+	int rc = mlfs_ino_get(d, ino, t->path, sizeof(t->path), &t->pin);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&d->st->lock);
+	t->v = d->st->view;
+	if (t->v)
+		atomic_fetch_add(&t->v->refs, 1);
+	rc = mlfs_resolve(d, t->path, t->v, &t->e);
+	t->vanished = false;
+	if (rc && t->pin) {
+		/* A reconfiguration removed the path after the lookup: the inode
+		 * still names its content, which open files go on reading and
+		 * whose attributes they ask for. */
+		memset(&t->e, 0, sizeof(t->e));
+		t->e.kind = (enum kind)t->pin->kind;
+		t->e.rank = t->pin->rank;
+		t->e.state = t->pin->state;
+		t->e.tensor = t->pin->tensor;
+		t->vanished = true;
+		return 0;
+	}
+	if (rc) {
+		pthread_mutex_unlock(&d->st->lock);
+		mlfs_view_put(t->v);
+		mlfs_pin_put(t->pin);
+		t->v = NULL;
+		t->pin = NULL;
+		return rc;
+	}
+	return 0; /* the lock is held */
+}
+
+/* Unlocks; the view and pin references stay the caller's (mlfs_target_put). */
+void mlfs_target_done(struct target *t)
+{
+	pthread_mutex_unlock(&t->d->st->lock);
+}
+
+void mlfs_target_put(struct target *t)
+{
+	mlfs_view_put(t->v);
+	mlfs_pin_put(t->pin);
+	t->v = NULL;
+	t->pin = NULL;
+}
+
+int mlfs_child_path(struct mlfs_daemon *d, fuse_ino_t parent, const char *name, char *buf, size_t cap)
+{
+	char pp[4096];
+	int rc = mlfs_ino_path(d, parent, pp, sizeof(pp));
+	if (rc)
+		return rc;
+	if (strlen(name) > 255)
+		return -ENAMETOOLONG;
+	if ((size_t)snprintf(buf, cap, "%s%s%s", pp, *pp ? "/" : "", name) >= cap)
+		return -ENAMETOOLONG;
+	return 0;
+}

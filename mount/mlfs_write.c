@@ -1,0 +1,550 @@
+/*
+ * mlfs_write.c - writes: staged partitions, control texts, commits at flush.
+ */
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "mount/mount_i.h"
+#include "common/common.h"
+
+static void log_refusal(struct mlfs_daemon *d, const char *what, const char *why);
+
+static void jscan_run(struct jscan *j, const char *t, size_t len)
+{
+	for (; j->pos < len && !j->done; j->pos++) {
+		char c = t[j->pos];
+		if (j->str) {
+			if (j->esc)
+				j->esc = false;
+			else if (c == '\\')
+				j->esc = true;
+			else if (c == '"')
+				j->str = false;
+		} else if (c == '"') {
+			j->str = true;
+		} else if (c == '{' || c == '[') {
+			j->depth++;
+			j->started = true;
+		} else if (c == '}' || c == ']') {
+			j->done = --j->depth <= 0; /* closed, or unbalanced: parse and say */
+		}
+	}
+}
+
+/* The most bytes a control file's text may have (documented in the README). */
+static size_t text_limit(enum kind k)
+{
+	switch (k) {
+	case K_SCHEMA:
+		return MLFS_MAX_SCHEMA_TEXT;
+	case K_CONFIG:
+		return MLFS_MAX_CONFIG_TEXT;
+	case K_CTL:
+		return MLFS_MAX_CTL_TEXT;
+	default:
+		return 64; /* step */
+	}
+}
+
+/* Writes @size bytes at @off of a control file's text; its buffer is
+ * counted in --max-memory. f->lock held. 0, -EFBIG, -ENOSPC, -ENOMEM. */
+int mlfs_text_append(struct fh *f, const char *buf, size_t size, off_t off)
+{
+	struct mlfs_daemon *d = f->d;
+	size_t end = (size_t)off + size;
+	if (end > text_limit(f->kind) || (size_t)off > text_limit(f->kind)) {
+		char what[128];
+		snprintf(what, sizeof(what), "more than %zu bytes; refused", text_limit(f->kind));
+		log_refusal(d, f->kind == K_SCHEMA	  ? "schema.json"
+			    : f->kind == K_CONFIG ? "config.json"
+			    : f->kind == K_CTL	  ? MLFS_CTL_NAME
+						  : "step",
+			    what);
+		return -EFBIG;
+	}
+	if (end > f->wcap || !f->w) {
+		size_t cap = f->wcap ? f->wcap : 4096;
+		while (cap < end)
+			cap *= 2;
+		int64_t more = (int64_t)cap + 1 - (f->w ? (int64_t)f->wcap + 1 : 0);
+		int rc = xf_mem_reserve(&d->st->mem, more);
+		if (rc)
+			return rc;
+		char *w = realloc(f->w, cap + 1);
+		if (!w) {
+			xf_mem_release(&d->st->mem, more);
+			return -ENOMEM;
+		}
+		f->w = w;
+		f->wcap = cap;
+	}
+	if ((size_t)off > f->wlen)
+		memset(f->w + f->wlen, 0, (size_t)off - f->wlen);
+	if ((size_t)off < f->scan.pos) /* rewrites what was scanned: scan again */
+		memset(&f->scan, 0, sizeof(f->scan));
+	memcpy(f->w + off, buf, size);
+	if (end > f->wlen)
+		f->wlen = end;
+	f->w[f->wlen] = '\0';
+	return 0;
+}
+
+/* Declared header length from the first bytes, 0 when unknown yet. */
+static int64_t npy_declared_len(const uint8_t *b, size_t have)
+{
+	if (have < 8)
+		return memcmp(b, "\x93NUMPY", have < 6 ? have : 6) ? -EINVAL : 0;
+	if (memcmp(b, "\x93NUMPY", 6) || b[6] < 1 || b[6] > 3)
+		return -EINVAL;
+	if (b[6] == 1)
+		return have < 10 ? 0 : 10 + (int64_t)(b[8] | b[9] << 8);
+	if (have < 12)
+		return 0;
+	int64_t n = 12 + (int64_t)((uint32_t)b[8] | (uint32_t)b[9] << 8 | (uint32_t)b[10] << 16 |
+				   (uint32_t)b[11] << 24);
+	return n > MLFS_NPY_MAX_HEADER + 12 ? -EINVAL : n;
+}
+
+/* A refused write, in status.json's "error" and in the log. Tests refuse
+ * writes on purpose: a warning, worded without "error". */
+static void log_refusal(struct mlfs_daemon *d, const char *what, const char *why)
+{
+	char msg[PTC_ERROR_MAX];
+	snprintf(msg, sizeof(msg), "%.300s: %.200s", what, why);
+	mlfs_store_note_error(d->st, msg);
+	mlfs_log(MLFS_LOG_WARNING, "write refused: %s", msg);
+}
+
+/* Logs a refused control write whose reason the store put in status.json
+ * itself: @why, or @rc's text when @why is empty. */
+static void log_ctl_refusal(const char *what, int rc, const char *why)
+{
+	if (why && why[0])
+		mlfs_log(MLFS_LOG_WARNING, "write refused: %s", why);
+	else
+		mlfs_log(MLFS_LOG_WARNING, "write refused: %s: %s", what, strerror(-rc));
+}
+
+/* Records why a write to @f's partition was refused; returns -EINVAL. */
+int mlfs_part_refuse(const struct fh *f, const char *why)
+{
+	struct mlfs_daemon *d = f->d;
+	log_refusal(d, f->path ? f->path : "partition", why);
+	return -EINVAL;
+}
+
+/* Validates the complete staged header against the partition. */
+static int check_staged_header(struct fh *f)
+{
+	struct mlfs_daemon *d = f->d;
+	struct mlfs_npy h;
+	char why[256];
+	int64_t shape[PTC_MAX_DIMS];
+	const struct ptc_tensor *T = &d->st->schema->tensors[f->tensor];
+	int nd = ptc_partition_shape(T, f->v->layout.tp, f->v->layout.ranks[f->rank].t, shape);
+	int rc = mlfs_npy_parse(f->whdr, f->wtotal, &h, why, sizeof(why));
+
+	if (rc == 0 && h.header_len != f->wtotal)
+		rc = -EINVAL, snprintf(why, sizeof(why), "inconsistent header length");
+	if (rc == 0)
+		rc = mlfs_npy_check(&h, ptc_schema_dtype(d->st->schema, f->state, f->tensor), nd,
+				    shape, why, sizeof(why));
+	return rc ? mlfs_part_refuse(f, why) : 0;
+}
+
+/* Stages a write into a partition file. */
+static int part_write(struct fh *f, const uint8_t *buf, size_t size, int64_t off)
+{
+	struct mlfs_daemon *d = f->d;
+	int64_t dlen = (int64_t)f->buf->size;
+	int rc;
+
+	if (!f->whdr) {
+		if (!(f->whdr = malloc(MLFS_NPY_MAX_HEADER + 12)))
+			return -ENOMEM;
+		if (f->wbase) { /* start from the current content */
+			memcpy(f->whdr, f->hdr, f->hdr_len);
+			f->whave = f->wtotal = f->hdr_len;
+			f->wend = (int64_t)f->hdr_len + dlen;
+		}
+	}
+	while (size > 0) {
+		if (f->wtotal == 0 || off < (int64_t)f->wtotal) { /* header bytes */
+			size_t cap = f->wtotal ? f->wtotal : MLFS_NPY_MAX_HEADER + 12;
+			if (off > (int64_t)f->whave || (size_t)off >= cap)
+				return mlfs_part_refuse(f, "the .npy header must be written first, "
+						      "in order");
+			size_t n = size < cap - (size_t)off ? size : cap - (size_t)off;
+			memcpy(f->whdr + off, buf, n);
+			if ((size_t)off + n > f->whave)
+				f->whave = (size_t)off + n;
+			int64_t decl = npy_declared_len(f->whdr, f->whave);
+			if (decl < 0)
+				return mlfs_part_refuse(f, "not a .npy file (bad magic, version or "
+						      "header length)");
+			if (f->wtotal && decl && (size_t)decl != f->wtotal)
+				return mlfs_part_refuse(f, "the .npy header length changed while "
+						      "writing");
+			if (decl > 0) {
+				f->wtotal = (size_t)decl;
+				if (f->whave > f->wtotal)
+					f->whave = f->wtotal;
+			}
+			if (f->wtotal && f->whave >= f->wtotal && (rc = check_staged_header(f)))
+				return rc;
+			if (f->wtotal && (size_t)off + n > f->wtotal)
+				n = f->wtotal - (size_t)off;
+			off += (int64_t)n;
+			buf += n;
+			size -= n;
+			continue;
+		}
+		if (f->whave < f->wtotal)
+			return mlfs_part_refuse(f, "data written before the .npy header was complete");
+		int64_t at = off - (int64_t)f->wtotal;
+		if (at + (int64_t)size > dlen)
+			return mlfs_part_refuse(f, "written past the partition's size");
+		if (!f->wdata) {
+			if (!(f->wdata = xf_buf_new(&d->st->mem, dlen, &rc)))
+				return rc;
+			if (f->wbase)
+				memcpy(f->wdata->data, f->buf->data, (size_t)dlen);
+		}
+		memcpy(f->wdata->data + at, buf, size);
+		off += (int64_t)size;
+		size = 0;
+	}
+	if (off > f->wend)
+		f->wend = off;
+	return 0;
+}
+
+/* Applies a control text: config.json and schema.json at the write that
+ * completes their JSON value (parsed once, then), .mlfs-ctl at every write
+ * (one request each), step and any text that never completed at the flush
+ * (@final). f->lock held. */
+int mlfs_ctl_try_commit(struct fh *f, bool final)
+{
+	struct mlfs_daemon *d = f->d;
+	struct ptc_error err = {""};
+	const char *w = f->w ? f->w : "";
+	int rc = 0;
+
+	if (f->committed)
+		return 0;
+	if (!final && (f->kind == K_CONFIG || f->kind == K_SCHEMA)) {
+		jscan_run(&f->scan, w, f->wlen);
+		if (!f->scan.done)
+			return 0; /* incomplete yet */
+	} else if (!final && f->kind != K_CTL) {
+		return 0;
+	}
+	switch (f->kind) {
+	case K_CONFIG:
+		if ((rc = mlfs_store_set_control(d->st, true, w, f->wlen, &err)))
+			log_ctl_refusal("config.json", rc, err.text);
+		break;
+	case K_SCHEMA:
+		if ((rc = mlfs_store_set_control(d->st, false, w, f->wlen, &err)))
+			log_ctl_refusal("schema.json", rc, err.text);
+		break;
+	case K_STEP:
+		rc = mlfs_store_set_step(d->st, f->rank, w, f->wlen, &err);
+		if (rc == -EINVAL)
+			log_refusal(d, "step", err.text);
+		else if (rc)
+			log_ctl_refusal("step", rc, err.text);
+		break;
+	case K_CTL: {
+		char *reply = NULL;
+		rc = mlfs_store_control(d->st, w, f->wlen, &reply);
+		if (rc) { /* the reply says why: {"ok": false, "error": "..."} */
+			json_t *j = reply ? json_loads(reply, 0, NULL) : NULL;
+			log_ctl_refusal(MLFS_CTL_NAME, rc,
+					json_string_value(json_object_get(j, "error")));
+			json_decref(j);
+		}
+		free(f->text);
+		f->text = reply;
+		f->text_len = reply ? strlen(reply) : 0;
+		f->wlen = 0;
+		return rc;
+	}
+	default:
+		break;
+	}
+	f->committed = true;
+	return rc;
+}
+
+/* Writes to a job/ file (store lock taken here). */
+static int job_write(struct mlfs_daemon *d, fuse_ino_t ino, const char *buf, size_t size, off_t off)
+{
+	struct target t;
+	int rc = mlfs_target_get(d, ino, &t);
+	if (rc)
+		return rc;
+	size_t end = (size_t)off + size;
+	if (end > MAX_JOB_FILE)
+		rc = -EFBIG;
+	else if (end > t.e.job->size)
+		rc = mlfs_job_truncate(t.e.job, end);
+	if (rc == 0) {
+		memcpy(t.e.job->data + off, buf, size);
+		clock_gettime(CLOCK_REALTIME, &t.e.job->mtime);
+	}
+	mlfs_target_done(&t);
+	mlfs_target_put(&t);
+	return rc;
+}
+
+static bool all_space(const char *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (b[i] != ' ' && b[i] != '\n' && b[i] != '\r' && b[i] != '\t')
+			return false;
+	return true;
+}
+
+/* A write to @f of the request's bytes, by thread @pid: 0 or a negative
+ * errno. */
+static int write_fh(struct fh *f, fuse_ino_t ino, pid_t pid, const char *buf, size_t size,
+		    off_t off)
+{
+	struct mlfs_daemon *d = f->d;
+
+	mlfs_fh_free(mlfs_fresh_take(d, f, 0, 0)); /* written: no longer fresh */
+	pthread_mutex_lock(&f->lock);
+	int rc = f->err;
+	if (rc == 0) {
+		switch (f->kind) {
+		case K_PART:
+			rc = part_write(f, (const uint8_t *)buf, size, off);
+			break;
+		case K_JOB:
+			rc = job_write(d, ino, buf, size, off);
+			break;
+		case K_CONFIG:
+		case K_SCHEMA:
+		case K_STEP:
+		case K_CTL:
+			if (f->committed) /* one text per open; trailing blanks are harmless */
+				rc = all_space(buf, size) ? 0 : -EINVAL;
+			else if ((rc = mlfs_text_append(f, buf, size, f->kind == K_CTL ? 0 : off)) == 0)
+				rc = mlfs_ctl_try_commit(f, f->kind == K_CTL);
+			break;
+		default:
+			rc = -EACCES;
+		}
+	}
+	if (rc == 0) {
+		f->dirty = true;
+		f->wpid = pid;
+	} else if (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA) {
+		f->err = rc;
+	}
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+/* Whether a write or flush of @f may wait on the network or the disk: a
+ * config.json may name a dataset index to fetch, .mlfs-ctl runs imports. */
+static bool may_block(const struct fh *f)
+{
+	/* a step is published to etcd at once in a job of many nodes */
+	return f->kind == K_CONFIG || f->kind == K_CTL ||
+	       (f->kind == K_STEP && f->d->st->steps_saved);
+}
+
+/* A write or a flush run by an I/O worker (may_block). */
+struct write_job {
+	struct mlfs_io_job job;
+	fuse_req_t req;
+	struct fh *f; /* a reference */
+	fuse_ino_t ino;
+	pid_t pid;
+	bool flush;
+	off_t off;
+	size_t size;
+	char data[]; /* the request's bytes: libfuse's buffer is gone once we return */
+};
+
+static int flush_fh(struct fh *f, pid_t pid);
+
+static void write_job_run(struct mlfs_io_job *j)
+{
+	struct write_job *w = (struct write_job *)j;
+	int rc = w->flush ? flush_fh(w->f, w->pid)
+			  : write_fh(w->f, w->ino, w->pid, w->data, w->size, w->off);
+	if (rc || w->flush)
+		fuse_reply_err(w->req, -rc);
+	else
+		fuse_reply_write(w->req, w->size);
+	mlfs_fh_free(w->f);
+	free(w);
+}
+
+static void write_job_cancel(struct mlfs_io_job *j)
+{
+	struct write_job *w = (struct write_job *)j;
+	fuse_reply_err(w->req, EINTR);
+	mlfs_fh_free(w->f);
+	free(w);
+}
+
+/* Queues a write (@buf, @size) or a flush (@buf NULL) of @f: 0, or an error
+ * for the caller to reply. */
+static int queue_write(fuse_req_t req, struct fh *f, fuse_ino_t ino, const char *buf, size_t size,
+		       off_t off)
+{
+	struct write_job *w = malloc(sizeof(*w) + (buf ? size : 0));
+	if (!w)
+		return -ENOMEM;
+	*w = (struct write_job){{write_job_run, write_job_cancel, NULL}, req, f, ino,
+				fuse_req_ctx(req)->pid, !buf, off, size};
+	if (buf)
+		memcpy(w->data, buf, size);
+	atomic_fetch_add(&f->refs, 1);
+	int rc = mlfs_io_submit(&f->d->io, &w->job);
+	if (rc) {
+		atomic_fetch_sub(&f->refs, 1); /* the open's reference remains */
+		free(w);
+	}
+	return rc;
+}
+
+void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+		   struct fuse_file_info *fi)
+{
+	struct fh *f = mlfs_fh_of(fi);
+	int rc;
+
+	if (may_block(f)) {
+		if ((rc = queue_write(req, f, ino, buf, size, off)) == 0)
+			return;
+	} else {
+		rc = write_fh(f, ino, fuse_req_ctx(req)->pid, buf, size, off);
+	}
+	if (rc)
+		fuse_reply_err(req, -rc);
+	else
+		fuse_reply_write(req, size);
+}
+
+/* Commits a staged partition write; 0 or a negative errno. f->lock held. */
+int mlfs_part_commit(struct fh *f)
+{
+	struct mlfs_daemon *d = f->d;
+	int64_t dlen = (int64_t)f->buf->size;
+	int rc;
+
+	if (!f->whdr || f->wtotal == 0 || f->whave < f->wtotal)
+		return mlfs_part_refuse(f, "closed before its header was complete; previous content "
+				      "kept");
+	if (f->wend != (int64_t)f->wtotal + dlen) {
+		char why[128];
+		snprintf(why, sizeof(why),
+			 "file is %" PRId64 " bytes, expected %" PRId64 "; previous content kept",
+			 f->wend, (int64_t)f->wtotal + dlen);
+		return mlfs_part_refuse(f, why);
+	}
+	if (!f->wdata) { /* header rewritten, data unchanged */
+		if (!(f->wdata = xf_buf_new(&d->st->mem, dlen, &rc)))
+			return rc;
+		if (f->wbase)
+			memcpy(f->wdata->data, f->buf->data, (size_t)dlen);
+	}
+	rc = mlfs_store_commit_part(d->st, f->v, f->rank, f->state, f->tensor, f->wdata);
+	if (rc == -ESTALE)
+		mlfs_part_refuse(f, "the layout changed while the file was open");
+	else if (rc == -EBUSY)
+		mlfs_part_refuse(f, "a reconfiguration is running; previous content kept");
+	if (rc)
+		return rc;
+	/* Later writes restage from the new content. */
+	xf_buf_put(f->buf);
+	f->buf = f->wdata;
+	f->wdata = NULL;
+	free(f->whdr);
+	f->whdr = NULL;
+	f->whave = f->wtotal = 0;
+	f->wbase = true;
+	f->committed = true;
+	mlfs_notify_part(d, f->v, f->rank, f->state, f->tensor);
+	return 0;
+}
+
+/* Whether a partition's staged content is whole: header and every byte.
+ * f->lock held. */
+static bool part_complete(const struct fh *f)
+{
+	return f->whdr && f->wtotal && f->whave >= f->wtotal &&
+	       f->wend == (int64_t)f->wtotal + f->buf->size;
+}
+
+/*
+ * Every close of a descriptor of the file (its duplicates, a forked child's
+ * copies closed at its exec) sends a flush; the last one is followed by the
+ * release. A flush commits what was written since the open or the last
+ * commit when it is complete, or when the thread that wrote last closes: a
+ * partition must then be whole (else EINVAL, previous content kept), a
+ * control text applies. Other flushes do nothing: a shell redirect opens
+ * with O_TRUNC, duplicates the descriptor and closes the original before
+ * anything is written; a child forked by the writer closes its copy at
+ * exec, in the middle of the writer's writes. What is still incomplete at
+ * the release is refused there (status.json says why).
+ */
+/* A flush of @f by thread @pid (see above): 0 or a negative errno. */
+static int flush_fh(struct fh *f, pid_t pid)
+{
+	pthread_mutex_lock(&f->lock);
+	int rc = f->err;
+	bool writer = pid == f->wpid;
+	if (rc == 0 && f->write && f->dirty &&
+	    (writer || (f->kind == K_PART ? part_complete(f)
+				       : f->kind == K_STEP || f->committed))) {
+		if (f->kind == K_PART)
+			rc = mlfs_part_commit(f);
+		else if (f->kind == K_CONFIG || f->kind == K_SCHEMA || f->kind == K_STEP)
+			rc = mlfs_ctl_try_commit(f, true);
+		if (rc == 0)
+			f->dirty = false;
+		else
+			f->err = rc;
+	}
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+void mlfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fh *f = mlfs_fh_of(fi);
+	int rc;
+
+	if (!may_block(f) || (rc = queue_write(req, f, ino, NULL, 0, 0)))
+		rc = flush_fh(f, fuse_req_ctx(req)->pid);
+	else
+		return;
+	fuse_reply_err(req, -rc);
+}
+
+void mlfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	(void)ino;
+	(void)datasync;
+	(void)fi;
+	fuse_reply_err(req, 0);
+}

@@ -1,0 +1,431 @@
+/*
+ * mlfs_i.h - internals shared by the daemon's files.
+ *
+ * Lock order: store->lock, then inodes->lock (never the reverse); neither is
+ * held across a fuse_reply_*, a notification or file I/O outside the store.
+ */
+#ifndef MLFS_MLFS_I_H
+#define MLFS_MLFS_I_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "common/common.h"
+#include "dataset/dataset.h"
+#include "ptc/ptc.h"
+#include "transform/xf.h"
+
+/* ------------------------------------------------------------ name trees */
+
+/* A directory tree of "<state>/<tensor>.npy" paths; leaves name a tensor. */
+struct mlfs_tnode {
+	char *name;
+	int nchild, capchild;
+	struct mlfs_tnode **child; /* sorted by name once built */
+	int state, tensor;	   /* leaf: >= 0; directory: -1 */
+};
+
+/* ------------------------------------------------------------------ views */
+
+/*
+ * One layout version on this node. Immutable once published, except the
+ * partition buffer pointers in parts.bufs, which writers swap under
+ * store->lock. Reference-counted: lookups in flight, open files and a
+ * reconfiguration that builds from it (its pin) keep an old view alive.
+ */
+struct mlfs_view {
+	atomic_int refs;
+	struct ptc_config *config;
+	char *config_text;
+	struct ptc_layout layout;
+	struct xf_parts parts;
+	struct mlfs_tnode **stage_tree; /* per stage; NULL if no local rank has it */
+	struct mlfs_tnode *full_tree;	/* every state and untied tensor */
+	struct timespec time;
+	struct mlfs_dataset *ds;  /* NULL when the config names none */
+	struct xf_mem *mem;	  /* where meta_bytes are counted */
+	int64_t meta_bytes;	  /* estimate of the table and trees */
+	struct ptc_cursor cursor; /* with ds: the samples each step consumes */
+	/* With "replicas": 1, each local rank's partitions as they were when
+	 * its step was last written (or the layout installed or imported):
+	 * pinned buffers, shared with parts until a write replaces them, which
+	 * the backup holder fetches (mlfs_backup.c). Indexed as parts; the
+	 * step per rank. NULL without replicas. Store lock. */
+	struct xf_buf **snap;
+	int64_t *snap_step;
+};
+
+struct mlfs_store;
+
+/* Pins rank @rank's current partitions of @v as its saved state at
+ * st->steps[@rank] (no-op without replicas). Lock held; the replaced
+ * snapshot's buffers go to *@old (nstates * ntensors entries, the
+ * caller's; put them with mlfs_bufs_put after unlocking), or are put here
+ * when @old is NULL (when none can be freed: a fresh view). */
+void mlfs_view_snap(struct mlfs_store *st, struct mlfs_view *v, int rank, struct xf_buf **old);
+/* The same for every rank of @v on this node; @old: their nstates *
+ * ntensors entries each, in rank order, or NULL. */
+void mlfs_view_snap_local(struct mlfs_store *st, struct mlfs_view *v, struct xf_buf **old);
+void mlfs_bufs_put(struct xf_buf **bufs, size_t n);
+/* Rank @rank's snapshot partition (@state, @tensor) of @v pinned, when it
+ * was taken at @step; else NULL, and *@have = the snapshot's step (-1:
+ * none). */
+struct xf_buf *mlfs_view_snap_get(struct mlfs_store *st, struct mlfs_view *v, int rank,
+				  int state, int tensor, int64_t step, int64_t *have);
+
+/* Adds a reference to @v and returns it; NULL-safe. Any thread: the caller
+ * must already hold a reference (mlfs_store_view gives the first). */
+struct mlfs_view *mlfs_view_get(struct mlfs_view *v);
+/* Drops a reference; the last frees the view, its partition table (each
+ * buffer put) and trees. NULL-safe; any thread, no lock held. */
+void mlfs_view_put(struct mlfs_view *v);
+
+/* ---------------------------------------------------------------- job tree */
+
+struct mlfs_job {
+	char *name;
+	bool dir;
+	struct mlfs_job *parent, *first, *next; /* children list (dirs) */
+	uint8_t *data;				/* file content */
+	size_t size, cap;
+	struct timespec mtime;
+	uint64_t id;	     /* content identity */
+	struct xf_mem *mem; /* where its node and data are counted */
+};
+
+/* ------------------------------------------------------------------ store */
+
+/*
+ * Whether partition and step writes are open: MLFS_TRANSFORMING while a
+ * reconfiguration attempt holds the store (preparing to the end of
+ * committing or aborting). Follows store->reconf; written only by
+ * mlfs_reconf.c, under the lock. Readers outside the lock use it as a hint
+ * only (mlfs_store_commit_part re-checks under it).
+ */
+enum mlfs_state { MLFS_IDLE, MLFS_TRANSFORMING };
+
+/*
+ * The states of a reconfiguration (mlfs_reconf.c), as status.json names
+ * them. One attempt at a time; the current view changes only in committing.
+ */
+enum mlfs_reconf_state {
+	MLFS_RECONF_IDLE,	/* "idle": no attempt */
+	MLFS_RECONF_PREPARING,	/* "preparing": the new layout is built beside the current one */
+	MLFS_RECONF_PREPARED,	/* "prepared": built; waits for commit or abort */
+	MLFS_RECONF_COMMITTING, /* "committing": the new layout is current, the old one let go */
+	MLFS_RECONF_ABORTING,	/* "aborting": the new partitions are discarded */
+	MLFS_RECONF_FAILED,	/* "failed": the last attempt failed or was aborted (error says
+				 * why); the old layout is current and writable */
+};
+
+struct mlfs_attempt; /* one reconfiguration attempt: mlfs_reconf.c */
+
+struct mlfs_store {
+	pthread_mutex_t lock; /* everything below */
+	/* The job's nodes (cluster.json): replaced, never changed, when nodes
+	 * join (mlfs_store_grow_cluster); the replaced ones stay valid until
+	 * the store is released (layouts point to them). Read them through
+	 * mlfs_store_cluster()/mlfs_store_cluster_text() without the lock. */
+	struct ptc_cluster *cluster;
+	char *cluster_text;
+	struct mlfs_retired_cluster *retired;
+	int node; /* index in cluster */
+	struct xf_mem mem;
+	int threads;
+
+	char *schema_text;
+	struct ptc_schema *schema; /* fixed once view is set */
+	int64_t schema_bytes;	   /* counted in mem: an estimate */
+	struct mlfs_view *view;	   /* NULL until schema and config are set; never NULL again */
+	int64_t *steps;		   /* per rank of view->layout, -1 = never saved */
+
+	enum mlfs_reconf_state reconf;
+	enum mlfs_state state;	      /* follows reconf, see above */
+	struct mlfs_attempt *attempt; /* from preparing until aborting or committing ends */
+	char error[PTC_ERROR_MAX];
+	int64_t target_version; /* of the last attempt */
+	_Atomic int64_t progress;
+	int64_t progress_total;
+	struct xf_stats last; /* the last committed reconfiguration */
+	int64_t last_from, last_to;
+	bool has_last;
+	pthread_t xf_thread; /* the last attempt's transformer thread */
+	bool xf_joinable;
+
+	struct mlfs_job *job; /* the job/ directory */
+	struct mlfs_data_opts data_opts;
+	struct timespec start;
+	/* Called (without the lock) after content of these paths changed, so
+	 * the FUSE layer can drop cached pages. */
+	void (*changed)(void *arg, const char *prefix);
+	void *changed_arg;
+	/* Fetches rows of a partition of layout @version from the node that
+	 * holds it (the plan's FETCH ops; mlfs_peer.c), or NULL on a daemon
+	 * without peers. Called by transformer workers, concurrently; 0 or a
+	 * negative errno. Set before the mount serves; fixed afterwards. */
+	int (*fetch)(void *arg, int64_t version, const struct ptc_op *op, uint8_t *dst,
+		     int64_t dst_rows, int64_t outer, int64_t row_bytes);
+	void *fetch_arg;
+	/* A job of many nodes (mlfs_cluster.c); all unset on one node. Set
+	 * before the mount serves; fixed afterwards. */
+	bool multinode; /* layouts may place ranks on other nodes */
+	/* This node restarted into a layout whose partitions other nodes had
+	 * filled: its own are empty and must never be served as the job's
+	 * (mlfs_cluster.c sets and clears it; the peer server reads it). */
+	atomic_bool lost;
+	/* schema.json and config.json writes go to the control plane: 0 once
+	 * etcd took them (the nodes then install them), or a refusal. */
+	int (*propose)(void *arg, bool config, const char *text, size_t len,
+		       struct ptc_error *err);
+	/* The reconfiguration state changed (prepared, failed, ...): the
+	 * control plane wakes to vote or publish. Store lock held: it may only
+	 * set a flag. */
+	void (*reconf_changed)(void *arg);
+	/* Adds the job's view (nodes, attempt) to status.json; no lock held. */
+	void (*status_add)(void *arg, json_t *status);
+	/* Publishes this node's saved steps at once (after a step write or an
+	 * import), so a config written right after sees them; no lock held,
+	 * may wait on etcd (I/O workers only). */
+	void (*steps_saved)(void *arg);
+	/* Set when an attempt aborts, cleared when one starts: fetches in
+	 * flight give up at once (-ECANCELED) instead of running out their
+	 * retries. */
+	atomic_int cancel;
+	/* Bytes the peer server sent (mlfs_peer.c), and the memory in use when
+	 * the current attempt started: status.json's last.bytes_served and
+	 * last.peak_extra_memory are taken against them. */
+	_Atomic int64_t served;
+	int64_t served_base, mem_base;
+	int64_t last_served, last_peak; /* of the last committed attempt */
+	void *cluster_arg;
+	/* The backups this node keeps of another node's saved state
+	 * (mlfs_backup.c); NULL on one node. Set before the control plane
+	 * starts, freed after the peer server stopped. */
+	struct mlfs_backup *backup;
+};
+
+int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cluster_text,
+		    int node, int64_t max_memory, int threads);
+/* Ends a reconfiguration in progress (mlfs_reconf_shutdown) and frees the
+ * store. Called once, when no other thread uses the store. */
+void mlfs_store_release(struct mlfs_store *st);
+
+static inline struct ptc_cluster *mlfs_store_cluster(const struct mlfs_store *st)
+{
+	return __atomic_load_n(&st->cluster, __ATOMIC_ACQUIRE);
+}
+
+static inline const char *mlfs_store_cluster_text(const struct mlfs_store *st)
+{
+	return __atomic_load_n(&st->cluster_text, __ATOMIC_ACQUIRE);
+}
+
+/* Nodes join the job: @text is the job's cluster.json, which must extend
+ * the store's (ptc_cluster_extends). 1 when it added nodes, 0 when it is
+ * the same, or an error with @err (nothing changes). */
+int mlfs_store_grow_cluster(struct mlfs_store *st, const char *text, size_t len,
+			    struct ptc_error *err);
+
+/* What a valid config may not ask of this daemon (@multinode: a job of
+ * many nodes): 0, or -EINVAL with @err. */
+static inline int mlfs_config_supported(const struct ptc_config *c, bool multinode,
+					const char *what, struct ptc_error *err)
+{
+	if (c->replicas && (!multinode || c->nnodes < 2))
+		return ptc_errorf(err, "%s: \"replicas\": %d keeps each node's saved state on the "
+				       "next node of \"nodes\": it needs a job of 2 or more nodes",
+				  what, c->replicas);
+	return 0;
+}
+
+/* The current view with a reference (NULL when unset). */
+struct mlfs_view *mlfs_store_view(struct mlfs_store *st);
+
+/*
+ * The buffer of partition (@rank, @state, @tensor) of view @v, with a new
+ * reference the caller puts (xf_buf_put): the bytes as they are now; a
+ * later write swaps in another buffer and leaves this one intact. NULL
+ * when @v holds no such partition on this node (a rank of another node, a
+ * tensor the rank's stage does not hold, an index out of range: checked,
+ * so indices may come from a peer). @v is the caller's (a reference from
+ * mlfs_store_view or mlfs_view_get); it need not be current. Any thread:
+ * FUSE workers, the peer server; takes st->lock briefly.
+ */
+struct xf_buf *mlfs_store_part_get(struct mlfs_store *st, struct mlfs_view *v, int rank, int state,
+				   int tensor);
+
+/*
+ * A new view of config @config and dataset @ds (both taken over, freed on
+ * error) with an empty partition table, its name trees built and its
+ * metadata counted in st->mem; @text (@len bytes) is copied; @what names
+ * the config in messages. 0, or -EINVAL/-ENOSPC with @err, -ENOMEM. The
+ * schema must not change meanwhile: with st->lock held, or once a view is
+ * set (the schema is fixed then). Any thread.
+ */
+int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_dataset *ds,
+		  const char *text, size_t len, const char *what, struct mlfs_view **out,
+		  struct ptc_error *err);
+
+/* A write of config.json (@config) or schema.json: 0 or a negative errno;
+ * @err gets the reason, which also goes to status.json. One node installs
+ * it (the _install functions); in a job of many nodes it is proposed to
+ * the control plane (st->propose), which installs it on every node. */
+int mlfs_store_set_control(struct mlfs_store *st, bool config, const char *text, size_t len,
+			   struct ptc_error *err);
+int mlfs_store_install_schema(struct mlfs_store *st, const char *text, size_t len,
+			      struct ptc_error *err);
+/* The first config is installed at once (partitions zeroed); a later one
+ * is a reconfiguration that commits by itself (mlfs_reconf_prepare with
+ * autocommit): 0 once it runs. */
+int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t len,
+			      struct ptc_error *err);
+int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_t len,
+			struct ptc_error *err);
+/*
+ * Runs a control request (JSON) of .mlfs-ctl: "import", and the
+ * reconfiguration steps "prepare" {"config": text}, "commit" {"version"}
+ * and "abort" {"version", "reason"} (mlfs_reconf_*). *reply gets a new JSON
+ * text {"ok", "error"} (reconfiguration steps add "state", the state after
+ * the request); a refusal's error also goes to status.json. Returns 0 or a
+ * negative errno. FUSE workers; an import reads files meanwhile.
+ */
+int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char **reply);
+
+/* New malloc'd texts of the generated files. */
+char *mlfs_store_status_json(struct mlfs_store *st);
+char *mlfs_rank_json(const struct mlfs_view *v, int rank);
+
+/* Queues the dataset views of every local DP group from @step on. */
+void mlfs_store_prefetch(struct mlfs_store *st, struct mlfs_view *v, int64_t step);
+/* Records a failure of a dataset view for status.json. */
+void mlfs_store_note_error(struct mlfs_store *st, const char *msg);
+/* Tells the FUSE layer (st->changed) that content under @prefix ("" =
+ * everything) changed. No lock held. */
+void mlfs_store_changed(struct mlfs_store *st, const char *prefix);
+
+/* Partition commit: swaps the buffer of (rank, state, tensor) in view @v if
+ * @v is still current and no reconfiguration runs. 0, -ESTALE, -EBUSY. */
+int mlfs_store_commit_part(struct mlfs_store *st, struct mlfs_view *v, int rank, int state,
+			   int tensor, struct xf_buf *b);
+
+/* The partitions a full tensor (state, tensor) is assembled from: one per
+ * TP rank (one when the tensor is not split), from the local ranks of @v,
+ * each with a new reference, into @srcs (room for v->layout.tp). Returns
+ * their number, or -EIO when a part is not on this node. Lock held (the
+ * buffer pointers of the current view change under it). */
+int mlfs_view_full_sources(const struct mlfs_view *v, const struct ptc_schema *s, int node,
+			   int state, int tensor, struct xf_buf **srcs);
+/* Assembles the full tensor from mlfs_view_full_sources' @srcs into a new
+ * buffer *@out from @mem: xf_full_assemble, kept under this name for the
+ * FUSE files that call it. 0, -ENOSPC, -ENOMEM. Any thread, no lock. */
+static inline int mlfs_full_assemble(const struct ptc_schema *s, int state, int tensor,
+				     struct xf_buf *const *srcs, int nsrcs, struct xf_mem *mem,
+				     struct xf_buf **out)
+{
+	return xf_full_assemble(s, state, tensor, srcs, nsrcs, mem, out);
+}
+
+/* NPY header of a partition or full tensor; returns its length. */
+size_t mlfs_part_header(const struct ptc_schema *s, const struct ptc_layout *l, int rank, int state,
+			int tensor, char *buf, size_t cap);
+size_t mlfs_full_header(const struct ptc_schema *s, int state, int tensor, char *buf, size_t cap);
+
+/* -------------------------------------------------------- reconfiguration */
+
+/* status.json's name of @s ("idle", "preparing", ...). */
+const char *mlfs_reconf_state_name(enum mlfs_reconf_state s);
+/* 0, or -EBUSY with @err "@what: a reconfiguration to version N is in
+ * progress (<state>)" while an attempt holds the store. Lock held. */
+int mlfs_reconf_busy(const struct mlfs_store *st, const char *what, struct ptc_error *err);
+
+/*
+ * Validates config text @text (@len bytes, copied; @what names it in
+ * messages: "config.json", "prepare") and starts a reconfiguration to it:
+ * plans without the lock (new view, cursor carry, plan), then takes
+ * st->lock only to re-check what it planned from (no attempt in progress,
+ * the same current view, the same saved step, room in --max-memory) and
+ * publish state "preparing". A transformer thread then builds the new
+ * layout beside the current one, which stays current, readable and pinned;
+ * partition and step writes get EBUSY meanwhile. The build stops in
+ * "prepared", or with @autocommit (one node: config.json) commits at once.
+ * Returns 0 once the attempt runs (the build's own failure shows later as
+ * "failed" in status.json); otherwise nothing changed and @err says why:
+ * -EINVAL (the config, its version not newer, ranks that saved different
+ * steps, a dataset change, no current layout), -EBUSY (an attempt in
+ * progress, or the store changed while planning: write it again),
+ * -ENOSPC (the new partitions do not fit), -ENOMEM.
+ * FUSE workers (any thread but the transformer); may read a dataset index
+ * (network) before planning.
+ */
+int mlfs_reconf_prepare(struct mlfs_store *st, const char *text, size_t len, const char *what,
+			bool autocommit, struct ptc_error *err);
+/* Nodes of the current layout that cannot serve: @down (ndown cluster
+ * indices), and for each cluster node (@nbackup entries, 0: none) the node
+ * that holds a backup of its saved state at the job's step, or -1. */
+struct mlfs_reconf_down {
+	const int *down;
+	int ndown;
+	const int *backup_of;
+	int nbackup;
+};
+/* The same, for a job whose nodes @dn->down cannot serve: the plan takes
+ * their partitions from other copies (DP replicas, backups), or refuses
+ * naming what has none (ptc_plan_compute_backups). */
+int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len,
+			     const char *what, bool autocommit, const struct mlfs_reconf_down *dn,
+			     struct ptc_error *err);
+/*
+ * Commits the prepared attempt to @version: the new view becomes current
+ * under the lock (saved steps carried, dataset cursor continued), the FUSE
+ * layer is told, the old view let go, then "idle". Returns 0 when done;
+ * -EBUSY while the attempt is still preparing (or committing, aborting),
+ * -EINVAL when nothing is prepared or @version is not the prepared one;
+ * @err says which. Any thread but the transformer.
+ */
+int mlfs_reconf_commit(struct mlfs_store *st, int64_t version, struct ptc_error *err);
+/*
+ * Aborts the attempt to @version, preparing or prepared: its new
+ * partitions are freed (a build in progress is discarded when it ends),
+ * the current view stays as it was, then "failed" with "reconfiguration to
+ * version N aborted: @reason" (NULL: "by request") in status.json. Returns
+ * 0 once aborting (done when prepared); -EBUSY while committing or already
+ * aborting, -EINVAL when no attempt is in progress or @version is not its
+ * own; @err says which. Any thread but the transformer.
+ */
+int mlfs_reconf_abort(struct mlfs_store *st, int64_t version, const char *reason,
+		      struct ptc_error *err);
+/* At unmount: waits for the transformer thread and discards a prepared
+ * attempt. Only when no other thread uses the store. */
+void mlfs_reconf_shutdown(struct mlfs_store *st);
+
+/* ---------------------------------------------------------------- trees */
+
+struct mlfs_tnode *mlfs_tree_build_stage(const struct ptc_layout *l, int p);
+struct mlfs_tnode *mlfs_tree_build_full(const struct ptc_schema *s);
+void mlfs_tree_free(struct mlfs_tnode *t);
+/* Child named @name (length @n) of @t, or NULL. */
+struct mlfs_tnode *mlfs_tree_child(const struct mlfs_tnode *t, const char *name, size_t n);
+
+/* ---------------------------------------------------------------- job/ ops */
+
+struct mlfs_job *mlfs_job_new_dir(const char *name, struct xf_mem *mem);
+void mlfs_job_free(struct mlfs_job *j);
+struct mlfs_job *mlfs_job_child(const struct mlfs_job *dir, const char *name, size_t n);
+int mlfs_job_create(struct mlfs_job *dir, const char *name, bool isdir, struct mlfs_job **out);
+int mlfs_job_unlink(struct mlfs_job *dir, const char *name, bool isdir);
+int mlfs_job_rename(struct mlfs_job *from, const char *name, struct mlfs_job *to,
+		    const char *newname, unsigned flags);
+int mlfs_job_set(struct mlfs_job *f, const uint8_t *data, size_t size);
+int mlfs_job_truncate(struct mlfs_job *f, size_t size);
+/* A file's content hash (FNV-1a 64; 0 for a directory), and of bytes. */
+uint64_t mlfs_job_hash(const struct mlfs_job *f);
+uint64_t mlfs_job_hash_bytes(const uint8_t *p, size_t n);
+/* The tree under @root as [{"p": path, "d": dir, "n": size, "h": hash in
+ * hex, "m": mtime in ns}], parents before children; a new reference (NULL
+ * on ENOMEM). Store lock held. */
+json_t *mlfs_job_manifest(const struct mlfs_job *root);
+
+#endif
