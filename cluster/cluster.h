@@ -52,7 +52,6 @@ void mlfs_peer_stop(struct mlfs_peer *pe);
 /* The job/ file @path of cluster node @node, fetched with the token into a
  * new buffer (*@data, the caller's). Errors of net_http_get; -EHOSTUNREACH
  * without a data plane. Not from a FUSE worker. */
-#define MLFS_JOB_FILE_MAX ((size_t)64 << 20)
 int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,
 		      size_t *len, char *why, size_t whylen);
 /* The job/ manifest (mlfs_job_manifest) of cluster node @node. */

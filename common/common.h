@@ -136,6 +136,16 @@ size_t mlfs_npy_format(enum ptc_dtype dt, int ndim, const int64_t *shape, char *
 int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *err, size_t errlen);
 
 /*
+ * The length of the header framed in the first @len bytes of @buf (magic,
+ * version, header length; the dict is not read): the bytes before the
+ * data, or 0 when @len bytes do not tell yet, or -EINVAL with one line in
+ * @err ("bad magic", "unsupported version 4.0", "header length N exceeds
+ * 65536"). What mlfs_npy_parse checks first; writers call it to learn how
+ * many bytes the header needs before they parse it.
+ */
+int64_t mlfs_npy_header_len(const uint8_t *buf, size_t len, char *err, size_t errlen);
+
+/*
  * Checks parsed header @h against a partition of dtype @dt and shape
  * (@ndim, @shape). The descr must equal ptc_dtype_npy_descr(@dt), except
  * that for 1-byte types the byte-order marks '|' and '<' are interchangeable

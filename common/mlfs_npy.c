@@ -359,40 +359,49 @@ end:
 	return 0;
 }
 
-int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *err, size_t errlen)
+int64_t mlfs_npy_header_len(const uint8_t *buf, size_t len, char *err, size_t errlen)
 {
-	struct mlfs_npy h;
-	size_t lensize, hlen, start;
-	int rc;
+	size_t lensize, hlen;
 
 	if (err && errlen)
 		err[0] = '\0';
 	if (len && memcmp(buf, NPY_MAGIC, len < NPY_MAGIC_LEN ? len : NPY_MAGIC_LEN))
 		return errorf(err, errlen, "bad magic");
 	if (len < NPY_MAGIC_LEN + 2)
-		return -EAGAIN;
+		return 0;
 	if (buf[6] < 1 || buf[6] > 3 || buf[7] != 0)
 		return errorf(err, errlen, "unsupported version %u.%u", buf[6], buf[7]);
 	lensize = buf[6] == 1 ? 2 : 4;
 	if (len < NPY_MAGIC_LEN + 2 + lensize)
-		return -EAGAIN;
+		return 0;
 	hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
 	if (lensize == 4)
 		hlen |= (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
 	if (hlen > MLFS_NPY_MAX_HEADER)
 		return errorf(err, errlen, "header length %zu exceeds %d", hlen,
 			      MLFS_NPY_MAX_HEADER);
-	start = NPY_MAGIC_LEN + 2 + lensize;
-	if (len < start + hlen)
+	return (int64_t)(NPY_MAGIC_LEN + 2 + lensize + hlen);
+}
+
+int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *err, size_t errlen)
+{
+	struct mlfs_npy h;
+	int64_t total = mlfs_npy_header_len(buf, len, err, errlen);
+	int rc;
+
+	if (total < 0)
+		return (int)total;
+	if (total == 0 || len < (size_t)total)
 		return -EAGAIN;
+	size_t start = buf[6] == 1 ? NPY_MAGIC_LEN + 4 : NPY_MAGIC_LEN + 6;
 
 	memset(&h, 0, sizeof(h));
-	struct cursor c = {.b = buf, .pos = start, .end = start + hlen};
+	struct cursor c = {.b = buf, .pos = start, .end = (size_t)total};
 	c.err = err;
 	c.errlen = errlen;
 	if ((rc = read_dict(&c, &h)))
 		return rc;
-	h.header_len = start + hlen;
+	h.header_len = (size_t)total;
 	*out = h;
 	return 0;
 }

@@ -283,7 +283,7 @@ void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_s
 	else if ((to_set & FUSE_SET_ATTR_SIZE) && !restaged) {
 		mlfs_fill_attr(d, &t.e, t.v, t.pin, &stb);
 		if (t.e.kind == K_JOB)
-			rc = attr->st_size > (off_t)MAX_JOB_FILE
+			rc = attr->st_size > (off_t)MLFS_JOB_FILE_MAX
 				 ? -EFBIG
 				 : mlfs_job_truncate(t.e.job, (size_t)attr->st_size);
 		else if (attr->st_size != stb.st_size) {

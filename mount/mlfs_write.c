@@ -102,22 +102,6 @@ int mlfs_text_append(struct fh *f, const char *buf, size_t size, off_t off)
 	return 0;
 }
 
-/* Declared header length from the first bytes, 0 when unknown yet. */
-static int64_t npy_declared_len(const uint8_t *b, size_t have)
-{
-	if (have < 8)
-		return memcmp(b, "\x93NUMPY", have < 6 ? have : 6) ? -EINVAL : 0;
-	if (memcmp(b, "\x93NUMPY", 6) || b[6] < 1 || b[6] > 3)
-		return -EINVAL;
-	if (b[6] == 1)
-		return have < 10 ? 0 : 10 + (int64_t)(b[8] | b[9] << 8);
-	if (have < 12)
-		return 0;
-	int64_t n = 12 + (int64_t)((uint32_t)b[8] | (uint32_t)b[9] << 8 | (uint32_t)b[10] << 16 |
-				   (uint32_t)b[11] << 24);
-	return n > MLFS_NPY_MAX_HEADER + 12 ? -EINVAL : n;
-}
-
 /* A refused write, in status.json's "error" and in the log. Tests refuse
  * writes on purpose: a warning, worded without "error". */
 static void log_refusal(struct mlfs_daemon *d, const char *what, const char *why)
@@ -191,10 +175,12 @@ static int part_write(struct fh *f, const uint8_t *buf, size_t size, int64_t off
 			memcpy(f->whdr + off, buf, n);
 			if ((size_t)off + n > f->whave)
 				f->whave = (size_t)off + n;
-			int64_t decl = npy_declared_len(f->whdr, f->whave);
-			if (decl < 0)
-				return mlfs_part_refuse(f, "not a .npy file (bad magic, version or "
-						      "header length)");
+			char why[96], msg[128];
+			int64_t decl = mlfs_npy_header_len(f->whdr, f->whave, why, sizeof(why));
+			if (decl < 0) {
+				snprintf(msg, sizeof(msg), "not a .npy file: %s", why);
+				return mlfs_part_refuse(f, msg);
+			}
 			if (f->wtotal && decl && (size_t)decl != f->wtotal)
 				return mlfs_part_refuse(f, "the .npy header length changed while "
 						      "writing");
@@ -298,7 +284,7 @@ static int job_write(struct mlfs_daemon *d, fuse_ino_t ino, const char *buf, siz
 	if (rc)
 		return rc;
 	size_t end = (size_t)off + size;
-	if (end > MAX_JOB_FILE)
+	if (end > MLFS_JOB_FILE_MAX)
 		rc = -EFBIG;
 	else if (end > t.e.job->size)
 		rc = mlfs_job_truncate(t.e.job, end);

@@ -44,7 +44,6 @@
 #include "mount/mount.h"
 #include "store/store.h"
 
-#define MAX_JOB_FILE ((size_t)64 << 20)
 #define NOTIFY_MAX 1024
 
 /*

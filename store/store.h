@@ -411,6 +411,10 @@ struct mlfs_tnode *mlfs_tree_child(const struct mlfs_tnode *t, const char *name,
 
 /* ---------------------------------------------------------------- job/ ops */
 
+/* The largest job/ file, in bytes: a longer write fails with EFBIG, and a
+ * peer's reply longer than this is refused. */
+#define MLFS_JOB_FILE_MAX ((size_t)64 << 20)
+
 struct mlfs_job *mlfs_job_new_dir(const char *name, struct xf_mem *mem);
 void mlfs_job_free(struct mlfs_job *j);
 struct mlfs_job *mlfs_job_child(const struct mlfs_job *dir, const char *name, size_t n);
