@@ -81,7 +81,7 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 			break;
 		}
 		if ((rc = mlfs_peer_job_get(st, from, path, &data, &len, why, whylen)) == 0) {
-			if (len != size || mlfs_job_hash_bytes(data, len) != want) {
+			if (len != size || mlfs_hash(data, len) != want) {
 				snprintf(why, whylen, "job/%s: the coordinator's copy changed", path);
 				rc = -EIO;
 			} else {

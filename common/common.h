@@ -80,6 +80,10 @@ int mlfs_log_level_parse(const char *name, enum mlfs_log_level *level);
 #include <stddef.h>
 #include <stdint.h>
 
+#include <string.h>
+
+#include <xxhash.h>
+
 #include "ptc/ptc.h"
 
 /* Largest header dict accepted by mlfs_npy_parse, in bytes. */
@@ -158,6 +162,36 @@ int64_t mlfs_npy_header_len(const uint8_t *buf, size_t len, char *err, size_t er
  */
 int mlfs_npy_check(const struct mlfs_npy *h, enum ptc_dtype dt, int ndim, const int64_t *shape,
 		   char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- hashing */
+
+/*
+ * The project's one non-cryptographic hash: XXH3 64 (libxxhash), for hash
+ * tables, content identities and checksums. mlfs_hash is the hash of @n
+ * bytes at @p; mlfs_hash_more continues @h with @n more bytes (a hash of a
+ * sequence of pieces, each piece's bytes seeding the next); mlfs_hash_str
+ * hashes a NUL-terminated string; mlfs_hash_u64 continues @h with the bytes
+ * of @v. Pure; any thread.
+ */
+static inline uint64_t mlfs_hash(const void *p, size_t n)
+{
+	return XXH3_64bits(p, n);
+}
+
+static inline uint64_t mlfs_hash_more(uint64_t h, const void *p, size_t n)
+{
+	return XXH3_64bits_withSeed(p, n, h);
+}
+
+static inline uint64_t mlfs_hash_str(const char *s)
+{
+	return XXH3_64bits(s, strlen(s));
+}
+
+static inline uint64_t mlfs_hash_u64(uint64_t h, uint64_t v)
+{
+	return XXH3_64bits_withSeed(&v, sizeof(v), h);
+}
 
 /* ------------------------------------------------ mlfs_mapcopy.c */
 

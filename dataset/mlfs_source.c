@@ -77,15 +77,6 @@ int mlfs_src_errf(char *why, size_t whylen, int rc, const char *fmt, ...)
 	return rc;
 }
 
-static uint64_t hash_str(const char *s)
-{
-	uint64_t h = 0xcbf29ce484222325ULL;
-
-	for (; *s; s++)
-		h = (h ^ (uint8_t)*s) * 0x100000001b3ULL;
-	return h;
-}
-
 static bool has_prefix(const char *s, const char *p)
 {
 	return strncasecmp(s, p, strlen(p)) == 0;
@@ -157,7 +148,7 @@ int mlfs_srcobj_get(struct mlfs_src *s, const char *uri, struct src_obj **out, c
 
 	if (rc)
 		return rc;
-	h = hash_str(uri);
+	h = mlfs_hash_str(uri);
 	pthread_mutex_lock(&s->lock);
 	for (o = s->objs[h & (s->nobj_buckets - 1)]; o; o = o->next)
 		if (o->hash == h && !strcmp(o->uri, uri))

@@ -26,6 +26,8 @@
 
 #include <jansson.h>
 
+#include <xxhash.h>
+
 #include "net/net.h"
 
 #define NET_ETCD_MAX_REPLY ((int64_t)64 << 20)
@@ -475,11 +477,11 @@ int net_etcd_wait(struct net_etcd *e, const char *prefix, uint64_t *state, int t
 			return rc;
 		/* The keys and their modification revisions: a put, a new key
 		 * and a deletion all change it. Never 0 (0 means "unknown"). */
-		uint64_t h = 1469598103934665603ull ^ n;
+		uint64_t h = XXH3_64bits(&n, sizeof(n));
 		for (size_t i = 0; i < n; i++) {
-			for (const char *k = kvs[i].key; *k; k++)
-				h = (h ^ (uint8_t)*k) * 1099511628211ull;
-			h = (h ^ (uint64_t)kvs[i].mod_revision) * 1099511628211ull;
+			int64_t rev = kvs[i].mod_revision;
+			h = XXH3_64bits_withSeed(kvs[i].key, strlen(kvs[i].key), h);
+			h = XXH3_64bits_withSeed(&rev, sizeof(rev), h);
 		}
 		h |= 1;
 		net_etcd_kvs_free(kvs, n);

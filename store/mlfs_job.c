@@ -212,17 +212,9 @@ int mlfs_job_set(struct mlfs_job *f, const uint8_t *data, size_t size)
 	return rc;
 }
 
-uint64_t mlfs_job_hash_bytes(const uint8_t *p, size_t n)
-{
-	uint64_t h = 1469598103934665603ull;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ p[i]) * 1099511628211ull;
-	return h;
-}
-
 uint64_t mlfs_job_hash(const struct mlfs_job *f)
 {
-	return f->dir ? 0 : mlfs_job_hash_bytes(f->data, f->size);
+	return f->dir ? 0 : mlfs_hash(f->data, f->size);
 }
 
 static void manifest_walk(const struct mlfs_job *dir, const char *prefix, json_t *out)

@@ -424,9 +424,8 @@ int mlfs_job_rename(struct mlfs_job *from, const char *name, struct mlfs_job *to
 		    const char *newname, unsigned flags);
 int mlfs_job_set(struct mlfs_job *f, const uint8_t *data, size_t size);
 int mlfs_job_truncate(struct mlfs_job *f, size_t size);
-/* A file's content hash (FNV-1a 64; 0 for a directory), and of bytes. */
+/* A file's content hash (mlfs_hash of its bytes; 0 for a directory). */
 uint64_t mlfs_job_hash(const struct mlfs_job *f);
-uint64_t mlfs_job_hash_bytes(const uint8_t *p, size_t n);
 /* The tree under @root as [{"p": path, "d": dir, "n": size, "h": hash in
  * hex, "m": mtime in ns}], parents before children; a new reference (NULL
  * on ENOMEM). Store lock held. */
