@@ -6,7 +6,7 @@
 #define MLFS_COMMON_H
 
 /*
- * mlfs_log.h - the daemon's log: one line per event, level first
+ * The log (mlfs_log.c): one line per event, level first
  * ("mlfs: warning: dataset source: http://h/s.bin: HTTP 503 after 6
  * attempts"), to stderr when the daemon runs in the foreground (-f) and to
  * syslog (facility daemon) otherwise.
@@ -65,7 +65,7 @@ const char *mlfs_log_level_name(enum mlfs_log_level level);
 int mlfs_log_level_parse(const char *name, enum mlfs_log_level *level);
 
 /*
- * mlfs_npy.h - NumPy .npy headers: format, parse and check.
+ * NumPy .npy headers (mlfs_npy.c): format, parse and check.
  *
  * Every tensor file mlfs serves is an .npy file (format 1.0): a header that
  * numpy.load reads, then the raw little-endian C-order data. bfloat16 and

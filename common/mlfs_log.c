@@ -1,5 +1,5 @@
 /*
- * mlfs_log.c - the daemon's log (mlfs_log.h): stderr or syslog, one line
+ * mlfs_log.c - the daemon's log (common.h): stderr or syslog, one line
  * per event, level first.
  *
  * State: the sink and the minimum level, process-wide (one daemon a

@@ -6,7 +6,7 @@
 #define MLFS_DATASET_H
 
 /*
- * mlfs_source.h - dataset shard sources (file://, http://, https://) behind a
+ * Sources (mlfs_source.c and mlfs_src*.c): dataset shard sources (file://, http://, https://) behind a
  * byte-bounded block cache.
  *
  * An object is named by a URI: "file:///abs/path", "http://host[:port]/path"
@@ -26,7 +26,7 @@
  * timeout and deadline fields below are its options.
  *
  * A readv or fetch that fails to read an object (any error but -EINVAL)
- * also logs its message as a warning (mlfs_log.h).
+ * also logs its message as a warning (common.h).
  */
 
 #include <stddef.h>
@@ -156,8 +156,8 @@ void mlfs_src_stats(struct mlfs_src *s, struct mlfs_src_stats *out);
 char *mlfs_uri_join(const char *base, const char *ref);
 
 /*
- * mlfs_data.h - dataset views: records of a step for a DP rank, assembled
- * from the shards (mlfs_source.h) in the order of ptc_data_perm.
+ * Views (mlfs_data.c, mlfs_dataindex.c): records of a step for a DP rank, assembled
+ * from the shards (above) in the order of ptc_data_perm.
  */
 
 #include <stdatomic.h>

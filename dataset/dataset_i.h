@@ -1,7 +1,10 @@
 /*
- * mlfs_source_i.h - internals shared by the files of the dataset source
- * (mlfs_source.h is its API): its types and the functions one file gives
- * another. The files, one job each:
+ * dataset_i.h - internals shared by the files of dataset/ (dataset.h is
+ * its API): their types and the functions one file gives another. The
+ * files, one job each:
+ *   mlfs_data.c      views: the records of one step for one DP rank,
+ *                    assembled, cached and prefetched; a dataset's life
+ *   mlfs_dataindex.c the index and offset tables; view file names, sizes
  *   mlfs_source.c    a source's life, options and counters; the object
  *                    table; URI kinds; whole-object fetches (DESIGN block)
  *   mlfs_srccache.c  the block cache: blocks, their LRU list and bound
@@ -11,16 +14,17 @@
  *                    from mappings or read with preadv, past the cache
  *   mlfs_srcfile.c   file:// objects: opened without blocking, fds and
  *                    mappings pinned and evicted, preadv loops
- *   mlfs_mapcopy.c    copies from file mappings, SIGBUS turned into EIO
  *   mlfs_uri.c       joining a relative URI to its base (mlfs_uri_join)
  *
  * Locks: s->lock (struct mlfs_src) guards the object table, the objects'
  * size, fd and mapping fields, and the cache; it is never held across I/O,
  * a sleep or a copy of block bytes. Functions below say when they expect
- * it held. mlfs_mapcopy.c has its own leaf lock (installing the handler).
+ * it held. Copies from mappings are guarded against SIGBUS by
+ * common/mlfs_mapcopy.c (its own leaf lock). A dataset's ds->lock guards
+ * its view cache and queue (mlfs_data.c); the sizes cache has a leaf lock.
  */
-#ifndef MLFS_MLFS_SOURCE_I_H
-#define MLFS_MLFS_SOURCE_I_H
+#ifndef MLFS_DATASET_I_H
+#define MLFS_DATASET_I_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -211,5 +215,74 @@ int mlfs_srcfile_read_blocks(struct mlfs_src *s, const struct src_obj *o, int fd
 /* Reads the ranges of @rv's direct groups (pinned files, file_direct)
  * straight into their dsts: 0, or -EIO / -ENOMEM with the reason in @why. */
 int mlfs_srcdirect_read(struct src_readv *rv, char *why, size_t whylen);
+
+/* ------------------------------------------------ mlfs_data.c's dataset */
+
+#define MAX_INDEX_BYTES ((int64_t)64 << 20)
+#define QUEUE_CAP	256
+#define POOL_SLOTS	1024
+#define SIZE_SLOTS	256
+
+struct slice {
+	int64_t first, count;
+};
+
+/* Byte sizes of variable-record views (a sum over their records, asked at
+ * every lookup and open), direct-mapped by slice. lock is a leaf. */
+struct sizes {
+	pthread_mutex_t lock;
+	struct {
+		int64_t first, count, bytes; /* count 0: empty */
+	} e[SIZE_SLOTS];
+};
+
+struct mlfs_dataset {
+	atomic_int refs;
+	char *index_uri;
+	uint64_t seed;
+	bool shuffle;
+	int64_t epochs; /* 0: no limit */
+	struct ptc_index *ix;
+	char **uris;	/* resolved shard URIs */
+	int64_t **offs; /* variable records: count + 1 offsets per shard */
+	struct mlfs_src *src;
+	struct xf_mem *mem;
+	int prefetch;
+
+	pthread_mutex_t lock;
+	pthread_cond_t ready;		/* a view left state 0 */
+	pthread_cond_t queued;		/* the queue got work or stop */
+	struct mlfs_dview *head, *tail; /* most recently used first */
+	int nviews, maxviews;
+	struct slice queue[QUEUE_CAP];
+	int qhead, qlen;
+	bool stop;
+	pthread_t thread;
+	bool thread_started;
+	int64_t assembled, view_hits, failures;
+	char error[512];
+	/* Buffers of freed views, pages already mapped: a new view reuses one
+	 * instead of faulting in fresh pages (most of the cost of assembly). */
+	pthread_mutex_t pool_lock; /* a leaf: taken with or without ds->lock */
+	struct xf_buf *pool[POOL_SLOTS];
+	int npool;
+	int64_t pool_bytes;
+	atomic_int pool_max;  /* as many as views may be cached, POOL_SLOTS at most */
+	int64_t cached_bytes; /* of the ready views in the cache; ds->lock */
+	struct sizes *sizes;
+};
+
+/* The record of stream sample @g: its record id *@id, its shard
+ * (returned) and its index *@local there. */
+int mlfs_data_sample_record(const struct mlfs_dataset *ds, int64_t g, int64_t *id, int64_t *local);
+/* The length and byte offset of record @local of shard @shard. */
+int64_t mlfs_data_record_len(const struct mlfs_dataset *ds, int shard, int64_t local);
+int64_t mlfs_data_record_off(const struct mlfs_dataset *ds, int shard, int64_t local);
+
+/* --------------------------------------------------- mlfs_dataindex.c */
+
+/* Reads and checks @ds's index (ds->index_uri) and, for variable records,
+ * every shard's offsets: 0, or a negative errno with @why. At open. */
+int mlfs_data_load_index(struct mlfs_dataset *ds, char *why, size_t whylen);
 
 #endif

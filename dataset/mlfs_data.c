@@ -9,7 +9,7 @@
  * records of the view in one mlfs_src_readv: file:// records are copied
  * from the shards' mappings (the page cache), HTTP ones coalesced into
  * block requests through the byte-bounded block cache. A window of steps
- * (mlfs_fuse.c) is the views of its steps, each assembled and cached alone.
+ * (mount/mlfs_resolve.c) is the views of its steps, each assembled and cached alone.
  *
  * A prefetch thread assembles the views of the next steps of each local DP
  * group (the next window's, after a window); a reader that asks for a view
@@ -29,62 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dataset/dataset.h"
-#include "common/common.h"
-
-#define MAX_INDEX_BYTES ((int64_t)64 << 20)
-#define QUEUE_CAP	256
-#define POOL_SLOTS	1024
-#define SIZE_SLOTS	256
-
-struct slice {
-	int64_t first, count;
-};
-
-/* Byte sizes of variable-record views (a sum over their records, asked at
- * every lookup and open), direct-mapped by slice. lock is a leaf. */
-struct sizes {
-	pthread_mutex_t lock;
-	struct {
-		int64_t first, count, bytes; /* count 0: empty */
-	} e[SIZE_SLOTS];
-};
-
-struct mlfs_dataset {
-	atomic_int refs;
-	char *index_uri;
-	uint64_t seed;
-	bool shuffle;
-	int64_t epochs; /* 0: no limit */
-	struct ptc_index *ix;
-	char **uris;	/* resolved shard URIs */
-	int64_t **offs; /* variable records: count + 1 offsets per shard */
-	struct mlfs_src *src;
-	struct xf_mem *mem;
-	int prefetch;
-
-	pthread_mutex_t lock;
-	pthread_cond_t ready;		/* a view left state 0 */
-	pthread_cond_t queued;		/* the queue got work or stop */
-	struct mlfs_dview *head, *tail; /* most recently used first */
-	int nviews, maxviews;
-	struct slice queue[QUEUE_CAP];
-	int qhead, qlen;
-	bool stop;
-	pthread_t thread;
-	bool thread_started;
-	int64_t assembled, view_hits, failures;
-	char error[512];
-	/* Buffers of freed views, pages already mapped: a new view reuses one
-	 * instead of faulting in fresh pages (most of the cost of assembly). */
-	pthread_mutex_t pool_lock; /* a leaf: taken with or without ds->lock */
-	struct xf_buf *pool[POOL_SLOTS];
-	int npool;
-	int64_t pool_bytes;
-	atomic_int pool_max;  /* as many as views may be cached, POOL_SLOTS at most */
-	int64_t cached_bytes; /* of the ready views in the cache; ds->lock */
-	struct sizes *sizes;
-};
+#include "dataset/dataset_i.h"
 
 /* ---------------------------------------------------------------- views */
 
@@ -242,21 +187,21 @@ static void drop_idle(struct mlfs_dataset *ds)
 }
 
 /* The record of stream sample @g: its shard and index there. */
-static int sample_record(const struct mlfs_dataset *ds, int64_t g, int64_t *id, int64_t *local)
+int mlfs_data_sample_record(const struct mlfs_dataset *ds, int64_t g, int64_t *id, int64_t *local)
 {
 	int64_t n = ds->ix->total;
 	*id = ptc_data_perm(ds->seed, g / n, n, g % n, ds->shuffle);
 	return ptc_index_locate(ds->ix, *id, local);
 }
 
-static int64_t record_len(const struct mlfs_dataset *ds, int shard, int64_t local)
+int64_t mlfs_data_record_len(const struct mlfs_dataset *ds, int shard, int64_t local)
 {
 	if (ds->ix->records == PTC_RECORDS_FIXED)
 		return ds->ix->record_bytes;
 	return ds->offs[shard][local + 1] - ds->offs[shard][local];
 }
 
-static int64_t record_off(const struct mlfs_dataset *ds, int shard, int64_t local)
+int64_t mlfs_data_record_off(const struct mlfs_dataset *ds, int shard, int64_t local)
 {
 	if (ds->ix->records == PTC_RECORDS_FIXED)
 		return local * ds->ix->record_bytes;
@@ -277,10 +222,10 @@ static int assemble(struct mlfs_dataset *ds, struct mlfs_dview *v, char *why, si
 	v->offs[0] = 0;
 	for (int64_t j = 0; j < v->count; j++) {
 		int64_t local;
-		int sh = sample_record(ds, v->first + j, &v->ids[j], &local);
+		int sh = mlfs_data_sample_record(ds, v->first + j, &v->ids[j], &local);
 		r[j].uri = ds->uris[sh];
-		r[j].off = record_off(ds, sh, local);
-		r[j].len = record_len(ds, sh, local);
+		r[j].off = mlfs_data_record_off(ds, sh, local);
+		r[j].len = mlfs_data_record_len(ds, sh, local);
 		v->offs[j + 1] = v->offs[j] + r[j].len;
 	}
 	v->len = v->offs[v->count];
@@ -439,257 +384,6 @@ void mlfs_data_prefetch(struct mlfs_dataset *ds, const struct ptc_cursor *c, int
 	pthread_mutex_unlock(&ds->lock);
 }
 
-/* ----------------------------------------------------------- names, sizes */
-
-/* Parses the decimal number at @name (no leading zero) into *@v; returns
- * its length, 0 when there is none. */
-static size_t parse_step(const char *name, size_t n, int64_t *v)
-{
-	size_t digits = 0;
-	int64_t s = 0;
-
-	while (digits < n && name[digits] >= '0' && name[digits] <= '9') {
-		if (s > (INT64_MAX - 9) / 10)
-			return 0;
-		s = s * 10 + (name[digits++] - '0');
-	}
-	if (digits > 1 && name[0] == '0')
-		return 0;
-	*v = s;
-	return digits;
-}
-
-int mlfs_data_name(const struct mlfs_dataset *ds, const char *name, size_t n, int64_t *step,
-		   int64_t *nsteps, enum mlfs_dfile *kind)
-{
-	static const struct {
-		const char *suffix;
-		enum mlfs_dfile kind;
-		bool fixed, variable;
-	} kinds[] = {
-	    {".ids.npy", MLFS_DF_IDS, true, true},
-	    {".offsets.npy", MLFS_DF_OFFSETS, false, true},
-	    {".npy", MLFS_DF_NPY, true, false},
-	    {".bin", MLFS_DF_BIN, false, true},
-	};
-	int64_t s, e = -1;
-	size_t digits = parse_step(name, n, &s), more;
-
-	if (digits == 0)
-		return -ENOENT;
-	if (digits < n && name[digits] == '-') { /* a window [s, e) */
-		if (!(more = parse_step(name + digits + 1, n - digits - 1, &e)) || e <= s ||
-		    e - s > MLFS_DATA_WINDOW_MAX)
-			return -ENOENT;
-		digits += 1 + more;
-	}
-	bool fixed = ds->ix->records == PTC_RECORDS_FIXED;
-	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
-		size_t k = strlen(kinds[i].suffix);
-		if (n - digits == k && memcmp(name + digits, kinds[i].suffix, k) == 0) {
-			if (fixed ? !kinds[i].fixed : !kinds[i].variable)
-				return -ENOENT;
-			/* windows: fixed records only, and a step dimension more */
-			if (e >= 0 && (!fixed || ds->ix->ndim + 2 > PTC_MAX_DIMS))
-				return -ENOENT;
-			*step = s;
-			*nsteps = e >= 0 ? e - s : 0;
-			*kind = kinds[i].kind;
-			return 0;
-		}
-	}
-	return -ENOENT;
-}
-
-void mlfs_data_format_name(int64_t step, enum mlfs_dfile kind, char *buf, size_t cap)
-{
-	static const char *const suffix[] = {".npy", ".ids.npy", ".bin", ".offsets.npy"};
-	snprintf(buf, cap, "%" PRId64 "%s", step, suffix[kind]);
-}
-
-int mlfs_data_slice(const struct mlfs_dataset *ds, const struct ptc_cursor *c, int64_t step, int d,
-		    int64_t *first, int64_t *count)
-{
-	int64_t limit = 0; /* no epoch limit, or one past int64 */
-	if (ds->epochs && __builtin_mul_overflow(ds->epochs, ds->ix->total, &limit))
-		limit = 0;
-	/* Steps keep the dp they ran with: a DP rank that step did not have has
-	 * no view of it. */
-	return ptc_data_slice(c, step, ptc_cursor_dp(c, step), d, limit, first, count) ? -ENODATA
-										       : 0;
-}
-
-int64_t mlfs_data_file_size(const struct mlfs_dataset *ds, int64_t first, int64_t count,
-			    int64_t nsteps, enum mlfs_dfile kind, char *hdr, size_t cap,
-			    size_t *hlen)
-{
-	const struct ptc_index *ix = ds->ix;
-	int64_t shape[PTC_MAX_DIMS + 2] = {nsteps, count};
-	int w = nsteps > 0; /* a window: the steps are the first dimension */
-	int64_t n = nsteps > 0 ? nsteps * count : count;
-
-	*hlen = 0;
-	switch (kind) {
-	case MLFS_DF_NPY:
-		memcpy(shape + 2, ix->shape, (size_t)ix->ndim * sizeof(int64_t));
-		*hlen = mlfs_npy_format(ix->dtype, ix->ndim + 1 + w, shape + 1 - w, hdr, cap);
-		return (int64_t)*hlen + n * ix->record_bytes;
-	case MLFS_DF_IDS:
-		*hlen = mlfs_npy_format(PTC_INT64, 1 + w, shape + 1 - w, hdr, cap);
-		return (int64_t)*hlen + n * 8;
-	case MLFS_DF_OFFSETS:
-		shape[0] = count + 1;
-		*hlen = mlfs_npy_format(PTC_INT64, 1, shape, hdr, cap);
-		return (int64_t)*hlen + (count + 1) * 8;
-	case MLFS_DF_BIN: {
-		struct sizes *c = ds->sizes;
-		int64_t total = 0, id, local;
-		size_t k =
-		    (size_t)(((uint64_t)first * 0x9e3779b97f4a7c15ull ^ (uint64_t)count) >> 56) %
-		    SIZE_SLOTS;
-		pthread_mutex_lock(&c->lock);
-		bool hit = count && c->e[k].count == count && c->e[k].first == first;
-		total = hit ? c->e[k].bytes : 0;
-		pthread_mutex_unlock(&c->lock);
-		if (hit)
-			return total;
-		for (int64_t j = 0; j < count; j++) {
-			int sh = sample_record(ds, first + j, &id, &local);
-			total += record_len(ds, sh, local);
-		}
-		pthread_mutex_lock(&c->lock);
-		c->e[k].first = first;
-		c->e[k].count = count;
-		c->e[k].bytes = total;
-		pthread_mutex_unlock(&c->lock);
-		return total;
-	}
-	}
-	return 0;
-}
-
-int mlfs_data_window(const struct mlfs_dataset *ds, const struct ptc_cursor *c, int64_t step,
-		     int64_t nsteps, int d, int64_t *firsts, int64_t *count)
-{
-	int rc = 0;
-
-	for (int64_t i = nsteps - 1; i >= 0; i--) { /* the last first: past the end? */
-		int64_t first, n;
-		int err = mlfs_data_slice(ds, c, step + i, d, &first, &n);
-		if (err)
-			return err;
-		if (i < nsteps - 1 && n != *count)
-			rc = -EINVAL;
-		*count = n;
-		if (firsts)
-			firsts[i] = first;
-	}
-	return rc;
-}
-
-/* ----------------------------------------------------------------- open */
-
-/* Reads shard @i's offsets (raw little-endian int64 or an int64 .npy). */
-static int load_offsets(struct mlfs_dataset *ds, int i, const char *uri, char *why, size_t whylen)
-{
-	const struct ptc_shard *sh = &ds->ix->shards[i];
-	int64_t n = sh->count + 1;
-	uint8_t *data;
-	size_t len;
-	struct mlfs_npy h;
-	int rc = mlfs_src_fetch(ds->src, uri, n * 8 + 4096, &data, &len, why, whylen);
-
-	if (rc)
-		return rc == -EFBIG
-			   ? (snprintf(why, whylen,
-				       "%s: larger than %" PRId64 " offsets of %" PRId64 " records",
-				       uri, n, sh->count),
-			      -EINVAL)
-			   : rc;
-	size_t skip = 0;
-	if (len >= 6 && memcmp(data, "\x93NUMPY", 6) == 0) {
-		char e[256];
-		if (mlfs_npy_parse(data, len, &h, e, sizeof(e)) ||
-		    mlfs_npy_check(&h, PTC_INT64, 1, &n, e, sizeof(e))) {
-			snprintf(why, whylen, "%s: %s", uri, e);
-			free(data);
-			return -EINVAL;
-		}
-		skip = h.header_len;
-	}
-	if ((int64_t)(len - skip) != n * 8) {
-		snprintf(why, whylen,
-			 "%s: holds %zu bytes of offsets, expected %" PRId64 " (count + 1 int64)",
-			 uri, len - skip, n * 8);
-		free(data);
-		return -EINVAL;
-	}
-	if (!(ds->offs[i] = malloc((size_t)n * sizeof(int64_t)))) {
-		free(data);
-		return -ENOMEM;
-	}
-	memcpy(ds->offs[i], data + skip, (size_t)n * 8);
-	free(data);
-	for (int64_t k = 0; k < n; k++) {
-		int64_t o = ds->offs[i][k], prev = k ? ds->offs[i][k - 1] : 0;
-		if (o < 0 || (k && (o < prev || o - prev > PTC_MAX_RECORD_BYTES))) {
-			snprintf(why, whylen,
-				 "%s: offset %" PRId64 " = %" PRId64
-				 " is not a valid record boundary (offsets must not decrease; "
-				 "records are at most %" PRId64 " bytes)",
-				 uri, k, o, PTC_MAX_RECORD_BYTES);
-			return -EINVAL;
-		}
-	}
-	return 0;
-}
-
-static int load(struct mlfs_dataset *ds, char *why, size_t whylen)
-{
-	uint8_t *text;
-	size_t len;
-	struct ptc_error perr;
-	int rc = mlfs_src_fetch(ds->src, ds->index_uri, MAX_INDEX_BYTES, &text, &len, why, whylen);
-
-	if (rc == -EFBIG)
-		snprintf(why, whylen, "larger than %" PRId64 " bytes", MAX_INDEX_BYTES);
-	if (rc)
-		return rc == -ENOMEM ? rc : -EINVAL;
-	rc = ptc_index_parse_text((const char *)text, len, "index.json", &ds->ix, &perr);
-	free(text);
-	if (rc) {
-		snprintf(why, whylen, "%s", perr.text);
-		return rc;
-	}
-	int n = ds->ix->nshards;
-	if (!(ds->uris = calloc((size_t)n, sizeof(*ds->uris))) ||
-	    !(ds->offs = calloc((size_t)n, sizeof(*ds->offs))))
-		return -ENOMEM;
-	for (int i = 0; i < n; i++) {
-		const struct ptc_shard *sh = &ds->ix->shards[i];
-		if (!(ds->uris[i] = mlfs_uri_join(ds->index_uri, sh->uri))) {
-			snprintf(why, whylen,
-				 "index.json: shards[%d].uri \"%s\" is not a valid URI", i,
-				 sh->uri);
-			return -EINVAL;
-		}
-		if (ds->ix->records != PTC_RECORDS_VARIABLE)
-			continue;
-		char *off = mlfs_uri_join(ds->index_uri, sh->offsets);
-		if (!off) {
-			snprintf(why, whylen,
-				 "index.json: shards[%d].offsets \"%s\" is not a valid URI", i,
-				 sh->offsets);
-			return -EINVAL;
-		}
-		rc = load_offsets(ds, i, off, why, whylen);
-		free(off);
-		if (rc)
-			return rc == -ENOMEM ? rc : -EINVAL;
-	}
-	return 0;
-}
-
 static void dataset_free(struct mlfs_dataset *ds)
 {
 	if (ds->thread_started) {
@@ -758,7 +452,7 @@ int mlfs_dataset_open(const struct ptc_config *c, const struct mlfs_data_opts *o
 	    !(ds->sizes = calloc(1, sizeof(*ds->sizes))))
 		goto err;
 	pthread_mutex_init(&ds->sizes->lock, NULL);
-	if ((rc = load(ds, why, sizeof(why)))) {
+	if ((rc = mlfs_data_load_index(ds, why, sizeof(why)))) {
 		if (rc != -ENOMEM)
 			ptc_errorf(err, "config.json: dataset.index %s: %s", ds->index_uri, why);
 		goto err;

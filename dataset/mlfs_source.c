@@ -30,7 +30,7 @@
  *
  * Failures: every readv or fetch that fails to read an object (not one
  * refused for its arguments, -EINVAL) is logged once, at warning level,
- * with the message its caller gets (mlfs_log.h): a prefetch's failure is
+ * with the message its caller gets (common.h): a prefetch's failure is
  * otherwise seen by nobody. The caller decides what else to do with it
  * (status.json, EIO).
  *

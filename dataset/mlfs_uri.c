@@ -1,7 +1,7 @@
 /*
  * mlfs_uri.c - URI joining: a dataset index names its shards and offsets
  * tables relative to its own URI (mlfs_uri_join, declared in
- * mlfs_source.h).
+ * dataset.h).
  *
  * Pure string work: no I/O, no state; any thread.
  */

@@ -90,17 +90,6 @@ static void attempt_free(struct mlfs_attempt *a)
 
 /* ------------------------------------------------------------------ states */
 
-static const char *const state_names[] = {
-    [MLFS_RECONF_IDLE] = "idle",	 [MLFS_RECONF_PREPARING] = "preparing",
-    [MLFS_RECONF_PREPARED] = "prepared", [MLFS_RECONF_COMMITTING] = "committing",
-    [MLFS_RECONF_ABORTING] = "aborting", [MLFS_RECONF_FAILED] = "failed",
-};
-
-const char *mlfs_reconf_state_name(enum mlfs_reconf_state s)
-{
-	return (size_t)s < sizeof(state_names) / sizeof(*state_names) ? state_names[s] : "?";
-}
-
 /* The one writer of st->reconf and of st->state, which follows it. Lock held. */
 static void set_state(struct mlfs_store *st, enum mlfs_reconf_state s)
 {
@@ -109,15 +98,6 @@ static void set_state(struct mlfs_store *st, enum mlfs_reconf_state s)
 	    s == MLFS_RECONF_IDLE || s == MLFS_RECONF_FAILED ? MLFS_IDLE : MLFS_TRANSFORMING;
 	if (st->reconf_changed) /* the control plane votes or publishes at once */
 		st->reconf_changed(st->cluster_arg);
-}
-
-int mlfs_reconf_busy(const struct mlfs_store *st, const char *what, struct ptc_error *err)
-{
-	if (st->state != MLFS_TRANSFORMING)
-		return 0;
-	ptc_errorf(err, "%s: a reconfiguration to version %" PRId64 " is in progress (%s)", what,
-		   st->target_version, mlfs_reconf_state_name(st->reconf));
-	return -EBUSY;
 }
 
 /*

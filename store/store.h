@@ -1,11 +1,13 @@
 /*
- * mlfs_i.h - internals shared by the daemon's files.
+ * store.h - the store: one node's views of the job's layouts, their
+ * partitions and saved steps, the reconfiguration state machine, job/, and
+ * the control files. Used by cluster/ and mount/ (its public header).
  *
  * Lock order: store->lock, then inodes->lock (never the reverse); neither is
  * held across a fuse_reply_*, a notification or file I/O outside the store.
  */
-#ifndef MLFS_MLFS_I_H
-#define MLFS_MLFS_I_H
+#ifndef MLFS_STORE_H
+#define MLFS_STORE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -293,6 +295,18 @@ int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_
  * negative errno. FUSE workers; an import reads files meanwhile.
  */
 int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char **reply);
+/*
+ * The "import" request of .mlfs-ctl (mlfs_import.c): the full tensors of
+ * directory @dir (<state>/<tensor>.npy; only state @only, or every state
+ * when -1) sliced into this node's partitions of the current view, which
+ * become the saved state of @step on every local rank. 0, or a negative
+ * errno with @msg saying why (every file that is missing or does not
+ * match is named; nothing changes then): -EINVAL, -EBUSY (a
+ * reconfiguration holds the store), -ENOSPC, -EIO, -ENOMEM. A FUSE worker;
+ * reads files without the lock.
+ */
+int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t step, char *msg,
+		      size_t msglen);
 
 /* New malloc'd texts of the generated files. */
 char *mlfs_store_status_json(struct mlfs_store *st);

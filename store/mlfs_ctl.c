@@ -1,0 +1,260 @@
+/*
+ * mlfs_ctl.c - the control files: schema.json and config.json writes
+ * (installed here, or proposed to the control plane), .mlfs-ctl requests
+ * (import, prepare, commit, abort), status.json and rank.json.
+ *
+ * DESIGN
+ * The dispatcher above both the store (mlfs_store.c, mlfs_view.c,
+ * mlfs_import.c) and the reconfiguration (mlfs_reconf.c): neither calls
+ * back into it. A refused write changes nothing and says why in
+ * status.json.
+ *
+ * Threads: FUSE workers and I/O workers; st->lock taken briefly.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "store/store.h"
+#include "dataset/dataset.h"
+
+/* Records a refusal for status.json; returns @rc. Lock held. */
+static int refuse(struct mlfs_store *st, int rc, const struct ptc_error *err)
+{
+	snprintf(st->error, sizeof(st->error), "%s", err->text);
+	return rc;
+}
+
+/* The schema's own memory (tensors, names, text), estimated likewise. */
+static int64_t schema_bytes(const struct ptc_schema *s, size_t textlen)
+{
+	int64_t n = (int64_t)textlen;
+	for (int t = 0; t < s->ntensors; t++)
+		n += (int64_t)sizeof(s->tensors[t]) + 32 + (int64_t)strlen(s->tensors[t].name) +
+		     s->tensors[t].nchunks * 8;
+	return n;
+}
+
+int mlfs_store_set_control(struct mlfs_store *st, bool config, const char *text, size_t len,
+			   struct ptc_error *err)
+{
+	if (st->propose) {
+		int rc = st->propose(st->cluster_arg, config, text, len, err);
+		if (rc)
+			mlfs_store_note_error(st, err->text);
+		return rc;
+	}
+	return config ? mlfs_store_install_config(st, text, len, err)
+		      : mlfs_store_install_schema(st, text, len, err);
+}
+
+int mlfs_store_install_schema(struct mlfs_store *st, const char *text, size_t len,
+			      struct ptc_error *err)
+{
+	struct ptc_schema *s;
+	int rc = ptc_schema_parse_text(text, len, "schema.json", &s, err);
+
+	pthread_mutex_lock(&st->lock);
+	if (rc) {
+		rc = refuse(st, rc, err);
+		goto out;
+	}
+	if (st->view) {
+		bool same = st->schema_text && strlen(st->schema_text) == len &&
+			    memcmp(st->schema_text, text, len) == 0;
+		ptc_schema_free(s);
+		if (!same) {
+			ptc_errorf(err, "schema.json: cannot change the schema once config.json "
+					"is set (unmount and start a new store)");
+			rc = refuse(st, -EBUSY, err);
+		}
+		goto out;
+	}
+	int64_t bytes = schema_bytes(s, len);
+	if (xf_mem_reserve(&st->mem, bytes)) {
+		ptc_errorf(err,
+			   "schema.json: its %d tensors (about %" PRId64 " bytes) do not fit "
+			   "in --max-memory",
+			   s->ntensors, bytes);
+		ptc_schema_free(s);
+		rc = refuse(st, -ENOSPC, err);
+		goto out;
+	}
+	char *t = strndup(text, len);
+	if (!t) {
+		xf_mem_release(&st->mem, bytes);
+		ptc_schema_free(s);
+		rc = -ENOMEM;
+		goto out;
+	}
+	xf_mem_release(&st->mem, st->schema_bytes);
+	ptc_schema_free(st->schema);
+	free(st->schema_text);
+	st->schema = s;
+	st->schema_text = t;
+	st->schema_bytes = bytes;
+	st->error[0] = '\0';
+out:
+	pthread_mutex_unlock(&st->lock);
+	return rc;
+}
+
+/* The reconfiguration steps of .mlfs-ctl: "prepare", "commit", "abort". */
+static int control_reconf(struct mlfs_store *st, const char *op, json_t *req, char *msg,
+			  size_t msglen)
+{
+	struct ptc_error err = {""};
+	json_t *jv = json_object_get(req, "version"), *jc = json_object_get(req, "config");
+	json_t *why = json_object_get(req, "reason");
+	int rc;
+
+	if (strcmp(op, "prepare") == 0) {
+		if (!json_is_string(jc)) {
+			snprintf(msg, msglen, "prepare: \"config\" must be the config's JSON text");
+			return -EINVAL;
+		}
+		rc = mlfs_reconf_prepare(st, json_string_value(jc), json_string_length(jc),
+					 "prepare", false, &err);
+	} else if (!json_is_integer(jv) || json_integer_value(jv) < 0) {
+		snprintf(msg, msglen, "%s: \"version\" must be the version being reconfigured to",
+			 op);
+		return -EINVAL;
+	} else if (strcmp(op, "commit") == 0) {
+		rc = mlfs_reconf_commit(st, json_integer_value(jv), &err);
+	} else if (why && !json_is_string(why)) {
+		snprintf(msg, msglen, "abort: \"reason\" must be a string");
+		return -EINVAL;
+	} else {
+		rc = mlfs_reconf_abort(st, json_integer_value(jv), json_string_value(why), &err);
+	}
+	if (rc)
+		snprintf(msg, msglen, "%s", err.text[0] ? err.text : strerror(-rc));
+	return rc;
+}
+
+int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char **reply)
+{
+	char msg[PTC_ERROR_MAX] = "";
+	json_error_t je;
+	json_t *req = json_loadb(text, len, 0, &je);
+	int rc = -EINVAL;
+	bool reconf = false;
+
+	const char *op = json_string_value(json_object_get(req, "op"));
+	if (!req || !op) {
+		snprintf(msg, sizeof(msg), "control: expected {\"op\": ...}");
+	} else if (strcmp(op, "import") == 0) {
+		const char *dir = json_string_value(json_object_get(req, "from"));
+		const char *state = json_string_value(json_object_get(req, "state"));
+		json_t *jstep = json_object_get(req, "step");
+		int only = -1;
+		if (!dir || dir[0] != '/') {
+			snprintf(msg, sizeof(msg), "import: \"from\" must be an absolute path");
+		} else if (jstep && (!json_is_integer(jstep) || json_integer_value(jstep) < 0)) {
+			snprintf(msg, sizeof(msg),
+				 "import: \"step\" must be a non-negative integer");
+		} else if (!st->schema) {
+			snprintf(msg, sizeof(msg), "import: set schema.json and config.json first");
+		} else if (state && (only = ptc_schema_find_state(st->schema, state)) < 0) {
+			snprintf(msg, sizeof(msg), "import: the schema has no state \"%s\"", state);
+		} else {
+			rc = mlfs_store_import(st, dir, only, jstep ? json_integer_value(jstep) : 0, msg,
+					  sizeof(msg));
+		}
+	} else if (strcmp(op, "prepare") == 0 || strcmp(op, "commit") == 0 ||
+		   strcmp(op, "abort") == 0) {
+		rc = control_reconf(st, op, req, msg, sizeof(msg));
+		reconf = true;
+	} else {
+		snprintf(msg, sizeof(msg), "control: unknown op \"%s\"", op);
+	}
+	json_decref(req);
+	json_t *r = json_pack("{sbss}", "ok", rc == 0, "error", msg);
+	if (r && reconf) {
+		pthread_mutex_lock(&st->lock);
+		json_object_set_new(r, "state", json_string(mlfs_reconf_state_name(st->reconf)));
+		pthread_mutex_unlock(&st->lock);
+	}
+	*reply = r ? json_dumps(r, JSON_COMPACT) : NULL;
+	json_decref(r);
+	if (rc)
+		mlfs_store_note_error(st, msg);
+	return rc;
+}
+
+/* ---------------------------------------------------------------- status */
+
+char *mlfs_store_status_json(struct mlfs_store *st)
+{
+	json_t *o = json_object();
+
+	pthread_mutex_lock(&st->lock);
+	json_object_set_new(o, "node", json_string(mlfs_store_cluster(st)->nodes[st->node].id));
+	json_object_set_new(o, "version",
+			    st->view ? json_integer(st->view->config->version) : json_null());
+	json_object_set_new(o, "state", json_string(mlfs_reconf_state_name(st->reconf)));
+	json_object_set_new(o, "step", st->view ? json_integer(st->steps[0]) : json_null());
+	if (st->state == MLFS_TRANSFORMING)
+		json_object_set_new(o, "target_version", json_integer(st->target_version));
+	json_object_set_new(o, "progress_bytes", json_integer(st->progress));
+	json_object_set_new(o, "progress_total", json_integer(st->progress_total));
+	json_object_set_new(o, "memory_used", json_integer(st->mem.used));
+	json_object_set_new(o, "memory_limit", json_integer(st->mem.limit));
+	if (st->has_last)
+		json_object_set_new(
+		    o, "last",
+		    json_pack("{sIsIsIsIsIsIsf}", "from_version", (json_int_t)st->last_from,
+			      "to_version", (json_int_t)st->last_to, "bytes_reused",
+			      (json_int_t)st->last.bytes_reused, "bytes_copied",
+			      (json_int_t)st->last.bytes_copied, "bytes_fetched",
+			      (json_int_t)st->last.bytes_fetched, "bytes_zeroed",
+			      (json_int_t)st->last.bytes_zeroed, "seconds", st->last.seconds));
+	if (st->has_last) {
+		json_t *l = json_object_get(o, "last");
+		json_object_set_new(l, "bytes_served", json_integer(st->last_served));
+		json_object_set_new(l, "peak_extra_memory",
+				    json_integer(st->last_peak > 0 ? st->last_peak : 0));
+	}
+	json_object_set_new(o, "error", st->error[0] ? json_string(st->error) : json_null());
+	struct mlfs_view *v = mlfs_view_get(st->view);
+	pthread_mutex_unlock(&st->lock);
+	if (v && v->ds) {
+		json_t *d = mlfs_data_status(v->ds);
+		json_t *segs = json_array();
+		for (int k = 0; k < v->cursor.nsegs; k++)
+			json_array_append_new(
+			    segs,
+			    json_pack("{sIsIsIsi}", "step", (json_int_t)v->cursor.segs[k].step,
+				      "sample", (json_int_t)v->cursor.segs[k].sample,
+				      "global_batch", (json_int_t)v->cursor.segs[k].batch, "dp",
+				      v->cursor.segs[k].dp));
+		json_object_set_new(d, "cursor", segs);
+		json_object_set_new(o, "dataset", d);
+	}
+	mlfs_view_put(v);
+	if (st->status_add)
+		st->status_add(st->cluster_arg, o);
+	char *s = json_dumps(o, JSON_INDENT(1));
+	json_decref(o);
+	return s;
+}
+
+char *mlfs_rank_json(const struct mlfs_view *v, int rank)
+{
+	const struct ptc_layout *l = &v->layout;
+	const struct ptc_rank *rk = &l->ranks[rank];
+	json_t *o = json_pack("{sisisisisssis[ii]}", "rank", rank, "tp", rk->t, "pp", rk->p, "dp",
+			      rk->d, "node", l->cluster->nodes[rk->node].id, "device", rk->device,
+			      "layers", rk->layer_begin, rk->layer_end);
+	json_object_set_new(o, "tp_size", json_integer(l->tp));
+	json_object_set_new(o, "pp_size", json_integer(l->pp));
+	json_object_set_new(o, "dp_size", json_integer(l->dp));
+	json_object_set_new(o, "version", json_integer(v->config->version));
+	char *s = json_dumps(o, JSON_INDENT(1));
+	json_decref(o);
+	return s;
+}
