@@ -193,6 +193,20 @@ static inline uint64_t mlfs_hash_u64(uint64_t h, uint64_t v)
 	return XXH3_64bits_withSeed(&v, sizeof(v), h);
 }
 
+/* ----------------------------------------------------------- mlfs_par.c */
+
+/* The most threads one mlfs_par_run uses, the caller's included. */
+#define MLFS_PAR_MAX 256
+
+/*
+ * Runs @worker(@arg) on the calling thread and on up to @n - 1 threads
+ * started for this call (at most MLFS_PAR_MAX in all; fewer when threads
+ * cannot be started), and returns once every one has returned: the number
+ * that ran. The workers take their items from @arg themselves (an atomic
+ * cursor), so any number of them does all the work. Any thread.
+ */
+int mlfs_par_run(int n, void *(*worker)(void *), void *arg);
+
 /* ------------------------------------------------ mlfs_mapcopy.c */
 
 /* Installs the SIGBUS handler of mlfs_mapcopy_raw unless it is installed

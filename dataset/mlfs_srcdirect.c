@@ -188,8 +188,6 @@ static void check_maps(struct src_readv *rv)
 int mlfs_srcdirect_read(struct src_readv *rv, char *why, size_t whylen)
 {
 	struct dv d = {.rv = rv};
-	pthread_t tid[SRC_MAX_PARALLEL];
-	size_t nt = 0;
 	int rc;
 
 	if ((rc = make_spans(rv, &d.spans, &d.nspans)))
@@ -229,11 +227,7 @@ int mlfs_srcdirect_read(struct src_readv *rv, char *why, size_t whylen)
 		    d.ntodo < (size_t)rv->s->o.parallel ? d.ntodo : (size_t)rv->s->o.parallel;
 		atomic_init(&d.next, 0);
 		atomic_init(&d.failed, 0);
-		while (nt + 1 < want && !pthread_create(&tid[nt], NULL, direct_worker, &d))
-			nt++; /* on failure, fewer threads do the work */
-		direct_worker(&d);
-		for (size_t i = 0; i < nt; i++)
-			pthread_join(tid[i], NULL);
+		mlfs_par_run((int)want, direct_worker, &d);
 		if (atomic_load(&d.failed))
 			rc = mlfs_src_errf(why, whylen, d.rc, "%s", d.why);
 	}

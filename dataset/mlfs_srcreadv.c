@@ -217,17 +217,11 @@ static void *run_worker(void *arg)
 /* Runs all requests on up to opts.parallel threads, the caller's included. */
 static void run_all(struct src_readv *rv)
 {
-	pthread_t tid[SRC_MAX_PARALLEL];
 	size_t want = rv->nreqs < (size_t)rv->s->o.parallel ? rv->nreqs : (size_t)rv->s->o.parallel;
-	size_t nt = 0;
 
 	atomic_init(&rv->next, 0);
 	atomic_init(&rv->stop, 0);
-	while (nt + 1 < want && !pthread_create(&tid[nt], NULL, run_worker, rv))
-		nt++; /* on failure, fewer threads do the work */
-	run_worker(rv);
-	for (size_t i = 0; i < nt; i++)
-		pthread_join(tid[i], NULL);
+	mlfs_par_run((int)want, run_worker, rv);
 }
 
 /* Builds rv->grps and rv->pmax from the sorted rv->ord. */

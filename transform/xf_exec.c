@@ -46,13 +46,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/common.h"
 #include "transform/xf.h"
 
 /* Target size of one work item. */
 #define XF_PIECE ((int64_t)1 << 20)
-/* More workers than this only contend on the item index. */
-#define XF_MAX_THREADS 256
-
 /* ------------------------------------------------------------- partitions */
 
 /* Bytes per element of @tensor in @state. */
@@ -513,22 +511,12 @@ static void *worker_main(void *arg)
  * that cannot be started only makes the phase slower. */
 static int run_phase(struct run *r, const struct items *it, int nthreads)
 {
-	pthread_t tid[XF_MAX_THREADS];
-	int started = 0;
-
 	r->items = it->v;
 	r->nitems = it->n;
 	atomic_store(&r->next, 0);
 	if ((size_t)nthreads > it->n)
 		nthreads = (int)it->n;
-	for (int i = 1; i < nthreads; i++) {
-		if (pthread_create(&tid[started], NULL, worker_main, r))
-			break;
-		started++;
-	}
-	run_items(r);
-	for (int i = 0; i < started; i++)
-		pthread_join(tid[i], NULL);
+	mlfs_par_run(nthreads, worker_main, r);
 	return atomic_load(&r->err);
 }
 
@@ -580,7 +568,7 @@ int xf_execute(const struct ptc_plan *plan, int node, const struct xf_parts *fro
 		return -EINVAL;
 	atomic_init(&r.next, 0);
 	atomic_init(&r.err, 0);
-	nthreads = nthreads < 1 ? 1 : nthreads > XF_MAX_THREADS ? XF_MAX_THREADS : nthreads;
+	nthreads = nthreads < 1 ? 1 : nthreads > MLFS_PAR_MAX ? MLFS_PAR_MAX : nthreads;
 
 	if ((rc = check_plan(&c, plan, node, from, to)))
 		goto err_free_check;
