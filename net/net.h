@@ -328,4 +328,44 @@ int net_etcd_lease_revoke(struct net_etcd *e, int64_t id, const struct net_http_
 int net_etcd_wait(struct net_etcd *e, const char *prefix, uint64_t *state, int timeout_ms,
 		  atomic_int *stop, char *why, size_t whylen);
 
+/* ------------------------------------------------------------ etcd watch */
+
+/* One change under a watched prefix: a put (the key's new value and
+ * revisions) or a delete (@deleted; the key and its mod_revision only). */
+struct net_etcd_event {
+	bool deleted;
+	struct net_etcd_kv kv;
+};
+
+/*
+ * What a watch calls, on its own thread, in etcd's order: @n events (each
+ * borrowed for the call) of the message of revision @revision; @n = 0 with
+ * @revision > 0 once, when the watch is in place (changes after the
+ * revision the caller read are now reported); and last @n = 0 with
+ * @revision a negative errno when the stream ended (-ECANCELED: stopped;
+ * -ESTALE: etcd canceled it, e.g. compacted; -EIO: etcd unreachable or
+ * gone, -EFBIG, -ENOMEM): no call follows that one. It must not call
+ * net_etcd_watch_stop.
+ */
+typedef void (*net_etcd_watch_fn)(void *arg, const struct net_etcd_event *ev, size_t n,
+				  int64_t revision);
+struct net_etcd_watch;
+
+/*
+ * Watches the keys starting with @prefix, from @start_revision on (0: from
+ * now; the revision after a range's is what makes range + watch miss
+ * nothing), on a connection and thread of its own: no request is made
+ * while nothing changes. 0 and *@out, or -ENOMEM / a pthread error with
+ * @why. Any thread.
+ */
+int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_revision,
+			 net_etcd_watch_fn fn, void *arg, struct net_etcd_watch **out, char *why,
+			 size_t whylen);
+/* Stops the watch (its last call to fn, -ECANCELED unless the stream had
+ * ended already, is made before this returns) and frees it; NULL: fine.
+ * Not from the watch's own function. */
+void net_etcd_watch_stop(struct net_etcd_watch *w);
+/* Why the stream ended, once fn was told (a text of the watch's). */
+const char *net_etcd_watch_error(const struct net_etcd_watch *w);
+
 #endif

@@ -1,7 +1,8 @@
 /*
  * net_etcd.c - an etcd v3 client over its JSON gateway (POST /v3/...),
  * on top of net_http: keys and values, one-transaction compare-and-swap,
- * leases, and waiting for a prefix to change.
+ * leases, and waiting for a prefix to change by polling (net_etcd_watch.c
+ * follows changes as they happen).
  *
  * DESIGN
  * mlfs decides nothing by itself that needs consensus: which config is
@@ -29,20 +30,15 @@
 #include <xxhash.h>
 
 #include "net/net.h"
+#include "net/net_i.h"
 
-#define NET_ETCD_MAX_REPLY ((int64_t)64 << 20)
-
-struct net_etcd {
-	struct net_http *http;
-	char base[NET_MAX_URL]; /* "http://host:port" */
-};
 
 /* ---------------------------------------------------------------- base64 */
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 /* A new NUL-terminated base64 text of @n bytes at @p, or NULL. */
-static char *b64_encode(const void *p, size_t n)
+char *net_b64_encode(const void *p, size_t n)
 {
 	const uint8_t *s = p;
 	char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
@@ -67,7 +63,7 @@ static int b64_val(char c)
 }
 
 /* Decodes @s into a new buffer (NUL after its *@n bytes): 0, -EINVAL, -ENOMEM. */
-static int b64_decode(const char *s, char **out, size_t *n)
+int net_b64_decode(const char *s, char **out, size_t *n)
 {
 	size_t len = strlen(s);
 	char *o = malloc(len / 4 * 3 + 1);
@@ -172,7 +168,7 @@ static int call(struct net_etcd *e, const char *path, json_t *req, bool idempote
 }
 
 /* An int64 the gateway sends as a JSON string (or a number); @def if absent. */
-static int64_t jint(const json_t *o, const char *k, int64_t def)
+int64_t net_etcd_jint(const json_t *o, const char *k, int64_t def)
 {
 	const json_t *v = json_object_get(o, k);
 	if (json_is_integer(v))
@@ -183,9 +179,9 @@ static int64_t jint(const json_t *o, const char *k, int64_t def)
 }
 
 /* Adds "key" (and "value") base64 to @o: 0 or -ENOMEM. */
-static int set_b64(json_t *o, const char *field, const void *p, size_t n)
+int net_etcd_set_b64(json_t *o, const char *field, const void *p, size_t n)
 {
-	char *s = b64_encode(p, n);
+	char *s = net_b64_encode(p, n);
 	if (!s || json_object_set_new(o, field, json_string(s))) {
 		free(s);
 		return -ENOMEM;
@@ -195,7 +191,7 @@ static int set_b64(json_t *o, const char *field, const void *p, size_t n)
 }
 
 /* The end of the range of keys starting with @prefix ("" when none). */
-static int set_prefix_end(json_t *o, const char *prefix)
+int net_etcd_set_prefix_end(json_t *o, const char *prefix)
 {
 	size_t n = strlen(prefix);
 	char *end = strdup(prefix);
@@ -205,10 +201,10 @@ static int set_prefix_end(json_t *o, const char *prefix)
 	while (n && (uint8_t)end[n - 1] == 0xff)
 		n--;
 	if (n == 0) {
-		rc = set_b64(o, "range_end", "\0", 1); /* every key */
+		rc = net_etcd_set_b64(o, "range_end", "\0", 1); /* every key */
 	} else {
 		end[n - 1]++;
-		rc = set_b64(o, "range_end", end, n);
+		rc = net_etcd_set_b64(o, "range_end", end, n);
 	}
 	free(end);
 	return rc;
@@ -223,6 +219,26 @@ void net_etcd_kvs_free(struct net_etcd_kv *kvs, size_t n)
 	free(kvs);
 }
 
+int net_etcd_parse_kv(const json_t *kv, struct net_etcd_kv *out)
+{
+	const char *k = json_string_value(json_object_get(kv, "key"));
+	const char *v = json_string_value(json_object_get(kv, "value"));
+	size_t kn;
+	int rc = k ? net_b64_decode(k, &out->key, &kn) : -EINVAL;
+
+	if (rc == 0 && (rc = net_b64_decode(v ? v : "", &out->value, &out->len))) {
+		free(out->key);
+		out->key = NULL;
+	}
+	if (rc)
+		return rc;
+	out->mod_revision = net_etcd_jint(kv, "mod_revision", 0);
+	out->create_revision = net_etcd_jint(kv, "create_revision", 0);
+	out->version = net_etcd_jint(kv, "version", 0);
+	out->lease = net_etcd_jint(kv, "lease", 0);
+	return 0;
+}
+
 /* The "kvs" of a range reply into a new array. */
 static int parse_kvs(const json_t *reply, struct net_etcd_kv **out, size_t *n)
 {
@@ -235,21 +251,11 @@ static int parse_kvs(const json_t *reply, struct net_etcd_kv **out, size_t *n)
 	if (!a)
 		return -ENOMEM;
 	for (size_t i = 0; i < cnt; i++) {
-		const json_t *kv = json_array_get(kvs, i);
-		const char *k = json_string_value(json_object_get(kv, "key"));
-		const char *v = json_string_value(json_object_get(kv, "value"));
-		size_t kn;
-		int rc = k ? b64_decode(k, &a[i].key, &kn) : -EINVAL;
-		if (rc == 0)
-			rc = b64_decode(v ? v : "", &a[i].value, &a[i].len);
+		int rc = net_etcd_parse_kv(json_array_get(kvs, i), &a[i]);
 		if (rc) {
 			net_etcd_kvs_free(a, cnt);
 			return rc;
 		}
-		a[i].mod_revision = jint(kv, "mod_revision", 0);
-		a[i].create_revision = jint(kv, "create_revision", 0);
-		a[i].version = jint(kv, "version", 0);
-		a[i].lease = jint(kv, "lease", 0);
 	}
 	*out = a;
 	*n = cnt;
@@ -261,12 +267,12 @@ int net_etcd_range(struct net_etcd *e, const char *key, bool prefix, struct net_
 		   size_t whylen)
 {
 	json_t *req = json_object(), *reply;
-	int rc = req ? set_b64(req, "key", key, strlen(key)) : -ENOMEM;
+	int rc = req ? net_etcd_set_b64(req, "key", key, strlen(key)) : -ENOMEM;
 
 	*kvs = NULL;
 	*n = 0;
 	if (rc == 0 && prefix)
-		rc = set_prefix_end(req, key);
+		rc = net_etcd_set_prefix_end(req, key);
 	if (rc) {
 		json_decref(req);
 		return rc;
@@ -274,7 +280,7 @@ int net_etcd_range(struct net_etcd *e, const char *key, bool prefix, struct net_
 	if ((rc = call(e, "/v3/kv/range", req, true, budget, &reply, why, whylen)))
 		return rc;
 	if (revision)
-		*revision = jint(json_object_get(reply, "header"), "revision", 0);
+		*revision = net_etcd_jint(json_object_get(reply, "header"), "revision", 0);
 	rc = parse_kvs(reply, kvs, n);
 	json_decref(reply);
 	return rc;
@@ -304,13 +310,13 @@ int net_etcd_get(struct net_etcd *e, const char *key, struct net_etcd_kv *kv,
 static json_t *op_json(const struct net_etcd_op *op)
 {
 	json_t *r = json_object(), *w = json_object();
-	int rc = r && w ? set_b64(r, "key", op->key, strlen(op->key)) : -ENOMEM;
+	int rc = r && w ? net_etcd_set_b64(r, "key", op->key, strlen(op->key)) : -ENOMEM;
 	if (rc == 0 && op->kind == NET_ETCD_PUT) {
-		rc = set_b64(r, "value", op->value ? op->value : "", op->len);
+		rc = net_etcd_set_b64(r, "value", op->value ? op->value : "", op->len);
 		if (rc == 0 && op->lease)
 			rc = json_object_set_new(r, "lease", json_integer(op->lease)) ? -ENOMEM : 0;
 	} else if (rc == 0 && op->prefix) {
-		rc = set_prefix_end(r, op->key);
+		rc = net_etcd_set_prefix_end(r, op->key);
 	}
 	if (rc == 0 && json_object_set_new(w, op->kind == NET_ETCD_PUT ? "request_put"
 								      : "request_delete_range",
@@ -328,13 +334,13 @@ static json_t *cmp_json(const struct net_etcd_cmp *c)
 	static const char *const fields[] = {"version", "create_revision", "mod_revision", "value"};
 	static const char *const results[] = {"EQUAL", "NOT_EQUAL", "GREATER", "LESS"};
 	json_t *o = json_object();
-	int rc = o ? set_b64(o, "key", c->key, strlen(c->key)) : -ENOMEM;
+	int rc = o ? net_etcd_set_b64(o, "key", c->key, strlen(c->key)) : -ENOMEM;
 
 	if (rc == 0 && (json_object_set_new(o, "target", json_string(targets[c->target])) ||
 			json_object_set_new(o, "result", json_string(results[c->result]))))
 		rc = -ENOMEM;
 	if (rc == 0 && c->target == NET_ETCD_VALUE)
-		rc = set_b64(o, "value", c->value ? c->value : "", c->len);
+		rc = net_etcd_set_b64(o, "value", c->value ? c->value : "", c->len);
 	else if (rc == 0 && json_object_set_new(o, fields[c->target], json_integer(c->num)))
 		rc = -ENOMEM;
 	if (rc) {
@@ -373,7 +379,7 @@ int net_etcd_txn(struct net_etcd *e, const struct net_etcd_cmp *cmps, size_t ncm
 		return rc;
 	*succeeded = json_is_true(json_object_get(reply, "succeeded"));
 	if (revision)
-		*revision = jint(json_object_get(reply, "header"), "revision", 0);
+		*revision = net_etcd_jint(json_object_get(reply, "header"), "revision", 0);
 	json_decref(reply);
 	return 0;
 }
@@ -409,7 +415,7 @@ int net_etcd_delete(struct net_etcd *e, const char *key, bool prefix, int64_t *d
 	if ((rc = call(e, "/v3/kv/deleterange", req, true, budget, &reply, why, whylen)))
 		return rc;
 	if (deleted)
-		*deleted = jint(reply, "deleted", 0);
+		*deleted = net_etcd_jint(reply, "deleted", 0);
 	json_decref(reply);
 	return 0;
 }
@@ -424,7 +430,7 @@ int net_etcd_lease_grant(struct net_etcd *e, int ttl_s, int64_t *id,
 		      budget, &reply, why, whylen);
 	if (rc)
 		return rc;
-	*id = jint(reply, "ID", 0);
+	*id = net_etcd_jint(reply, "ID", 0);
 	json_decref(reply);
 	if (*id == 0) {
 		snprintf(why, whylen, "%s/v3/lease/grant: no lease in the reply", e->base);
@@ -443,7 +449,7 @@ int net_etcd_lease_keepalive(struct net_etcd *e, int64_t id, int64_t *ttl_s,
 		return rc;
 	/* The gateway wraps a stream's first message in "result". */
 	const json_t *r = json_object_get(reply, "result");
-	*ttl_s = jint(r ? r : reply, "TTL", 0);
+	*ttl_s = net_etcd_jint(r ? r : reply, "TTL", 0);
 	json_decref(reply);
 	if (*ttl_s <= 0) {
 		snprintf(why, whylen, "lease %" PRId64 " expired", id);

@@ -84,4 +84,33 @@ enum net_verdict net_reply_end(const struct net_reply *r, int64_t *size, char *m
 /* Whether a reply of HTTP @status may succeed when asked again: 5xx, 408, 429. */
 bool net_status_retryable(long status);
 
+/* ------------------------------------------------- the etcd client's files */
+
+#include <jansson.h>
+
+#include "net/net.h"
+
+/* The longest reply (or watch message) of etcd accepted. */
+#define NET_ETCD_MAX_REPLY ((int64_t)64 << 20)
+
+struct net_etcd {
+	struct net_http *http;
+	char base[NET_MAX_URL]; /* "http://host:port" */
+};
+
+/* Base64 as the gateway wants keys and values: a new NUL-terminated text
+ * of @n bytes at @p (NULL: no memory); and decoding @s into a new buffer
+ * (NUL after its *@n bytes): 0, -EINVAL, -ENOMEM. */
+char *net_b64_encode(const void *p, size_t n);
+int net_b64_decode(const char *s, char **out, size_t *n);
+/* Adds @field (base64 of @n bytes at @p) to @o: 0 or -ENOMEM. */
+int net_etcd_set_b64(json_t *o, const char *field, const void *p, size_t n);
+/* Adds "range_end" for the keys starting with @prefix to @o. */
+int net_etcd_set_prefix_end(json_t *o, const char *prefix);
+/* An int64 the gateway sends as a JSON string (or a number); @def if absent. */
+int64_t net_etcd_jint(const json_t *o, const char *k, int64_t def);
+/* One {"key","value","mod_revision",...} of a reply into *@out (its key and
+ * value new buffers): 0, -EINVAL, -ENOMEM. */
+int net_etcd_parse_kv(const json_t *kv, struct net_etcd_kv *out);
+
 #endif

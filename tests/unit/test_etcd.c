@@ -305,13 +305,127 @@ static void test_wait(void **state)
 	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 5000, &stop, why, sizeof(why)), -ECANCELED);
 }
 
+
+/* What a watch reported: its events as "P key=value@rev" / "D key@rev". */
+struct seen {
+	pthread_mutex_t lock;
+	char log[4096];
+	int64_t created, ended;
+	int calls;
+};
+
+static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64_t revision)
+{
+	struct seen *s = arg;
+	pthread_mutex_lock(&s->lock);
+	s->calls++;
+	if (n == 0 && revision > 0)
+		s->created = revision;
+	else if (n == 0)
+		s->ended = revision;
+	for (size_t i = 0; i < n; i++) {
+		size_t k = strlen(s->log);
+		if (ev[i].deleted)
+			snprintf(s->log + k, sizeof(s->log) - k, "D %s@%lld;", ev[i].kv.key,
+				 (long long)ev[i].kv.mod_revision);
+		else if (ev[i].kv.len > 64) /* its length and last bytes */
+			snprintf(s->log + k, sizeof(s->log) - k, "P %s=%zu...%s@%lld;", ev[i].kv.key,
+				 ev[i].kv.len, ev[i].kv.value + ev[i].kv.len - 3,
+				 (long long)ev[i].kv.mod_revision);
+		else
+			snprintf(s->log + k, sizeof(s->log) - k, "P %s=%.*s@%lld;", ev[i].kv.key,
+				 (int)ev[i].kv.len, ev[i].kv.value, (long long)ev[i].kv.mod_revision);
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* Waits (at most 5 s) until @s's log holds @want. */
+static bool seen_wait(struct seen *s, const char *want)
+{
+	for (int i = 0; i < 500; i++) {
+		pthread_mutex_lock(&s->lock);
+		bool ok = strstr(s->log, want) != NULL;
+		pthread_mutex_unlock(&s->lock);
+		if (ok)
+			return true;
+		usleep(10000);
+	}
+	fprintf(stderr, "watch log: %s (wanted %s)\n", s->log, want);
+	return false;
+}
+
+static void test_watch(void **state)
+{
+	(void)state;
+	struct seen s = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	struct net_etcd_watch *w;
+	int64_t rev = 0, rev2 = 0;
+	struct net_etcd_kv *kvs;
+	size_t n;
+	char want[128];
+
+	/* A change made between the range and the watch is not missed: the
+	 * watch starts at the revision after the range's. */
+	assert_int_equal(net_etcd_put(E, "/t5/a", "1", 1, 0, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_range(E, "/t5/", true, &kvs, &n, &rev, NULL, why, sizeof(why)), 0);
+	net_etcd_kvs_free(kvs, n);
+	assert_int_equal(net_etcd_put(E, "/t5/b", "2", 1, 0, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_watch_start(E, "/t5/", rev + 1, on_watch, &s, &w, why, sizeof(why)),
+			 0);
+	assert_true(seen_wait(&s, "P /t5/b=2@"));
+	assert_null(strstr(s.log, "/t5/a")); /* before the start revision */
+	/* Puts and deletes under the prefix, in order; other keys not. */
+	assert_int_equal(net_etcd_put(E, "/t6/x", "no", 2, 0, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_put(E, "/t5/a", "3", 1, 0, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_delete(E, "/t5/b", false, NULL, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_range(E, "/t5/", true, &kvs, &n, &rev2, NULL, why, sizeof(why)), 0);
+	net_etcd_kvs_free(kvs, n);
+	snprintf(want, sizeof(want), "D /t5/b@%lld;", (long long)rev2);
+	assert_true(seen_wait(&s, want));
+	assert_non_null(strstr(s.log, "P /t5/a=3@"));
+	assert_true(strstr(s.log, "P /t5/a=3@") < strstr(s.log, "D /t5/b@"));
+	assert_null(strstr(s.log, "/t6/"));
+	assert_true(s.created > 0);
+	/* A value larger than one read of the stream arrives whole. */
+	size_t big = 300000;
+	char *v = malloc(big);
+	assert_non_null(v);
+	memset(v, 'z', big);
+	memcpy(v + big - 3, "end", 3);
+	assert_int_equal(net_etcd_put(E, "/t5/big", v, big, 0, NULL, why, sizeof(why)), 0);
+	free(v);
+	assert_true(seen_wait(&s, "P /t5/big=300000...end@"));
+	/* An idle watch makes no request: stopping it ends it at once. */
+	net_etcd_watch_stop(w);
+	assert_int_equal(s.ended, -ECANCELED);
+	int calls = s.calls;
+	usleep(50000);
+	assert_int_equal(s.calls, calls); /* nothing after the last call */
+}
+
+/* A watch whose etcd goes away ends with -EIO (see test_etcd_gone). */
+static struct seen gone_seen = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static struct net_etcd_watch *gone_watch;
+
 static void test_etcd_gone(void **state)
 {
 	(void)state;
 	struct net_etcd_kv kv;
 	struct net_etcd *bad;
 	assert_int_equal(net_etcd_new("ftp://x", NULL, &bad, why, sizeof(why)), -EINVAL);
+	assert_int_equal(net_etcd_watch_start(E, "/t7/", 0, on_watch, &gone_seen, &gone_watch, why,
+					      sizeof(why)),
+			 0);
+	for (int i = 0; i < 500 && !gone_seen.created; i++)
+		usleep(10000);
+	assert_true(gone_seen.created > 0);
 	etcd_stop();
+	/* The watch's stream ends with etcd: its last call says so. */
+	for (int i = 0; i < 500 && !gone_seen.ended; i++)
+		usleep(10000);
+	assert_int_equal(gone_seen.ended, -EIO);
+	assert_non_null(strstr(net_etcd_watch_error(gone_watch), "etcd watch"));
+	net_etcd_watch_stop(gone_watch);
 	int64_t t0 = now_ms();
 	int rc = net_etcd_get(E, "/t1x", &kv, NULL, why, sizeof(why));
 	assert_int_equal(rc, -EIO);
@@ -325,6 +439,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_put_get_delete), cmocka_unit_test(test_txn),
 	    cmocka_unit_test(test_leases),	   cmocka_unit_test(test_wait),
+	    cmocka_unit_test(test_watch),
 	    cmocka_unit_test(test_etcd_gone), /* last: stops etcd */
 	};
 	signal(SIGPIPE, SIG_IGN);
