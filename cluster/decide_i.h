@@ -1,0 +1,106 @@
+/*
+ * decide_i.h - the control plane's decisions as one pure function
+ * (mlfs_decide.c): what this node knows of the job at one moment (etcd's
+ * keys as last read, its own store's state) in, the actions to take out.
+ * No I/O, no threads, no globals: the control thread reads the snapshot,
+ * calls mlfs_decide, and carries the actions out (mlfs_cluster.c);
+ * tests/unit/test_decide.c runs scripted sequences through it, and
+ * tests/model/protocol.pml models the same rules for spin.
+ */
+#ifndef MLFS_DECIDE_I_H
+#define MLFS_DECIDE_I_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "store/store.h"
+
+/* A node's vote on the attempt in progress (one naming that attempt's id). */
+enum mlfs_vote { MLFS_VOTE_NONE, MLFS_VOTE_READY, MLFS_VOTE_FAILED };
+
+/* One node of the job, as its etcd entry (nodes/<id>) and vote show it. */
+struct mlfs_snap_node {
+	const char *id;
+	bool up;	     /* its entry exists: its lease is alive */
+	int64_t version;     /* the layout version it serves (0: none) */
+	bool lost;	     /* it says its partitions are not the job's */
+	bool participant;    /* named in the attempt in progress */
+	enum mlfs_vote vote; /* on the attempt in progress */
+	bool swap_waited;    /* took part in the last commit: the previous layout is
+				kept until it serves the committed version */
+	const char *reason;  /* of a failed vote */
+};
+
+/* The attempt in etcd ("attempt" key), when there is one. */
+struct mlfs_snap_attempt {
+	const char *id; /* random, names its votes and its commit */
+	int64_t from, to;
+	const char *coordinator;
+	int64_t deadline_ms;
+};
+
+/* What this node knows at one moment. Strings are borrowed. */
+struct mlfs_snap {
+	/* etcd, as last read */
+	bool etcd_ok;	      /* the last read answered; false: nothing below is fresh */
+	int64_t revision;     /* etcd's revision the keys below are at */
+	bool lease_expired;   /* this node's lease expired (it was frozen or cut off) */
+	bool has_schema;      /* the job's schema is in etcd */
+	int64_t committed;    /* the version of "config" (0: none yet) */
+	const char *commit_id; /* the attempt that committed it ("" for a first config) */
+	int64_t saved_step;   /* the newest step the job ever saved ("saved" key; -1: none) */
+	const struct mlfs_snap_attempt *attempt; /* NULL: none */
+	const struct mlfs_snap_node *nodes;	 /* the job's nodes, this one included */
+	int nnodes;
+	int me; /* index of this node in @nodes */
+	int64_t now_ms;
+	/* this node's store */
+	bool store_schema;		/* a schema is installed */
+	int64_t have;			/* the current layout's version (0: none) */
+	bool hosts_ranks;		/* the current layout places ranks on this node */
+	bool lost;			/* this node's partitions are not the job's */
+	enum mlfs_reconf_state reconf;	/* the store's reconfiguration state */
+	int64_t target;			/* of the store's attempt, when not idle */
+	const char *prepare_id;		/* the attempt whose prepare the store ran ("": none) */
+	int64_t prepare_rev;		/* the revision that created that attempt in etcd */
+	bool coordinating;		/* this node created the attempt in etcd */
+	int64_t retained;		/* the previous layout kept after a commit (0: none) */
+};
+
+/* What to do, in the order given. */
+enum mlfs_act {
+	MLFS_ACT_REGISTER,	   /* grant a new lease and put this node's entry */
+	MLFS_ACT_INSTALL_SCHEMA,   /* etcd's schema into the store */
+	MLFS_ACT_INSTALL_CONFIG,   /* etcd's committed config as the first layout */
+	MLFS_ACT_MARK_LOST,	   /* this node's partitions are not the job's: @reason */
+	MLFS_ACT_CLEAR_LOST,	   /* it hosts no rank of the job's layout any more */
+	MLFS_ACT_PREPARE,	   /* build the attempt beside the current layout */
+	MLFS_ACT_VOTE_READY,	   /* the prepared attempt (after staging job/) */
+	MLFS_ACT_VOTE_FAILED,	   /* on the attempt: @reason */
+	MLFS_ACT_COMMIT,	   /* the prepared attempt, which etcd committed */
+	MLFS_ACT_DISCARD,	   /* the store's attempt, which etcd will never commit: @reason */
+	MLFS_ACT_FINISH_COMMIT,	   /* the coordinator's commit transaction */
+	MLFS_ACT_FINISH_ABORT,	   /* the coordinator deletes its attempt: @reason */
+	MLFS_ACT_RELEASE_RETAINED, /* every participant swapped: drop the previous layout */
+};
+
+struct mlfs_action {
+	enum mlfs_act kind;
+	int64_t version; /* of the layout or attempt it is about */
+	char reason[256];
+};
+
+/* The most actions one decision returns. */
+#define MLFS_DECIDE_MAX 8
+
+/*
+ * The actions this node takes now, given @s: their number (at most
+ * MLFS_DECIDE_MAX) written to @acts. Pure: the same snapshot always gives
+ * the same actions; any thread.
+ */
+int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts);
+
+/* The name of @a ("commit", "vote-ready", ...), for logs and tests. */
+const char *mlfs_act_name(enum mlfs_act a);
+
+#endif

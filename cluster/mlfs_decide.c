@@ -1,0 +1,222 @@
+/*
+ * mlfs_decide.c - the control plane's decisions, as one pure function of
+ * what a node knows (decide_i.h).
+ *
+ * DESIGN
+ * etcd holds every decision that involves other nodes (DESIGN section 7):
+ * the committed config and the attempt that committed it, who is alive
+ * (leases), the attempt in progress and its votes. A node only follows:
+ *
+ *  1. Without a fresh read of etcd it decides nothing. Its layout stays
+ *     current and readable; an attempt it prepared and voted on waits for
+ *     etcd's decision (the commit point lives there).
+ *  2. A lease that expired (the node was frozen or cut off) is granted
+ *     again, never silently: everything the node prepared meanwhile is
+ *     judged against etcd's committed config like any other attempt.
+ *  3. The store's attempt is committed only when etcd's committed config
+ *     for its version was committed by that very attempt (its id); an
+ *     attempt that etcd committed under another id, or that vanished from
+ *     etcd without a commit, is discarded. A snapshot older than the
+ *     attempt's creation decides nothing about it.
+ *  4. A node whose layout is older than the committed one, other than by
+ *     the attempt it is about to commit, missed a commit: its partitions
+ *     are not the job's (lost) until a layout without ranks on it commits.
+ *  5. A node that starts without a layout installs the committed config;
+ *     when the job ever saved state (the "saved" key, which outlives every
+ *     node) its zero-filled partitions are not the job's: lost.
+ *  6. A participant prepares an attempt from its version, votes ready once
+ *     prepared, failed when its prepare failed or it is at another version.
+ *  7. The coordinator commits when every participant voted ready for its
+ *     attempt; aborts on a failed vote, a participant down, or the deadline.
+ *  8. The previous layout is released once every node of the last commit
+ *     serves the committed version (a node dying before its swap leaves
+ *     the survivors' copies of the previous layout in place).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cluster/decide_i.h"
+
+struct out {
+	struct mlfs_action *acts;
+	int n;
+};
+
+static void add(struct out *o, enum mlfs_act kind, int64_t version, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void add(struct out *o, enum mlfs_act kind, int64_t version, const char *fmt, ...)
+{
+	if (o->n >= MLFS_DECIDE_MAX)
+		return;
+	struct mlfs_action *a = &o->acts[o->n++];
+	a->kind = kind;
+	a->version = version;
+	a->reason[0] = '\0';
+	if (fmt) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(a->reason, sizeof(a->reason), fmt, ap);
+		va_end(ap);
+	}
+}
+
+static bool same(const char *a, const char *b)
+{
+	return a && b && strcmp(a, b) == 0;
+}
+
+static bool store_active(const struct mlfs_snap *s)
+{
+	return s->reconf == MLFS_RECONF_PREPARING || s->reconf == MLFS_RECONF_PREPARED;
+}
+
+/* Rule 3: what becomes of the store's attempt. True when the node commits
+ * it now or is about to (etcd committed it while it builds). */
+static bool judge_store_attempt(const struct mlfs_snap *s, struct out *o)
+{
+	if (!store_active(s) || !s->prepare_id[0])
+		return false;
+	if (s->committed >= s->target) {
+		if (s->committed == s->target && same(s->commit_id, s->prepare_id)) {
+			if (s->reconf == MLFS_RECONF_PREPARED)
+				add(o, MLFS_ACT_COMMIT, s->target, NULL);
+			return true;
+		}
+		add(o, MLFS_ACT_DISCARD, s->target,
+		    "version %lld was committed by another attempt (%s), not this one (%s)",
+		    (long long)s->committed, s->commit_id[0] ? s->commit_id : "a first config",
+		    s->prepare_id);
+		return false;
+	}
+	if (s->revision < s->prepare_rev)
+		return false; /* etcd as read predates the attempt */
+	if (!s->attempt || !same(s->attempt->id, s->prepare_id))
+		add(o, MLFS_ACT_DISCARD, s->target,
+		    "the attempt to version %lld vanished without a commit (its coordinator "
+		    "aborted it, or is down or cut off from etcd)",
+		    (long long)s->target);
+	return false;
+}
+
+/* Rule 6: this node's part in the attempt in etcd. */
+static void participate(const struct mlfs_snap *s, struct out *o)
+{
+	const struct mlfs_snap_attempt *a = s->attempt;
+	const struct mlfs_snap_node *me = &s->nodes[s->me];
+	bool ours = same(s->prepare_id, a->id);
+
+	if (!me->participant || s->lease_expired || me->vote != MLFS_VOTE_NONE)
+		return;
+	if (!ours && s->have != a->from) {
+		add(o, MLFS_ACT_VOTE_FAILED, a->to,
+		    "node %s is at version %lld, not the attempt's %lld", me->id,
+		    (long long)s->have, (long long)a->from);
+	} else if (!ours) {
+		if (!store_active(s) && s->reconf != MLFS_RECONF_COMMITTING &&
+		    s->reconf != MLFS_RECONF_ABORTING)
+			add(o, MLFS_ACT_PREPARE, a->to, NULL);
+	} else if (s->reconf == MLFS_RECONF_PREPARED) {
+		add(o, MLFS_ACT_VOTE_READY, a->to, NULL);
+	} else if (s->reconf == MLFS_RECONF_FAILED || s->reconf == MLFS_RECONF_IDLE) {
+		/* its prepare failed or was aborted: the store says why */
+		add(o, MLFS_ACT_VOTE_FAILED, a->to, NULL);
+	}
+}
+
+/* Rule 7: the coordinator's part. */
+static void coordinate(const struct mlfs_snap *s, struct out *o)
+{
+	const struct mlfs_snap_attempt *a = s->attempt;
+	bool all = true;
+
+	if (!s->coordinating || !same(a->coordinator, s->nodes[s->me].id))
+		return;
+	if (s->now_ms > a->deadline_ms) {
+		add(o, MLFS_ACT_FINISH_ABORT, a->to, "the deadline passed before every node was ready");
+		return;
+	}
+	for (int i = 0; i < s->nnodes; i++) {
+		const struct mlfs_snap_node *n = &s->nodes[i];
+		if (!n->participant)
+			continue;
+		if (!n->up) {
+			add(o, MLFS_ACT_FINISH_ABORT, a->to, "node %s is down (its lease expired)",
+			    n->id);
+			return;
+		}
+		if (n->vote == MLFS_VOTE_FAILED) {
+			add(o, MLFS_ACT_FINISH_ABORT, a->to, "node %s: failed: %s", n->id,
+			    n->reason ? n->reason : "");
+			return;
+		}
+		all &= n->vote == MLFS_VOTE_READY;
+	}
+	if (all)
+		add(o, MLFS_ACT_FINISH_COMMIT, a->to, NULL);
+}
+
+int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts)
+{
+	struct out o = {acts, 0};
+
+	if (!s->etcd_ok)
+		return 0; /* rule 1 */
+	if (s->lease_expired)
+		add(&o, MLFS_ACT_REGISTER, s->have, NULL); /* rule 2 */
+	if (s->has_schema && !s->store_schema)
+		add(&o, MLFS_ACT_INSTALL_SCHEMA, 0, NULL);
+	if (s->committed > 0 && s->have == 0) { /* rule 5 */
+		if (s->has_schema || s->store_schema) {
+			add(&o, MLFS_ACT_INSTALL_CONFIG, s->committed, NULL);
+			if (s->saved_step >= 0 || s->committed > 1)
+				add(&o, MLFS_ACT_MARK_LOST, s->committed,
+				    "this node started without the job's state (the job saved "
+				    "step %lld at version %lld): its partitions are empty, not the "
+				    "job's; a config that drops it is served from the other nodes",
+				    (long long)s->saved_step, (long long)s->committed);
+		}
+		return o.n;
+	}
+	bool committing = judge_store_attempt(s, &o);
+	if (s->have && s->committed > s->have && !committing && !s->lost) /* rule 4 */
+		add(&o, MLFS_ACT_MARK_LOST, s->committed,
+		    "this node missed the commit of version %lld (it holds version %lld): restart "
+		    "it to rejoin the job",
+		    (long long)s->committed, (long long)s->have);
+	if (s->lost && s->have >= s->committed && !s->hosts_ranks)
+		add(&o, MLFS_ACT_CLEAR_LOST, s->have, NULL);
+	if (s->attempt) {
+		participate(s, &o);
+		coordinate(s, &o);
+	}
+	if (s->retained && !store_active(s)) { /* rule 8 */
+		bool swapped = true;
+		for (int i = 0; i < s->nnodes; i++)
+			if (s->nodes[i].swap_waited)
+				swapped &= s->nodes[i].up && s->nodes[i].version >= s->have;
+		if (swapped)
+			add(&o, MLFS_ACT_RELEASE_RETAINED, s->retained, NULL);
+	}
+	return o.n;
+}
+
+const char *mlfs_act_name(enum mlfs_act a)
+{
+	static const char *const names[] = {
+	    [MLFS_ACT_REGISTER] = "register",
+	    [MLFS_ACT_INSTALL_SCHEMA] = "install-schema",
+	    [MLFS_ACT_INSTALL_CONFIG] = "install-config",
+	    [MLFS_ACT_MARK_LOST] = "mark-lost",
+	    [MLFS_ACT_CLEAR_LOST] = "clear-lost",
+	    [MLFS_ACT_PREPARE] = "prepare",
+	    [MLFS_ACT_VOTE_READY] = "vote-ready",
+	    [MLFS_ACT_VOTE_FAILED] = "vote-failed",
+	    [MLFS_ACT_COMMIT] = "commit",
+	    [MLFS_ACT_DISCARD] = "discard",
+	    [MLFS_ACT_FINISH_COMMIT] = "finish-commit",
+	    [MLFS_ACT_FINISH_ABORT] = "finish-abort",
+	    [MLFS_ACT_RELEASE_RETAINED] = "release-retained",
+	};
+	return (size_t)a < sizeof(names) / sizeof(*names) && names[a] ? names[a] : "?";
+}

@@ -1,0 +1,355 @@
+/*
+ * test_decide.c - the control plane's decisions (cluster/mlfs_decide.c)
+ * over scripted sequences: each step is a snapshot of what one node knows
+ * (etcd's keys, its store), and the actions it must take, written as
+ * "act(version)" words. The sequences are the cases that broke the
+ * atomic promise before the function existed: a node frozen through an
+ * aborted attempt, a re-proposed version, a lease lost and regained, a
+ * death after the vote, restarts at version 1 and later, etcd gone at
+ * each phase.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cluster/decide_i.h"
+
+/* A job of up to 4 nodes, n0..n3, as node @me sees it. */
+struct job {
+	struct mlfs_snap s;
+	struct mlfs_snap_node nodes[4];
+	struct mlfs_snap_attempt att;
+};
+
+static void job_init(struct job *j, int me, int nnodes)
+{
+	static const char *ids[] = {"n0", "n1", "n2", "n3"};
+	memset(j, 0, sizeof(*j));
+	for (int i = 0; i < nnodes; i++)
+		j->nodes[i] = (struct mlfs_snap_node){.id = ids[i], .up = true, .version = 1};
+	j->s = (struct mlfs_snap){
+	    .etcd_ok = true, .revision = 100, .has_schema = true, .committed = 1,
+	    .commit_id = "", .saved_step = 7, .nodes = j->nodes, .nnodes = nnodes, .me = me,
+	    .now_ms = 1000, .store_schema = true, .have = 1, .hosts_ranks = true,
+	    .reconf = MLFS_RECONF_IDLE, .prepare_id = ""};
+}
+
+/* Attempt @id from @from to @to by @coordinator, every node taking part. */
+static void job_attempt(struct job *j, const char *id, int64_t from, int64_t to,
+			const char *coordinator)
+{
+	j->att = (struct mlfs_snap_attempt){.id = id, .from = from, .to = to,
+					    .coordinator = coordinator, .deadline_ms = 60000};
+	j->s.attempt = &j->att;
+	for (int i = 0; i < j->s.nnodes; i++) {
+		j->nodes[i].participant = true;
+		j->nodes[i].vote = MLFS_VOTE_NONE;
+	}
+	j->s.coordinating = strcmp(coordinator, j->nodes[j->s.me].id) == 0;
+}
+
+/* The store of @j prepared (or prepares) attempt @id to @to. */
+static void job_store(struct job *j, enum mlfs_reconf_state st, const char *id, int64_t to,
+		      int64_t rev)
+{
+	j->s.reconf = st;
+	j->s.prepare_id = id;
+	j->s.target = to;
+	j->s.prepare_rev = rev;
+}
+
+/* The decision as "act(version) act(version)"; reasons in @reasons. */
+static const char *decide(const struct job *j, char *reasons, size_t cap)
+{
+	static char out[512];
+	struct mlfs_action a[MLFS_DECIDE_MAX];
+	int n = mlfs_decide(&j->s, a);
+	size_t k = 0, r = 0;
+
+	out[0] = '\0';
+	if (reasons)
+		reasons[0] = '\0';
+	for (int i = 0; i < n; i++) {
+		k += (size_t)snprintf(out + k, sizeof(out) - k, "%s%s(%lld)", i ? " " : "",
+				      mlfs_act_name(a[i].kind), (long long)a[i].version);
+		if (reasons)
+			r += (size_t)snprintf(reasons + r, cap - r, "%s|", a[i].reason);
+	}
+	return out;
+}
+
+static void test_happy_path(void **state)
+{
+	(void)state;
+	struct job j;
+
+	/* n1 sees n0's attempt A (1 -> 2): prepares, then votes. */
+	job_init(&j, 1, 3);
+	job_attempt(&j, "A", 1, 2, "n0");
+	assert_string_equal(decide(&j, NULL, 0), "prepare(2)");
+	job_store(&j, MLFS_RECONF_PREPARING, "A", 2, 100);
+	assert_string_equal(decide(&j, NULL, 0), "");
+	j.s.reconf = MLFS_RECONF_PREPARED;
+	assert_string_equal(decide(&j, NULL, 0), "vote-ready(2)");
+	j.nodes[1].vote = MLFS_VOTE_READY;
+	assert_string_equal(decide(&j, NULL, 0), "");
+	/* The coordinator n0 commits once every participant is ready. */
+	struct job c;
+	job_init(&c, 0, 3);
+	job_attempt(&c, "A", 1, 2, "n0");
+	job_store(&c, MLFS_RECONF_PREPARED, "A", 2, 100);
+	c.nodes[0].vote = c.nodes[1].vote = MLFS_VOTE_READY;
+	assert_string_equal(decide(&c, NULL, 0), "");
+	c.nodes[2].vote = MLFS_VOTE_READY;
+	assert_string_equal(decide(&c, NULL, 0), "finish-commit(2)");
+	/* etcd committed A: every participant commits it. */
+	j.s.attempt = NULL;
+	j.s.committed = 2;
+	j.s.commit_id = "A";
+	j.s.revision = 120;
+	assert_string_equal(decide(&j, NULL, 0), "commit(2)");
+	/* Swapped: the previous layout stays until every node serves 2. */
+	job_store(&j, MLFS_RECONF_IDLE, "A", 2, 100);
+	j.s.have = 2;
+	j.s.retained = 1;
+	for (int i = 0; i < 3; i++)
+		j.nodes[i].swap_waited = true, j.nodes[i].participant = false;
+	j.nodes[1].version = j.nodes[0].version = 2;
+	assert_string_equal(decide(&j, NULL, 0), "");
+	j.nodes[2].version = 2;
+	assert_string_equal(decide(&j, NULL, 0), "release-retained(1)");
+}
+
+/* Issue 17, item 1: n3 votes ready for version 2 = X and is frozen; the
+ * attempt dies with its coordinator; version 2 = Y without n3 commits;
+ * n3 thaws. It must not commit X. */
+static void test_frozen_through_an_aborted_attempt(void **state)
+{
+	(void)state;
+	struct job j;
+	char why[1024];
+
+	job_init(&j, 3, 4);
+	job_attempt(&j, "X", 1, 2, "n0");
+	job_store(&j, MLFS_RECONF_PREPARED, "X", 2, 100);
+	j.nodes[3].vote = MLFS_VOTE_READY;
+	assert_string_equal(decide(&j, NULL, 0), "");
+	/* Thawed: its lease expired, Y committed version 2, no attempt. */
+	j.s.lease_expired = true;
+	j.s.attempt = NULL;
+	j.s.committed = 2;
+	j.s.commit_id = "Y";
+	j.s.revision = 300;
+	for (int i = 0; i < 4; i++)
+		j.nodes[i].participant = false, j.nodes[i].vote = MLFS_VOTE_NONE;
+	assert_string_equal(decide(&j, why, sizeof(why)), "register(1) discard(2) mark-lost(2)");
+	assert_non_null(strstr(why, "committed by another attempt (Y), not this one (X)"));
+	assert_non_null(strstr(why, "missed the commit of version 2 (it holds version 1)"));
+	/* The same with the same config text but another attempt id: still
+	 * discarded (the committed bytes may be of another saved step). */
+	j.s.lease_expired = false;
+	assert_string_equal(decide(&j, NULL, 0), "discard(2) mark-lost(2)");
+	/* Once lost, it is not marked again; still never commits. */
+	j.s.lost = true;
+	job_store(&j, MLFS_RECONF_FAILED, "X", 2, 100);
+	assert_string_equal(decide(&j, NULL, 0), "");
+}
+
+/* A version aborted and proposed again: the old attempt's state in the
+ * store never speaks for the new one. */
+static void test_reproposed_version(void **state)
+{
+	(void)state;
+	struct job j;
+
+	job_init(&j, 1, 2);
+	job_attempt(&j, "B", 1, 2, "n0");
+	job_store(&j, MLFS_RECONF_FAILED, "A", 2, 100); /* A to 2 failed here */
+	j.s.revision = 200;
+	assert_string_equal(decide(&j, NULL, 0), "prepare(2)");
+	/* Its prepare of B not started yet, the store still preparing A (its
+	 * discard pending): neither a vote nor a second prepare. */
+	job_store(&j, MLFS_RECONF_PREPARING, "A", 2, 100);
+	assert_string_equal(decide(&j, NULL, 0), "discard(2)");
+	/* The coordinator's own prepare ran before its control thread read
+	 * the attempt it created: an older snapshot decides nothing. */
+	struct job c;
+	job_init(&c, 0, 2);
+	job_store(&c, MLFS_RECONF_PREPARING, "B", 2, 250);
+	c.s.revision = 240;
+	assert_string_equal(decide(&c, NULL, 0), "");
+	c.s.revision = 250;
+	assert_string_equal(decide(&c, NULL, 0), "discard(2)"); /* gone at its own revision */
+}
+
+static void test_coordinator_aborts(void **state)
+{
+	(void)state;
+	struct job c;
+	char why[1024];
+
+	job_init(&c, 0, 3);
+	job_attempt(&c, "A", 1, 2, "n0");
+	job_store(&c, MLFS_RECONF_PREPARED, "A", 2, 100);
+	c.nodes[0].vote = MLFS_VOTE_READY;
+	c.nodes[1].vote = MLFS_VOTE_FAILED;
+	c.nodes[1].reason = "out of memory";
+	assert_string_equal(decide(&c, why, sizeof(why)), "finish-abort(2)");
+	assert_non_null(strstr(why, "node n1: failed: out of memory"));
+	/* Issue 17, item 3: n2 voted ready and died before the commit. */
+	c.nodes[1].vote = c.nodes[2].vote = MLFS_VOTE_READY;
+	c.nodes[2].up = false;
+	assert_string_equal(decide(&c, why, sizeof(why)), "finish-abort(2)");
+	assert_non_null(strstr(why, "node n2 is down"));
+	c.nodes[2].up = true;
+	c.s.now_ms = 70000;
+	c.nodes[2].vote = MLFS_VOTE_NONE;
+	assert_string_equal(decide(&c, why, sizeof(why)), "finish-abort(2)");
+	assert_non_null(strstr(why, "deadline"));
+	/* Not its attempt (another node's): it only takes part. */
+	c.s.coordinating = false;
+	assert_string_equal(decide(&c, NULL, 0), "");
+}
+
+/* Issue 17, item 3: a participant dies between its ready vote and its
+ * swap, after etcd committed: survivors keep the previous layout. */
+static void test_death_after_the_vote(void **state)
+{
+	(void)state;
+	struct job j;
+
+	job_init(&j, 0, 3);
+	j.s.committed = j.s.have = 2;
+	j.s.commit_id = "A";
+	j.s.retained = 1;
+	for (int i = 0; i < 3; i++)
+		j.nodes[i].swap_waited = true;
+	j.nodes[0].version = j.nodes[1].version = 2;
+	j.nodes[2].up = false; /* died at version 1 */
+	assert_string_equal(decide(&j, NULL, 0), "");
+	/* A next commit (without n2) replaces what is waited for. */
+	j.nodes[2].swap_waited = false;
+	assert_string_equal(decide(&j, NULL, 0), "release-retained(1)");
+}
+
+/* Issue 17, item 4: daemons restarted without their memory. */
+static void test_restarts(void **state)
+{
+	(void)state;
+	struct job j;
+	char why[1024];
+
+	/* At the first config, the job saved step 8: zeros are not state. */
+	job_init(&j, 0, 2);
+	j.s.have = 0;
+	j.s.saved_step = 8;
+	j.s.store_schema = false;
+	assert_string_equal(decide(&j, why, sizeof(why)),
+			    "install-schema(0) install-config(1) mark-lost(1)");
+	assert_non_null(strstr(why, "saved step 8"));
+	/* Nothing saved yet at version 1: zeros are the state. */
+	j.s.saved_step = -1;
+	assert_string_equal(decide(&j, NULL, 0), "install-schema(0) install-config(1)");
+	/* Later versions hold state whatever the steps say. */
+	j.s.committed = 3;
+	assert_string_equal(decide(&j, NULL, 0), "install-schema(0) install-config(3) mark-lost(3)");
+	/* A lost node stays lost while it hosts ranks; a config that drops
+	 * it clears it. */
+	j.s.have = 3;
+	j.s.store_schema = true;
+	j.s.lost = true;
+	assert_string_equal(decide(&j, NULL, 0), "");
+	j.s.hosts_ranks = false;
+	assert_string_equal(decide(&j, NULL, 0), "clear-lost(3)");
+}
+
+/* Issue 17, item 5: etcd unreachable at every phase: nothing is decided,
+ * a prepared attempt waits for etcd's decision. */
+static void test_etcd_gone(void **state)
+{
+	(void)state;
+	struct job j;
+	enum mlfs_reconf_state states[] = {MLFS_RECONF_IDLE, MLFS_RECONF_PREPARING,
+					   MLFS_RECONF_PREPARED, MLFS_RECONF_FAILED};
+
+	for (size_t i = 0; i < sizeof(states) / sizeof(*states); i++) {
+		job_init(&j, 1, 2);
+		job_attempt(&j, "A", 1, 2, "n0");
+		job_store(&j, states[i], "A", 2, 100);
+		j.s.etcd_ok = false;
+		assert_string_equal(decide(&j, NULL, 0), "");
+		/* etcd back, the attempt gone with its coordinator's lease */
+		j.s.etcd_ok = true;
+		j.s.attempt = NULL;
+		j.s.revision = 400;
+		const char *want = states[i] == MLFS_RECONF_PREPARING || states[i] == MLFS_RECONF_PREPARED
+					   ? "discard(2)"
+					   : "";
+		assert_string_equal(decide(&j, NULL, 0), want);
+		/* etcd back, and it committed A meanwhile */
+		j.s.committed = 2;
+		j.s.commit_id = "A";
+		want = states[i] == MLFS_RECONF_PREPARED ? "commit(2)"
+		       : states[i] == MLFS_RECONF_PREPARING ? ""
+							  : "mark-lost(2)";
+		assert_string_equal(decide(&j, NULL, 0), want);
+	}
+}
+
+/* A lease lost while prepared: etcd committed this very attempt meanwhile. */
+static void test_lease_lost_and_regained(void **state)
+{
+	(void)state;
+	struct job j;
+
+	job_init(&j, 1, 2);
+	job_store(&j, MLFS_RECONF_PREPARED, "A", 2, 100);
+	j.s.lease_expired = true;
+	j.s.committed = 2;
+	j.s.commit_id = "A";
+	assert_string_equal(decide(&j, NULL, 0), "register(1) commit(2)");
+	/* ... and a participant whose lease expired does not vote on a new
+	 * attempt before it registered again. */
+	job_init(&j, 1, 2);
+	job_attempt(&j, "B", 1, 2, "n0");
+	j.s.lease_expired = true;
+	assert_string_equal(decide(&j, NULL, 0), "register(1)");
+}
+
+static void test_wrong_version_votes_failed(void **state)
+{
+	(void)state;
+	struct job j;
+	char why[512];
+
+	job_init(&j, 1, 2);
+	job_attempt(&j, "A", 2, 3, "n0");
+	assert_string_equal(decide(&j, why, sizeof(why)), "vote-failed(3)");
+	assert_non_null(strstr(why, "node n1 is at version 1, not the attempt's 2"));
+	/* A prepare that failed in the store votes failed (the store says why). */
+	job_attempt(&j, "A", 1, 2, "n0");
+	job_store(&j, MLFS_RECONF_FAILED, "A", 2, 100);
+	assert_string_equal(decide(&j, NULL, 0), "vote-failed(2)");
+	j.nodes[1].vote = MLFS_VOTE_FAILED;
+	assert_string_equal(decide(&j, NULL, 0), "");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_happy_path),
+	    cmocka_unit_test(test_frozen_through_an_aborted_attempt),
+	    cmocka_unit_test(test_reproposed_version),
+	    cmocka_unit_test(test_coordinator_aborts),
+	    cmocka_unit_test(test_death_after_the_vote),
+	    cmocka_unit_test(test_restarts),
+	    cmocka_unit_test(test_etcd_gone),
+	    cmocka_unit_test(test_lease_lost_and_regained),
+	    cmocka_unit_test(test_wrong_version_votes_failed),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
