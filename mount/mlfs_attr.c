@@ -17,19 +17,21 @@
 
 #include "mount/mount_i.h"
 
-static int64_t part_bytes(const struct mlfs_view *v, const struct ent *e)
+static int64_t part_bytes(const struct mlfs_view *v, const struct mlfs_ent *e)
 {
 	return xf_partition_bytes(&v->layout, e->rank, e->state, e->tensor);
 }
 
-static int64_t full_bytes(struct mlfs_daemon *d, const struct ent *e)
+static int64_t full_bytes(struct mlfs_daemon *d, const struct mlfs_ent *e)
 {
 	const struct ptc_tensor *t = &d->st->schema->tensors[e->tensor];
 	return ptc_tensor_elems(t) *
 	       (int64_t)ptc_dtype_size(ptc_schema_dtype(d->st->schema, e->state, e->tensor));
 }
 
-size_t mlfs_text_len(char *s)
+/* The length of @s, a generated text only measured, which it frees; 0 for
+ * NULL. */
+static size_t text_len_free(char *s)
 {
 	size_t n = s ? strlen(s) : 0;
 	free(s);
@@ -44,9 +46,8 @@ char *mlfs_step_text(struct mlfs_daemon *d, int rank)
 	return s;
 }
 
-/* Fills @stb for @e, whose content is @pin's when given; lock held. */
-void mlfs_fill_attr(struct mlfs_daemon *d, const struct ent *e, const struct mlfs_view *v, const struct pin *pin,
-		      struct stat *stb)
+void mlfs_fill_attr(struct mlfs_daemon *d, const struct mlfs_ent *e, const struct mlfs_view *v,
+		    const struct mlfs_pin *pin, struct stat *stb)
 {
 	char hdr[512];
 	memset(stb, 0, sizeof(*stb));
@@ -57,73 +58,73 @@ void mlfs_fill_attr(struct mlfs_daemon *d, const struct ent *e, const struct mlf
 	stb->st_ctim = stb->st_mtim;
 	stb->st_atim = stb->st_mtim;
 	switch (e->kind) {
-	case K_ROOT:
-	case K_RANKS:
-	case K_RANK:
-	case K_FULL:
+	case MLFS_K_ROOT:
+	case MLFS_K_RANKS:
+	case MLFS_K_RANK:
+	case MLFS_K_FULL:
 		stb->st_mode = S_IFDIR | 0755;
 		stb->st_nlink = 2;
 		return;
-	case K_DDIR:
+	case MLFS_K_DDIR:
 		stb->st_mode = S_IFDIR | 0555;
 		stb->st_nlink = 2;
 		return;
-	case K_DFILE: {
+	case MLFS_K_DFILE: {
 		size_t hlen;
 		stb->st_mode = S_IFREG | 0444;
 		stb->st_size = (off_t)mlfs_data_file_size(v->ds, e->first, e->count, e->nsteps,
 							  e->dkind, hdr, sizeof(hdr), &hlen);
 		return;
 	}
-	case K_TDIR:
-	case K_FDIR:
+	case MLFS_K_TDIR:
+	case MLFS_K_FDIR:
 		if (e->tn && e->tn->tensor < 0) {
 			stb->st_mode = S_IFDIR | 0555;
 			stb->st_nlink = 2;
 			return;
 		}
 		break;
-	case K_JOB:
+	case MLFS_K_JOB:
 		stb->st_mode = e->job->dir ? S_IFDIR | 0755 : S_IFREG | 0644;
 		stb->st_size = (off_t)e->job->size;
 		stb->st_mtim = stb->st_ctim = e->job->mtime;
 		return;
-	case K_CONFIG:
+	case MLFS_K_CONFIG:
 		stb->st_mode = S_IFREG | 0644;
 		stb->st_size = v ? (off_t)strlen(v->config_text) : 0;
 		return;
-	case K_SCHEMA:
+	case MLFS_K_SCHEMA:
 		stb->st_mode = S_IFREG | 0644;
 		stb->st_size = d->st->schema_text ? (off_t)strlen(d->st->schema_text) : 0;
 		return;
-	case K_CLUSTER:
+	case MLFS_K_CLUSTER:
 		stb->st_mode = S_IFREG | 0444;
 		stb->st_size = (off_t)strlen(mlfs_store_cluster_text(d->st));
 		return;
-	case K_STATUS:
+	case MLFS_K_STATUS:
 		stb->st_mode = S_IFREG | 0444;
 		stb->st_size = 0; /* generated on open; direct I/O */
 		return;
-	case K_CTL:
+	case MLFS_K_CTL:
 		stb->st_mode = S_IFREG | 0600;
 		return;
-	case K_RANKJSON:
+	case MLFS_K_RANKJSON:
 		stb->st_mode = S_IFREG | 0444;
-		stb->st_size = (off_t)mlfs_text_len(mlfs_rank_json(v, e->rank));
+		stb->st_size = (off_t)text_len_free(mlfs_rank_json(v, e->rank));
 		return;
-	case K_STEP:
+	case MLFS_K_STEP:
 		stb->st_mode = S_IFREG | 0644;
-		stb->st_size = (off_t)mlfs_text_len(mlfs_step_text(d, e->rank));
+		stb->st_size = (off_t)text_len_free(mlfs_step_text(d, e->rank));
 		return;
-	case K_PART:
+	case MLFS_K_PART:
 		stb->st_mode = S_IFREG | 0644;
-		stb->st_size = pin ? (off_t)(pin->hdr_len + (size_t)pin->bufs[0]->size)
-				   : (off_t)(mlfs_part_header(d->st->schema, &v->layout, e->rank,
-							      e->state, e->tensor, hdr,
-							      sizeof(hdr)) +
-					     (size_t)part_bytes(v, e));
+		stb->st_size =
+		    pin ? (off_t)(pin->hdr_len + (size_t)pin->bufs[0]->size)
+			: (off_t)(mlfs_part_header(d->st->schema, &v->layout, e->rank, e->state,
+						   e->tensor, hdr, sizeof(hdr)) +
+				  (size_t)part_bytes(v, e));
 		return;
-	case K_FFILE:
+	case MLFS_K_FFILE:
 		stb->st_mode = S_IFREG | 0444;
 		stb->st_size =
 		    (off_t)(mlfs_full_header(d->st->schema, e->state, e->tensor, hdr, sizeof(hdr)) +
@@ -140,32 +141,31 @@ void mlfs_fill_attr(struct mlfs_daemon *d, const struct ent *e, const struct mlf
  * a view's attributes belong to its inode (keyed by its samples). Everything
  * else is looked up every time: a partition path gets a new inode per
  * content, a view path per slice. */
-static double ent_timeout(const struct ent *e, bool entry)
+static double ent_timeout(const struct mlfs_ent *e, bool entry)
 {
 	switch (e->kind) {
-	case K_RANKS:
-	case K_RANK:
-	case K_DDIR:
+	case MLFS_K_RANKS:
+	case MLFS_K_RANK:
+	case MLFS_K_DDIR:
 		return 5.0;
-	case K_ROOT:
-	case K_FULL:
-	case K_DFILE:
+	case MLFS_K_ROOT:
+	case MLFS_K_FULL:
+	case MLFS_K_DFILE:
 		return entry ? 0.0 : 5.0;
-	case K_TDIR:
-	case K_FDIR: /* a directory's attributes (the kernel checks them on every path walk) */
+	case MLFS_K_TDIR:
+	case MLFS_K_FDIR: /* a directory's attributes (the kernel checks them on every path walk) */
 		return entry || !e->tn || e->tn->tensor >= 0 ? 0.0 : 5.0;
 	default:
 		return 0.0;
 	}
 }
 
-/* Replies the entry of @e (lock held; unlocks). */
-void mlfs_reply_entry(fuse_req_t req, const char *path, const struct ent *e,
-			const struct mlfs_view *v)
+void mlfs_reply_entry(fuse_req_t req, const char *path, const struct mlfs_ent *e,
+		      const struct mlfs_view *v)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
 	struct fuse_entry_param ep = {0};
-	struct pin *pin;
+	struct mlfs_pin *pin;
 	uint64_t gen;
 	int rc = mlfs_ent_pin(d, v, e, &gen, &pin);
 	if (rc) {
@@ -189,7 +189,7 @@ void mlfs_reply_entry(fuse_req_t req, const char *path, const struct ent *e,
 void mlfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct target t;
+	struct mlfs_target t;
 	int rc = mlfs_child_path(d, parent, name, t.path, sizeof(t.path));
 	if (rc) {
 		fuse_reply_err(req, -rc);
@@ -223,7 +223,7 @@ void mlfs_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data 
 void mlfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct target t;
+	struct mlfs_target t;
 	struct stat stb;
 	int rc = mlfs_target_get(d, ino, &t);
 	if (rc) {
@@ -240,37 +240,24 @@ void mlfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 }
 
 void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
-		       struct fuse_file_info *fi)
+		     struct fuse_file_info *fi)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct target t;
+	struct mlfs_target t;
 	struct stat stb;
 	bool restaged = false;
-	struct fh *f = mlfs_fresh_take(d, fi ? mlfs_fh_of(fi) : NULL, ino, fuse_req_ctx(req)->pid);
+	struct mlfs_fh *f =
+	    mlfs_fresh_take(d, fi ? mlfs_fh_of(fi) : NULL, ino, fuse_req_ctx(req)->pid);
 
 	if (!f && fi)
-		f = mlfs_fh_of(fi), atomic_fetch_add(&f->refs, 1);
-	/* open(O_TRUNC) or ftruncate(fd, 0) on an open writer: restart its
-	 * staging. The inode keeps its size (its content is unchanged until a
-	 * commit); the lock is the handle's, taken before the store's. */
-	if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0 && f && f->write &&
-	    (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA ||
-	     f->kind == K_STEP)) {
-		pthread_mutex_lock(&f->lock);
-		f->wlen = 0;
-		memset(&f->scan, 0, sizeof(f->scan));
-		f->whave = f->wtotal = 0;
-		f->wbase = false;
-		f->truncated = true;
-		f->wend = 0;
-		xf_buf_put(f->wdata);
-		f->wdata = NULL;
-		free(f->whdr);
-		f->whdr = NULL;
-		pthread_mutex_unlock(&f->lock);
-		restaged = true;
-	}
-	mlfs_fh_free(f);
+		f = mlfs_fh_get(mlfs_fh_of(fi));
+	/* open(O_TRUNC) (a setattr without the handle: see mlfs_fresh_add) or
+	 * ftruncate(fd, 0) on an open writer restarts its staging. The inode
+	 * keeps its size (its content is unchanged until a commit); the lock is
+	 * the handle's, taken before the store's. */
+	if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0 && f)
+		restaged = mlfs_write_truncate(f);
+	mlfs_fh_put(f);
 	int rc = mlfs_target_get(d, ino, &t);
 	if (rc) {
 		fuse_reply_err(req, -rc);
@@ -282,15 +269,15 @@ void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_s
 		rc = -EPERM;
 	else if ((to_set & FUSE_SET_ATTR_SIZE) && !restaged) {
 		mlfs_fill_attr(d, &t.e, t.v, t.pin, &stb);
-		if (t.e.kind == K_JOB)
+		if (t.e.kind == MLFS_K_JOB)
 			rc = attr->st_size > (off_t)MLFS_JOB_FILE_MAX
 				 ? -EFBIG
 				 : mlfs_job_truncate(t.e.job, (size_t)attr->st_size);
 		else if (attr->st_size != stb.st_size) {
-			rc = t.e.kind == K_PART ? -EINVAL : -EACCES;
+			rc = t.e.kind == MLFS_K_PART ? -EINVAL : -EACCES;
 		}
 	}
-	if (rc == 0 && t.e.kind == K_JOB &&
+	if (rc == 0 && t.e.kind == MLFS_K_JOB &&
 	    (to_set & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW))) {
 		if (to_set & FUSE_SET_ATTR_MTIME_NOW)
 			clock_gettime(CLOCK_REALTIME, &t.e.job->mtime);
@@ -313,7 +300,7 @@ static const char XATTR[] = "user.mlfs.dtype";
 void mlfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct target t;
+	struct mlfs_target t;
 	int rc = mlfs_target_get(d, ino, &t);
 	const char *val = NULL;
 
@@ -321,7 +308,7 @@ void mlfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t s
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	if ((t.e.kind == K_PART || t.e.kind == K_FFILE) && strcmp(name, XATTR) == 0)
+	if ((t.e.kind == MLFS_K_PART || t.e.kind == MLFS_K_FFILE) && strcmp(name, XATTR) == 0)
 		val = ptc_dtype_name(ptc_schema_dtype(d->st->schema, t.e.state, t.e.tensor));
 	mlfs_target_done(&t);
 	mlfs_target_put(&t);
@@ -338,13 +325,13 @@ void mlfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t s
 void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct target t;
+	struct mlfs_target t;
 	int rc = mlfs_target_get(d, ino, &t);
 	if (rc) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	bool has = t.e.kind == K_PART || t.e.kind == K_FFILE;
+	bool has = t.e.kind == MLFS_K_PART || t.e.kind == MLFS_K_FFILE;
 	mlfs_target_done(&t);
 	mlfs_target_put(&t);
 	size_t n = has ? sizeof(XATTR) : 0;
@@ -357,7 +344,7 @@ void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 }
 
 void mlfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
-			size_t size, int flags)
+		      size_t size, int flags)
 {
 	(void)ino, (void)name, (void)value, (void)size, (void)flags;
 	fuse_reply_err(req, ENOTSUP);

@@ -3,8 +3,9 @@
  *
  * Start-up errors are printed on stderr ("mlfs mount: ..."), where the
  * command's user sees them; from fuse_daemonize on, stderr may be gone
- * (/dev/null without -f), so what happens after it is logged (mlfs_log.h:
- * stderr with -f, else syslog), the start and the stop included.
+ * (/dev/null without -f), so what happens after it is logged (mlfs_log,
+ * common/common.h: stderr with -f, else syslog), the start and the stop
+ * included.
  */
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
@@ -253,8 +254,9 @@ static int join_job(struct mlfs_store *st, const struct mlfs_options *o, struct 
 	char *token;
 
 	if (!tf) {
-		fprintf(stderr, "mlfs mount: a job of %d nodes needs the cluster token: "
-				"\"token_file\" in %s or --token-file\n",
+		fprintf(stderr,
+			"mlfs mount: a job of %d nodes needs the cluster token: "
+			"\"token_file\" in %s or --token-file\n",
 			st->cluster->nnodes, o->cluster_path);
 		return 1;
 	}

@@ -18,7 +18,7 @@
 #include "mount/mount_i.h"
 
 struct dirbuf {
-	atomic_int refs; /* the open's and each readdir's (see struct fh) */
+	atomic_int refs; /* the open's and each readdir's (see struct mlfs_fh) */
 	char *p;
 	size_t size, cap;
 	size_t *ends; /* end offset of each entry */
@@ -76,6 +76,12 @@ static void list_views(fuse_req_t req, struct dirbuf *b, const struct mlfs_view 
 	}
 }
 
+static struct dirbuf *dirbuf_get(struct dirbuf *b)
+{
+	atomic_fetch_add(&b->refs, 1);
+	return b;
+}
+
 static void dirbuf_put(struct dirbuf *b)
 {
 	if (b && atomic_fetch_sub(&b->refs, 1) == 1) {
@@ -88,7 +94,7 @@ static void dirbuf_put(struct dirbuf *b)
 void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct target t;
+	struct mlfs_target t;
 	struct dirbuf *b = calloc(1, sizeof(*b));
 	int rc = b ? mlfs_target_get(d, ino, &t) : -ENOMEM;
 	char num[16];
@@ -103,15 +109,15 @@ void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	dir_add(req, b, ".", true);
 	dir_add(req, b, "..", true);
 	switch (t.e.kind) {
-	case K_ROOT:
+	case MLFS_K_ROOT:
 		for (size_t i = 0; mlfs_root_files[i].name; i++)
-			if (mlfs_root_files[i].kind != K_CTL)
+			if (mlfs_root_files[i].kind != MLFS_K_CTL)
 				dir_add(req, b, mlfs_root_files[i].name,
-					mlfs_root_files[i].kind == K_JOB ||
-					    mlfs_root_files[i].kind == K_RANKS ||
-					    mlfs_root_files[i].kind == K_FULL);
+					mlfs_root_files[i].kind == MLFS_K_JOB ||
+					    mlfs_root_files[i].kind == MLFS_K_RANKS ||
+					    mlfs_root_files[i].kind == MLFS_K_FULL);
 		break;
-	case K_RANKS:
+	case MLFS_K_RANKS:
 		if (t.v) {
 			int r0 = t.v->layout.node_first_rank[d->st->node];
 			for (int r = r0; r >= 0 && r < r0 + t.v->layout.node_nranks[d->st->node];
@@ -121,20 +127,20 @@ void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			}
 		}
 		break;
-	case K_DDIR:
+	case MLFS_K_DDIR:
 		list_views(req, b, t.v, t.e.rank);
 		break;
-	case K_RANK:
+	case MLFS_K_RANK:
 		dir_add(req, b, "rank.json", false);
 		dir_add(req, b, "step", false);
 		if (t.v->ds)
 			dir_add(req, b, "data", true);
 		t.e.tn = t.v->stage_tree[t.v->layout.ranks[t.e.rank].p];
 		/* fall through */
-	case K_TDIR:
-	case K_FDIR:
-	case K_FULL:
-		if (t.e.kind == K_FULL)
+	case MLFS_K_TDIR:
+	case MLFS_K_FDIR:
+	case MLFS_K_FULL:
+		if (t.e.kind == MLFS_K_FULL)
 			break;
 		if (t.e.tn->tensor >= 0) {
 			rc = -ENOTDIR;
@@ -143,7 +149,7 @@ void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		for (int i = 0; i < t.e.tn->nchild; i++)
 			dir_add(req, b, t.e.tn->child[i]->name, t.e.tn->child[i]->tensor < 0);
 		break;
-	case K_JOB:
+	case MLFS_K_JOB:
 		if (!t.e.job->dir) {
 			rc = -ENOTDIR;
 			break;
@@ -162,15 +168,12 @@ void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return;
 	}
 	fi->fh = (uintptr_t)b;
-	if (fuse_reply_open(req, fi)) {
-		free(b->p);
-		free(b->ends);
-		free(b);
-	}
+	if (fuse_reply_open(req, fi))
+		dirbuf_put(b);
 }
 
 void mlfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		       struct fuse_file_info *fi)
+		     struct fuse_file_info *fi)
 {
 	struct dirbuf *b = (struct dirbuf *)(uintptr_t)fi->fh;
 	(void)ino;
@@ -178,7 +181,7 @@ void mlfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		fuse_reply_buf(req, NULL, 0);
 		return;
 	}
-	atomic_fetch_add(&b->refs, 1);
+	dirbuf_get(b);
 	/* Offsets are entry boundaries; send whole entries only. */
 	size_t end = (size_t)off, o = (size_t)off;
 	for (size_t i = 0; i < b->n; i++) {
@@ -200,12 +203,12 @@ void mlfs_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *f
 }
 
 /* Resolves a job/ directory for a namespace change; lock held on success. */
-static int job_dir(struct mlfs_daemon *d, fuse_ino_t parent, struct target *t)
+static int job_dir(struct mlfs_daemon *d, fuse_ino_t parent, struct mlfs_target *t)
 {
 	int rc = mlfs_target_get(d, parent, t);
 	if (rc)
 		return rc;
-	if (t->e.kind != K_JOB) {
+	if (t->e.kind != MLFS_K_JOB) {
 		mlfs_target_done(t);
 		mlfs_target_put(t);
 		return -EPERM; /* the rest of the tree is fixed by schema and config */
@@ -218,10 +221,11 @@ static int job_dir(struct mlfs_daemon *d, fuse_ino_t parent, struct target *t)
 	return 0;
 }
 
-static void job_reply_entry(fuse_req_t req, struct target *t, const char *name, struct mlfs_job *j)
+static void job_reply_entry(fuse_req_t req, struct mlfs_target *t, const char *name,
+			    struct mlfs_job *j)
 {
 	char path[4096 + 256];
-	struct ent e = {.kind = K_JOB, .job = j};
+	struct mlfs_ent e = {.kind = MLFS_K_JOB, .job = j};
 	snprintf(path, sizeof(path), "%s/%s", t->path, name);
 	struct mlfs_view *v = t->v;
 	mlfs_reply_entry(req, path, &e, v); /* unlocks */
@@ -233,7 +237,7 @@ static void job_reply_entry(fuse_req_t req, struct target *t, const char *name, 
  * name outside job/ is EPERM: the rest of the tree is fixed, as for mkdir,
  * unlink and rename there). */
 static int job_new_entry(fuse_req_t req, fuse_ino_t parent, const char *name, bool isdir,
-			 struct target *t, struct mlfs_job **j)
+			 struct mlfs_target *t, struct mlfs_job **j)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
 	int rc = job_dir(d, parent, t);
@@ -249,7 +253,7 @@ static int job_new_entry(fuse_req_t req, fuse_ino_t parent, const char *name, bo
 
 void mlfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
-	struct target t;
+	struct mlfs_target t;
 	struct mlfs_job *j;
 	(void)mode;
 	if (job_new_entry(req, parent, name, true, &t, &j) == 0)
@@ -260,21 +264,21 @@ void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t 
 		    struct fuse_file_info *fi)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct target t;
+	struct mlfs_target t;
 	struct mlfs_job *j;
 	(void)mode;
 	if (job_new_entry(req, parent, name, false, &t, &j))
 		return;
 	struct fuse_entry_param ep = {0};
-	struct ent e = {.kind = K_JOB, .job = j};
+	struct mlfs_ent e = {.kind = MLFS_K_JOB, .job = j};
 	char path[4096 + 256];
 	snprintf(path, sizeof(path), "%s/%s", t.path, name);
 	mlfs_fill_attr(d, &e, t.v, NULL, &ep.attr);
 	mlfs_target_done(&t);
 	mlfs_target_put(&t);
-	struct fh *f = mlfs_fh_new(d, K_JOB);
+	struct mlfs_fh *f = mlfs_fh_new(d, MLFS_K_JOB);
 	if (!f || !(ep.ino = mlfs_ino_lookup(d, path, 0, NULL))) {
-		mlfs_fh_free(f);
+		mlfs_fh_put(f);
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
@@ -284,14 +288,14 @@ void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t 
 	fi->direct_io = 1;
 	if (fuse_reply_create(req, &ep, fi)) {
 		mlfs_ino_forget(d, ep.ino, 1);
-		mlfs_fh_free(f);
+		mlfs_fh_put(f);
 	}
 }
 
 static void job_remove(fuse_req_t req, fuse_ino_t parent, const char *name, bool dir)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct target t;
+	struct mlfs_target t;
 	int rc = job_dir(d, parent, &t);
 	if (rc) {
 		fuse_reply_err(req, -rc);
@@ -314,11 +318,11 @@ void mlfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 }
 
 void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
-		      const char *newname, unsigned int flags)
+		    const char *newname, unsigned int flags)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
 	char from[4096], to[4096];
-	struct ent a, b;
+	struct mlfs_ent a, b;
 	int rc = mlfs_ino_path(d, parent, from, sizeof(from));
 	if (rc == 0)
 		rc = mlfs_ino_path(d, newparent, to, sizeof(to));
@@ -329,7 +333,7 @@ void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_in
 	pthread_mutex_lock(&d->st->lock);
 	if (mlfs_resolve(d, from, d->st->view, &a) || mlfs_resolve(d, to, d->st->view, &b))
 		rc = -ENOENT;
-	else if (a.kind != K_JOB || b.kind != K_JOB)
+	else if (a.kind != MLFS_K_JOB || b.kind != MLFS_K_JOB)
 		rc = -EPERM;
 	else if (!a.job->dir || !b.job->dir)
 		rc = -ENOTDIR;
@@ -343,17 +347,17 @@ void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_in
 		size_t ol = strlen(op);
 		pthread_mutex_lock(&d->inodes.lock);
 		for (size_t i = 0; i < d->inodes.n; i++) {
-			struct inode *in = d->inodes.byino[i];
+			struct mlfs_inode *in = d->inodes.byino[i];
 			if (!in || strncmp(in->path, op, ol) != 0 ||
 			    (in->path[ol] != '\0' && in->path[ol] != '/'))
 				continue;
 			char *p = NULL;
 			if (asprintf(&p, "%s%s", np, in->path + ol) < 0)
 				continue;
-			*mlfs_hash_slot(d, in->path, in->gen) = in->hnext;
-			struct inode **slot = mlfs_hash_slot(d, p, in->gen);
+			*mlfs_ino_slot(d, in->path, in->gen) = in->hnext;
+			struct mlfs_inode **slot = mlfs_ino_slot(d, p, in->gen);
 			if (*slot) { /* a stale inode of the replaced target */
-				struct inode *old = *slot;
+				struct mlfs_inode *old = *slot;
 				*slot = old->hnext;
 				free(old->path);
 				old->path = strdup("\x01stale");
@@ -362,7 +366,7 @@ void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_in
 			free(in->path);
 			in->path = p;
 			in->hnext = NULL;
-			*mlfs_hash_slot(d, p, in->gen) = in;
+			*mlfs_ino_slot(d, p, in->gen) = in;
 		}
 		pthread_mutex_unlock(&d->inodes.lock);
 	}

@@ -9,7 +9,7 @@
  * or memory pressure. A thread of its own sends them: the kernel takes the
  * directory's lock to drop a name, and a FUSE worker holding a request in
  * that directory must never wait for it. The queue is bounded: past
- * NOTIFY_MAX paths it collapses into one "everything" entry.
+ * MLFS_NOTIFY_MAX paths it collapses into one "everything" entry.
  */
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
@@ -32,7 +32,7 @@ static void notify_path(struct mlfs_daemon *d, const char *path)
 {
 	pthread_mutex_lock(&d->notes.lock);
 	if (d->notes.running && !d->notes.all) {
-		char *p = *path && d->notes.n < NOTIFY_MAX ? strdup(path) : NULL;
+		char *p = *path && d->notes.n < MLFS_NOTIFY_MAX ? strdup(path) : NULL;
 		if (p)
 			d->notes.paths[d->notes.n++] = p;
 		else
@@ -61,7 +61,7 @@ static void notify_one(struct mlfs_daemon *d, const char *path)
 	memcpy(dir, path, dlen);
 	dir[dlen] = '\0';
 	pthread_mutex_lock(&d->inodes.lock);
-	struct inode *in = *mlfs_hash_slot(d, dir, 0);
+	struct mlfs_inode *in = *mlfs_ino_slot(d, dir, 0);
 	if (in)
 		dino = in->ino;
 	pthread_mutex_unlock(&d->inodes.lock);
@@ -73,7 +73,7 @@ static void notify_one(struct mlfs_daemon *d, const char *path)
 static void *notify_main(void *arg)
 {
 	struct mlfs_daemon *d = arg;
-	char *batch[NOTIFY_MAX];
+	char *batch[MLFS_NOTIFY_MAX];
 	(void)arg;
 	pthread_mutex_lock(&d->notes.lock);
 	for (;;) {
@@ -137,7 +137,8 @@ bool mlfs_notify_stop(struct mlfs_daemon *d)
 
 /* Queues the names whose content a commit of (rank, state, tensor) of @v
  * changed: the partition and its full tensor. */
-void mlfs_notify_part(struct mlfs_daemon *d, const struct mlfs_view *v, int rank, int state, int tensor)
+void mlfs_notify_part(struct mlfs_daemon *d, const struct mlfs_view *v, int rank, int state,
+		      int tensor)
 {
 	const struct ptc_schema *s = d->st->schema;
 	char path[4096];

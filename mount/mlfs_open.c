@@ -1,5 +1,7 @@
 /*
- * mlfs_open.c - open files and their reads: snapshots, views, splice.
+ * mlfs_open.c - opens, reads and releases of files: snapshots, views,
+ * splice. The open-file object is mlfs_fh.c's; what a writer's open stages
+ * and what its release commits are mlfs_write.c's.
  */
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
@@ -18,57 +20,20 @@
 #include "mount/mount_i.h"
 #include "common/common.h"
 
-struct fh *mlfs_fh_new(struct mlfs_daemon *d, enum kind kind)
-{
-	struct fh *f = calloc(1, sizeof(*f));
-	if (f) {
-		atomic_init(&f->refs, 1);
-		pthread_mutex_init(&f->lock, NULL);
-		f->d = d;
-		f->kind = kind;
-	}
-	return f;
-}
-
-void mlfs_fh_free(struct fh *f)
-{
-	if (!f || atomic_fetch_sub(&f->refs, 1) != 1)
-		return;
-	if (f->w)
-		xf_mem_release(&f->d->st->mem, (int64_t)f->wcap + 1);
-	pthread_mutex_destroy(&f->lock);
-	free(f->path);
-	xf_buf_put(f->buf);
-	xf_buf_put(f->wdata);
-	for (int64_t i = 0; i < f->nviews; i++)
-		mlfs_dview_put(f->views[i]);
-	free(f->views);
-	mlfs_view_put(f->v);
-	mlfs_pin_put(f->pin);
-	free(f->text);
-	free(f->w);
-	free(f->whdr);
-	free(f);
-}
-
-struct fh *mlfs_fh_of(struct fuse_file_info *fi)
-{
-	return (struct fh *)(uintptr_t)fi->fh;
-}
-
 /* Text snapshot of a generated or control file; lock held. */
-static char *snapshot_text(struct mlfs_daemon *d, const struct ent *e, const struct mlfs_view *v)
+static char *snapshot_text(struct mlfs_daemon *d, const struct mlfs_ent *e,
+			   const struct mlfs_view *v)
 {
 	switch (e->kind) {
-	case K_CONFIG:
+	case MLFS_K_CONFIG:
 		return strdup(v ? v->config_text : "");
-	case K_SCHEMA:
+	case MLFS_K_SCHEMA:
 		return strdup(d->st->schema_text ? d->st->schema_text : "");
-	case K_CLUSTER:
+	case MLFS_K_CLUSTER:
 		return strdup(mlfs_store_cluster_text(d->st));
-	case K_RANKJSON:
+	case MLFS_K_RANKJSON:
 		return mlfs_rank_json(v, e->rank);
-	case K_STEP:
+	case MLFS_K_STEP:
 		return mlfs_step_text(d, e->rank);
 	default:
 		return strdup("");
@@ -78,7 +43,7 @@ static char *snapshot_text(struct mlfs_daemon *d, const struct ent *e, const str
 /* Assembles (or finds) the records of a dataset view for @f, or of each
  * step of a window, and queues the next steps of its DP group. No lock
  * held. */
-static int open_view(struct fh *f)
+static int open_view(struct mlfs_fh *f)
 {
 	struct mlfs_daemon *d = f->d;
 	char why[512] = "";
@@ -118,7 +83,7 @@ static int open_view(struct fh *f)
 	return 0;
 }
 
-static void open_reply(fuse_req_t req, struct fuse_file_info *fi, struct fh *f, fuse_ino_t ino,
+static void open_reply(fuse_req_t req, struct fuse_file_info *fi, struct mlfs_fh *f, fuse_ino_t ino,
 		       int rc);
 
 /* An open of a dataset view, run by an I/O worker. */
@@ -126,7 +91,7 @@ struct open_job {
 	struct mlfs_io_job job;
 	fuse_req_t req;
 	struct fuse_file_info fi;
-	struct fh *f;
+	struct mlfs_fh *f;
 	fuse_ino_t ino;
 };
 
@@ -149,10 +114,10 @@ static void open_job_cancel(struct mlfs_io_job *j)
  * the others fetched whole from the nodes holding them (st->fetch, which
  * may wait on the network: I/O workers only). 0 or a negative errno.
  */
-static int assemble_full(struct fh *f)
+static int assemble_full(struct mlfs_fh *f)
 {
 	struct mlfs_store *st = f->d->st;
-	struct pin *p = f->pin;
+	struct mlfs_pin *p = f->pin;
 	struct xf_buf **fetched = calloc((size_t)p->nbufs * 2, sizeof(*fetched));
 	struct xf_buf **srcs = fetched + p->nbufs;
 	int rc = 0;
@@ -171,16 +136,19 @@ static int assemble_full(struct fh *f)
 			ptc_slice_compute(T, p->nbufs, t, &sl);
 			rows = sl.rows;
 		}
-		int64_t rb = rowel * (int64_t)ptc_dtype_size(ptc_schema_dtype(st->schema, f->state,
-									      f->tensor));
+		int64_t rb = rowel * (int64_t)ptc_dtype_size(
+					 ptc_schema_dtype(st->schema, f->state, f->tensor));
 		if (!(fetched[t] = xf_buf_new(&st->mem, outer * rows * rb, &rc)))
 			break;
 		int r = p->remote[2 * t];
 		struct mlfs_view *v = mlfs_store_view(st);
-		struct ptc_op op = {.kind = PTC_OP_FETCH, .dst_node = -1, /* not an attempt's */
+		struct ptc_op op = {.kind = PTC_OP_FETCH,
+				    .dst_node = -1, /* not an attempt's */
 				    .state = (uint16_t)f->state,
-				    .src_rank = r, .src_tensor = p->remote[2 * t + 1],
-				    .src_node = v && r < v->layout.world ? v->layout.ranks[r].node : 0,
+				    .src_rank = r,
+				    .src_tensor = p->remote[2 * t + 1],
+				    .src_node =
+					v && r < v->layout.world ? v->layout.ranks[r].node : 0,
 				    .rows = rows};
 		bool same = v && v->config->version == p->version;
 		mlfs_view_put(v);
@@ -212,7 +180,7 @@ static void full_job_run(struct mlfs_io_job *j)
  * full tensor with parts on other nodes); 0, or an error for the caller to
  * reply. */
 static int open_queue(struct mlfs_daemon *d, void (*run)(struct mlfs_io_job *), fuse_req_t req,
-		      struct fuse_file_info *fi, struct fh *f, fuse_ino_t ino)
+		      struct fuse_file_info *fi, struct mlfs_fh *f, fuse_ino_t ino)
 {
 	struct open_job *o = malloc(sizeof(*o));
 	if (!o)
@@ -227,9 +195,9 @@ static int open_queue(struct mlfs_daemon *d, void (*run)(struct mlfs_io_job *), 
 void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct target t;
+	struct mlfs_target t;
 	int rc = mlfs_target_get(d, ino, &t), acc = fi->flags & O_ACCMODE;
-	struct fh *f = NULL;
+	struct mlfs_fh *f = NULL;
 
 	if (rc) {
 		fuse_reply_err(req, -rc);
@@ -252,41 +220,41 @@ void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	f->tensor = t.e.tensor;
 	f->write = write;
 	switch (t.e.kind) {
-	case K_ROOT:
-	case K_RANKS:
-	case K_RANK:
-	case K_FULL:
-	case K_TDIR:
-	case K_FDIR:
+	case MLFS_K_ROOT:
+	case MLFS_K_RANKS:
+	case MLFS_K_RANK:
+	case MLFS_K_FULL:
+	case MLFS_K_TDIR:
+	case MLFS_K_FDIR:
 		rc = -EISDIR;
-		if (t.e.kind == K_TDIR || t.e.kind == K_FDIR)
+		if (t.e.kind == MLFS_K_TDIR || t.e.kind == MLFS_K_FDIR)
 			rc = t.e.tn->tensor < 0 ? -EISDIR : 0;
 		goto out_locked;
-	case K_JOB:
+	case MLFS_K_JOB:
 		rc = t.e.job->dir ? -EISDIR : 0;
 		if (rc == 0 && (fi->flags & O_TRUNC) && write)
 			rc = mlfs_job_truncate(t.e.job, 0);
 		fi->direct_io = 1;
 		break;
-	case K_CLUSTER:
-	case K_RANKJSON:
-	case K_STATUS:
+	case MLFS_K_CLUSTER:
+	case MLFS_K_RANKJSON:
+	case MLFS_K_STATUS:
 		rc = write ? -EACCES : 0;
 		fi->direct_io = 1;
 		break;
-	case K_CONFIG:
-	case K_SCHEMA:
-	case K_STEP:
-	case K_CTL:
+	case MLFS_K_CONFIG:
+	case MLFS_K_SCHEMA:
+	case MLFS_K_STEP:
+	case MLFS_K_CTL:
 		fi->direct_io = 1;
 		rc = 0;
-		if (write && !(fi->flags & O_TRUNC) && t.e.kind != K_CTL) {
+		if (write && !(fi->flags & O_TRUNC) && t.e.kind != MLFS_K_CTL) {
 			char *cur = snapshot_text(d, &t.e, f->v);
-			rc = cur ? mlfs_text_append(f, cur, strlen(cur), 0) : -ENOMEM;
+			rc = cur ? mlfs_write_text(f, cur, strlen(cur), 0) : -ENOMEM;
 			free(cur);
 		}
 		break;
-	case K_PART:
+	case MLFS_K_PART:
 		if (write && d->st->state == MLFS_TRANSFORMING) {
 			rc = -EBUSY;
 			break;
@@ -305,10 +273,10 @@ void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			memcpy(f->hdr, t.pin->hdr, t.pin->hdr_len);
 			f->hdr_len = t.pin->hdr_len;
 		}
-		f->wbase = !(fi->flags & O_TRUNC);
+		mlfs_fh_stage_start(f, !(fi->flags & O_TRUNC));
 		rc = 0;
 		break;
-	case K_FFILE:
+	case MLFS_K_FFILE:
 		rc = write ? -EACCES : t.pin ? 0 : -ESTALE;
 		if (rc == 0) {
 			f->pin = mlfs_pin_get(t.pin);
@@ -316,10 +284,10 @@ void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			f->hdr_len = t.pin->hdr_len;
 		}
 		break;
-	case K_DDIR:
+	case MLFS_K_DDIR:
 		rc = -EISDIR;
 		break;
-	case K_DFILE:
+	case MLFS_K_DFILE:
 		rc = write ? -EACCES : 0;
 		f->dkind = t.e.dkind;
 		f->step = t.e.step;
@@ -330,62 +298,61 @@ void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 				    sizeof(f->hdr), &f->hdr_len);
 		break;
 	}
-	if (rc == 0 &&
-	    (t.e.kind == K_STATUS || (!write && t.e.kind != K_JOB && t.e.kind != K_PART &&
-				      t.e.kind != K_FFILE && t.e.kind != K_CTL))) {
-		f->text = t.e.kind == K_STATUS ? NULL : snapshot_text(d, &t.e, f->v);
-		if (t.e.kind != K_STATUS && !f->text)
+	if (rc == 0 && (t.e.kind == MLFS_K_STATUS ||
+			(!write && t.e.kind != MLFS_K_JOB && t.e.kind != MLFS_K_PART &&
+			 t.e.kind != MLFS_K_FFILE && t.e.kind != MLFS_K_CTL))) {
+		f->text = t.e.kind == MLFS_K_STATUS ? NULL : snapshot_text(d, &t.e, f->v);
+		if (t.e.kind != MLFS_K_STATUS && !f->text)
 			rc = -ENOMEM;
 		f->text_len = f->text ? strlen(f->text) : 0;
 	}
 out_locked:
 	mlfs_target_done(&t);
 	mlfs_target_put(&t);
-	if (rc == 0 && f->kind == K_STATUS) {
+	if (rc == 0 && f->kind == MLFS_K_STATUS) {
 		f->text = mlfs_store_status_json(d->st);
 		f->text_len = f->text ? strlen(f->text) : 0;
 		rc = f->text ? 0 : -ENOMEM;
 	}
-	if (rc == 0 && f->kind == K_DFILE) { /* may wait on the network: an I/O worker */
+	if (rc == 0 && f->kind == MLFS_K_DFILE) { /* may wait on the network: an I/O worker */
 		rc = open_queue(d, open_job_run, req, fi, f, ino);
 		if (rc == 0)
 			return;
 	}
-	if (rc == 0 && f->kind == K_FFILE && f->pin->remote) { /* parts on peers */
+	if (rc == 0 && f->kind == MLFS_K_FFILE && f->pin->remote) { /* parts on peers */
 		rc = open_queue(d, full_job_run, req, fi, f, ino);
 		if (rc == 0)
 			return;
 	}
-	if (rc == 0 && f->kind == K_FFILE)
+	if (rc == 0 && f->kind == MLFS_K_FFILE)
 		rc = assemble_full(f);
 	open_reply(req, fi, f, ino, rc);
 }
 
 /* Replies an open of @f (or its failure @rc, freeing @f). Any thread. */
-static void open_reply(fuse_req_t req, struct fuse_file_info *fi, struct fh *f, fuse_ino_t ino,
+static void open_reply(fuse_req_t req, struct fuse_file_info *fi, struct mlfs_fh *f, fuse_ino_t ino,
 		       int rc)
 {
 	if (rc) {
-		mlfs_fh_free(f);
+		mlfs_fh_put(f);
 		fuse_reply_err(req, -rc);
 		return;
 	}
 	struct mlfs_daemon *d = f->d;
 	bool write = f->write;
-	if ((f->kind == K_PART || f->kind == K_FFILE) && !write)
+	if ((f->kind == MLFS_K_PART || f->kind == MLFS_K_FFILE) && !write)
 		fi->keep_cache = 1; /* this inode's pages are its pinned content's */
-	else if (f->kind == K_DFILE)
+	else if (f->kind == MLFS_K_DFILE)
 		fi->direct_io = 1; /* read once: straight to the reader, no page cache */
-	else if (f->kind == K_PART)
+	else if (f->kind == MLFS_K_PART)
 		fi->direct_io = 1; /* nothing staged reaches the page cache */
 	fi->noflush = !write;	   /* a reader's flush does nothing: spare the round trip */
 	fi->fh = (uintptr_t)f;
-	if (write && (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA ||
-		      f->kind == K_STEP))
+	if (mlfs_write_staged(f)) /* a truncation may follow: see mlfs_fresh_add */
 		mlfs_fresh_add(f, ino, fuse_req_ctx(req)->pid);
 	if (fuse_reply_open(req, fi)) {
-		mlfs_fh_free(mlfs_fresh_take(d, f, 0, 0));
-		mlfs_fh_free(f);
+		mlfs_fh_put(mlfs_fresh_take(d, f, 0, 0));
+		mlfs_fh_put(f);
 	}
 }
 
@@ -422,7 +389,7 @@ static void reply_parts(fuse_req_t req, const char *hdr, size_t hlen, const uint
 
 /* Bytes [off, off+size) of a dataset view or window: the header, then the
  * bodies of its views back to back (all of one length), in one writev. */
-static void reply_views(fuse_req_t req, struct fh *f, size_t size, off_t off)
+static void reply_views(fuse_req_t req, struct mlfs_fh *f, size_t size, off_t off)
 {
 	struct iovec iov[MLFS_DATA_WINDOW_MAX + 1];
 	int n = 0;
@@ -449,23 +416,21 @@ static void reply_views(fuse_req_t req, struct fh *f, size_t size, off_t off)
 	fuse_reply_iov(req, iov, n);
 }
 
-static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fh *f)
+static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct mlfs_fh *f)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	if (f->kind == K_PART || f->kind == K_FFILE) {
-		pthread_mutex_lock(&f->lock); /* a writer's flush replaces buf */
-		struct xf_buf *b = xf_buf_get(f->buf);
-		pthread_mutex_unlock(&f->lock);
+	if (f->kind == MLFS_K_PART || f->kind == MLFS_K_FFILE) {
+		struct xf_buf *b = mlfs_fh_buf(f);
 		reply_parts(req, f->hdr, f->hdr_len, b->data, (size_t)b->size, size, off, true);
 		xf_buf_put(b);
 		return;
 	}
-	if (f->kind == K_DFILE) {
+	if (f->kind == MLFS_K_DFILE) {
 		reply_views(req, f, size, off);
 		return;
 	}
-	if (f->kind == K_JOB) {
-		struct target t;
+	if (f->kind == MLFS_K_JOB) {
+		struct mlfs_target t;
 		int rc = mlfs_target_get(d, ino, &t);
 		if (rc) {
 			fuse_reply_err(req, -rc);
@@ -502,36 +467,21 @@ static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 	free(copy);
 }
 
-void mlfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		    struct fuse_file_info *fi)
+void mlfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
-	struct fh *f = mlfs_fh_of(fi);
-	atomic_fetch_add(&f->refs, 1);
+	struct mlfs_fh *f = mlfs_fh_get(mlfs_fh_of(fi));
 	read_fh(req, ino, size, off, f);
-	mlfs_fh_free(f);
+	mlfs_fh_put(f);
 }
 
 void mlfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
-	struct fh *f = mlfs_fh_of(fi);
+	struct mlfs_fh *f = mlfs_fh_of(fi);
 	(void)ino;
 
-	mlfs_fh_free(mlfs_fresh_take(d, f, 0, 0));
-	if (f->kind == K_PART && f->write) {
-		pthread_mutex_lock(&f->lock);
-		if (f->err == 0 && f->dirty) /* written after the last commit */
-			mlfs_part_commit(f);
-		else if (f->err == 0 && f->truncated && !f->committed)
-			mlfs_part_refuse(f, "truncated, then closed without a write; previous content "
-				       "kept");
-		pthread_mutex_unlock(&f->lock);
-	} else if (f->write && (f->kind == K_CONFIG || f->kind == K_SCHEMA || f->kind == K_STEP)) {
-		pthread_mutex_lock(&f->lock); /* closed by a thread that did not write it */
-		if (f->err == 0 && f->dirty && !f->committed)
-			mlfs_ctl_try_commit(f, true); /* a refusal is in status.json */
-		pthread_mutex_unlock(&f->lock);
-	}
-	mlfs_fh_free(f);
+	mlfs_fh_put(mlfs_fresh_take(d, f, 0, 0));
+	mlfs_write_release(f);
+	mlfs_fh_put(f);
 	fuse_reply_err(req, 0);
 }

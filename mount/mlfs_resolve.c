@@ -15,12 +15,19 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "common/common.h"
 #include "mount/mount_i.h"
 
 const struct mlfs_root_file mlfs_root_files[] = {
-    {"config.json", K_CONFIG}, {"schema.json", K_SCHEMA}, {"cluster.json", K_CLUSTER},
-    {"status.json", K_STATUS}, {MLFS_CTL_NAME, K_CTL},	  {"job", K_JOB},
-    {"ranks", K_RANKS},	       {"full", K_FULL},          {NULL, K_ROOT},
+    {"config.json", MLFS_K_CONFIG},
+    {"schema.json", MLFS_K_SCHEMA},
+    {"cluster.json", MLFS_K_CLUSTER},
+    {"status.json", MLFS_K_STATUS},
+    {MLFS_CTL_NAME, MLFS_K_CTL},
+    {"job", MLFS_K_JOB},
+    {"ranks", MLFS_K_RANKS},
+    {"full", MLFS_K_FULL},
+    {NULL, MLFS_K_ROOT},
 };
 
 /* Next component of *p: returns its length and advances past it. */
@@ -40,33 +47,31 @@ static bool is_local_rank(struct mlfs_daemon *d, const struct mlfs_view *v, int 
 	return r0 >= 0 && r >= r0 && r < r0 + v->layout.node_nranks[d->st->node];
 }
 
-/* Resolves @path against the store; lock held (job nodes are only valid
- * under it). @v is the current view or NULL. 0 or -ENOENT. */
-int mlfs_resolve(struct mlfs_daemon *d, const char *path, struct mlfs_view *v, struct ent *e)
+int mlfs_resolve(struct mlfs_daemon *d, const char *path, struct mlfs_view *v, struct mlfs_ent *e)
 {
 	const char *p = path, *c;
 	size_t n = next_comp(&p, &c);
 
 	memset(e, 0, sizeof(*e));
-	e->kind = K_ROOT;
+	e->kind = MLFS_K_ROOT;
 	if (n == 0)
 		return 0;
 	size_t i = 0;
 	while (mlfs_root_files[i].name && !(strlen(mlfs_root_files[i].name) == n &&
-					     strncmp(mlfs_root_files[i].name, c, n) == 0))
+					    strncmp(mlfs_root_files[i].name, c, n) == 0))
 		i++;
 	if (!mlfs_root_files[i].name)
 		return -ENOENT;
 	e->kind = mlfs_root_files[i].kind;
 	switch (e->kind) {
-	case K_JOB:
+	case MLFS_K_JOB:
 		e->job = d->st->job;
 		while ((n = next_comp(&p, &c))) {
 			if (!e->job->dir || !(e->job = mlfs_job_child(e->job, c, n)))
 				return -ENOENT;
 		}
 		return 0;
-	case K_RANKS: {
+	case MLFS_K_RANKS: {
 		if ((n = next_comp(&p, &c)) == 0)
 			return 0;
 		char num[16];
@@ -79,26 +84,26 @@ int mlfs_resolve(struct mlfs_daemon *d, const char *path, struct mlfs_view *v, s
 		if (*end || (n > 1 && num[0] == '0') || r < 0 || r >= v->layout.world ||
 		    !is_local_rank(d, v, (int)r))
 			return -ENOENT;
-		e->kind = K_RANK;
+		e->kind = MLFS_K_RANK;
 		e->rank = (int)r;
 		if ((n = next_comp(&p, &c)) == 0)
 			return 0;
 		if (n == 9 && strncmp(c, "rank.json", 9) == 0 && !*p) {
-			e->kind = K_RANKJSON;
+			e->kind = MLFS_K_RANKJSON;
 			return 0;
 		}
 		if (n == 4 && strncmp(c, "step", 4) == 0 && !*p) {
-			e->kind = K_STEP;
+			e->kind = MLFS_K_STEP;
 			return 0;
 		}
 		if (n == 4 && strncmp(c, "data", 4) == 0 && v->ds) {
-			e->kind = K_DDIR;
+			e->kind = MLFS_K_DDIR;
 			if ((n = next_comp(&p, &c)) == 0)
 				return 0;
 			if (mlfs_data_name(v->ds, c, n, &e->step, &e->nsteps, &e->dkind) ||
 			    next_comp(&p, &c))
 				return -ENOENT;
-			e->kind = K_DFILE;
+			e->kind = MLFS_K_DFILE;
 			if (!e->nsteps)
 				return mlfs_data_slice(v->ds, &v->cursor, e->step,
 						       v->layout.ranks[r].d, &e->first, &e->count);
@@ -106,18 +111,18 @@ int mlfs_resolve(struct mlfs_daemon *d, const char *path, struct mlfs_view *v, s
 			int rc = mlfs_data_window(v->ds, &v->cursor, e->step, e->nsteps,
 						  v->layout.ranks[r].d, firsts, &e->count);
 			e->first = rc ? 0 : firsts[0];
-			for (int64_t k = 0; k < e->nsteps && rc == 0; k++)
-				e->whash = (e->whash ^ (uint64_t)firsts[k]) * 1099511628211ull;
+			if (rc == 0) /* the window's identity: its steps' slices */
+				e->whash = mlfs_hash(firsts, (size_t)e->nsteps * sizeof(firsts[0]));
 			return rc;
 		}
-		e->kind = K_TDIR;
+		e->kind = MLFS_K_TDIR;
 		e->tn = v->stage_tree[v->layout.ranks[r].p];
 		break;
 	}
-	case K_FULL:
+	case MLFS_K_FULL:
 		if (!v)
 			return *p ? -ENOENT : 0;
-		e->kind = K_FDIR;
+		e->kind = MLFS_K_FDIR;
 		e->tn = v->full_tree;
 		if ((n = next_comp(&p, &c)) == 0)
 			return 0;
@@ -133,26 +138,21 @@ int mlfs_resolve(struct mlfs_daemon *d, const char *path, struct mlfs_view *v, s
 			break;
 	}
 	if (e->tn->tensor >= 0) {
-		e->kind = e->kind == K_TDIR ? K_PART : K_FFILE;
+		e->kind = e->kind == MLFS_K_TDIR ? MLFS_K_PART : MLFS_K_FFILE;
 		e->state = e->tn->state;
 		e->tensor = e->tn->tensor;
 	}
 	return 0;
 }
 
-/* The generation of an entity whose content changes, and for partitions and
- * full tensors a new pin of that content (into @pin, NULL for the rest): a
- * partition's generation is the id of its current buffer, a full tensor's a
- * hash of its sources' ids (bit 62 set), a dataset view's its samples (bit
- * 63 set); 0 for the rest. Lock held. 0 or -ENOMEM, -EIO. */
 /*
  * The parts of full tensor @e: the local ones pinned in p->bufs, the others
  * named in p->remote (a rank of another node holding it, and the tensor
  * index that rank holds: a tied tensor's copy). Returns the number of parts
  * or -EIO when one is nowhere. Lock held.
  */
-static int remote_sources(struct mlfs_daemon *d, const struct mlfs_view *v, const struct ent *e,
-			  struct pin *p)
+static int remote_sources(struct mlfs_daemon *d, const struct mlfs_view *v,
+			  const struct mlfs_ent *e, struct mlfs_pin *p)
 {
 	const struct ptc_layout *l = &v->layout;
 	const struct ptc_schema *s = d->st->schema;
@@ -168,11 +168,13 @@ static int remote_sources(struct mlfs_daemon *d, const struct mlfs_view *v, cons
 			if (l->ranks[r].t != t)
 				continue;
 			for (int a = 0; a < s->ntensors; a++) {
-				if (ptc_schema_logical(s, a) != e->tensor || !ptc_layout_holds(l, r, a))
+				if (ptc_schema_logical(s, a) != e->tensor ||
+				    !ptc_layout_holds(l, r, a))
 					continue;
 				if (l->ranks[r].node == d->st->node)
-					p->bufs[t] = xf_buf_get(v->parts.bufs[xf_parts_index(
-					    &v->parts, r, e->state, a)]);
+					p->bufs[t] = xf_buf_get(
+					    v->parts
+						.bufs[xf_parts_index(&v->parts, r, e->state, a)]);
 				else
 					p->remote[2 * t] = r, p->remote[2 * t + 1] = a;
 				break;
@@ -187,21 +189,21 @@ static int remote_sources(struct mlfs_daemon *d, const struct mlfs_view *v, cons
 	return n;
 }
 
-int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct ent *e, uint64_t *gen, struct pin **pin)
+int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct mlfs_ent *e,
+		 uint64_t *gen, struct mlfs_pin **pin)
 {
 	*gen = 0;
 	*pin = NULL;
-	if (e->kind == K_DFILE) {
-		uint64_t h = mlfs_path_hash("", (uint64_t)e->first * 0x9e3779b97f4a7c15ull ^
-					       (uint64_t)e->count << 8 ^ (uint64_t)e->dkind ^
-					       e->whash * 31 ^ (uint64_t)e->nsteps << 40);
-		*gen = h | 1ull << 63;
+	if (e->kind == MLFS_K_DFILE) { /* its samples */
+		uint64_t key[] = {(uint64_t)e->first, (uint64_t)e->count, (uint64_t)e->dkind,
+				  e->whash, (uint64_t)e->nsteps};
+		*gen = mlfs_hash(key, sizeof(key)) | 1ull << 63;
 		return 0;
 	}
-	if (e->kind != K_PART && e->kind != K_FFILE)
+	if (e->kind != MLFS_K_PART && e->kind != MLFS_K_FFILE)
 		return 0;
-	int n = e->kind == K_PART ? 1 : v->layout.tp;
-	struct pin *p = calloc(1, sizeof(*p) + (size_t)n * sizeof(p->bufs[0]));
+	int n = e->kind == MLFS_K_PART ? 1 : v->layout.tp;
+	struct mlfs_pin *p = calloc(1, sizeof(*p) + (size_t)n * sizeof(p->bufs[0]));
 	if (!p)
 		return -ENOMEM;
 	atomic_init(&p->refs, 1);
@@ -210,7 +212,7 @@ int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct 
 	p->rank = e->rank;
 	p->state = e->state;
 	p->tensor = e->tensor;
-	if (e->kind == K_PART) {
+	if (e->kind == MLFS_K_PART) {
 		p->bufs[0] = xf_buf_get(
 		    v->parts.bufs[xf_parts_index(&v->parts, e->rank, e->state, e->tensor)]);
 		p->hdr_len = mlfs_part_header(d->st->schema, &v->layout, e->rank, e->state,
@@ -226,27 +228,25 @@ int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct 
 			return rc;
 		}
 		p->nbufs = rc;
-		p->hdr_len = mlfs_full_header(d->st->schema, e->state, e->tensor, p->hdr,
-					      sizeof(p->hdr));
-		uint64_t h = 1469598103934665603ull ^ (uint64_t)p->version;
-		for (int i = 0; i < p->nbufs; i++)
-			h = (h ^ (p->bufs[i] ? p->bufs[i]->id : 0)) * 1099511628211ull;
+		p->hdr_len =
+		    mlfs_full_header(d->st->schema, e->state, e->tensor, p->hdr, sizeof(p->hdr));
+		uint64_t h = mlfs_hash_u64(0, (uint64_t)p->version);
+		for (int i = 0; i < p->nbufs; i++) /* a remote part: 0 */
+			h = mlfs_hash_u64(h, p->bufs[i] ? p->bufs[i]->id : 0);
 		*gen = (h & ~(3ull << 62)) | 1ull << 62;
 	}
 	*pin = p;
 	return 0;
 }
 
-int mlfs_target_get(struct mlfs_daemon *d, fuse_ino_t ino, struct target *t)
+int mlfs_target_get(struct mlfs_daemon *d, fuse_ino_t ino, struct mlfs_target *t)
 {
 	t->d = d;
 	int rc = mlfs_ino_get(d, ino, t->path, sizeof(t->path), &t->pin);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&d->st->lock);
-	t->v = d->st->view;
-	if (t->v)
-		atomic_fetch_add(&t->v->refs, 1);
+	t->v = mlfs_view_get(d->st->view);
 	rc = mlfs_resolve(d, t->path, t->v, &t->e);
 	t->vanished = false;
 	if (rc && t->pin) {
@@ -254,7 +254,7 @@ int mlfs_target_get(struct mlfs_daemon *d, fuse_ino_t ino, struct target *t)
 		 * still names its content, which open files go on reading and
 		 * whose attributes they ask for. */
 		memset(&t->e, 0, sizeof(t->e));
-		t->e.kind = (enum kind)t->pin->kind;
+		t->e.kind = t->pin->kind;
 		t->e.rank = t->pin->rank;
 		t->e.state = t->pin->state;
 		t->e.tensor = t->pin->tensor;
@@ -273,12 +273,12 @@ int mlfs_target_get(struct mlfs_daemon *d, fuse_ino_t ino, struct target *t)
 }
 
 /* Unlocks; the view and pin references stay the caller's (mlfs_target_put). */
-void mlfs_target_done(struct target *t)
+void mlfs_target_done(struct mlfs_target *t)
 {
 	pthread_mutex_unlock(&t->d->st->lock);
 }
 
-void mlfs_target_put(struct target *t)
+void mlfs_target_put(struct mlfs_target *t)
 {
 	mlfs_view_put(t->v);
 	mlfs_pin_put(t->pin);
@@ -286,7 +286,8 @@ void mlfs_target_put(struct target *t)
 	t->pin = NULL;
 }
 
-int mlfs_child_path(struct mlfs_daemon *d, fuse_ino_t parent, const char *name, char *buf, size_t cap)
+int mlfs_child_path(struct mlfs_daemon *d, fuse_ino_t parent, const char *name, char *buf,
+		    size_t cap)
 {
 	char pp[4096];
 	int rc = mlfs_ino_path(d, parent, pp, sizeof(pp));

@@ -1,5 +1,13 @@
 /*
- * mlfs_write.c - writes: staged partitions, control texts, commits at flush.
+ * mlfs_write.c - writes and the write policies: what a write to a partition
+ * or a control text stages, what a flush commits (mlfs_write_flush), what
+ * a release does with what is left (mlfs_write_release), and what a
+ * truncation restarts (mlfs_write_truncate).
+ *
+ * The staging buffers themselves are mlfs_fh.c's (allocated, emptied,
+ * handed over there); this file decides what goes in them and when they
+ * are committed. Every function here that touches an open file's write
+ * state or staging holds f->lock.
  */
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
@@ -22,7 +30,7 @@
 
 static void log_refusal(struct mlfs_daemon *d, const char *what, const char *why);
 
-static void jscan_run(struct jscan *j, const char *t, size_t len)
+static void jscan_run(struct mlfs_jscan *j, const char *t, size_t len)
 {
 	for (; j->pos < len && !j->done; j->pos++) {
 		char c = t[j->pos];
@@ -45,52 +53,38 @@ static void jscan_run(struct jscan *j, const char *t, size_t len)
 }
 
 /* The most bytes a control file's text may have (documented in the README). */
-static size_t text_limit(enum kind k)
+static size_t text_limit(enum mlfs_kind k)
 {
 	switch (k) {
-	case K_SCHEMA:
+	case MLFS_K_SCHEMA:
 		return MLFS_MAX_SCHEMA_TEXT;
-	case K_CONFIG:
+	case MLFS_K_CONFIG:
 		return MLFS_MAX_CONFIG_TEXT;
-	case K_CTL:
+	case MLFS_K_CTL:
 		return MLFS_MAX_CTL_TEXT;
 	default:
 		return 64; /* step */
 	}
 }
 
-/* Writes @size bytes at @off of a control file's text; its buffer is
- * counted in --max-memory. f->lock held. 0, -EFBIG, -ENOSPC, -ENOMEM. */
-int mlfs_text_append(struct fh *f, const char *buf, size_t size, off_t off)
+int mlfs_write_text(struct mlfs_fh *f, const char *buf, size_t size, off_t off)
 {
 	struct mlfs_daemon *d = f->d;
 	size_t end = (size_t)off + size;
 	if (end > text_limit(f->kind) || (size_t)off > text_limit(f->kind)) {
 		char what[128];
 		snprintf(what, sizeof(what), "more than %zu bytes; refused", text_limit(f->kind));
-		log_refusal(d, f->kind == K_SCHEMA	  ? "schema.json"
-			    : f->kind == K_CONFIG ? "config.json"
-			    : f->kind == K_CTL	  ? MLFS_CTL_NAME
-						  : "step",
+		log_refusal(d,
+			    f->kind == MLFS_K_SCHEMA   ? "schema.json"
+			    : f->kind == MLFS_K_CONFIG ? "config.json"
+			    : f->kind == MLFS_K_CTL    ? MLFS_CTL_NAME
+						       : "step",
 			    what);
 		return -EFBIG;
 	}
-	if (end > f->wcap || !f->w) {
-		size_t cap = f->wcap ? f->wcap : 4096;
-		while (cap < end)
-			cap *= 2;
-		int64_t more = (int64_t)cap + 1 - (f->w ? (int64_t)f->wcap + 1 : 0);
-		int rc = xf_mem_reserve(&d->st->mem, more);
-		if (rc)
-			return rc;
-		char *w = realloc(f->w, cap + 1);
-		if (!w) {
-			xf_mem_release(&d->st->mem, more);
-			return -ENOMEM;
-		}
-		f->w = w;
-		f->wcap = cap;
-	}
+	int rc = mlfs_fh_text_reserve(f, end);
+	if (rc)
+		return rc;
 	if ((size_t)off > f->wlen)
 		memset(f->w + f->wlen, 0, (size_t)off - f->wlen);
 	if ((size_t)off < f->scan.pos) /* rewrites what was scanned: scan again */
@@ -123,7 +117,7 @@ static void log_ctl_refusal(const char *what, int rc, const char *why)
 }
 
 /* Records why a write to @f's partition was refused; returns -EINVAL. */
-int mlfs_part_refuse(const struct fh *f, const char *why)
+static int part_refuse(const struct mlfs_fh *f, const char *why)
 {
 	struct mlfs_daemon *d = f->d;
 	log_refusal(d, f->path ? f->path : "partition", why);
@@ -131,7 +125,7 @@ int mlfs_part_refuse(const struct fh *f, const char *why)
 }
 
 /* Validates the complete staged header against the partition. */
-static int check_staged_header(struct fh *f)
+static int check_staged_header(struct mlfs_fh *f)
 {
 	struct mlfs_daemon *d = f->d;
 	struct mlfs_npy h;
@@ -146,30 +140,22 @@ static int check_staged_header(struct fh *f)
 	if (rc == 0)
 		rc = mlfs_npy_check(&h, ptc_schema_dtype(d->st->schema, f->state, f->tensor), nd,
 				    shape, why, sizeof(why));
-	return rc ? mlfs_part_refuse(f, why) : 0;
+	return rc ? part_refuse(f, why) : 0;
 }
 
 /* Stages a write into a partition file. */
-static int part_write(struct fh *f, const uint8_t *buf, size_t size, int64_t off)
+static int part_write(struct mlfs_fh *f, const uint8_t *buf, size_t size, int64_t off)
 {
-	struct mlfs_daemon *d = f->d;
 	int64_t dlen = (int64_t)f->buf->size;
-	int rc;
+	int rc = mlfs_fh_stage_header(f);
 
-	if (!f->whdr) {
-		if (!(f->whdr = malloc(MLFS_NPY_MAX_HEADER + 12)))
-			return -ENOMEM;
-		if (f->wbase) { /* start from the current content */
-			memcpy(f->whdr, f->hdr, f->hdr_len);
-			f->whave = f->wtotal = f->hdr_len;
-			f->wend = (int64_t)f->hdr_len + dlen;
-		}
-	}
+	if (rc)
+		return rc;
 	while (size > 0) {
 		if (f->wtotal == 0 || off < (int64_t)f->wtotal) { /* header bytes */
-			size_t cap = f->wtotal ? f->wtotal : MLFS_NPY_MAX_HEADER + 12;
+			size_t cap = f->wtotal ? f->wtotal : MLFS_STAGE_HDR_MAX;
 			if (off > (int64_t)f->whave || (size_t)off >= cap)
-				return mlfs_part_refuse(f, "the .npy header must be written first, "
+				return part_refuse(f, "the .npy header must be written first, "
 						      "in order");
 			size_t n = size < cap - (size_t)off ? size : cap - (size_t)off;
 			memcpy(f->whdr + off, buf, n);
@@ -179,10 +165,10 @@ static int part_write(struct fh *f, const uint8_t *buf, size_t size, int64_t off
 			int64_t decl = mlfs_npy_header_len(f->whdr, f->whave, why, sizeof(why));
 			if (decl < 0) {
 				snprintf(msg, sizeof(msg), "not a .npy file: %s", why);
-				return mlfs_part_refuse(f, msg);
+				return part_refuse(f, msg);
 			}
 			if (f->wtotal && decl && (size_t)decl != f->wtotal)
-				return mlfs_part_refuse(f, "the .npy header length changed while "
+				return part_refuse(f, "the .npy header length changed while "
 						      "writing");
 			if (decl > 0) {
 				f->wtotal = (size_t)decl;
@@ -199,16 +185,12 @@ static int part_write(struct fh *f, const uint8_t *buf, size_t size, int64_t off
 			continue;
 		}
 		if (f->whave < f->wtotal)
-			return mlfs_part_refuse(f, "data written before the .npy header was complete");
+			return part_refuse(f, "data written before the .npy header was complete");
 		int64_t at = off - (int64_t)f->wtotal;
 		if (at + (int64_t)size > dlen)
-			return mlfs_part_refuse(f, "written past the partition's size");
-		if (!f->wdata) {
-			if (!(f->wdata = xf_buf_new(&d->st->mem, dlen, &rc)))
-				return rc;
-			if (f->wbase)
-				memcpy(f->wdata->data, f->buf->data, (size_t)dlen);
-		}
+			return part_refuse(f, "written past the partition's size");
+		if ((rc = mlfs_fh_stage_data(f)))
+			return rc;
 		memcpy(f->wdata->data + at, buf, size);
 		off += (int64_t)size;
 		size = 0;
@@ -222,7 +204,7 @@ static int part_write(struct fh *f, const uint8_t *buf, size_t size, int64_t off
  * completes their JSON value (parsed once, then), .mlfs-ctl at every write
  * (one request each), step and any text that never completed at the flush
  * (@final). f->lock held. */
-int mlfs_ctl_try_commit(struct fh *f, bool final)
+static int ctl_try_commit(struct mlfs_fh *f, bool final)
 {
 	struct mlfs_daemon *d = f->d;
 	struct ptc_error err = {""};
@@ -231,30 +213,30 @@ int mlfs_ctl_try_commit(struct fh *f, bool final)
 
 	if (f->committed)
 		return 0;
-	if (!final && (f->kind == K_CONFIG || f->kind == K_SCHEMA)) {
+	if (!final && (f->kind == MLFS_K_CONFIG || f->kind == MLFS_K_SCHEMA)) {
 		jscan_run(&f->scan, w, f->wlen);
 		if (!f->scan.done)
 			return 0; /* incomplete yet */
-	} else if (!final && f->kind != K_CTL) {
+	} else if (!final && f->kind != MLFS_K_CTL) {
 		return 0;
 	}
 	switch (f->kind) {
-	case K_CONFIG:
+	case MLFS_K_CONFIG:
 		if ((rc = mlfs_store_set_control(d->st, true, w, f->wlen, &err)))
 			log_ctl_refusal("config.json", rc, err.text);
 		break;
-	case K_SCHEMA:
+	case MLFS_K_SCHEMA:
 		if ((rc = mlfs_store_set_control(d->st, false, w, f->wlen, &err)))
 			log_ctl_refusal("schema.json", rc, err.text);
 		break;
-	case K_STEP:
+	case MLFS_K_STEP:
 		rc = mlfs_store_set_step(d->st, f->rank, w, f->wlen, &err);
 		if (rc == -EINVAL)
 			log_refusal(d, "step", err.text);
 		else if (rc)
 			log_ctl_refusal("step", rc, err.text);
 		break;
-	case K_CTL: {
+	case MLFS_K_CTL: {
 		char *reply = NULL;
 		rc = mlfs_store_control(d->st, w, f->wlen, &reply);
 		if (rc) { /* the reply says why: {"ok": false, "error": "..."} */
@@ -279,7 +261,7 @@ int mlfs_ctl_try_commit(struct fh *f, bool final)
 /* Writes to a job/ file (store lock taken here). */
 static int job_write(struct mlfs_daemon *d, fuse_ino_t ino, const char *buf, size_t size, off_t off)
 {
-	struct target t;
+	struct mlfs_target t;
 	int rc = mlfs_target_get(d, ino, &t);
 	if (rc)
 		return rc;
@@ -307,30 +289,31 @@ static bool all_space(const char *b, size_t n)
 
 /* A write to @f of the request's bytes, by thread @pid: 0 or a negative
  * errno. */
-static int write_fh(struct fh *f, fuse_ino_t ino, pid_t pid, const char *buf, size_t size,
+static int write_fh(struct mlfs_fh *f, fuse_ino_t ino, pid_t pid, const char *buf, size_t size,
 		    off_t off)
 {
 	struct mlfs_daemon *d = f->d;
 
-	mlfs_fh_free(mlfs_fresh_take(d, f, 0, 0)); /* written: no longer fresh */
+	mlfs_fh_put(mlfs_fresh_take(d, f, 0, 0)); /* written: no longer fresh */
 	pthread_mutex_lock(&f->lock);
 	int rc = f->err;
 	if (rc == 0) {
 		switch (f->kind) {
-		case K_PART:
+		case MLFS_K_PART:
 			rc = part_write(f, (const uint8_t *)buf, size, off);
 			break;
-		case K_JOB:
+		case MLFS_K_JOB:
 			rc = job_write(d, ino, buf, size, off);
 			break;
-		case K_CONFIG:
-		case K_SCHEMA:
-		case K_STEP:
-		case K_CTL:
+		case MLFS_K_CONFIG:
+		case MLFS_K_SCHEMA:
+		case MLFS_K_STEP:
+		case MLFS_K_CTL:
 			if (f->committed) /* one text per open; trailing blanks are harmless */
 				rc = all_space(buf, size) ? 0 : -EINVAL;
-			else if ((rc = mlfs_text_append(f, buf, size, f->kind == K_CTL ? 0 : off)) == 0)
-				rc = mlfs_ctl_try_commit(f, f->kind == K_CTL);
+			else if ((rc = mlfs_write_text(f, buf, size,
+						       f->kind == MLFS_K_CTL ? 0 : off)) == 0)
+				rc = ctl_try_commit(f, f->kind == MLFS_K_CTL);
 			break;
 		default:
 			rc = -EACCES;
@@ -339,7 +322,7 @@ static int write_fh(struct fh *f, fuse_ino_t ino, pid_t pid, const char *buf, si
 	if (rc == 0) {
 		f->dirty = true;
 		f->wpid = pid;
-	} else if (f->kind == K_PART || f->kind == K_CONFIG || f->kind == K_SCHEMA) {
+	} else if (f->kind == MLFS_K_PART || f->kind == MLFS_K_CONFIG || f->kind == MLFS_K_SCHEMA) {
 		f->err = rc;
 	}
 	pthread_mutex_unlock(&f->lock);
@@ -348,18 +331,18 @@ static int write_fh(struct fh *f, fuse_ino_t ino, pid_t pid, const char *buf, si
 
 /* Whether a write or flush of @f may wait on the network or the disk: a
  * config.json may name a dataset index to fetch, .mlfs-ctl runs imports. */
-static bool may_block(const struct fh *f)
+static bool may_block(const struct mlfs_fh *f)
 {
 	/* a step is published to etcd at once in a job of many nodes */
-	return f->kind == K_CONFIG || f->kind == K_CTL ||
-	       (f->kind == K_STEP && f->d->st->steps_saved);
+	return f->kind == MLFS_K_CONFIG || f->kind == MLFS_K_CTL ||
+	       (f->kind == MLFS_K_STEP && f->d->st->steps_saved);
 }
 
 /* A write or a flush run by an I/O worker (may_block). */
 struct write_job {
 	struct mlfs_io_job job;
 	fuse_req_t req;
-	struct fh *f; /* a reference */
+	struct mlfs_fh *f; /* a reference */
 	fuse_ino_t ino;
 	pid_t pid;
 	bool flush;
@@ -368,18 +351,16 @@ struct write_job {
 	char data[]; /* the request's bytes: libfuse's buffer is gone once we return */
 };
 
-static int flush_fh(struct fh *f, pid_t pid);
-
 static void write_job_run(struct mlfs_io_job *j)
 {
 	struct write_job *w = (struct write_job *)j;
-	int rc = w->flush ? flush_fh(w->f, w->pid)
+	int rc = w->flush ? mlfs_write_flush(w->f, w->pid)
 			  : write_fh(w->f, w->ino, w->pid, w->data, w->size, w->off);
 	if (rc || w->flush)
 		fuse_reply_err(w->req, -rc);
 	else
 		fuse_reply_write(w->req, w->size);
-	mlfs_fh_free(w->f);
+	mlfs_fh_put(w->f);
 	free(w);
 }
 
@@ -387,26 +368,31 @@ static void write_job_cancel(struct mlfs_io_job *j)
 {
 	struct write_job *w = (struct write_job *)j;
 	fuse_reply_err(w->req, EINTR);
-	mlfs_fh_free(w->f);
+	mlfs_fh_put(w->f);
 	free(w);
 }
 
 /* Queues a write (@buf, @size) or a flush (@buf NULL) of @f: 0, or an error
  * for the caller to reply. */
-static int queue_write(fuse_req_t req, struct fh *f, fuse_ino_t ino, const char *buf, size_t size,
-		       off_t off)
+static int queue_write(fuse_req_t req, struct mlfs_fh *f, fuse_ino_t ino, const char *buf,
+		       size_t size, off_t off)
 {
 	struct write_job *w = malloc(sizeof(*w) + (buf ? size : 0));
 	if (!w)
 		return -ENOMEM;
-	*w = (struct write_job){{write_job_run, write_job_cancel, NULL}, req, f, ino,
-				fuse_req_ctx(req)->pid, !buf, off, size};
+	*w = (struct write_job){.job = {write_job_run, write_job_cancel, NULL},
+				.req = req,
+				.f = mlfs_fh_get(f), /* the job's reference */
+				.ino = ino,
+				.pid = fuse_req_ctx(req)->pid,
+				.flush = !buf,
+				.off = off,
+				.size = size};
 	if (buf)
 		memcpy(w->data, buf, size);
-	atomic_fetch_add(&f->refs, 1);
 	int rc = mlfs_io_submit(&f->d->io, &w->job);
 	if (rc) {
-		atomic_fetch_sub(&f->refs, 1); /* the open's reference remains */
+		mlfs_fh_put(f); /* not the last: the open's reference remains */
 		free(w);
 	}
 	return rc;
@@ -415,7 +401,7 @@ static int queue_write(fuse_req_t req, struct fh *f, fuse_ino_t ino, const char 
 void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 		   struct fuse_file_info *fi)
 {
-	struct fh *f = mlfs_fh_of(fi);
+	struct mlfs_fh *f = mlfs_fh_of(fi);
 	int rc;
 
 	if (may_block(f)) {
@@ -431,43 +417,32 @@ void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
 }
 
 /* Commits a staged partition write; 0 or a negative errno. f->lock held. */
-int mlfs_part_commit(struct fh *f)
+static int part_commit(struct mlfs_fh *f)
 {
 	struct mlfs_daemon *d = f->d;
 	int64_t dlen = (int64_t)f->buf->size;
 	int rc;
 
 	if (!f->whdr || f->wtotal == 0 || f->whave < f->wtotal)
-		return mlfs_part_refuse(f, "closed before its header was complete; previous content "
+		return part_refuse(f, "closed before its header was complete; previous content "
 				      "kept");
 	if (f->wend != (int64_t)f->wtotal + dlen) {
 		char why[128];
 		snprintf(why, sizeof(why),
 			 "file is %" PRId64 " bytes, expected %" PRId64 "; previous content kept",
 			 f->wend, (int64_t)f->wtotal + dlen);
-		return mlfs_part_refuse(f, why);
+		return part_refuse(f, why);
 	}
-	if (!f->wdata) { /* header rewritten, data unchanged */
-		if (!(f->wdata = xf_buf_new(&d->st->mem, dlen, &rc)))
-			return rc;
-		if (f->wbase)
-			memcpy(f->wdata->data, f->buf->data, (size_t)dlen);
-	}
+	if ((rc = mlfs_fh_stage_data(f))) /* none when only the header was rewritten */
+		return rc;
 	rc = mlfs_store_commit_part(d->st, f->v, f->rank, f->state, f->tensor, f->wdata);
 	if (rc == -ESTALE)
-		mlfs_part_refuse(f, "the layout changed while the file was open");
+		part_refuse(f, "the layout changed while the file was open");
 	else if (rc == -EBUSY)
-		mlfs_part_refuse(f, "a reconfiguration is running; previous content kept");
+		part_refuse(f, "a reconfiguration is running; previous content kept");
 	if (rc)
 		return rc;
-	/* Later writes restage from the new content. */
-	xf_buf_put(f->buf);
-	f->buf = f->wdata;
-	f->wdata = NULL;
-	free(f->whdr);
-	f->whdr = NULL;
-	f->whave = f->wtotal = 0;
-	f->wbase = true;
+	mlfs_fh_stage_promote(f); /* later writes restage from the new content */
 	f->committed = true;
 	mlfs_notify_part(d, f->v, f->rank, f->state, f->tensor);
 	return 0;
@@ -475,37 +450,26 @@ int mlfs_part_commit(struct fh *f)
 
 /* Whether a partition's staged content is whole: header and every byte.
  * f->lock held. */
-static bool part_complete(const struct fh *f)
+static bool part_complete(const struct mlfs_fh *f)
 {
 	return f->whdr && f->wtotal && f->whave >= f->wtotal &&
 	       f->wend == (int64_t)f->wtotal + f->buf->size;
 }
 
-/*
- * Every close of a descriptor of the file (its duplicates, a forked child's
- * copies closed at its exec) sends a flush; the last one is followed by the
- * release. A flush commits what was written since the open or the last
- * commit when it is complete, or when the thread that wrote last closes: a
- * partition must then be whole (else EINVAL, previous content kept), a
- * control text applies. Other flushes do nothing: a shell redirect opens
- * with O_TRUNC, duplicates the descriptor and closes the original before
- * anything is written; a child forked by the writer closes its copy at
- * exec, in the middle of the writer's writes. What is still incomplete at
- * the release is refused there (status.json says why).
- */
-/* A flush of @f by thread @pid (see above): 0 or a negative errno. */
-static int flush_fh(struct fh *f, pid_t pid)
+/* The flush policy (mount_i.h says which flushes commit, and why). */
+int mlfs_write_flush(struct mlfs_fh *f, pid_t pid)
 {
 	pthread_mutex_lock(&f->lock);
 	int rc = f->err;
 	bool writer = pid == f->wpid;
 	if (rc == 0 && f->write && f->dirty &&
-	    (writer || (f->kind == K_PART ? part_complete(f)
-				       : f->kind == K_STEP || f->committed))) {
-		if (f->kind == K_PART)
-			rc = mlfs_part_commit(f);
-		else if (f->kind == K_CONFIG || f->kind == K_SCHEMA || f->kind == K_STEP)
-			rc = mlfs_ctl_try_commit(f, true);
+	    (writer || (f->kind == MLFS_K_PART ? part_complete(f)
+					       : f->kind == MLFS_K_STEP || f->committed))) {
+		if (f->kind == MLFS_K_PART)
+			rc = part_commit(f);
+		else if (f->kind == MLFS_K_CONFIG || f->kind == MLFS_K_SCHEMA ||
+			 f->kind == MLFS_K_STEP)
+			rc = ctl_try_commit(f, true);
 		if (rc == 0)
 			f->dirty = false;
 		else
@@ -515,13 +479,50 @@ static int flush_fh(struct fh *f, pid_t pid)
 	return rc;
 }
 
+bool mlfs_write_staged(const struct mlfs_fh *f)
+{
+	return f->write && (f->kind == MLFS_K_PART || f->kind == MLFS_K_CONFIG ||
+			    f->kind == MLFS_K_SCHEMA || f->kind == MLFS_K_STEP);
+}
+
+/* open(O_TRUNC) or ftruncate(fd, 0) on an open writer restarts its
+ * staging; the inode's content is unchanged until a commit. */
+bool mlfs_write_truncate(struct mlfs_fh *f)
+{
+	if (!mlfs_write_staged(f))
+		return false;
+	pthread_mutex_lock(&f->lock);
+	mlfs_fh_stage_truncate(f);
+	f->truncated = true;
+	pthread_mutex_unlock(&f->lock);
+	return true;
+}
+
+void mlfs_write_release(struct mlfs_fh *f)
+{
+	if (!mlfs_write_staged(f))
+		return;
+	pthread_mutex_lock(&f->lock);
+	if (f->kind == MLFS_K_PART) {
+		if (f->err == 0 && f->dirty) /* written after the last commit */
+			part_commit(f);
+		else if (f->err == 0 && f->truncated && !f->committed)
+			part_refuse(f, "truncated, then closed without a write; previous content "
+				       "kept");
+	} else if (f->err == 0 && f->dirty && !f->committed) {
+		/* closed by a thread that did not write it */
+		ctl_try_commit(f, true); /* a refusal is in status.json */
+	}
+	pthread_mutex_unlock(&f->lock);
+}
+
 void mlfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct fh *f = mlfs_fh_of(fi);
+	struct mlfs_fh *f = mlfs_fh_of(fi);
 	int rc;
 
 	if (!may_block(f) || (rc = queue_write(req, f, ino, NULL, 0, 0)))
-		rc = flush_fh(f, fuse_req_ctx(req)->pid);
+		rc = mlfs_write_flush(f, fuse_req_ctx(req)->pid);
 	else
 		return;
 	fuse_reply_err(req, -rc);

@@ -1,8 +1,8 @@
 /*
- * mlfs.h - the mlfs daemon: one node's tensor store behind a FUSE mount.
+ * mount.h - the mlfs daemon: one node's tensor store behind a FUSE mount.
  */
-#ifndef MLFS_MLFS_H
-#define MLFS_MLFS_H
+#ifndef MLFS_MOUNT_H
+#define MLFS_MOUNT_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -20,16 +20,16 @@ struct mlfs_options {
 	int prefetch;	      /* dataset steps assembled ahead; < 0 = 4 */
 	int http_timeout_ms;  /* dataset HTTP request receiving nothing this long fails; 0 = 10 s */
 	int http_deadline_ms; /* one read of a dataset source, retries included; 0 = 60 s */
-	enum mlfs_log_level log_level; /* least severe level logged; 0 = info (mlfs_log.h) */
-	const char *token_file; /* the cluster token; NULL: cluster.json's token_file */
+	enum mlfs_log_level log_level; /* least severe level logged; 0 = info (common.h) */
+	const char *token_file;	       /* the cluster token; NULL: cluster.json's token_file */
 };
 
 /*
  * Mounts the store at o->mountpoint and serves it until unmounted (or
  * SIGINT/SIGTERM). Returns the process exit status: 0 after a clean
  * unmount, 1 with a message on stderr when it cannot start. While it runs,
- * events are logged (mlfs_log.h) to stderr with o->foreground, else to
- * syslog. Call once, from main().
+ * events are logged (mlfs_log, common/common.h) to stderr with
+ * o->foreground, else to syslog. Call once, from main().
  */
 int mlfs_daemon_run(const struct mlfs_options *o);
 
