@@ -23,7 +23,7 @@ DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson
 
 # The modules, one static library each, and what each may include (its own
 # headers and these folders' public headers). `make check-deps` enforces the
-# graph (tools/check_deps.sh); docs/internals/README.md explains it.
+# graph (tests/check_deps.sh); docs/internals/README.md explains it.
 #   ptc       -                       pure: schema, config, layout, plan
 #   common    ptc                     log, .npy, hashing, parallel loops, mapped copies
 #   net       -                       HTTP server and client, etcd client

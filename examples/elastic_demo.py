@@ -107,7 +107,7 @@ def main():
             print(f"mounted {mnt}")
             with open(os.path.join(mnt, "schema.json"), "w") as f:
                 json.dump(schema, f)
-            # One node of 8 devices: the README's layouts on a single machine.
+            # One node of 8 devices: the layouts of docs/concepts.md on a single machine.
             dataset = {"index": write_dataset(os.path.join(tmp, "data")), "global_batch": 16,
                        "seed": 7}
             with open(os.path.join(mnt, "config.json"), "w") as f:

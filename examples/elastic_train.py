@@ -58,7 +58,7 @@ NODE_DEVICES = 2
 NODE_SCHEDULE = [(2, 2, 1, ("n0", "n1")), (1, 2, 2, ("n1", "n2")), (4, 1, 1, ("n2", "n3")),
                  (2, 2, 2, ("n0", "n1", "n2", "n3")), (2, 1, 2, ("n3", "n0"))]
 # Tolerance on the loss, absolute. fp32: far above what another order of the same sums
-# gives (0 to 2 ulps, 1e-6, over 20 steps here; see the README), far below what a change
+# gives (0 to 2 ulps, 1e-6, over 20 steps here; see docs/training.md), far below what a change
 # of data or of state gives (0.01 and more). float64 (--dtype float64) shows that these
 # differences are rounding: the same runs then agree to about 1e-15.
 TOLERANCES = {"float32": 1e-5, "float64": 1e-12}

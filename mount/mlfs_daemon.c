@@ -404,6 +404,7 @@ out_daemon:
 	mlfs_backup_stop(st->backup);
 	daemon_free(d);
 out_free_store:
+	mlfs_reconf_shutdown(st); /* the transformer thread, a prepared attempt */
 	mlfs_store_release(st);
 	free(st);
 	return rc;

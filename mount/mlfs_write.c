@@ -52,7 +52,7 @@ static void jscan_run(struct mlfs_jscan *j, const char *t, size_t len)
 	}
 }
 
-/* The most bytes a control file's text may have (documented in the README). */
+/* The most bytes a control file's text may have (documented in docs/single-node.md). */
 static size_t text_limit(enum mlfs_kind k)
 {
 	switch (k) {

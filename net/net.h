@@ -5,9 +5,9 @@
  *
  * net depends on libc, libcurl, jansson (etcd) and pthreads only (not on ptc
  * or transform).
- * Its users: dataset shards and indexes (mlfs/mlfs_source.c), and next the
- * peer fetches of a reconfiguration (row ranges of partitions) and etcd's
- * v3 JSON gateway (POST /v3/kv/range and friends).
+ * Its users: dataset shards and indexes (dataset/mlfs_source.c), the peer
+ * fetches of a reconfiguration (row ranges of partitions, cluster/) and
+ * etcd's v3 JSON gateway (POST /v3/kv/range and friends, /v3/watch).
  *
  * Errors: every int function returns 0 or a negative errno and writes one
  * line, naming the URL and the reason, into a caller's buffer @why of

@@ -28,7 +28,7 @@
 #define PTC_MAX_DIMS 8
 
 /*
- * Limits on what a schema and a config describe (README "Limits"). The
+ * Limits on what a schema and a config describe (docs/single-node.md, "Limits"). The
  * daemon's metadata (names, trees, the partition table) grows with them and
  * is not counted against --max-memory, so each is bounded here and refused
  * at parse with a message naming the field and the limit. Paths stay within
@@ -223,7 +223,7 @@ struct ptc_shard {
 	int64_t first; /* global id of its first record */
 };
 
-/* index.json (README "The dataset"). */
+/* index.json (docs/dataset.md). */
 struct ptc_index {
 	enum ptc_records records;
 	enum ptc_dtype dtype; /* fixed: the record's; variable: informational */

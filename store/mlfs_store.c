@@ -88,7 +88,6 @@ out:
 
 void mlfs_store_release(struct mlfs_store *st)
 {
-	mlfs_reconf_shutdown(st);
 	mlfs_view_put(st->view);
 	ptc_schema_free(st->schema);
 	while (st->retired) {

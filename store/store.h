@@ -211,8 +211,8 @@ struct mlfs_store {
 
 int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cluster_text,
 		    int node, int64_t max_memory, int threads);
-/* Ends a reconfiguration in progress (mlfs_reconf_shutdown) and frees the
- * store. Called once, when no other thread uses the store. */
+/* Frees the store, after mlfs_reconf_shutdown ended any reconfiguration.
+ * Called once, when no other thread uses the store. */
 void mlfs_store_release(struct mlfs_store *st);
 
 static inline struct ptc_cluster *mlfs_store_cluster(const struct mlfs_store *st)

@@ -1,6 +1,6 @@
 /*
  * mlfs_dataset.c - `mlfs dataset index`: an index.json for a folder of raw
- * shards of fixed-size records (README "The dataset").
+ * shards of fixed-size records (docs/dataset.md).
  */
 #include <dirent.h>
 #include <errno.h>

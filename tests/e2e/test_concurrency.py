@@ -35,7 +35,7 @@ def cfg(version, tp=1, pp=1, dp=1):
 
 
 def mmap_load(path):
-    """The README's memory-map pattern: one open; the header and the mapping come
+    """The memory-map pattern of docs/single-node.md: one open; the header and the mapping come
     from the same file descriptor, so they describe the same version."""
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)

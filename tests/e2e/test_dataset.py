@@ -1,9 +1,9 @@
-"""Dataset views on a real mount (README "The dataset: exactly-once views across
+"""Dataset views on a real mount (docs/dataset.md "Views": exactly-once views across
 reconfigurations", DESIGN section 8): `mlfs dataset index`, the order of the
 sample stream through reconfigurations, the views under ranks/<r>/data/,
 variable records, HTTP sources with failures, corrupt indexes and refusals.
 
-Every expected view is computed here from the README with a small pure-Python
+Every expected view is computed here from docs/dataset.md with a small pure-Python
 reference (the cursor, batches, balanced DP slices), independent of the
 daemon's code. Records are self-describing: fixed record k is int32
 [k*1000, k*1000+1, ...], variable record k is int32 [k*1000, ...] of length
@@ -113,7 +113,7 @@ def dp_slices(batch, dp):
 
 
 class Cursor:
-    """README "Reconfiguration carries the cursor": segments of steps under one
+    """docs/dataset.md "Reconfiguration carries the cursor": segments of steps under one
     config; step S + k of a config that took effect at S consumes samples
     samples(S) + k * global_batch."""
 
@@ -184,7 +184,7 @@ def read_views(m, cfg, s, exts=FIXED_EXTS, dp=None):
     """Step s's views on every rank of @cfg as raw bytes; asserts that every TP/PP
     rank of a DP group sees identical bytes. Returns [{ext: bytes}] by DP rank.
     @dp: the data parallelism step s ran with, when it ran under an earlier
-    config (README: views of earlier steps keep their slices); DP ranks past it
+    config (docs/dataset.md: views of earlier steps keep their slices); DP ranks past it
     have no view of s (ENODATA)."""
     groups = {}
     dp = cfg["dp"] if dp is None else dp
@@ -395,7 +395,7 @@ def test_exactly_once_through_reconfigurations(mount_factory, tmp_path, shuffle)
 
 
 def test_earlier_step_views_keep_old_slices(mount, tmp_path):
-    """README: "earlier steps keep their old batches (views of steps before S are
+    """docs/dataset.md: "earlier steps keep their old batches (views of steps before S are
     computed with the config that was current then)": after dp 2 -> 4 at step 4,
     DP rank 0's and 1's views of step 3 are still the old config's slices 0 and 1
     (6 records each of global_batch 12), not slices of 4."""
@@ -500,7 +500,7 @@ def test_last_partial_batch(mount_factory, tmp_path, epochs):
 
 @pytest.mark.parametrize("rec", [REC, 1100])
 def test_windows(mount_factory, tmp_path, rec):
-    """README "Windows": <s>-<e>.npy and <s>-<e>.ids.npy stack the views of
+    """docs/dataset.md "Windows": <s>-<e>.npy and <s>-<e>.ids.npy stack the views of
     steps [s, e) of a rank: [e - s, local_batch, ...], through epoch ends
     and reconfigurations, as long as the local batch does not change (small
     records, and records of 4400 bytes: replies span pages)."""

@@ -1,4 +1,4 @@
-"""The README's worked example (examples/elastic_demo.py, run by `make demo`)
+"""The worked example of docs/single-node.md (examples/elastic_demo.py, run by `make demo`)
 keeps working: it mounts, imports, reconfigures, checks every partition and
 the dataset views through a dp change, and exits 0."""
 import os

@@ -10,7 +10,7 @@ change layout); imports of the "opt" state (all of it, with version j) run at
 any time, as do the readers. So any read of one partition, whatever the
 interleaving, must be one layout's slice of the global rows (its header and
 its bytes agreeing) holding one version; a full tensor must hold every global
-row in order. Readers use the three read patterns of the README: numpy.load,
+row in order. Readers use the three read patterns of docs/single-node.md: numpy.load,
 the one-open memory map and plain reads.
 """
 import errno

@@ -99,7 +99,7 @@ def test_elastic_training(mount_factory, tmp_path):
 
 def check_same_training(el, ref, n, work):
     """The elastic run @el trained the same as the reference @ref over @n steps."""
-    # The loss matches the never-changed run at every step (fp32; see the README for why
+    # The loss matches the never-changed run at every step (fp32; see docs/training.md for why
     # not bitwise), and so do the parameters and moments after the last step.
     diff = et.max_loss_diff(el["loss"], ref["loss"])
     assert diff <= et.TOLERANCE, {s: (el["loss"][s], ref["loss"][s]) for s in el["loss"]}

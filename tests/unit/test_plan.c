@@ -564,7 +564,7 @@ static void test_random_plans(void **state)
 		    from_backups > 0);
 }
 
-/* A fixed case with a known answer: the README example. */
+/* A fixed case with a known answer: the example of docs/concepts.md. */
 static void test_readme_example(void **state)
 {
 	(void)state;
