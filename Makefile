@@ -19,7 +19,7 @@ ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS)
 
 DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev \
 	libzstd-dev libxxhash-dev libcmocka-dev pkg-config python3-numpy python3-pytest etcd-server \
-	python3-torch python3-matplotlib iperf3
+	python3-torch python3-matplotlib iperf3 spin
 
 # The modules, one static library each, and what each may include (its own
 # headers and these folders' public headers). `make check-deps` enforces the
@@ -56,7 +56,7 @@ $(BUILD)/lib%.a:
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test unit demo deps bench fuzz format clean check-deps soak
+.PHONY: all test unit demo deps bench fuzz format clean check-deps soak model
 
 all: $(BUILD)/mlfs
 
@@ -114,6 +114,7 @@ test: deps
 	$(MAKE) check-deps
 	$(MAKE) all
 	$(MAKE) unit
+	tests/model/check.sh
 	$(PY) -m pytest -q tests/e2e
 ifeq ($(SANITIZE),)
 	@echo "== again under AddressSanitizer and UBSan (build/asan)"
@@ -142,6 +143,10 @@ bench: deps
 $(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS)
+
+# The protocol model (spin), bounded: a few seconds.
+model: deps
+	tests/model/check.sh
 
 check-deps:
 	@tests/check_deps.sh

@@ -29,8 +29,10 @@
  *  7. The coordinator commits when every participant voted ready for its
  *     attempt; aborts on a failed vote, a participant down, or the deadline.
  *  8. The previous layout is released once every node of the last commit
- *     serves the committed version (a node dying before its swap leaves
- *     the survivors' copies of the previous layout in place).
+ *     serves the committed version, up and not lost (a node dying before
+ *     its swap, or restarting without its memory after it, leaves the
+ *     survivors' copies of the previous layout in place).
+ * tests/model/protocol.pml models these rules for spin.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -194,7 +196,8 @@ int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts)
 		bool swapped = true;
 		for (int i = 0; i < s->nnodes; i++)
 			if (s->nodes[i].swap_waited)
-				swapped &= s->nodes[i].up && s->nodes[i].version >= s->have;
+				swapped &= s->nodes[i].up && !s->nodes[i].lost &&
+					   s->nodes[i].version >= s->have;
 		if (swapped)
 			add(&o, MLFS_ACT_RELEASE_RETAINED, s->retained, NULL);
 	}

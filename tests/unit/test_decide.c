@@ -231,6 +231,11 @@ static void test_death_after_the_vote(void **state)
 	j.nodes[0].version = j.nodes[1].version = 2;
 	j.nodes[2].up = false; /* died at version 1 */
 	assert_string_equal(decide(&j, NULL, 0), "");
+	/* Restarted without its memory: up at version 2, but lost. */
+	j.nodes[2].up = true;
+	j.nodes[2].version = 2;
+	j.nodes[2].lost = true;
+	assert_string_equal(decide(&j, NULL, 0), "");
 	/* A next commit (without n2) replaces what is waited for. */
 	j.nodes[2].swap_waited = false;
 	assert_string_equal(decide(&j, NULL, 0), "release-retained(1)");
