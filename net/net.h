@@ -93,8 +93,9 @@ int net_url_check(const char *url, char *why, size_t whylen);
 struct net_http_call {
 	int64_t start_ns; /* CLOCK_MONOTONIC ns the budget starts at; 0: now */
 	int deadline_ms;  /* the budget; <= 0: opts.deadline_ms */
-	/* Once *@stop is non-zero no further attempt starts (-ECANCELED, no
-	 * message); one in flight runs to its end. NULL: never. */
+	/* Once *@stop is non-zero no further attempt starts and the one in
+	 * flight ends within about a second, even when the server sends
+	 * nothing (-ECANCELED, "cancelled"). NULL: never. */
 	atomic_int *stop;
 	/* POST only: repeating the request is harmless (a range read, a put of
 	 * the same value). Otherwise a failed POST is retried only when it

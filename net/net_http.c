@@ -34,7 +34,9 @@
  * time up to max_backoff_ms, until retries are spent or the deadline
  * leaves no room for the next sleep; a POST not marked idempotent only
  * when it cannot have reached the server. A stop flag, checked before
- * each retry, ends a call early (-ECANCELED).
+ * each retry and by the progress callback during an attempt (at least
+ * about once a second, even while nothing arrives), ends a call early
+ * (-ECANCELED): an abort never waits for a hung server.
  */
 #include <assert.h>
 #include <errno.h>
@@ -98,6 +100,7 @@ struct xfer {
 	int64_t last_ns;  /* when the attempt began or last received bytes */
 	int64_t stall_ns; /* an attempt that receives nothing this long fails */
 	int64_t size;	  /* the object's size from a successful reply, or -1 */
+	atomic_int *stop; /* the call's stop flag: ends the attempt in flight too */
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -403,6 +406,11 @@ static int on_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off
 	struct xfer *x = arg;
 
 	(void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+	if (x->stop && atomic_load(x->stop)) {
+		snprintf(x->fail, sizeof(x->fail), "cancelled");
+		x->fail_rc = -ECANCELED;
+		return 1;
+	}
 	if (now_ns() - x->last_ns < x->stall_ns)
 		return 0;
 	snprintf(x->fail, sizeof(x->fail), "timed out (nothing received for %g s)",
@@ -610,10 +618,15 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 		x->size = -1;
 		x->last_ns = now_ns();
 		x->stall_ns = (int64_t)c->o.timeout_ms * 1000000;
+		x->stop = stop;
 		errbuf[0] = 0;
 		setup(c, h, url, x, hdrs, x->kind == X_RANGE ? range : NULL, errbuf, left_ms);
 		stat_add(&c->requests, 1);
 		CURLcode cres = curl_easy_perform(h);
+		if (x->fail_rc == -ECANCELED) {
+			rc = -ECANCELED;
+			break;
+		}
 		memcpy(prev, msg, sizeof(msg));
 		res = judge(x, cres, errbuf, idempotent, &rc, msg, sizeof(msg));
 		if (res == NET_RETRY && cres == CURLE_OPERATION_TIMEDOUT &&

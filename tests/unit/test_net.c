@@ -14,6 +14,7 @@
  */
 #include <inttypes.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -724,7 +725,8 @@ static void test_call(void **state)
 
 	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
 
-	/* A stop flag set: the attempt under way ends, no other starts. */
+	/* A stop flag set before the call: its first attempt ends before its
+	 * request reaches the server, and no other starts. */
 	atomic_init(&stop, 1);
 	struct net_http_call call = {.stop = &stop};
 	server_set(srv.port, "fail_rate=1&modes=500&reset=1");
@@ -732,7 +734,7 @@ static void test_call(void **state)
 	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, why, sizeof(why)),
 			 -ECANCELED);
 	server_stats(srv.port, &req, &failed, &conns);
-	assert_int_equal(req, 1);
+	assert_int_equal(req, 0);
 	struct net_http_stats st = stats(c);
 	assert_int_equal(st.requests, 1);
 	assert_int_equal(st.failures, 0);
@@ -758,6 +760,52 @@ static void test_call(void **state)
 	assert_non_null(strstr(why, "HTTP 500 after "));
 	assert_non_null(strstr(why, "attempts, deadline of 0.3 s reached"));
 	server_set(srv.port, "fail_rate=0");
+	net_http_free(c);
+}
+
+struct stopper {
+	atomic_int *stop;
+	int after_ms;
+};
+
+static void *stop_later(void *arg)
+{
+	struct stopper *s = arg;
+	usleep((useconds_t)s->after_ms * 1000);
+	atomic_store(s->stop, 1);
+	return NULL;
+}
+
+/* A stop flag set while a server sends nothing: the attempt in flight
+ * ends within about a second, not at the stall timeout (an abort never
+ * waits for a hung peer: issue 17, item 2). */
+static void test_stop_in_flight(void **state)
+{
+	(void)state;
+	struct net_http_opts o = {.retries = 3, .timeout_ms = 30000, .deadline_ms = 60000};
+	struct net_http *c;
+	char url[MAX_URL], why[WHY_LEN];
+	uint8_t *data;
+	size_t len;
+	atomic_int stop;
+	pthread_t t;
+
+	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
+	atomic_init(&stop, 0);
+	struct stopper s = {&stop, 300};
+	struct net_http_call call = {.stop = &stop};
+	server_set(srv.port, "fail_rate=1&modes=stall&stall_seconds=20&reset=1");
+	url_of(url, srv.port, "index.json");
+	assert_int_equal(pthread_create(&t, NULL, stop_later, &s), 0);
+	int64_t t0 = now_ms();
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, why, sizeof(why)),
+			 -ECANCELED);
+	int64_t ms = now_ms() - t0;
+	pthread_join(t, NULL);
+	assert_true(ms >= 250 && ms < 2500);
+	assert_non_null(strstr(why, "cancelled"));
+	assert_int_equal(stats(c).requests, 1); /* and no retry */
+	server_set(srv.port, "fail_rate=0&stall_seconds=5");
 	net_http_free(c);
 }
 
@@ -824,7 +872,7 @@ int main(void)
 	const struct CMUnitTest http_tests[] = {
 	    cmocka_unit_test(test_range),	 cmocka_unit_test(test_range_modes),
 	    cmocka_unit_test(test_get),		 cmocka_unit_test(test_post),
-	    cmocka_unit_test(test_post_retries), cmocka_unit_test(test_call),
+	    cmocka_unit_test(test_post_retries), cmocka_unit_test(test_call), cmocka_unit_test(test_stop_in_flight),
 	    cmocka_unit_test(test_threads),
 	};
 	int failed;
