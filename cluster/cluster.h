@@ -1,17 +1,22 @@
 /*
  * cluster.h - a job of many nodes: the control plane on etcd, the peer
- * data plane, backups.
+ * data plane, backups (DESIGN section 7). The daemon starts them in this
+ * order, before the mount serves: mlfs_peer_start, mlfs_backup_start,
+ * mlfs_cluster_start; and stops them after it stopped: the cluster, the
+ * peer server (its threads read the backups), the backups.
  */
 #ifndef MLFS_CLUSTER_H
 #define MLFS_CLUSTER_H
 
-/*
- * mlfs_cluster.h - the control plane of a job of many nodes, on etcd
- * (mlfs_cluster.c; DESIGN section 7).
- */
+#include <jansson.h>
 
 #include "store/store.h"
 #include "net/net.h"
+
+/* ------------------------------------------------------------------------
+ * The control plane of a job of many nodes, on etcd (mlfs_cluster.c and
+ * the files it runs).
+ */
 
 struct mlfs_cluster;
 
@@ -30,11 +35,10 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *w
  * key vanishes at once) and frees @c (NULL: fine). */
 void mlfs_cluster_stop(struct mlfs_cluster *c);
 
-/*
- * mlfs_peer.h - the data plane between nodes (mlfs_peer.c): this node's
- * server for its peers and the fetch of partition rows from theirs.
+/* ------------------------------------------------------------------------
+ * The data plane between nodes: this node's server for its peers
+ * (mlfs_peerserver.c) and the fetches from theirs (mlfs_peerclient.c).
  */
-
 
 struct mlfs_peer;
 
@@ -47,51 +51,54 @@ struct mlfs_peer;
  */
 int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out, char *why,
 		    size_t whylen);
-/* Stops serving (waits for replies in flight) and frees @pe (NULL: fine). */
+/* Stops serving (waits for replies in flight) and frees @pe and its
+ * client (NULL: fine): no fetch may run any more. */
 void mlfs_peer_stop(struct mlfs_peer *pe);
 /* The job/ file @path of cluster node @node, fetched with the token into a
  * new buffer (*@data, the caller's). Errors of net_http_get; -EHOSTUNREACH
  * without a data plane. Not from a FUSE worker. */
 int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,
 		      size_t *len, char *why, size_t whylen);
-/* The job/ manifest (mlfs_job_manifest) of cluster node @node. */
-int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *why,
-			   size_t whylen);
+/* The job/ manifest (mlfs_job_manifest) of cluster node @node into *@out
+ * (a new reference), within 2 s. Errors of net_http_get, -EIO (not a
+ * manifest), -EHOSTUNREACH without a data plane, with @why. Not from a
+ * FUSE worker. */
+int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *why, size_t whylen);
 /* The whole partition (@rank, @state, @tensor) of layout @l, as saved at
  * step @snap, from cluster node @node into @dst (its size); no new try
- * starts once *@stop is set. 0, -EINVAL (@dst's size), or
- * net_http_get_range's errors (a 409: the node saved another step
- * meanwhile), with @why. Not from a FUSE worker. */
+ * starts once *@stop is set. 0, -EINVAL (@dst's size), -EHOSTUNREACH
+ * without a data plane, or net_http_get_range's errors (a 409: the node
+ * saved another step meanwhile), with @why. Not from a FUSE worker. */
 int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout *l, int rank,
 		       int state, int tensor, int64_t snap, struct xf_buf *dst, atomic_int *stop,
 		       char *why, size_t whylen);
-/* The port the server listens on. */
+/* The port the server listens on. Any thread. */
 int mlfs_peer_port(const struct mlfs_peer *pe);
 
-/*
- * mlfs_backup.h - backups of the saved state of the previous node, for a
- * config with "replicas": 1 (mlfs_backup.c; DESIGN section 7).
+/* ------------------------------------------------------------------------
+ * Backups of the saved state of the previous node, for a config with
+ * "replicas": 1 (mlfs_backup.c).
  */
-
-#include <jansson.h>
-
 
 struct mlfs_backup;
 
 /* Starts keeping backups for @st (a job of many nodes, with a data plane:
  * mlfs_peer_start first). 0, -ENOMEM, or a pthread error. */
 int mlfs_backup_start(struct mlfs_store *st, struct mlfs_backup **out);
-/* Stops the thread and frees the backups (NULL: fine). */
+/* Stops the thread and frees the backups (NULL: fine). After the peer
+ * server stopped. */
 void mlfs_backup_stop(struct mlfs_backup *b);
-/* The saved steps may have changed (a round of the control plane). */
+/* The saved steps may have changed (a round of the control plane). NULL:
+ * nothing. Any thread. */
 void mlfs_backup_kick(struct mlfs_backup *b);
 /* What this node holds, for its etcd entry and status.json:
- * {"of": node id, "version", "steps": {"<rank>": step}, "bytes"[, "error"]},
- * or NULL when it holds none (no "replicas" in the current config). */
+ * {"of": node id, "version", "steps": {"<rank>": step}, "bytes"[, "error"]}
+ * (a new reference), or NULL when it holds none (no "replicas" in the
+ * current config; @b NULL). Any thread. */
 json_t *mlfs_backup_describe(struct mlfs_backup *b);
 /* The backup of partition (@rank, @state, @tensor) of layout @version,
- * pinned, its checksum verified (once); NULL with @why when there is none
- * or it is corrupt. Peer server threads. */
+ * pinned (the caller's: xf_buf_put), its checksum verified (once); NULL
+ * with @why when there is none or it is corrupt. Peer server threads. */
 struct xf_buf *mlfs_backup_get(struct mlfs_backup *b, int64_t version, int rank, int state,
 			       int tensor, char *why, size_t whylen);
 

@@ -10,7 +10,7 @@
  * it pins those buffers (mlfs_view_snap; zero-copy, shared with the
  * partitions until a write replaces one) and serves them to this thread
  * as /v1/part?...&snap=<step>. This thread follows the steps that node
- * publishes in etcd (mlfs_cluster.c copies them into st->steps) and, for
+ * publishes in etcd (mlfs_nodeentry.c copies them into st->steps) and, for
  * each of its ranks whose step moved, fetches the rank's partitions at that
  * step into new buffers, each checksummed (XXH3), and swaps them in at
  * once: a rank's backup is one step, whole, never a mix. A fetch that
@@ -24,12 +24,17 @@
  * it holds every rank of that node at the step the job agreed on, and
  * tells the plan so (the attempt's "backups"). The peer server then serves
  * those rows from here (/v1/part?...&backup=1), checking the checksum once.
+ * So this file fetches with the peer client (mlfs_peer_get_part) and is
+ * called by the peer server (mlfs_backup_get) and the control plane
+ * (kick, describe); it calls neither of them (a backup taken is published
+ * through the store's steps_saved hook).
  *
  * Memory: backups are counted in --max-memory like partitions; a backup
  * that does not fit is not taken (status.json's backup error says so).
  *
  * Threads: one backup thread; peer server threads (mlfs_backup_get);
- * the control thread (kick, describe). b->lock guards the table.
+ * the control thread, I/O workers and status.json readers (kick,
+ * describe). b->lock guards the table; nothing is taken under it.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -56,7 +61,7 @@ struct mlfs_backup {
 	int64_t version;
 	int of; /* cluster node index, -1: none */
 	int r0, n, nst, nt;
-	int64_t *step;	     /* per rank: the step held, -1: none */
+	int64_t *step;	      /* per rank: the step held, -1: none */
 	struct xf_buf **bufs; /* per (rank, state, tensor) */
 	uint64_t *sum;
 	bool *verified; /* per slot: the checksum was checked since it was taken */

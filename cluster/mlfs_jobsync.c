@@ -1,8 +1,10 @@
 /*
  * mlfs_jobsync.c - job/ across the nodes of a job: the coordinator merges
  * the participants' job/ trees into one manifest (in the attempt), and
- * each participant stages that tree before it votes (mlfs_cluster.c swaps
- * it in at the commit). See mlfs_jobsync.h.
+ * each participant stages that tree before it votes (mlfs_attempt.c swaps
+ * it in at the commit). The other nodes' trees and files come through the
+ * peer client (mlfs_peer_job_manifest, mlfs_peer_job_get). See
+ * cluster_i.h.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -12,10 +14,8 @@
 #include <jansson.h>
 
 #include "cluster/cluster_i.h"
-#include "cluster/cluster.h"
 
-/* The job/ node at @path under @root, or NULL. */
-static struct mlfs_job *job_at(struct mlfs_job *root, const char *path)
+struct mlfs_job *mlfs_jobsync_find(struct mlfs_job *root, const char *path)
 {
 	struct mlfs_job *j = root;
 	while (j && *path) {
@@ -50,9 +50,9 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 		const char *slash = strrchr(path, '/');
 		char parent[4096];
 		snprintf(parent, sizeof(parent), "%.*s", slash ? (int)(slash - path) : 0, path);
-		struct mlfs_job *dir = job_at(root, parent), *f;
+		struct mlfs_job *dir = mlfs_jobsync_find(root, parent), *f;
 		if (!dir || (rc = mlfs_job_create(dir, slash ? slash + 1 : path,
-							   json_is_true(json_object_get(e, "d")), &f))) {
+						  json_is_true(json_object_get(e, "d")), &f))) {
 			snprintf(why, whylen, "job/%s: cannot stage it", path);
 			rc = rc ? rc : -EINVAL;
 			break;
@@ -62,7 +62,7 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 		uint64_t want = strtoull(json_string_value(json_object_get(e, "h")), NULL, 16);
 		size_t size = (size_t)json_integer_value(json_object_get(e, "n"));
 		pthread_mutex_lock(&st->lock); /* alike here? */
-		struct mlfs_job *mine = job_at(st->job, path);
+		struct mlfs_job *mine = mlfs_jobsync_find(st->job, path);
 		if (mine && !mine->dir && mine->size == size && mlfs_job_hash(mine) == want)
 			rc = mlfs_job_set(f, mine->data, size);
 		else
@@ -82,7 +82,8 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 		}
 		if ((rc = mlfs_peer_job_get(st, from, path, &data, &len, why, whylen)) == 0) {
 			if (len != size || mlfs_hash(data, len) != want) {
-				snprintf(why, whylen, "job/%s: the coordinator's copy changed", path);
+				snprintf(why, whylen, "job/%s: the coordinator's copy changed",
+					 path);
 				rc = -EIO;
 			} else {
 				rc = mlfs_job_set(f, data, len);
@@ -133,7 +134,7 @@ json_t *mlfs_jobsync_merge(struct mlfs_store *st, const char *me, const json_t *
 			const char *path = json_string_value(json_object_get(e, "p"));
 			json_t *have = path ? json_object_get(by, path) : NULL;
 			if (!path || (have && json_integer_value(json_object_get(have, "m")) >=
-						   json_integer_value(json_object_get(e, "m"))))
+						  json_integer_value(json_object_get(e, "m"))))
 				continue;
 			json_object_set_new(e, "s", json_string(id));
 			json_object_set(by, path, e);

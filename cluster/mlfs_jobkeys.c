@@ -1,0 +1,74 @@
+/*
+ * mlfs_jobkeys.c - the job's keys in etcd, under /mlfs/<job>/ (the table
+ * in mlfs_cluster.c's DESIGN block): their names, and the one read of them
+ * all that each round of the control thread, and each proposal, decides
+ * from.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cluster/cluster_i.h"
+
+void mlfs_jobkeys_name(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+	size_t n = (size_t)snprintf(buf, cap, "%s", c->prefix);
+	va_start(ap, fmt);
+	vsnprintf(buf + n, cap - n, fmt, ap);
+	va_end(ap);
+}
+
+/* The version of a config text, or -1. */
+static int64_t config_version(const char *text, size_t len)
+{
+	json_t *j = json_loadb(text, len, 0, NULL);
+	int64_t v = json_is_integer(json_object_get(j, "version"))
+			? json_integer_value(json_object_get(j, "version"))
+			: -1;
+	json_decref(j);
+	return v;
+}
+
+void mlfs_jobkeys_free(struct mlfs_jobkeys *k)
+{
+	net_etcd_kvs_free(k->kvs, k->n);
+	json_decref(k->nodes);
+	json_decref(k->attempt_j);
+	memset(k, 0, sizeof(*k));
+}
+
+int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, char *why, size_t whylen)
+{
+	size_t plen = strlen(c->prefix);
+	int rc;
+
+	memset(k, 0, sizeof(*k));
+	if ((rc =
+		 net_etcd_range(c->etcd, c->prefix, true, &k->kvs, &k->n, NULL, NULL, why, whylen)))
+		return rc;
+	k->nodes = json_object();
+	for (size_t i = 0; i < k->n; i++) {
+		const struct net_etcd_kv *kv = &k->kvs[i];
+		const char *name = kv->key + plen;
+		if (strcmp(name, "schema") == 0)
+			k->schema = kv;
+		else if (strcmp(name, "cluster") == 0)
+			k->cluster = kv;
+		else if (strcmp(name, "config") == 0)
+			k->config = kv, k->config_mod = kv->mod_revision;
+		else if (strcmp(name, "attempt") == 0)
+			k->attempt = kv;
+		else if (strncmp(name, "nodes/", 6) == 0)
+			json_object_set_new(k->nodes, name + 6,
+					    json_loadb(kv->value, kv->len, 0, NULL)
+						?: json_object());
+	}
+	if (k->attempt)
+		k->attempt_j = json_loadb(k->attempt->value, k->attempt->len, 0, NULL);
+	k->committed = k->config ? config_version(k->config->value, k->config->len) : 0;
+	return 0;
+}

@@ -1,0 +1,121 @@
+/*
+ * mlfs_join.c - this node joins the job's cluster, and follows it as it
+ * grows. The job's cluster.json is etcd's "cluster" key: the first node
+ * puts its own; a node whose cluster.json extends the job's (the same
+ * nodes first, more after them) replaces it; a node whose cluster.json
+ * the job's extends takes the job's; any other refuses to join, saying
+ * so. Every node takes a longer one within a round (mlfs_join_sync).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/cluster_i.h"
+#include "common/common.h"
+
+/* One try at joining the job's cluster (etcd key @k): 0, -EAGAIN when the
+ * key changed meanwhile, or an error with @why. */
+static int join_once(struct mlfs_cluster *c, const char *k, char *why, size_t whylen)
+{
+	struct mlfs_store *st = c->st;
+	const char *mine = mlfs_store_cluster_text(st);
+	struct net_etcd_cmp absent = {
+	    .key = k, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
+	struct net_etcd_op put = {
+	    .kind = NET_ETCD_PUT, .key = k, .value = mine, .len = strlen(mine)};
+	struct net_etcd_kv kv;
+	struct ptc_cluster *theirs = NULL;
+	struct ptc_error err = {""}, err2 = {""};
+	char e[512];
+	bool ok = false;
+	int rc;
+
+	if (net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL, e, sizeof(e)) ||
+	    (!ok && net_etcd_get(c->etcd, k, &kv, NULL, e, sizeof(e)))) {
+		snprintf(why, whylen, "etcd at %s: %s", mlfs_store_cluster(st)->etcd, e);
+		return -EIO;
+	}
+	if (ok)
+		return 0; /* the first node */
+	if ((rc = ptc_cluster_parse_text(kv.value, kv.len, "the job's cluster.json", &theirs,
+					 &err)) == 0) {
+		if (ptc_cluster_extends(theirs, mlfs_store_cluster(st), &err) == 0) {
+			if (theirs->nnodes < mlfs_store_cluster(st)->nnodes) { /* we add nodes */
+				struct net_etcd_cmp same = {.key = k,
+							    .target = NET_ETCD_MOD,
+							    .result = NET_ETCD_EQUAL,
+							    .num = kv.mod_revision};
+				rc = net_etcd_txn(c->etcd, &same, 1, &put, 1, NULL, 0, &ok, NULL,
+						  NULL, e, sizeof(e))
+					 ? (snprintf(why, whylen, "etcd at %s: %s",
+						     mlfs_store_cluster(st)->etcd, e),
+					    -EIO)
+				     : ok ? 0
+					  : -EAGAIN;
+				if (rc == 0)
+					mlfs_log(MLFS_LOG_INFO,
+						 "cluster: this node's cluster.json adds %d nodes "
+						 "to the job's %d",
+						 mlfs_store_cluster(st)->nnodes - theirs->nnodes,
+						 theirs->nnodes);
+			}
+		} else if (ptc_cluster_extends(mlfs_store_cluster(st), theirs, &err2) == 0) {
+			/* nodes joined since our cluster.json was written */
+			rc = mlfs_store_grow_cluster(st, kv.value, kv.len, &err2);
+			rc = rc < 0 ? (snprintf(why, whylen, "%s", err2.text), rc) : 0;
+		} else {
+			rc = -EINVAL;
+		}
+	}
+	if (rc == -EINVAL)
+		snprintf(
+		    why, whylen,
+		    "cluster.json differs from the job \"%s\"'s (etcd key %s): %s; every "
+		    "node mounts with the job's cluster.json, or one that adds nodes at its end",
+		    mlfs_store_cluster(st)->job, k, err.text);
+	ptc_cluster_free(theirs);
+	free(kv.key);
+	free(kv.value);
+	return rc;
+}
+
+int mlfs_join_cluster(struct mlfs_cluster *c, char *why, size_t whylen)
+{
+	char k[512];
+	int rc;
+
+	mlfs_jobkeys_name(c, k, sizeof(k), "cluster");
+	for (int tries = 0; (rc = join_once(c, k, why, whylen)) == -EAGAIN; tries++)
+		if (tries == 20) {
+			snprintf(why, whylen, "the job's cluster.json (etcd key %s) kept changing",
+				 k);
+			break;
+		}
+	return rc;
+}
+
+void mlfs_join_sync(struct mlfs_cluster *c, const struct mlfs_jobkeys *k)
+{
+	const char *have = mlfs_store_cluster_text(c->st);
+	struct ptc_error err = {""};
+
+	if (!k->cluster || (strlen(have) == k->cluster->len &&
+			    memcmp(have, k->cluster->value, k->cluster->len) == 0))
+		return;
+	pthread_mutex_lock(&c->lock);
+	bool seen = k->cluster->mod_revision == c->cluster_mod;
+	c->cluster_mod = k->cluster->mod_revision;
+	pthread_mutex_unlock(&c->lock);
+	if (seen)
+		return;
+	int rc = mlfs_store_grow_cluster(c->st, k->cluster->value, k->cluster->len, &err);
+	if (rc == 1)
+		mlfs_log(MLFS_LOG_INFO, "cluster: nodes joined the job: it has %d nodes now",
+			 mlfs_store_cluster(c->st)->nnodes);
+	else if (rc < 0)
+		mlfs_log(MLFS_LOG_WARNING,
+			 "cluster: the job's cluster.json in etcd does not "
+			 "extend this node's: %s",
+			 err.text);
+}

@@ -1,0 +1,260 @@
+/*
+ * mlfs_peerclient.c - the data plane's client: fetches rows of partitions
+ * (a reconfiguration's FETCH ops), whole saved partitions (backups) and
+ * job/ files from the other nodes' peer servers (mlfs_peerserver.c lists
+ * the requests). Every request carries the cluster token.
+ *
+ * DESIGN
+ * The fetch (mlfs_store.fetch) runs on transformer workers, one piece of
+ * about 1 MiB rows per call (xf_execute cuts them): one ranged GET whose
+ * reply is written straight into the destination partition, one iovec per
+ * outer block. net_http retries it (another attempt on the same node);
+ * its deadline bounds it. When the source node cannot serve, every other
+ * node holding the same rows (a DP replica) is tried, in rank order; rows
+ * of a down node come from its backup holder, and from nowhere else.
+ *
+ * Threads: transformer workers (the fetch), the backup thread
+ * (mlfs_peer_get_part), the control thread and I/O workers (job/ files),
+ * all at once. Nothing here holds a lock but the store's, briefly, to pin
+ * a view.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/cluster_i.h"
+
+struct mlfs_peerclient {
+	struct mlfs_store *st;
+	struct net_http *http; /* carries the token */
+};
+
+void mlfs_peer_part_geometry(const struct ptc_layout *l, int rank, int state, int tensor,
+			     int64_t *outer, int64_t *prows, int64_t *rb)
+{
+	const struct ptc_tensor *T = &l->schema->tensors[tensor];
+	int64_t rowel;
+	ptc_tensor_geometry(T, outer, &rowel);
+	*prows = 1;
+	if (T->split_dim >= 0) {
+		struct ptc_slice sl;
+		ptc_slice_compute(T, l->tp, l->ranks[rank].t, &sl);
+		*prows = sl.rows;
+	}
+	*rb = rowel * (int64_t)ptc_dtype_size(ptc_schema_dtype(l->schema, state, tensor));
+}
+
+/* ----------------------------------------------------------------- fetch */
+
+/* One GET of @url's @len bytes into @iov, exactly; no new try once *@stop. */
+static int get_rows(struct mlfs_peerclient *cl, const char *url, struct iovec *iov, int iovcnt,
+		    int64_t len, atomic_int *stop, char *why, size_t whylen)
+{
+	struct net_http_range rg = {.off = 0, .len = len, .iov = iov, .iovcnt = iovcnt};
+	struct net_http_call call = {.stop = stop};
+	int rc = net_http_get_range(cl->http, url, &rg, &call, why, whylen);
+	if (rc == 0 && rg.got != rg.len) {
+		snprintf(why, whylen, "%.300s: %" PRId64 " bytes, expected %" PRId64, url, rg.got,
+			 rg.len);
+		rc = -EIO;
+	}
+	return rc;
+}
+
+/* One GET of rows of (@rank, op's state and source tensor) from @node. */
+static int fetch_from(struct mlfs_peerclient *cl, int node, int rank, int64_t version,
+		      const struct ptc_op *op, struct iovec *iov, int64_t outer, int64_t len,
+		      char *why, size_t whylen)
+{
+	const struct ptc_node *n = &mlfs_store_cluster(cl->st)->nodes[node];
+	char url[NET_MAX_URL];
+
+	snprintf(url, sizeof(url),
+		 "http://%s/v1/part?version=%" PRId64 "&rank=%d&state=%d&tensor=%d&row=%" PRId64
+		 "&rows=%" PRId64 "%s%s",
+		 n->addr, version, rank, op->state, op->src_tensor, op->src_row, op->rows,
+		 op->dst_node < 0 ? "&full=1" : "", op->backup ? "&backup=1" : "");
+	return get_rows(cl, url, iov, (int)outer, len, &cl->st->cancel /* an abort ends it */, why,
+			whylen);
+}
+
+/*
+ * The plan's piece @op: from its source node, and when that fails, from
+ * every other node holding the same rows in layout @version (a DP replica:
+ * the same TP rank of a stage that holds the tensor), in rank order.
+ */
+static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8_t *dst,
+		      int64_t dst_rows, int64_t outer, int64_t row_bytes)
+{
+	struct mlfs_peerclient *cl = arg;
+	char why[512], first[512] = "";
+	struct iovec stack[64], *iov = outer <= 64 ? stack : malloc((size_t)outer * sizeof(*iov));
+
+	if (!iov)
+		return -ENOMEM;
+	for (int64_t o = 0; o < outer; o++)
+		iov[o] = (struct iovec){dst + (o * dst_rows + op->dst_row) * row_bytes,
+					(size_t)(op->rows * row_bytes)};
+	int64_t len = outer * op->rows * row_bytes;
+	int src = op->src_node;
+	if (op->backup) { /* src_node is down: its backup holder serves the rows */
+		struct mlfs_view *cur = mlfs_store_view(cl->st);
+		src = cur && cur->config->version == version
+			  ? ptc_layout_backup_holder(&cur->layout, op->src_node)
+			  : -1;
+		mlfs_view_put(cur);
+		if (src < 0) {
+			if (iov != stack)
+				free(iov);
+			mlfs_store_note_error(cl->st, "fetch from a backup: the layout changed");
+			return -ESTALE;
+		}
+	}
+	int rc =
+	    fetch_from(cl, src, op->src_rank, version, op, iov, outer, len, first, sizeof(first));
+	struct mlfs_view *v = rc && !op->backup ? mlfs_store_view(cl->st) : NULL;
+	if (v && v->config->version == version) {
+		const struct ptc_layout *l = &v->layout;
+		for (int r = 0; r < l->world && rc && rc != -ECANCELED; r++) {
+			int node = l->ranks[r].node;
+			if (r == op->src_rank || node == op->src_node || node == cl->st->node ||
+			    l->ranks[r].t != l->ranks[op->src_rank].t ||
+			    !ptc_layout_holds(l, r, op->src_tensor))
+				continue;
+			rc =
+			    fetch_from(cl, node, r, version, op, iov, outer, len, why, sizeof(why));
+		}
+	}
+	mlfs_view_put(v);
+	if (iov != stack)
+		free(iov);
+	if (rc) {
+		char msg[700];
+		snprintf(msg, sizeof(msg), "fetch from node %s%s: %s",
+			 mlfs_store_cluster(cl->st)->nodes[src].id, op->backup ? " (a backup)" : "",
+			 first);
+		mlfs_store_note_error(cl->st, msg);
+	}
+	return rc;
+}
+
+/* The client @st fetches with (mlfs_peerclient_attach), or NULL: a daemon
+ * without a data plane. */
+static struct mlfs_peerclient *client_of(const struct mlfs_store *st)
+{
+	return st->fetch == peer_fetch ? st->fetch_arg : NULL;
+}
+
+/* ------------------------------------------------------ cluster.h fetches */
+
+int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout *l, int rank,
+		       int state, int tensor, int64_t snap, struct xf_buf *dst, atomic_int *stop,
+		       char *why, size_t whylen)
+{
+	struct mlfs_peerclient *cl = client_of(st);
+	char url[NET_MAX_URL];
+	int64_t outer, prows, rb;
+
+	if (!cl)
+		return -EHOSTUNREACH;
+	mlfs_peer_part_geometry(l, rank, state, tensor, &outer, &prows, &rb);
+	if (dst->size != outer * prows * rb) {
+		snprintf(why, whylen, "rank %d's partition: %" PRId64 " bytes, expected %" PRId64,
+			 rank, dst->size, outer * prows * rb);
+		return -EINVAL;
+	}
+	snprintf(url, sizeof(url),
+		 "http://%s/v1/part?version=%" PRId64
+		 "&rank=%d&state=%d&tensor=%d&row=0&rows=%" PRId64 "&snap=%" PRId64 "&full=1",
+		 mlfs_store_cluster(st)->nodes[node].addr, l->config->version, rank, state, tensor,
+		 prows, snap);
+	struct iovec iov = {dst->data, (size_t)dst->size};
+	return get_rows(cl, url, &iov, 1, dst->size, stop, why, whylen);
+}
+
+int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,
+		      size_t *len, char *why, size_t whylen)
+{
+	struct mlfs_peerclient *cl = client_of(st);
+	char url[NET_MAX_URL];
+
+	if (!cl)
+		return -EHOSTUNREACH;
+	size_t n = (size_t)snprintf(
+	    url, sizeof(url), "http://%s/v1/job?path=", mlfs_store_cluster(st)->nodes[node].addr);
+	for (const unsigned char *p = (const unsigned char *)path; *p && n + 4 < sizeof(url); p++)
+		n += (size_t)snprintf(url + n, sizeof(url) - n,
+				      isalnum(*p) || strchr("/._-~", *p) ? "%c" : "%%%02X", *p);
+	return net_http_get(cl->http, url, (int64_t)MLFS_JOB_FILE_MAX, data, len, NULL, why,
+			    whylen);
+}
+
+int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *why, size_t whylen)
+{
+	struct mlfs_peerclient *cl = client_of(st);
+	char url[NET_MAX_URL];
+	uint8_t *data = NULL;
+	size_t len = 0;
+	json_error_t je;
+
+	*out = NULL;
+	if (!cl)
+		return -EHOSTUNREACH;
+	snprintf(url, sizeof(url), "http://%s/v1/jobmanifest",
+		 mlfs_store_cluster(st)->nodes[node].addr);
+	/* a frozen node must not stall a write */
+	struct net_http_call call = {.deadline_ms = 2000};
+	int rc = net_http_get(cl->http, url, (int64_t)64 << 20, &data, &len, &call, why, whylen);
+	if (rc)
+		return rc;
+	*out = json_loadb((const char *)data, len, 0, &je);
+	free(data);
+	if (!json_is_array(*out)) {
+		json_decref(*out);
+		*out = NULL;
+		snprintf(why, whylen, "%.300s: not a job/ manifest", url);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+int mlfs_peerclient_new(struct mlfs_store *st, const char *token, struct mlfs_peerclient **out,
+			char *why, size_t whylen)
+{
+	struct mlfs_peerclient *cl = calloc(1, sizeof(*cl));
+	char hdr[300];
+	int rc;
+
+	*out = NULL;
+	if (!cl)
+		return -ENOMEM;
+	cl->st = st;
+	snprintf(hdr, sizeof(hdr), "Authorization: Bearer %s", token);
+	const char *headers[] = {hdr, NULL};
+	struct net_http_opts ho = {.timeout_ms = 10000, .deadline_ms = 120000, .headers = headers};
+	if ((rc = net_http_new(&ho, &cl->http, why, whylen))) {
+		free(cl);
+		return rc;
+	}
+	*out = cl;
+	return 0;
+}
+
+void mlfs_peerclient_attach(struct mlfs_peerclient *cl)
+{
+	cl->st->fetch = peer_fetch;
+	cl->st->fetch_arg = cl;
+}
+
+void mlfs_peerclient_free(struct mlfs_peerclient *cl)
+{
+	if (!cl)
+		return;
+	net_http_free(cl->http);
+	free(cl);
+}

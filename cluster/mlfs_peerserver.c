@@ -1,0 +1,320 @@
+/*
+ * mlfs_peerserver.c - the data plane's server: this node serves its peers
+ * rows of its partitions (a reconfiguration's fetches, backups), job/
+ * files and health, to requests carrying the cluster token. Starting the
+ * data plane (mlfs_peer_start) also starts its client (mlfs_peerclient.c),
+ * with which this node fetches from theirs.
+ *
+ * DESIGN
+ * Requests (net_server: token checked, bounded), all GET:
+ *   /v1/health                   {"node", "version", "state"}
+ *   /v1/part?version=V&rank=R&state=S&tensor=T&row=A&rows=N
+ *       rows [A, A+N) of partition (R, S, T) of layout version V, for every
+ *       outer block (ptc_tensor_geometry), back to back: outer * N * row
+ *       bytes. Indices are the schema's (every node has the same schema:
+ *       etcd's "schema" key says so). Gathered from the partition's buffer
+ *       as the reply is sent (net_reply_stream): no copy of the range, and
+ *       the buffer pinned until the reply ends, so a commit meanwhile
+ *       cannot free it. With &snap=STEP: the rank's saved state at that
+ *       step (a 409 when it saved another); with &backup=1: a dead node's
+ *       rows from the backup this node holds (mlfs_backup.c); with
+ *       &full=1: not counted in the reconfiguration's bytes served.
+ *   /v1/job?path=P               a job/ file's bytes
+ *   /v1/jobmanifest              the job/ tree: paths, sizes, hashes, mtimes
+ * Only the current layout is served: during an attempt that is the old
+ * one (the one peers fetch from), until the commit. Every parameter is
+ * checked before use; a bad one is a 400 naming it, an unknown partition a
+ * 404, a version that is not (or no longer) current a 409.
+ *
+ * Threads: server threads run the handlers. Nothing here holds a lock but
+ * the store's, briefly, to pin a buffer or copy a job/ file.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/cluster_i.h"
+
+struct mlfs_peer {
+	struct mlfs_store *st;
+	struct net_server *server;
+	struct mlfs_peerclient *client;
+};
+
+/* A non-negative decimal argument below @max into *@v; false when absent
+ * or malformed. */
+static bool arg_int(struct net_request *r, const char *name, int64_t max, int64_t *v)
+{
+	const char *s = net_request_arg(r, name);
+	char *end;
+	if (!s || !*s || strlen(s) > 19 || s[0] == '-' || s[0] == '+')
+		return false;
+	errno = 0;
+	long long x = strtoll(s, &end, 10);
+	if (*end || errno || x < 0 || x >= max)
+		return false;
+	*v = x;
+	return true;
+}
+
+/* ------------------------------------------------------------ partitions */
+
+/* Rows of a pinned partition, gathered block by block as they are sent. */
+struct part_stream {
+	struct mlfs_store *st;
+	bool count; /* a reconfiguration's fetch: counted in st->served */
+	struct xf_buf *buf;
+	int64_t prows, row, rows, rb; /* partition rows; the range; row bytes */
+};
+
+static ssize_t part_read(void *arg, uint64_t pos, char *out, size_t max)
+{
+	struct part_stream *p = arg;
+	int64_t seg = p->rows * p->rb, done = 0;
+	while ((size_t)done < max) {
+		int64_t at = (int64_t)pos + done, o = at / seg, off = at % seg;
+		int64_t n = seg - off < (int64_t)max - done ? seg - off : (int64_t)max - done;
+		if ((o + 1) * p->prows * p->rb > p->buf->size)
+			break; /* past the last block */
+		memcpy(out + done, p->buf->data + (o * p->prows + p->row) * p->rb + off, (size_t)n);
+		done += n;
+	}
+	if (p->count)
+		atomic_fetch_add(&p->st->served, done);
+	return done ? done : -1;
+}
+
+static void part_done(void *arg)
+{
+	struct part_stream *p = arg;
+	xf_buf_put(p->buf);
+	free(p);
+}
+
+static void serve_part(struct mlfs_peer *pe, struct net_request *r)
+{
+	struct mlfs_store *st = pe->st;
+	struct mlfs_view *v = mlfs_store_view(st);
+	int64_t version, rank, state, tensor, row, rows;
+
+	if (!v) {
+		net_reply_error(r, 409, "no layout yet");
+		return;
+	}
+	const struct ptc_layout *l = &v->layout;
+	const struct ptc_schema *s = l->schema;
+	if (atomic_load(&st->lost)) {
+		net_reply_error(r, 409, "node %s restarted and lost its partitions",
+				mlfs_store_cluster(st)->nodes[st->node].id);
+		goto out;
+	}
+	if (!arg_int(r, "version", INT64_MAX, &version) || !arg_int(r, "rank", l->world, &rank) ||
+	    !arg_int(r, "state", s->nstates, &state) ||
+	    !arg_int(r, "tensor", s->ntensors, &tensor) ||
+	    !arg_int(r, "row", INT64_MAX / 2, &row) || !arg_int(r, "rows", INT64_MAX / 2, &rows) ||
+	    rows == 0) {
+		net_reply_error(r, 400,
+				"expected version, rank < %d, state < %d, tensor < %d, "
+				"row and rows > 0, each a decimal number",
+				l->world, s->nstates, s->ntensors);
+		goto out;
+	}
+	if (version != v->config->version) {
+		net_reply_error(r, 409, "layout version %" PRId64 " is not current (%" PRId64 ")",
+				version, v->config->version);
+		goto out;
+	}
+	const struct ptc_tensor *T = &s->tensors[tensor];
+	int64_t outer, prows, rb;
+	mlfs_peer_part_geometry(l, (int)rank, (int)state, (int)tensor, &outer, &prows, &rb);
+	struct xf_buf *b = NULL;
+	int64_t snap, have;
+	char why[256] = "";
+	if (net_request_arg(r, "snap")) { /* the saved state, for a backup */
+		if (!arg_int(r, "snap", INT64_MAX, &snap)) {
+			net_reply_error(r, 400, "snap must be a step number");
+			goto out;
+		}
+		if (!(b = mlfs_view_snap_get(st, v, (int)rank, (int)state, (int)tensor, snap,
+					     &have)) &&
+		    have != snap) {
+			net_reply_error(r, 409,
+					"rank %" PRId64 "'s saved state is at step %" PRId64
+					", not %" PRId64,
+					rank, have, snap);
+			goto out;
+		}
+	} else if (net_request_arg(r, "backup")) { /* a dead node's, from its backup */
+		if (!(b = mlfs_backup_get(mlfs_backup_of(st), version, (int)rank, (int)state,
+					  (int)tensor, why, sizeof(why)))) {
+			net_reply_error(r, 404, "%s", why);
+			goto out;
+		}
+	} else {
+		b = mlfs_store_part_get(st, v, (int)rank, (int)state, (int)tensor);
+	}
+	if (!b) {
+		net_reply_error(r, 404, "partition (rank %" PRId64 ", %s, %s) is not on this node",
+				rank, s->states[state].name, T->name);
+		goto out;
+	}
+	if (row + rows > prows || b->size != outer * prows * rb) {
+		net_reply_error(r, 400,
+				"rows [%" PRId64 ", %" PRId64 ") past the %" PRId64
+				" rows of %s/%s of rank %" PRId64,
+				row, row + rows, prows, s->states[state].name, T->name, rank);
+		xf_buf_put(b);
+		goto out;
+	}
+	struct part_stream *p = malloc(sizeof(*p));
+	if (!p) {
+		xf_buf_put(b);
+		net_reply_error(r, 503, "out of memory");
+		goto out;
+	}
+	*p = (struct part_stream){st, !net_request_arg(r, "full"), b, prows, row, rows, rb};
+	if (outer == 1 || (row == 0 && rows == prows)) {
+		/* one contiguous range of the pinned buffer: sent from it as it is */
+		if (p->count)
+			atomic_fetch_add(&st->served, outer * rows * rb);
+		net_reply_pinned(r, 200, b->data + row * rb, (size_t)(outer * rows * rb), part_done,
+				 p, "application/octet-stream");
+	} else {
+		net_reply_stream(r, 200, outer * rows * rb, part_read, part_done, p,
+				 "application/octet-stream");
+	}
+out:
+	mlfs_view_put(v);
+}
+
+/* ------------------------------------------------------------------ job/ */
+
+static void serve_job(struct mlfs_peer *pe, struct net_request *r)
+{
+	struct mlfs_store *st = pe->st;
+	const char *path = net_request_arg(r, "path");
+	if (!path || !*path || strlen(path) > 4096 || strstr(path, "..")) {
+		net_reply_error(r, 400, "expected path, a job/ file's path without \"..\"");
+		return;
+	}
+	const char *rel = path + strspn(path, "/");
+	pthread_mutex_lock(&st->lock);
+	struct mlfs_job *j = mlfs_jobsync_find(st->job, rel);
+	uint8_t *copy = j && !j->dir ? malloc(j->size ? j->size : 1) : NULL;
+	size_t size = copy ? j->size : 0;
+	if (copy)
+		memcpy(copy, j->data, size);
+	bool found = j && !j->dir;
+	pthread_mutex_unlock(&st->lock);
+	if (!found)
+		net_reply_error(r, 404, "job/%s: no such file", path);
+	else if (!copy)
+		net_reply_error(r, 503, "out of memory");
+	else
+		net_reply_buf(r, 200, copy, size, "application/octet-stream");
+	free(copy);
+}
+
+static void serve_manifest(struct mlfs_peer *pe, struct net_request *r)
+{
+	pthread_mutex_lock(&pe->st->lock);
+	json_t *m = mlfs_job_manifest(pe->st->job);
+	pthread_mutex_unlock(&pe->st->lock);
+	char *text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+	json_decref(m);
+	if (text)
+		net_reply_buf(r, 200, text, strlen(text), "application/json");
+	else
+		net_reply_error(r, 503, "out of memory");
+	free(text);
+}
+
+/* ---------------------------------------------------------------- health */
+
+static void serve_health(struct mlfs_peer *pe, struct net_request *r)
+{
+	struct mlfs_store *st = pe->st;
+	char out[256];
+	pthread_mutex_lock(&st->lock);
+	int n = snprintf(
+	    out, sizeof(out), "{\"node\":\"%s\",\"version\":%" PRId64 ",\"state\":\"%s\"}\n",
+	    mlfs_store_cluster(st)->nodes[st->node].id,
+	    st->view ? st->view->config->version : (int64_t)-1, mlfs_reconf_state_name(st->reconf));
+	pthread_mutex_unlock(&st->lock);
+	net_reply_buf(r, 200, out, (size_t)n, "application/json");
+}
+
+static void handle(void *arg, struct net_request *r)
+{
+	struct mlfs_peer *pe = arg;
+	const char *path = net_request_path(r);
+
+	if (strcmp(net_request_method(r), "GET") != 0)
+		net_reply_error(r, 405, "only GET");
+	else if (strcmp(path, "/v1/part") == 0)
+		serve_part(pe, r);
+	else if (strcmp(path, "/v1/job") == 0)
+		serve_job(pe, r);
+	else if (strcmp(path, "/v1/jobmanifest") == 0)
+		serve_manifest(pe, r);
+	else if (strcmp(path, "/v1/health") == 0)
+		serve_health(pe, r);
+	else
+		net_reply_error(r, 404, "no such request \"%s\"", path);
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out, char *why,
+		    size_t whylen)
+{
+	const struct ptc_node *me = &mlfs_store_cluster(st)->nodes[st->node];
+	struct mlfs_peer *pe;
+	int rc;
+
+	*out = NULL;
+	if (!me->addr) {
+		snprintf(why, whylen,
+			 "cluster.json: node \"%s\" has no \"addr\" to serve its peers", me->id);
+		return -EINVAL;
+	}
+	if (!token || strlen(token) < 16 || strlen(token) > 256 || strpbrk(token, "\r\n ")) {
+		snprintf(why, whylen,
+			 "the cluster token must be 16 to 256 characters without "
+			 "spaces (token_file in cluster.json, or --token-file)");
+		return -EINVAL;
+	}
+	if (!(pe = calloc(1, sizeof(*pe))))
+		return -ENOMEM;
+	pe->st = st;
+	if ((rc = mlfs_peerclient_new(st, token, &pe->client, why, whylen)))
+		goto err_free;
+	struct net_server_opts so = {.addr = me->addr, .token = token, .threads = 4};
+	if ((rc = net_server_start(&so, handle, pe, &pe->server, why, whylen)))
+		goto err_client;
+	mlfs_peerclient_attach(pe->client);
+	*out = pe;
+	return 0;
+
+err_client:
+	mlfs_peerclient_free(pe->client);
+err_free:
+	free(pe);
+	return rc;
+}
+
+void mlfs_peer_stop(struct mlfs_peer *pe)
+{
+	if (!pe)
+		return;
+	net_server_stop(pe->server);
+	mlfs_peerclient_free(pe->client);
+	free(pe);
+}
+
+int mlfs_peer_port(const struct mlfs_peer *pe)
+{
+	return net_server_port(pe->server);
+}
