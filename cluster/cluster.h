@@ -51,9 +51,12 @@ struct mlfs_peer;
  */
 int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out, char *why,
 		    size_t whylen);
-/* Stops serving (waits for replies in flight) and frees @pe and its
- * client (NULL: fine): no fetch may run any more. */
+/* Stops serving (waits for replies in flight; NULL: fine). Its client
+ * still fetches: the backup thread may use it until mlfs_backup_stop. */
 void mlfs_peer_stop(struct mlfs_peer *pe);
+/* Stops serving if it still does and frees @pe and its client (NULL:
+ * fine): no fetch may run any more (after mlfs_backup_stop). */
+void mlfs_peer_free(struct mlfs_peer *pe);
 /* The job/ file @path of cluster node @node, fetched with the token into a
  * new buffer (*@data, the caller's). Errors of net_http_get; -EHOSTUNREACH
  * without a data plane. Not from a FUSE worker. */

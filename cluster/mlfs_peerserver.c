@@ -307,9 +307,17 @@ err_free:
 
 void mlfs_peer_stop(struct mlfs_peer *pe)
 {
+	if (pe && pe->server) {
+		net_server_stop(pe->server);
+		pe->server = NULL;
+	}
+}
+
+void mlfs_peer_free(struct mlfs_peer *pe)
+{
 	if (!pe)
 		return;
-	net_server_stop(pe->server);
+	mlfs_peer_stop(pe);
 	mlfs_peerclient_free(pe->client);
 	free(pe);
 }

@@ -271,7 +271,7 @@ static int join_job(struct mlfs_store *st, const struct mlfs_options *o, struct 
 	struct mlfs_backup *backup;
 	if ((rc = mlfs_backup_start(st, &backup))) {
 		fprintf(stderr, "mlfs mount: cannot start the backup thread: %s\n", strerror(-rc));
-		mlfs_peer_stop(*peer);
+		mlfs_peer_free(*peer);
 		*peer = NULL;
 		return 1;
 	}
@@ -279,9 +279,10 @@ static int join_job(struct mlfs_store *st, const struct mlfs_options *o, struct 
 	if (mlfs_cluster_start(st, cluster, why, sizeof(why))) {
 		fprintf(stderr, "mlfs mount: %s\n", why);
 		mlfs_peer_stop(*peer);
-		*peer = NULL;
 		mlfs_backup_stop(backup);
 		st->backup = NULL;
+		mlfs_peer_free(*peer);
+		*peer = NULL;
 		return 1;
 	}
 	return 0;
@@ -400,8 +401,9 @@ out_session:
 	fuse_session_destroy(se);
 out_daemon:
 	mlfs_cluster_stop(cluster);
-	mlfs_peer_stop(peer); /* its server threads read the backups */
+	mlfs_peer_stop(peer); /* its server threads read the backups ... */
 	mlfs_backup_stop(st->backup);
+	mlfs_peer_free(peer); /* ... whose thread fetches with its client */
 	daemon_free(d);
 out_free_store:
 	mlfs_reconf_shutdown(st); /* the transformer thread, a prepared attempt */

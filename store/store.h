@@ -165,7 +165,7 @@ struct mlfs_store {
 	void (*changed)(void *arg, const char *prefix);
 	void *changed_arg;
 	/* Fetches rows of a partition of layout @version from the node that
-	 * holds it (the plan's FETCH ops; mlfs_peer.c), or NULL on a daemon
+	 * holds it (the plan's FETCH ops; cluster/mlfs_peerclient.c), or NULL on a daemon
 	 * without peers. Called by transformer workers, concurrently; 0 or a
 	 * negative errno. Set before the mount serves; fixed afterwards. */
 	int (*fetch)(void *arg, int64_t version, const struct ptc_op *op, uint8_t *dst,
@@ -196,7 +196,7 @@ struct mlfs_store {
 	 * flight give up at once (-ECANCELED) instead of running out their
 	 * retries. */
 	atomic_int cancel;
-	/* Bytes the peer server sent (mlfs_peer.c), and the memory in use when
+	/* Bytes the peer server sent (cluster/mlfs_peerserver.c), and the memory in use when
 	 * the current attempt started: status.json's last.bytes_served and
 	 * last.peak_extra_memory are taken against them. */
 	_Atomic int64_t served;
