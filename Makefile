@@ -26,7 +26,7 @@ DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson
 # graph (tests/check_deps.sh); docs/internals/README.md explains it.
 #   ptc       -                       pure: schema, config, layout, plan
 #   common    ptc                     log, .npy, hashing, parallel loops, mapped copies
-#   net       -                       HTTP server and client, etcd client
+#   net       ptc                     HTTP server and client, etcd client (ptc.h: struct ptc_error)
 #   transform ptc common              executes plans
 #   dataset   ptc common net transform
 #   store     ptc common transform dataset
@@ -36,7 +36,7 @@ DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson
 MODULES   := mount cluster store dataset transform net common ptc
 DEPS_ptc       :=
 DEPS_common    := ptc
-DEPS_net       :=
+DEPS_net       := ptc
 DEPS_transform := ptc common
 DEPS_dataset   := ptc common net transform
 DEPS_store     := ptc common transform dataset

@@ -27,10 +27,10 @@ struct mlfs_cluster;
  * starts the control thread; from then on schema.json and config.json
  * writes are proposed to etcd (st->propose) and status.json shows the job
  * (st->status_add). 0, or -EINVAL (no job or etcd, another cluster.json),
- * -EIO (etcd unreachable), -ENOMEM, with the reason in @why. Call after
+ * -EIO (etcd unreachable), -ENOMEM, with the reason in @err. Call after
  * mlfs_peer_start, before the mount serves.
  */
-int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *why, size_t whylen);
+int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct ptc_error *err);
 /* Stops the control thread, leaves the job (revokes the lease: this node's
  * key vanishes at once) and frees @c (NULL: fine). */
 void mlfs_cluster_stop(struct mlfs_cluster *c);
@@ -47,10 +47,10 @@ struct mlfs_peer;
  * (cluster.json) to requests carrying @token (16 to 256 characters), and
  * sets st->fetch so that a reconfiguration fetches rows from peers with
  * it. 0, or -EINVAL (no addr, a bad token), -EADDRINUSE, -ENOMEM with the
- * reason in @why. Call before the mount serves; stop after it stopped.
+ * reason in @err. Call before the mount serves; stop after it stopped.
  */
-int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out, char *why,
-		    size_t whylen);
+int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out,
+		    struct ptc_error *err);
 /* Stops serving (waits for replies in flight; NULL: fine). Its client
  * still fetches: the backup thread may use it until mlfs_backup_stop. */
 void mlfs_peer_stop(struct mlfs_peer *pe);
@@ -61,20 +61,20 @@ void mlfs_peer_free(struct mlfs_peer *pe);
  * new buffer (*@data, the caller's). Errors of net_http_get; -EHOSTUNREACH
  * without a data plane. Not from a FUSE worker. */
 int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,
-		      size_t *len, char *why, size_t whylen);
+		      size_t *len, struct ptc_error *err);
 /* The job/ manifest (mlfs_job_manifest) of cluster node @node into *@out
  * (a new reference), within 2 s. Errors of net_http_get, -EIO (not a
- * manifest), -EHOSTUNREACH without a data plane, with @why. Not from a
+ * manifest), -EHOSTUNREACH without a data plane, with @err. Not from a
  * FUSE worker. */
-int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *why, size_t whylen);
+int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, struct ptc_error *err);
 /* The whole partition (@rank, @state, @tensor) of layout @l, as saved at
  * step @snap, from cluster node @node into @dst (its size); no new try
  * starts once *@stop is set. 0, -EINVAL (@dst's size), -EHOSTUNREACH
  * without a data plane, or net_http_get_range's errors (a 409: the node
- * saved another step meanwhile), with @why. Not from a FUSE worker. */
+ * saved another step meanwhile), with @err. Not from a FUSE worker. */
 int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout *l, int rank,
 		       int state, int tensor, int64_t snap, struct xf_buf *dst, atomic_int *stop,
-		       char *why, size_t whylen);
+		       struct ptc_error *err);
 /* The port the server listens on. Any thread. */
 int mlfs_peer_port(const struct mlfs_peer *pe);
 
@@ -101,8 +101,9 @@ void mlfs_backup_kick(struct mlfs_backup *b);
 json_t *mlfs_backup_describe(struct mlfs_backup *b);
 /* The backup of partition (@rank, @state, @tensor) of layout @version,
  * pinned (the caller's: xf_buf_put), its checksum verified (once); NULL
- * with @why when there is none or it is corrupt. Peer server threads. */
+ * with @err (not NULL) when there is none (code -ENOENT) or it is corrupt
+ * (-EIO). Peer server threads. */
 struct xf_buf *mlfs_backup_get(struct mlfs_backup *b, int64_t version, int rank, int state,
-			       int tensor, char *why, size_t whylen);
+			       int tensor, struct ptc_error *err);
 
 #endif

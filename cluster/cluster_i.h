@@ -155,9 +155,9 @@ struct mlfs_jobkeys {
 void mlfs_jobkeys_name(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Reads every key of @c's job into @k (the caller's: mlfs_jobkeys_free).
- * 0, or net_etcd_range's error with @why and @k empty. Control thread and
+ * 0, or net_etcd_range's error with @err and @k empty. Control thread and
  * I/O workers (propose). */
-int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, char *why, size_t whylen);
+int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err);
 /* Releases what mlfs_jobkeys_read put in @k (an empty @k: fine). */
 void mlfs_jobkeys_free(struct mlfs_jobkeys *k);
 
@@ -165,12 +165,12 @@ void mlfs_jobkeys_free(struct mlfs_jobkeys *k);
 
 /* Puts this node's entry (nodes/<id>: addr, devices, pid, version, state,
  * its ranks' saved steps, the backup it holds) when it changed since the
- * last put. 0, -ENOMEM, or net_etcd_put's error with @why. Any thread. */
-int mlfs_nodeentry_publish(struct mlfs_cluster *c, char *why, size_t whylen);
+ * last put. 0, -ENOMEM, or net_etcd_put's error with @err. Any thread. */
+int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err);
 /* Registers (a new lease and the node's key) or keeps the lease alive
  * (once a second); puts the entry again when it changed. 0 or an etcd
- * error with @why. The control thread (and start, before it runs). */
-int mlfs_nodeentry_keep_registered(struct mlfs_cluster *c, char *why, size_t whylen);
+ * error with @err. The control thread (and start, before it runs). */
+int mlfs_nodeentry_keep_registered(struct mlfs_cluster *c, struct ptc_error *err);
 /* Copies the other nodes' ranks' saved steps from @nodes ({id: entry})
  * into the store's step table. Takes st->lock. Any thread. */
 void mlfs_nodeentry_sync_steps(struct mlfs_cluster *c, const json_t *nodes);
@@ -187,8 +187,8 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o);
  * it), one ours extends (nodes join: ours replaces it), or one that
  * extends ours (nodes joined before us: the store takes it). 0; -EINVAL
  * (another cluster.json), -EIO (etcd), -EAGAIN (the key kept changing), or
- * mlfs_store_grow_cluster's error, each with @why. mlfs_cluster_start. */
-int mlfs_join_cluster(struct mlfs_cluster *c, char *why, size_t whylen);
+ * mlfs_store_grow_cluster's error, each with @err. mlfs_cluster_start. */
+int mlfs_join_cluster(struct mlfs_cluster *c, struct ptc_error *err);
 /* Nodes joined: when the job's cluster.json in @k grew since the last
  * call, this node's store takes it (logged; one that does not extend ours
  * is logged and left). Control thread and I/O workers (propose). */
@@ -262,10 +262,10 @@ json_t *mlfs_jobsync_merge(struct mlfs_store *st, const char *me, const json_t *
  * copied, the others fetched from the node the entry names (else
  * @coordinator) and checked against the manifest's size and hash. 0, or
  * -ENOMEM, -EINVAL (a bad manifest), -EIO (a copy changed), or the
- * fetch's error, with @why. The control thread.
+ * fetch's error, with @err. The control thread.
  */
 int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char *coordinator,
-		       struct mlfs_job **out, char *why, size_t whylen);
+		       struct mlfs_job **out, struct ptc_error *err);
 
 /* The job/ node at @path ("a/b", components split by one or more '/')
  * under @root, or NULL. The store lock held when @root is st->job. */
@@ -277,9 +277,9 @@ struct mlfs_job *mlfs_jobsync_find(struct mlfs_job *root, const char *path);
 struct mlfs_peerclient;
 
 /* A client for @st's peers whose requests carry @token (checked by the
- * caller). 0, or net_http_new's error with @why. */
+ * caller). 0, or net_http_new's error with @err. */
 int mlfs_peerclient_new(struct mlfs_store *st, const char *token, struct mlfs_peerclient **out,
-			char *why, size_t whylen);
+			struct ptc_error *err);
 /* Makes @cl the store's fetch (st->fetch, st->fetch_arg), which the
  * mlfs_peer_* fetches of cluster.h use too. Before the mount serves. */
 void mlfs_peerclient_attach(struct mlfs_peerclient *cl);

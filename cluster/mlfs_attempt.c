@@ -21,10 +21,11 @@
 
 static void vote(struct mlfs_cluster *c, int64_t to, const char *attempt_id, const char *what)
 {
-	char k[512], why[512], v[1024];
+	char k[512], v[1024];
+	struct ptc_error why;
 	mlfs_jobkeys_name(c, k, sizeof(k), "votes/%" PRId64 "/%s", to, c->me);
 	snprintf(v, sizeof(v), "%s %s", attempt_id ? attempt_id : "-", what);
-	if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, why, sizeof(why)) == 0)
+	if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why) == 0)
 		snprintf(c->voted_id, sizeof(c->voted_id), "%s", attempt_id ? attempt_id : "");
 }
 
@@ -55,7 +56,8 @@ static const struct net_etcd_kv *vote_of(struct mlfs_cluster *c, const struct ml
 static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
 		   const char *reason)
 {
-	char ka[512], kc[512], kv[512], kr[512], why[512], res[600];
+	char ka[512], kc[512], kv[512], kr[512], res[600];
+	struct ptc_error why;
 	const char *config = json_string_value(json_object_get(k->attempt_j, "config"));
 	bool ok = false;
 
@@ -81,8 +83,7 @@ static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t
 	    {.kind = NET_ETCD_PUT, .key = kr, .value = res, .len = strlen(res)}};
 	const struct net_etcd_op *ops = reason ? commit + 1 : commit;
 	size_t nops = reason ? 3 : 4;
-	if (net_etcd_txn(c->etcd, &still, 1, ops, nops, NULL, 0, &ok, NULL, NULL, why,
-			 sizeof(why)) == 0 &&
+	if (net_etcd_txn(c->etcd, &still, 1, ops, nops, NULL, 0, &ok, NULL, NULL, &why) == 0 &&
 	    ok) {
 		pthread_mutex_lock(&c->lock);
 		free(c->mine);
@@ -213,15 +214,15 @@ int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char
 }
 
 /* The store's reconfiguration state, its target version into *@target and
- * its error into @error (when not NULL). */
-static enum mlfs_reconf_state reconf_state(struct mlfs_store *st, int64_t *target, char *error,
-					   size_t errlen)
+ * its error (status.json's "error"; code 0: no errno comes with it) into
+ * @err (when not NULL). */
+static enum mlfs_reconf_state reconf_state(struct mlfs_store *st, int64_t *target,
+					   struct ptc_error *err)
 {
 	pthread_mutex_lock(&st->lock);
 	enum mlfs_reconf_state s = st->reconf;
 	*target = st->target_version;
-	if (error)
-		snprintf(error, errlen, "%s", st->error);
+	ptc_error_set(err, 0, "%s", st->error);
 	pthread_mutex_unlock(&st->lock);
 	return s;
 }
@@ -231,7 +232,7 @@ static enum mlfs_reconf_state reconf_state(struct mlfs_store *st, int64_t *targe
 static bool start_once(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
 		       const char *aid)
 {
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 
 	pthread_mutex_lock(&c->lock);
 	bool start = strcmp(c->started_id, aid) != 0;
@@ -259,9 +260,9 @@ static bool start_once(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int
 static void vote_prepared(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
 			  const char *aid)
 {
-	char error[PTC_ERROR_MAX];
+	struct ptc_error error;
 	int64_t target;
-	enum mlfs_reconf_state s = reconf_state(c->st, &target, error, sizeof(error));
+	enum mlfs_reconf_state s = reconf_state(c->st, &target, &error);
 
 	if (target != to)
 		return;
@@ -274,11 +275,11 @@ static void vote_prepared(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 	if (s == MLFS_RECONF_PREPARED) {
 		const char *co = json_string_value(json_object_get(k->attempt_j, "coordinator"));
 		if (co && (c->job_to != to || !c->job)) {
-			char why[512];
+			struct ptc_error why;
 			struct mlfs_job *j;
 			if (mlfs_jobsync_stage(c->st, json_object_get(k->attempt_j, "job"), co, &j,
-					       why, sizeof(why))) {
-				mlfs_attempt_vote_failed(c, to, aid, why);
+					       &why)) {
+				mlfs_attempt_vote_failed(c, to, aid, why.text);
 				return;
 			}
 			mlfs_job_free(c->job);
@@ -287,7 +288,7 @@ static void vote_prepared(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 		}
 		vote(c, to, aid, "ready");
 	} else if (s == MLFS_RECONF_FAILED) {
-		mlfs_attempt_vote_failed(c, to, aid, error);
+		mlfs_attempt_vote_failed(c, to, aid, error.text);
 	}
 }
 
@@ -314,7 +315,7 @@ void mlfs_attempt_participate(struct mlfs_cluster *c, const struct mlfs_jobkeys 
 void mlfs_attempt_follow(struct mlfs_cluster *c, const struct mlfs_jobkeys *k)
 {
 	struct mlfs_store *st = c->st;
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	int64_t have = mlfs_cluster_version(st);
 	int64_t committed = k->committed;
 
@@ -350,7 +351,7 @@ void mlfs_attempt_follow(struct mlfs_cluster *c, const struct mlfs_jobkeys *k)
 		return;
 	}
 	int64_t target;
-	enum mlfs_reconf_state s = reconf_state(st, &target, NULL, 0);
+	enum mlfs_reconf_state s = reconf_state(st, &target, NULL);
 	bool active = s == MLFS_RECONF_PREPARING || s == MLFS_RECONF_PREPARED;
 	if (have && committed > have && !active && !atomic_load(&st->lost)) {
 		/* Cut off from etcd while the job moved on: what this node holds
@@ -384,12 +385,12 @@ void mlfs_attempt_follow(struct mlfs_cluster *c, const struct mlfs_jobkeys *k)
 	}
 	int64_t att = k->attempt_j ? json_integer_value(json_object_get(k->attempt_j, "to")) : 0;
 	if (active && att != target && committed != target) {
-		char kr[512], why[512],
-		    reason[700] = "the attempt vanished (its coordinator is "
-				  "down or lost etcd)";
+		char kr[512], reason[700] = "the attempt vanished (its coordinator is "
+					    "down or lost etcd)";
+		struct ptc_error why;
 		struct net_etcd_kv r;
 		mlfs_jobkeys_name(c, kr, sizeof(kr), "result/%" PRId64, target);
-		if (net_etcd_get(c->etcd, kr, &r, NULL, why, sizeof(why)) == 0) {
+		if (net_etcd_get(c->etcd, kr, &r, NULL, &why) == 0) {
 			snprintf(reason, sizeof(reason), "%s", r.value);
 			free(r.key);
 			free(r.value);

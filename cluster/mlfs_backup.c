@@ -132,7 +132,7 @@ static int take(struct mlfs_backup *b, const struct mlfs_view *v, int of, int r,
 	size_t per = (size_t)b->nst * (size_t)b->nt;
 	struct xf_buf **got = calloc(per, sizeof(*got));
 	uint64_t *sum = calloc(per, sizeof(*sum));
-	char why[512] = "";
+	struct ptc_error why = {.text = ""};
 	int rc = got && sum ? 0 : -ENOMEM;
 	int64_t bytes = 0;
 
@@ -143,13 +143,14 @@ static int take(struct mlfs_backup *b, const struct mlfs_view *v, int of, int r,
 			int64_t size = xf_partition_bytes(l, r, s, t);
 			size_t i = (size_t)s * (size_t)b->nt + (size_t)t;
 			if (!(got[i] = xf_buf_new(&st->mem, size, &rc))) {
-				snprintf(why, sizeof(why),
-					 "rank %d: %" PRId64 " bytes do not fit in --max-memory", r,
-					 size);
+				ptc_error_set(&why, rc,
+					      "rank %d: %" PRId64
+					      " bytes do not fit in --max-memory",
+					      r, size);
 				break;
 			}
 			if ((rc = mlfs_peer_get_part(st, of, l, r, s, t, step, got[i], &b->stop,
-						     why, sizeof(why))))
+						     &why)))
 				break;
 			sum[i] = XXH3_64bits(got[i]->data, (size_t)size);
 			bytes += size;
@@ -169,7 +170,7 @@ static int take(struct mlfs_backup *b, const struct mlfs_view *v, int of, int r,
 		b->step[r - b->r0] = step;
 		b->error[0] = '\0';
 	} else if (rc) {
-		snprintf(b->error, sizeof(b->error), "%s", why[0] ? why : strerror(-rc));
+		snprintf(b->error, sizeof(b->error), "%s", why.text[0] ? why.text : strerror(-rc));
 	}
 	pthread_mutex_unlock(&b->lock);
 	if (got)
@@ -314,7 +315,7 @@ json_t *mlfs_backup_describe(struct mlfs_backup *b)
 }
 
 struct xf_buf *mlfs_backup_get(struct mlfs_backup *b, int64_t version, int rank, int state,
-			       int tensor, char *why, size_t whylen)
+			       int tensor, struct ptc_error *err)
 {
 	struct xf_buf *buf = NULL;
 	uint64_t sum = 0;
@@ -322,16 +323,16 @@ struct xf_buf *mlfs_backup_get(struct mlfs_backup *b, int64_t version, int rank,
 	bool verified = false;
 
 	if (!b) {
-		snprintf(why, whylen, "this node keeps no backups");
+		ptc_error_set(err, -ENOENT, "this node keeps no backups");
 		return NULL;
 	}
 	pthread_mutex_lock(&b->lock);
 	if (b->of < 0 || b->version != version || rank < b->r0 || rank >= b->r0 + b->n ||
 	    state < 0 || state >= b->nst || tensor < 0 || tensor >= b->nt) {
-		snprintf(why, whylen, "no backup of rank %d of layout version %" PRId64, rank,
-			 version);
+		ptc_error_set(err, -ENOENT, "no backup of rank %d of layout version %" PRId64, rank,
+			      version);
 	} else if (!(buf = xf_buf_get(b->bufs[k = slot(b, rank, state, tensor)]))) {
-		snprintf(why, whylen, "no backup of that partition of rank %d", rank);
+		ptc_error_set(err, -ENOENT, "no backup of that partition of rank %d", rank);
 	} else {
 		sum = b->sum[k];
 		verified = b->verified[k];
@@ -341,8 +342,8 @@ struct xf_buf *mlfs_backup_get(struct mlfs_backup *b, int64_t version, int rank,
 		return buf;
 	/* once per backup: the copy was not changed since it was taken */
 	if (XXH3_64bits(buf->data, (size_t)buf->size) != sum) {
-		snprintf(why, whylen, "the backup of rank %d is corrupt (checksum)", rank);
-		mlfs_log(MLFS_LOG_ERROR, "backup: %s", why);
+		ptc_error_set(err, -EIO, "the backup of rank %d is corrupt (checksum)", rank);
+		mlfs_log(MLFS_LOG_ERROR, "backup: %s", err->text);
 		xf_buf_put(buf);
 		return NULL;
 	}

@@ -98,13 +98,13 @@ static void reconf_changed(void *arg)
 static void round_once(struct mlfs_cluster *c)
 {
 	struct mlfs_jobkeys k;
-	char why[512] = "";
-	int rc = mlfs_nodeentry_keep_registered(c, why, sizeof(why));
+	struct ptc_error why = {.text = ""};
+	int rc = mlfs_nodeentry_keep_registered(c, &why);
 
 	if (rc == 0)
-		rc = mlfs_jobkeys_read(c, &k, why, sizeof(why));
+		rc = mlfs_jobkeys_read(c, &k, &why);
 	pthread_mutex_lock(&c->lock);
-	snprintf(c->etcd_error, sizeof(c->etcd_error), "%s", rc ? why : "");
+	snprintf(c->etcd_error, sizeof(c->etcd_error), "%s", rc ? why.text : "");
 	pthread_mutex_unlock(&c->lock);
 	if (rc)
 		return;
@@ -130,19 +130,19 @@ static void round_once(struct mlfs_cluster *c)
 	/* What this round changed (a commit: the version; a state) is the
 	 * job's at once, not at the next round: a config proposed right after
 	 * a commit waits for every node's version. */
-	mlfs_nodeentry_publish(c, why, sizeof(why));
+	mlfs_nodeentry_publish(c, &why);
 }
 
 static void *cluster_main(void *arg)
 {
 	struct mlfs_cluster *c = arg;
 	uint64_t state = 0;
-	char why[512];
+	struct ptc_error why;
 
 	while (!atomic_load(&c->stop)) {
 		atomic_store(&c->wake, 0);
 		round_once(c);
-		int rc = net_etcd_wait(c->etcd, c->prefix, &state, 250, &c->wake, why, sizeof(why));
+		int rc = net_etcd_wait(c->etcd, c->prefix, &state, 250, &c->wake, &why);
 		if (rc && rc != -ETIMEDOUT && rc != -ECANCELED) {
 			struct timespec nap = {0, 200 * 1000000L}; /* etcd down: retry later */
 			nanosleep(&nap, NULL);
@@ -151,17 +151,15 @@ static void *cluster_main(void *arg)
 	return NULL;
 }
 
-int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *why, size_t whylen)
+int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct ptc_error *err)
 {
 	struct mlfs_cluster *c;
 	int rc;
 
 	*out = NULL;
-	if (!mlfs_store_cluster(st)->etcd || !mlfs_store_cluster(st)->job) {
-		snprintf(why, whylen, "cluster.json: a job of %d nodes needs \"job\" and \"etcd\"",
-			 mlfs_store_cluster(st)->nnodes);
-		return -EINVAL;
-	}
+	if (!mlfs_store_cluster(st)->etcd || !mlfs_store_cluster(st)->job)
+		return ptc_errorf(err, "cluster.json: a job of %d nodes needs \"job\" and \"etcd\"",
+				  mlfs_store_cluster(st)->nnodes);
 	if (!(c = calloc(1, sizeof(*c))))
 		return -ENOMEM;
 	pthread_mutex_init(&c->lock, NULL);
@@ -170,15 +168,15 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *w
 	c->me = mlfs_store_cluster(st)->nodes[st->node].id;
 	snprintf(c->prefix, sizeof(c->prefix), "/mlfs/%s/", mlfs_store_cluster(st)->job);
 	struct net_http_opts o = {.retries = 2, .timeout_ms = 2000, .deadline_ms = 5000};
-	if ((rc = net_etcd_new(mlfs_store_cluster(st)->etcd, &o, &c->etcd, why, whylen)))
+	if ((rc = net_etcd_new(mlfs_store_cluster(st)->etcd, &o, &c->etcd, err)))
 		goto err_free;
-	if ((rc = mlfs_join_cluster(c, why, whylen)))
+	if ((rc = mlfs_join_cluster(c, err)))
 		goto err_etcd;
 	/* Register and read the job once before serving: a restarted node
 	 * knows the current version as it mounts. */
-	char e[512];
-	if ((rc = mlfs_nodeentry_keep_registered(c, e, sizeof(e)))) {
-		snprintf(why, whylen, "etcd at %s: %s", mlfs_store_cluster(st)->etcd, e);
+	struct ptc_error e;
+	if ((rc = mlfs_nodeentry_keep_registered(c, &e))) {
+		ptc_error_set(err, rc, "etcd at %s: %s", mlfs_store_cluster(st)->etcd, e.text);
 		goto err_etcd;
 	}
 	round_once(c);
@@ -189,7 +187,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, char *w
 	st->steps_saved = mlfs_nodeentry_steps_saved;
 	st->reconf_changed = reconf_changed;
 	if ((rc = -pthread_create(&c->thread, NULL, cluster_main, c))) {
-		snprintf(why, whylen, "cannot start a thread");
+		ptc_error_set(err, rc, "cannot start a thread");
 		st->propose = NULL, st->status_add = NULL, st->steps_saved = NULL;
 		st->reconf_changed = NULL, st->cluster_arg = NULL;
 		goto err_etcd;
@@ -209,7 +207,7 @@ err_free:
 
 void mlfs_cluster_stop(struct mlfs_cluster *c)
 {
-	char why[256];
+	struct ptc_error why;
 	if (!c)
 		return;
 	atomic_store(&c->stop, 1);
@@ -217,7 +215,7 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	if (c->running)
 		pthread_join(c->thread, NULL);
 	if (c->lease) /* leave at once rather than when the lease expires */
-		net_etcd_lease_revoke(c->etcd, c->lease, NULL, why, sizeof(why));
+		net_etcd_lease_revoke(c->etcd, c->lease, NULL, &why);
 	net_etcd_free(c->etcd);
 	json_decref(c->nodes);
 	json_decref(c->attempt);

@@ -41,14 +41,13 @@ void mlfs_jobkeys_free(struct mlfs_jobkeys *k)
 	memset(k, 0, sizeof(*k));
 }
 
-int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, char *why, size_t whylen)
+int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err)
 {
 	size_t plen = strlen(c->prefix);
 	int rc;
 
 	memset(k, 0, sizeof(*k));
-	if ((rc =
-		 net_etcd_range(c->etcd, c->prefix, true, &k->kvs, &k->n, NULL, NULL, why, whylen)))
+	if ((rc = net_etcd_range(c->etcd, c->prefix, true, &k->kvs, &k->n, NULL, NULL, err)))
 		return rc;
 	k->nodes = json_object();
 	for (size_t i = 0; i < k->n; i++) {

@@ -29,7 +29,7 @@ struct mlfs_job *mlfs_jobsync_find(struct mlfs_job *root, const char *path)
 }
 
 int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char *coordinator,
-		       struct mlfs_job **out, char *why, size_t whylen)
+		       struct mlfs_job **out, struct ptc_error *err)
 {
 	struct mlfs_job *root = mlfs_job_new_dir("job", &st->mem);
 	int co = ptc_cluster_find(mlfs_store_cluster(st), coordinator);
@@ -43,8 +43,7 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 			break;
 		const char *path = json_string_value(json_object_get(e, "p"));
 		if (!path) {
-			snprintf(why, whylen, "job/: a bad manifest");
-			rc = -EINVAL;
+			rc = ptc_errorf(err, "job/: a bad manifest");
 			break;
 		}
 		const char *slash = strrchr(path, '/');
@@ -53,8 +52,8 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 		struct mlfs_job *dir = mlfs_jobsync_find(root, parent), *f;
 		if (!dir || (rc = mlfs_job_create(dir, slash ? slash + 1 : path,
 						  json_is_true(json_object_get(e, "d")), &f))) {
-			snprintf(why, whylen, "job/%s: cannot stage it", path);
 			rc = rc ? rc : -EINVAL;
+			ptc_error_set(err, rc, "job/%s: cannot stage it", path);
 			break;
 		}
 		if (f->dir)
@@ -76,18 +75,15 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 		const char *src = json_string_value(json_object_get(e, "s"));
 		int from = src ? ptc_cluster_find(mlfs_store_cluster(st), src) : co;
 		if (from < 0) {
-			snprintf(why, whylen, "job/%s: no node \"%s\"", path, src);
-			rc = -EINVAL;
+			rc = ptc_errorf(err, "job/%s: no node \"%s\"", path, src);
 			break;
 		}
-		if ((rc = mlfs_peer_job_get(st, from, path, &data, &len, why, whylen)) == 0) {
-			if (len != size || mlfs_hash(data, len) != want) {
-				snprintf(why, whylen, "job/%s: the coordinator's copy changed",
-					 path);
-				rc = -EIO;
-			} else {
+		if ((rc = mlfs_peer_job_get(st, from, path, &data, &len, err)) == 0) {
+			if (len != size || mlfs_hash(data, len) != want)
+				rc = ptc_error_set(err, -EIO,
+						   "job/%s: the coordinator's copy changed", path);
+			else
 				rc = mlfs_job_set(f, data, len);
-			}
 		}
 		free(data);
 	}
@@ -116,12 +112,12 @@ json_t *mlfs_jobsync_merge(struct mlfs_store *st, const char *me, const json_t *
 		const char *id = json_string_value(p);
 		int node = ptc_cluster_find(mlfs_store_cluster(st), id);
 		json_t *m = NULL;
-		char why[512];
+		struct ptc_error why;
 		if (strcmp(id, me) == 0) {
 			pthread_mutex_lock(&st->lock);
 			m = mlfs_job_manifest(st->job);
 			pthread_mutex_unlock(&st->lock);
-		} else if (mlfs_peer_job_manifest(st, node, &m, why, sizeof(why))) {
+		} else if (mlfs_peer_job_manifest(st, node, &m, &why)) {
 			/* Frozen or slow: the attempt goes on, and that node's vote
 			 * fails (its job/ would be lost otherwise). */
 			json_array_append_new(missing, json_string(id));

@@ -51,7 +51,7 @@ static char *node_entry(struct mlfs_cluster *c)
 	return s;
 }
 
-int mlfs_nodeentry_publish(struct mlfs_cluster *c, char *why, size_t whylen)
+int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err)
 {
 	char k[512];
 	int rc = 0;
@@ -62,8 +62,7 @@ int mlfs_nodeentry_publish(struct mlfs_cluster *c, char *why, size_t whylen)
 	pthread_mutex_lock(&c->publock);
 	if (c->lease && (!c->published || strcmp(c->published, e) != 0)) {
 		mlfs_jobkeys_name(c, k, sizeof(k), "nodes/%s", c->me);
-		if ((rc = net_etcd_put(c->etcd, k, e, strlen(e), c->lease, NULL, why, whylen)) ==
-		    0) {
+		if ((rc = net_etcd_put(c->etcd, k, e, strlen(e), c->lease, NULL, err)) == 0) {
 			free(c->published);
 			c->published = e;
 			e = NULL;
@@ -76,17 +75,17 @@ int mlfs_nodeentry_publish(struct mlfs_cluster *c, char *why, size_t whylen)
 
 void mlfs_nodeentry_steps_saved(void *arg)
 {
-	char why[512];
-	mlfs_nodeentry_publish(arg, why, sizeof(why));
+	struct ptc_error why;
+	mlfs_nodeentry_publish(arg, &why);
 }
 
-int mlfs_nodeentry_keep_registered(struct mlfs_cluster *c, char *why, size_t whylen)
+int mlfs_nodeentry_keep_registered(struct mlfs_cluster *c, struct ptc_error *err)
 {
 	int rc;
 	int64_t now = mlfs_cluster_now_ms(), ttl;
 
 	if (c->lease && now - c->last_keepalive_ms >= 1000) {
-		rc = net_etcd_lease_keepalive(c->etcd, c->lease, &ttl, NULL, why, whylen);
+		rc = net_etcd_lease_keepalive(c->etcd, c->lease, &ttl, NULL, err);
 		if (rc == -ENOENT) { /* expired: we were down as far as the job knows */
 			c->lease = 0;
 		} else if (rc) {
@@ -96,8 +95,7 @@ int mlfs_nodeentry_keep_registered(struct mlfs_cluster *c, char *why, size_t why
 		}
 	}
 	if (!c->lease) {
-		if ((rc = net_etcd_lease_grant(c->etcd, MLFS_LEASE_TTL, &c->lease, NULL, why,
-					       whylen)))
+		if ((rc = net_etcd_lease_grant(c->etcd, MLFS_LEASE_TTL, &c->lease, NULL, err)))
 			return rc;
 		c->last_keepalive_ms = now;
 		pthread_mutex_lock(&c->publock);
@@ -105,7 +103,7 @@ int mlfs_nodeentry_keep_registered(struct mlfs_cluster *c, char *why, size_t why
 		c->published = NULL;
 		pthread_mutex_unlock(&c->publock);
 	}
-	return mlfs_nodeentry_publish(c, why, whylen);
+	return mlfs_nodeentry_publish(c, err);
 }
 
 void mlfs_nodeentry_sync_steps(struct mlfs_cluster *c, const json_t *nodes)

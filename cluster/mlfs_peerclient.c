@@ -51,23 +51,21 @@ void mlfs_peer_part_geometry(const struct ptc_layout *l, int rank, int state, in
 
 /* One GET of @url's @len bytes into @iov, exactly; no new try once *@stop. */
 static int get_rows(struct mlfs_peerclient *cl, const char *url, struct iovec *iov, int iovcnt,
-		    int64_t len, atomic_int *stop, char *why, size_t whylen)
+		    int64_t len, atomic_int *stop, struct ptc_error *err)
 {
 	struct net_http_range rg = {.off = 0, .len = len, .iov = iov, .iovcnt = iovcnt};
 	struct net_http_call call = {.stop = stop};
-	int rc = net_http_get_range(cl->http, url, &rg, &call, why, whylen);
-	if (rc == 0 && rg.got != rg.len) {
-		snprintf(why, whylen, "%.300s: %" PRId64 " bytes, expected %" PRId64, url, rg.got,
-			 rg.len);
-		rc = -EIO;
-	}
+	int rc = net_http_get_range(cl->http, url, &rg, &call, err);
+	if (rc == 0 && rg.got != rg.len)
+		rc = ptc_error_set(err, -EIO, "%.300s: %" PRId64 " bytes, expected %" PRId64, url,
+				   rg.got, rg.len);
 	return rc;
 }
 
 /* One GET of rows of (@rank, op's state and source tensor) from @node. */
 static int fetch_from(struct mlfs_peerclient *cl, int node, int rank, int64_t version,
 		      const struct ptc_op *op, struct iovec *iov, int64_t outer, int64_t len,
-		      char *why, size_t whylen)
+		      struct ptc_error *err)
 {
 	const struct ptc_node *n = &mlfs_store_cluster(cl->st)->nodes[node];
 	char url[NET_MAX_URL];
@@ -77,8 +75,7 @@ static int fetch_from(struct mlfs_peerclient *cl, int node, int rank, int64_t ve
 		 "&rows=%" PRId64 "%s%s",
 		 n->addr, version, rank, op->state, op->src_tensor, op->src_row, op->rows,
 		 op->dst_node < 0 ? "&full=1" : "", op->backup ? "&backup=1" : "");
-	return get_rows(cl, url, iov, (int)outer, len, &cl->st->cancel /* an abort ends it */, why,
-			whylen);
+	return get_rows(cl, url, iov, (int)outer, len, &cl->st->cancel /* an abort ends it */, err);
 }
 
 /*
@@ -90,7 +87,7 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 		      int64_t dst_rows, int64_t outer, int64_t row_bytes)
 {
 	struct mlfs_peerclient *cl = arg;
-	char why[512], first[512] = "";
+	struct ptc_error why, first = {.text = ""};
 	struct iovec stack[64], *iov = outer <= 64 ? stack : malloc((size_t)outer * sizeof(*iov));
 
 	if (!iov)
@@ -113,8 +110,7 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 			return -ESTALE;
 		}
 	}
-	int rc =
-	    fetch_from(cl, src, op->src_rank, version, op, iov, outer, len, first, sizeof(first));
+	int rc = fetch_from(cl, src, op->src_rank, version, op, iov, outer, len, &first);
 	struct mlfs_view *v = rc && !op->backup ? mlfs_store_view(cl->st) : NULL;
 	if (v && v->config->version == version) {
 		const struct ptc_layout *l = &v->layout;
@@ -124,8 +120,7 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 			    l->ranks[r].t != l->ranks[op->src_rank].t ||
 			    !ptc_layout_holds(l, r, op->src_tensor))
 				continue;
-			rc =
-			    fetch_from(cl, node, r, version, op, iov, outer, len, why, sizeof(why));
+			rc = fetch_from(cl, node, r, version, op, iov, outer, len, &why);
 		}
 	}
 	mlfs_view_put(v);
@@ -135,7 +130,7 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 		char msg[700];
 		snprintf(msg, sizeof(msg), "fetch from node %s%s: %s",
 			 mlfs_store_cluster(cl->st)->nodes[src].id, op->backup ? " (a backup)" : "",
-			 first);
+			 first.text);
 		mlfs_store_note_error(cl->st, msg);
 	}
 	return rc;
@@ -152,7 +147,7 @@ static struct mlfs_peerclient *client_of(const struct mlfs_store *st)
 
 int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout *l, int rank,
 		       int state, int tensor, int64_t snap, struct xf_buf *dst, atomic_int *stop,
-		       char *why, size_t whylen)
+		       struct ptc_error *err)
 {
 	struct mlfs_peerclient *cl = client_of(st);
 	char url[NET_MAX_URL];
@@ -161,22 +156,20 @@ int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout 
 	if (!cl)
 		return -EHOSTUNREACH;
 	mlfs_peer_part_geometry(l, rank, state, tensor, &outer, &prows, &rb);
-	if (dst->size != outer * prows * rb) {
-		snprintf(why, whylen, "rank %d's partition: %" PRId64 " bytes, expected %" PRId64,
-			 rank, dst->size, outer * prows * rb);
-		return -EINVAL;
-	}
+	if (dst->size != outer * prows * rb)
+		return ptc_errorf(err, "rank %d's partition: %" PRId64 " bytes, expected %" PRId64,
+				  rank, dst->size, outer * prows * rb);
 	snprintf(url, sizeof(url),
 		 "http://%s/v1/part?version=%" PRId64
 		 "&rank=%d&state=%d&tensor=%d&row=0&rows=%" PRId64 "&snap=%" PRId64 "&full=1",
 		 mlfs_store_cluster(st)->nodes[node].addr, l->config->version, rank, state, tensor,
 		 prows, snap);
 	struct iovec iov = {dst->data, (size_t)dst->size};
-	return get_rows(cl, url, &iov, 1, dst->size, stop, why, whylen);
+	return get_rows(cl, url, &iov, 1, dst->size, stop, err);
 }
 
 int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,
-		      size_t *len, char *why, size_t whylen)
+		      size_t *len, struct ptc_error *err)
 {
 	struct mlfs_peerclient *cl = client_of(st);
 	char url[NET_MAX_URL];
@@ -188,11 +181,10 @@ int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t
 	for (const unsigned char *p = (const unsigned char *)path; *p && n + 4 < sizeof(url); p++)
 		n += (size_t)snprintf(url + n, sizeof(url) - n,
 				      isalnum(*p) || strchr("/._-~", *p) ? "%c" : "%%%02X", *p);
-	return net_http_get(cl->http, url, (int64_t)MLFS_JOB_FILE_MAX, data, len, NULL, why,
-			    whylen);
+	return net_http_get(cl->http, url, (int64_t)MLFS_JOB_FILE_MAX, data, len, NULL, err);
 }
 
-int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *why, size_t whylen)
+int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, struct ptc_error *err)
 {
 	struct mlfs_peerclient *cl = client_of(st);
 	char url[NET_MAX_URL];
@@ -207,7 +199,7 @@ int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *
 		 mlfs_store_cluster(st)->nodes[node].addr);
 	/* a frozen node must not stall a write */
 	struct net_http_call call = {.deadline_ms = 2000};
-	int rc = net_http_get(cl->http, url, (int64_t)64 << 20, &data, &len, &call, why, whylen);
+	int rc = net_http_get(cl->http, url, (int64_t)64 << 20, &data, &len, &call, err);
 	if (rc)
 		return rc;
 	*out = json_loadb((const char *)data, len, 0, &je);
@@ -215,8 +207,7 @@ int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *
 	if (!json_is_array(*out)) {
 		json_decref(*out);
 		*out = NULL;
-		snprintf(why, whylen, "%.300s: not a job/ manifest", url);
-		return -EIO;
+		return ptc_error_set(err, -EIO, "%.300s: not a job/ manifest", url);
 	}
 	return 0;
 }
@@ -224,7 +215,7 @@ int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, char *
 /* ------------------------------------------------------------- lifecycle */
 
 int mlfs_peerclient_new(struct mlfs_store *st, const char *token, struct mlfs_peerclient **out,
-			char *why, size_t whylen)
+			struct ptc_error *err)
 {
 	struct mlfs_peerclient *cl = calloc(1, sizeof(*cl));
 	char hdr[300];
@@ -237,7 +228,7 @@ int mlfs_peerclient_new(struct mlfs_store *st, const char *token, struct mlfs_pe
 	snprintf(hdr, sizeof(hdr), "Authorization: Bearer %s", token);
 	const char *headers[] = {hdr, NULL};
 	struct net_http_opts ho = {.timeout_ms = 10000, .deadline_ms = 120000, .headers = headers};
-	if ((rc = net_http_new(&ho, &cl->http, why, whylen))) {
+	if ((rc = net_http_new(&ho, &cl->http, err))) {
 		free(cl);
 		return rc;
 	}

@@ -131,7 +131,7 @@ static void serve_part(struct mlfs_peer *pe, struct net_request *r)
 	mlfs_peer_part_geometry(l, (int)rank, (int)state, (int)tensor, &outer, &prows, &rb);
 	struct xf_buf *b = NULL;
 	int64_t snap, have;
-	char why[256] = "";
+	struct ptc_error why = {.text = ""};
 	if (net_request_arg(r, "snap")) { /* the saved state, for a backup */
 		if (!arg_int(r, "snap", INT64_MAX, &snap)) {
 			net_reply_error(r, 400, "snap must be a step number");
@@ -148,8 +148,8 @@ static void serve_part(struct mlfs_peer *pe, struct net_request *r)
 		}
 	} else if (net_request_arg(r, "backup")) { /* a dead node's, from its backup */
 		if (!(b = mlfs_backup_get(mlfs_backup_of(st), version, (int)rank, (int)state,
-					  (int)tensor, why, sizeof(why)))) {
-			net_reply_error(r, 404, "%s", why);
+					  (int)tensor, &why))) {
+			net_reply_error(r, 404, "%s", why.text);
 			goto out;
 		}
 	} else {
@@ -267,32 +267,27 @@ static void handle(void *arg, struct net_request *r)
 
 /* ------------------------------------------------------------- lifecycle */
 
-int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out, char *why,
-		    size_t whylen)
+int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out,
+		    struct ptc_error *err)
 {
 	const struct ptc_node *me = &mlfs_store_cluster(st)->nodes[st->node];
 	struct mlfs_peer *pe;
 	int rc;
 
 	*out = NULL;
-	if (!me->addr) {
-		snprintf(why, whylen,
-			 "cluster.json: node \"%s\" has no \"addr\" to serve its peers", me->id);
-		return -EINVAL;
-	}
-	if (!token || strlen(token) < 16 || strlen(token) > 256 || strpbrk(token, "\r\n ")) {
-		snprintf(why, whylen,
-			 "the cluster token must be 16 to 256 characters without "
-			 "spaces (token_file in cluster.json, or --token-file)");
-		return -EINVAL;
-	}
+	if (!me->addr)
+		return ptc_errorf(
+		    err, "cluster.json: node \"%s\" has no \"addr\" to serve its peers", me->id);
+	if (!token || strlen(token) < 16 || strlen(token) > 256 || strpbrk(token, "\r\n "))
+		return ptc_errorf(err, "the cluster token must be 16 to 256 characters without "
+				       "spaces (token_file in cluster.json, or --token-file)");
 	if (!(pe = calloc(1, sizeof(*pe))))
 		return -ENOMEM;
 	pe->st = st;
-	if ((rc = mlfs_peerclient_new(st, token, &pe->client, why, whylen)))
+	if ((rc = mlfs_peerclient_new(st, token, &pe->client, err)))
 		goto err_free;
 	struct net_server_opts so = {.addr = me->addr, .token = token, .threads = 4};
-	if ((rc = net_server_start(&so, handle, pe, &pe->server, why, whylen)))
+	if ((rc = net_server_start(&so, handle, pe, &pe->server, err)))
 		goto err_client;
 	mlfs_peerclient_attach(pe->client);
 	*out = pe;

@@ -34,7 +34,8 @@ static int propose_schema(struct mlfs_cluster *c, const char *text, size_t len,
 			  struct ptc_error *err)
 {
 	struct ptc_schema *s;
-	char k[512], why[512];
+	char k[512];
+	struct ptc_error why;
 	bool ok = false;
 	int rc = ptc_schema_parse_text(text, len, "schema.json", &s, err);
 
@@ -50,21 +51,19 @@ static int propose_schema(struct mlfs_cluster *c, const char *text, size_t len,
 				    .value = text,
 				    .len = len};
 	struct net_etcd_op put = {.kind = NET_ETCD_PUT, .key = k, .value = text, .len = len};
-	if ((rc = net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL, why,
-			       sizeof(why))))
-		return (ptc_errorf(err, "schema.json: the control plane (etcd) is unreachable: %s",
-				   why),
-			-EIO);
+	if ((rc = net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL, &why)))
+		return ptc_error_set(err, -EIO,
+				     "schema.json: the control plane (etcd) is unreachable: %s",
+				     why.text);
 	if (!ok &&
-	    (rc = net_etcd_txn(c->etcd, &same, 1, NULL, 0, NULL, 0, &ok, NULL, NULL, why,
-			       sizeof(why))) == 0 &&
+	    (rc = net_etcd_txn(c->etcd, &same, 1, NULL, 0, NULL, 0, &ok, NULL, NULL, &why)) == 0 &&
 	    !ok)
 		return ptc_errorf(err,
 				  "schema.json: the job \"%s\" already has a different "
 				  "schema (etcd key %s); a job's schema is fixed",
 				  mlfs_store_cluster(c->st)->job, k);
 	if (rc)
-		return (ptc_errorf(err, "schema.json: etcd: %s", why), -EIO);
+		return ptc_error_set(err, -EIO, "schema.json: etcd: %s", why.text);
 	return mlfs_store_install_schema(c->st, text, len, err);
 }
 
@@ -144,16 +143,15 @@ static bool versions_agree(const struct mlfs_jobkeys *k)
 static int read_agreed(struct mlfs_cluster *c, struct mlfs_jobkeys *k, int64_t *agreed,
 		       struct ptc_error *err)
 {
-	char why[512];
+	struct ptc_error why;
 	int rc;
 
 	for (int tries = 0;; tries++) {
-		if (mlfs_jobkeys_read(c, k, why, sizeof(why)))
-			return (ptc_errorf(err,
-					   "config.json: the control plane (etcd) is "
-					   "unreachable: %s",
-					   why),
-				-EIO);
+		if (mlfs_jobkeys_read(c, k, &why))
+			return ptc_error_set(err, -EIO,
+					     "config.json: the control plane (etcd) is "
+					     "unreachable: %s",
+					     why.text);
 		mlfs_join_sync(c, k); /* nodes that joined may be in the config */
 		if (!k->config || k->attempt)
 			return 0;
@@ -177,7 +175,8 @@ static int propose_first(struct mlfs_cluster *c, const struct ptc_config *cfg, c
 {
 	struct mlfs_store *st = c->st;
 	struct ptc_layout l;
-	char kc[512], why[512];
+	char kc[512];
+	struct ptc_error why;
 	bool ok = false;
 	int rc;
 
@@ -188,8 +187,8 @@ static int propose_first(struct mlfs_cluster *c, const struct ptc_config *cfg, c
 	if ((rc = ptc_layout_init(&l, st->schema, cfg, mlfs_store_cluster(st), "config.json", err)))
 		return rc;
 	ptc_layout_release(&l);
-	if (net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL, why, sizeof(why)))
-		rc = (ptc_errorf(err, "config.json: etcd: %s", why), -EIO);
+	if (net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL, &why))
+		rc = ptc_error_set(err, -EIO, "config.json: etcd: %s", why.text);
 	else if (!ok)
 		rc = ptc_errorf(err,
 				"config.json: another node set the job's first config meanwhile");
@@ -393,7 +392,8 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
 			  char *att, const char *aid, bool me_in, struct ptc_error *err)
 {
-	char ka[512], kc[512], kv[512], why[512];
+	char ka[512], kc[512], kv[512];
+	struct ptc_error why;
 	bool ok = false;
 	int rc = 0;
 
@@ -416,14 +416,14 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 		snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
 	pthread_mutex_unlock(&c->lock);
 	if (!c->lease)
-		rc = (ptc_errorf(err, "config.json: this node is not registered with etcd (yet)"),
-		      -EIO);
-	else if (net_etcd_txn(c->etcd, cmps, 2, put, 2, NULL, 0, &ok, NULL, NULL, why, sizeof(why)))
-		rc = (ptc_errorf(err, "config.json: etcd: %s", why), -EIO);
+		rc = ptc_error_set(err, -EIO,
+				   "config.json: this node is not registered with etcd (yet)");
+	else if (net_etcd_txn(c->etcd, cmps, 2, put, 2, NULL, 0, &ok, NULL, NULL, &why))
+		rc = ptc_error_set(err, -EIO, "config.json: etcd: %s", why.text);
 	else if (!ok)
-		rc = (ptc_errorf(err, "config.json: another reconfiguration started, or the config "
-				      "changed, meanwhile"),
-		      -EBUSY);
+		rc = ptc_error_set(err, -EBUSY,
+				   "config.json: another reconfiguration started, or the config "
+				   "changed, meanwhile");
 	if (rc && me_in) { /* no attempt of ours: the next one starts */
 		pthread_mutex_lock(&c->lock);
 		if (strcmp(c->started_id, aid) == 0)
@@ -452,11 +452,11 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	 * status.json (which mlfs reconfigure reads) shows the attempt from
 	 * now on. */
 	if (rc == 0 && me_in) {
-		struct ptc_error perr = {""};
+		struct ptc_error perr = {.text = ""};
 		if ((rc = mlfs_attempt_prepare(c, k->nodes, aid, text, len, &dn, &perr))) {
 			/* the coordinator aborts the attempt at its next round */
 			mlfs_attempt_vote_failed(c, cfg->version, aid, perr.text);
-			snprintf(err->text, sizeof(err->text), "%s", perr.text);
+			ptc_error_set(err, rc, "%s", perr.text);
 		}
 	}
 	mlfs_attempt_down_free(&dn);

@@ -132,12 +132,12 @@ size_t mlfs_npy_format(enum ptc_dtype dt, int ndim, const int64_t *shape, char *
  * mlfs_npy_check refuses it). Returns -EAGAIN when the first @len bytes are
  * a valid prefix but too short to hold the whole header: the caller retries
  * with more bytes (or, at end of file, reports a truncated header).
- * Returns -EINVAL for anything malformed, with one line in @err (of
- * @errlen bytes, always NUL-terminated; @err may be NULL when @errlen is 0),
- * e.g. "bad magic", "unsupported version 4.0", "header length 70000 exceeds
- * 65536", "shape has more than 8 dims". *@out is left untouched on error.
+ * Returns -EINVAL for anything malformed, with one line in @err (its code
+ * -EINVAL; @err may be NULL), e.g. "bad magic", "unsupported version 4.0",
+ * "header length 70000 exceeds 65536", "shape has more than 8 dims". *@out
+ * is left untouched on error.
  */
-int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *err, size_t errlen);
+int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, struct ptc_error *err);
 
 /*
  * The length of the header framed in the first @len bytes of @buf (magic,
@@ -147,7 +147,7 @@ int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *e
  * 65536"). What mlfs_npy_parse checks first; writers call it to learn how
  * many bytes the header needs before they parse it.
  */
-int64_t mlfs_npy_header_len(const uint8_t *buf, size_t len, char *err, size_t errlen);
+int64_t mlfs_npy_header_len(const uint8_t *buf, size_t len, struct ptc_error *err);
 
 /*
  * Checks parsed header @h against a partition of dtype @dt and shape
@@ -161,7 +161,7 @@ int64_t mlfs_npy_header_len(const uint8_t *buf, size_t len, char *err, size_t er
  *   shape (4, 3) does not match partition shape (3, 4)
  */
 int mlfs_npy_check(const struct mlfs_npy *h, enum ptc_dtype dt, int ndim, const int64_t *shape,
-		   char *err, size_t errlen);
+		   struct ptc_error *err);
 
 /* ---------------------------------------------------------------- hashing */
 

@@ -39,21 +39,6 @@
 /* Longest key we name in a message; longer keys are unknown anyway. */
 #define NPY_KEY_MAX 32
 
-static int errorf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Formats one line into @err when there is room; returns -EINVAL. */
-static int errorf(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return -EINVAL;
-}
-
 /* Writes @shape as Python writes a tuple: "()", "(3,)", "(3, 4)". */
 static void format_shape(char *dst, size_t cap, int ndim, const int64_t *shape)
 {
@@ -116,8 +101,7 @@ size_t mlfs_npy_format(enum ptc_dtype dt, int ndim, const int64_t *shape, char *
 struct cursor {
 	const uint8_t *b;
 	size_t pos, end;
-	char *err;
-	size_t errlen;
+	struct ptc_error *err;
 };
 
 /* The next byte, or -1 at the end of the header. */
@@ -136,8 +120,8 @@ static void skip_ws(struct cursor *c)
 static int syntax(struct cursor *c, const char *what)
 {
 	if (c->pos >= c->end)
-		return errorf(c->err, c->errlen, "unexpected end of header, %s", what);
-	return errorf(c->err, c->errlen, "%s at byte %zu", what, c->pos);
+		return ptc_errorf(c->err, "unexpected end of header, %s", what);
+	return ptc_errorf(c->err, "%s at byte %zu", what, c->pos);
 }
 
 static int expect(struct cursor *c, int ch, const char *what)
@@ -162,15 +146,14 @@ static int read_string(struct cursor *c, char *dst, size_t cap, const char *what
 	for (int ch; (ch = peek(c)) != q; c->pos++) {
 		/* Python strings end at the line; the padding ends with '\n'. */
 		if (ch < 0 || ch == '\n')
-			return errorf(c->err, c->errlen, "unterminated string at byte %zu", start);
+			return ptc_errorf(c->err, "unterminated string at byte %zu", start);
 		if (ch < 0x20 || ch > 0x7e || ch == '\\')
-			return errorf(c->err, c->errlen,
-				      "unsupported character 0x%02x in string at byte %zu", ch,
-				      c->pos);
+			return ptc_errorf(c->err,
+					  "unsupported character 0x%02x in string at byte %zu", ch,
+					  c->pos);
 		if (n + 1 >= cap)
-			return errorf(c->err, c->errlen,
-				      "%s at byte %zu is longer than %zu characters", what, start,
-				      cap - 1);
+			return ptc_errorf(c->err, "%s at byte %zu is longer than %zu characters",
+					  what, start, cap - 1);
 		dst[n++] = (char)ch;
 	}
 	c->pos++;
@@ -181,9 +164,9 @@ static int read_string(struct cursor *c, char *dst, size_t cap, const char *what
 static int read_descr(struct cursor *c, struct mlfs_npy *h)
 {
 	if (peek(c) == '[')
-		return errorf(c->err, c->errlen,
-			      "descr must be a string, not a list (structured dtypes are not "
-			      "supported)");
+		return ptc_errorf(c->err,
+				  "descr must be a string, not a list (structured dtypes are not "
+				  "supported)");
 	if (peek(c) != '\'' && peek(c) != '"')
 		return syntax(c, "descr must be a string");
 	return read_string(c, h->descr, sizeof(h->descr), "descr");
@@ -203,8 +186,7 @@ static int read_fortran_order(struct cursor *c, struct mlfs_npy *h)
 	else if (n == 5 && memcmp(c->b + start, "False", 5) == 0)
 		h->fortran_order = false;
 	else
-		return errorf(c->err, c->errlen, "fortran_order must be True or False at byte %zu",
-			      start);
+		return ptc_errorf(c->err, "fortran_order must be True or False at byte %zu", start);
 	return 0;
 }
 
@@ -216,15 +198,14 @@ static int read_dim(struct cursor *c, int64_t *out)
 	int ch;
 
 	if (peek(c) == '-')
-		return errorf(c->err, c->errlen, "shape has a negative dimension at byte %zu",
-			      start);
+		return ptc_errorf(c->err, "shape has a negative dimension at byte %zu", start);
 	if ((ch = peek(c)) < '0' || ch > '9')
 		return syntax(c, "expected an int in shape");
 	while ((ch = peek(c)) >= '0' && ch <= '9') {
 		v = v * 10 + (ch - '0');
 		if (v >= MLFS_NPY_MAX_DIM)
-			return errorf(c->err, c->errlen,
-				      "shape dimension at byte %zu is not below 2^40", start);
+			return ptc_errorf(c->err, "shape dimension at byte %zu is not below 2^40",
+					  start);
 		c->pos++;
 	}
 	if (ch == 'L' || ch == 'l')
@@ -251,8 +232,7 @@ static int read_shape(struct cursor *c, struct mlfs_npy *h)
 	for (;;) {
 		int64_t d = 0;
 		if (n == PTC_MAX_DIMS)
-			return errorf(c->err, c->errlen, "shape has more than %d dims",
-				      PTC_MAX_DIMS);
+			return ptc_errorf(c->err, "shape has more than %d dims", PTC_MAX_DIMS);
 		if ((rc = read_dim(c, &d)))
 			return rc;
 		h->shape[n++] = d;
@@ -274,10 +254,10 @@ static int read_shape(struct cursor *c, struct mlfs_npy *h)
 	}
 	/* "(3)" is the int 3 in Python, not a tuple: numpy.load refuses it. */
 	if (n == 1 && !comma)
-		return errorf(c->err, c->errlen,
-			      "shape (%" PRId64 ") is not a tuple (a 1-d shape is written (%" PRId64
-			      ",))",
-			      h->shape[0], h->shape[0]);
+		return ptc_errorf(c->err,
+				  "shape (%" PRId64
+				  ") is not a tuple (a 1-d shape is written (%" PRId64 ",))",
+				  h->shape[0], h->shape[0]);
 done:
 	h->ndim = n;
 	for (int i = 0; i < n; i++)
@@ -287,8 +267,7 @@ done:
 		if (elems > (MLFS_NPY_MAX_ELEMS - 1) / h->shape[i]) {
 			char tuple[256];
 			format_shape(tuple, sizeof(tuple), n, h->shape);
-			return errorf(c->err, c->errlen, "shape %s has 2^48 or more elements",
-				      tuple);
+			return ptc_errorf(c->err, "shape %s has 2^48 or more elements", tuple);
 		}
 		elems *= h->shape[i];
 	}
@@ -323,9 +302,9 @@ static int read_dict(struct cursor *c, struct mlfs_npy *h)
 		for (k = 0; k < NKEYS && strcmp(key, key_names[k]); k++)
 			;
 		if (k == NKEYS)
-			return errorf(c->err, c->errlen, "unexpected key '%s'", key);
+			return ptc_errorf(c->err, "unexpected key '%s'", key);
 		if (seen[k])
-			return errorf(c->err, c->errlen, "duplicate key '%s'", key);
+			return ptc_errorf(c->err, "duplicate key '%s'", key);
 		seen[k] = true;
 		skip_ws(c);
 		if ((rc = expect(c, ':', "expected ':' after key")))
@@ -350,27 +329,29 @@ static int read_dict(struct cursor *c, struct mlfs_npy *h)
 end:
 	skip_ws(c);
 	if (c->pos < c->end)
-		return errorf(c->err, c->errlen,
-			      "unexpected byte 0x%02x after the header dict at byte %zu",
-			      c->b[c->pos], c->pos);
+		return ptc_errorf(c->err,
+				  "unexpected byte 0x%02x after the header dict at byte %zu",
+				  c->b[c->pos], c->pos);
 	for (int k = 0; k < NKEYS; k++)
 		if (!seen[k])
-			return errorf(c->err, c->errlen, "missing key '%s'", key_names[k]);
+			return ptc_errorf(c->err, "missing key '%s'", key_names[k]);
 	return 0;
 }
 
-int64_t mlfs_npy_header_len(const uint8_t *buf, size_t len, char *err, size_t errlen)
+int64_t mlfs_npy_header_len(const uint8_t *buf, size_t len, struct ptc_error *err)
 {
 	size_t lensize, hlen;
 
-	if (err && errlen)
-		err[0] = '\0';
+	if (err) {
+		err->text[0] = '\0';
+		err->code = 0;
+	}
 	if (len && memcmp(buf, NPY_MAGIC, len < NPY_MAGIC_LEN ? len : NPY_MAGIC_LEN))
-		return errorf(err, errlen, "bad magic");
+		return ptc_errorf(err, "bad magic");
 	if (len < NPY_MAGIC_LEN + 2)
 		return 0;
 	if (buf[6] < 1 || buf[6] > 3 || buf[7] != 0)
-		return errorf(err, errlen, "unsupported version %u.%u", buf[6], buf[7]);
+		return ptc_errorf(err, "unsupported version %u.%u", buf[6], buf[7]);
 	lensize = buf[6] == 1 ? 2 : 4;
 	if (len < NPY_MAGIC_LEN + 2 + lensize)
 		return 0;
@@ -378,15 +359,14 @@ int64_t mlfs_npy_header_len(const uint8_t *buf, size_t len, char *err, size_t er
 	if (lensize == 4)
 		hlen |= (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
 	if (hlen > MLFS_NPY_MAX_HEADER)
-		return errorf(err, errlen, "header length %zu exceeds %d", hlen,
-			      MLFS_NPY_MAX_HEADER);
+		return ptc_errorf(err, "header length %zu exceeds %d", hlen, MLFS_NPY_MAX_HEADER);
 	return (int64_t)(NPY_MAGIC_LEN + 2 + lensize + hlen);
 }
 
-int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *err, size_t errlen)
+int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, struct ptc_error *err)
 {
 	struct mlfs_npy h;
-	int64_t total = mlfs_npy_header_len(buf, len, err, errlen);
+	int64_t total = mlfs_npy_header_len(buf, len, err);
 	int rc;
 
 	if (total < 0)
@@ -398,7 +378,6 @@ int mlfs_npy_parse(const uint8_t *buf, size_t len, struct mlfs_npy *out, char *e
 	memset(&h, 0, sizeof(h));
 	struct cursor c = {.b = buf, .pos = start, .end = (size_t)total};
 	c.err = err;
-	c.errlen = errlen;
 	if ((rc = read_dict(&c, &h)))
 		return rc;
 	h.header_len = (size_t)total;
@@ -418,22 +397,24 @@ static bool descr_matches(const char *got, const char *want, size_t size)
 }
 
 int mlfs_npy_check(const struct mlfs_npy *h, enum ptc_dtype dt, int ndim, const int64_t *shape,
-		   char *err, size_t errlen)
+		   struct ptc_error *err)
 {
 	char got[256], want[256];
 	bool same;
 
-	if (err && errlen)
-		err[0] = '\0';
+	if (err) {
+		err->text[0] = '\0';
+		err->code = 0;
+	}
 	if ((unsigned)dt >= PTC_DTYPE_COUNT)
-		return errorf(err, errlen, "unknown partition dtype %d", (int)dt);
+		return ptc_errorf(err, "unknown partition dtype %d", (int)dt);
 	if (h->ndim < 0 || h->ndim > PTC_MAX_DIMS || ndim < 0 || ndim > PTC_MAX_DIMS)
-		return errorf(err, errlen, "shape has more than %d dims", PTC_MAX_DIMS);
+		return ptc_errorf(err, "shape has more than %d dims", PTC_MAX_DIMS);
 	if (!descr_matches(h->descr, ptc_dtype_npy_descr(dt), ptc_dtype_size(dt)))
-		return errorf(err, errlen, "dtype '%s' does not match partition dtype %s ('%s')",
-			      h->descr, ptc_dtype_name(dt), ptc_dtype_npy_descr(dt));
+		return ptc_errorf(err, "dtype '%s' does not match partition dtype %s ('%s')",
+				  h->descr, ptc_dtype_name(dt), ptc_dtype_npy_descr(dt));
 	if (h->fortran_order)
-		return errorf(err, errlen, "fortran_order must be False");
+		return ptc_errorf(err, "fortran_order must be False");
 	same = h->ndim == ndim;
 	for (int i = 0; same && i < ndim; i++)
 		same = h->shape[i] == shape[i];
@@ -441,5 +422,5 @@ int mlfs_npy_check(const struct mlfs_npy *h, enum ptc_dtype dt, int ndim, const 
 		return 0;
 	format_shape(got, sizeof(got), h->ndim, h->shape);
 	format_shape(want, sizeof(want), ndim, shape);
-	return errorf(err, errlen, "shape %s does not match partition shape %s", got, want);
+	return ptc_errorf(err, "shape %s does not match partition shape %s", got, want);
 }

@@ -33,6 +33,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "ptc/ptc.h"
+
 /* Longest URI accepted, in bytes. */
 #define MLFS_SRC_MAX_URI 4096
 
@@ -73,8 +75,8 @@ void mlfs_src_free(struct mlfs_src *s);
  * A file must be a regular file: it is opened without blocking (a FIFO
  * or a device is refused, never waited on).
  *
- * Errors (*@data = NULL, *@len = 0, one line in @why of @whylen bytes,
- * always NUL-terminated; @why may be NULL when @whylen is 0):
+ * Errors (*@data = NULL, *@len = 0, one line in @err, its code the errno
+ * returned; @err may be NULL):
  *   -EINVAL  bad or unsupported URI, or @max < 0
  *   -EFBIG   the object holds more than @max bytes
  *   -EIO     unreadable: the message names the URI and the reason, e.g.
@@ -85,7 +87,7 @@ void mlfs_src_free(struct mlfs_src *s);
  *   -ENOMEM  out of memory
  */
 int mlfs_src_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **data, size_t *len,
-		   char *why, size_t whylen);
+		   struct ptc_error *err);
 
 /* Bytes [off, off + len) of object @uri, to be copied to @dst. */
 struct mlfs_range {
@@ -115,7 +117,7 @@ struct mlfs_range {
  *
  * All or nothing: returns 0 when every range was filled, else an error and
  * the dst bytes are unspecified (partly written). Errors, with one line in
- * @why (conventions of mlfs_src_fetch):
+ * @err (conventions of mlfs_src_fetch):
  *   -EINVAL  a bad or unsupported URI, a negative offset or length
  *   -EIO     an object unreadable after the retries or the deadline, not a
  *            regular file, or a range past its end; the message names the
@@ -125,9 +127,7 @@ struct mlfs_range {
  *   -ENOMEM  out of memory
  * Thread-safe; the ranges and dsts are borrowed for the call only.
  */
-int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, char *why,
-		   size_t whylen);
-
+int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, struct ptc_error *err);
 
 /* Counters since mlfs_src_new; a snapshot (not one atomic read). */
 struct mlfs_src_stats {
@@ -243,10 +243,10 @@ struct mlfs_dview {
 };
 
 /* The assembled view of [first, first+count): from the cache, from a
- * prefetch in progress (waits), or assembled now. 0, -EIO (@why names the
+ * prefetch in progress (waits), or assembled now. 0, -EIO (@err names the
  * shard and the reason), -ENOSPC, -ENOMEM. */
 int mlfs_data_get(struct mlfs_dataset *ds, int64_t first, int64_t count, struct mlfs_dview **out,
-		  char *why, size_t whylen);
+		  struct ptc_error *err);
 void mlfs_dview_put(struct mlfs_dview *v);
 /* The body of file @kind of @v (after its header). */
 void mlfs_dview_body(const struct mlfs_dview *v, enum mlfs_dfile kind, const uint8_t **body,

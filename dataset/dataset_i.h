@@ -132,18 +132,14 @@ static inline int64_t src_now_ns(void)
 
 /* ------------------------------------------------------ mlfs_source.c */
 
-/* Writes the message to @why (when @whylen > 0); returns @rc. */
-__attribute__((format(printf, 4, 5))) int mlfs_src_errf(char *why, size_t whylen, int rc,
-							const char *fmt, ...);
-
 /* Logs the failure of a readv or fetch (@rc, message @why) at warning
  * level, unless it refused its arguments (-EINVAL). */
 void mlfs_src_log_failure(int rc, const char *why);
 
 /* The object of @uri, created on first use; lives until mlfs_src_free.
- * -EINVAL (bad URI) or -ENOMEM, with the reason in @why. Lock not held. */
-int mlfs_srcobj_get(struct mlfs_src *s, const char *uri, struct src_obj **out, char *why,
-		    size_t whylen);
+ * -EINVAL (bad URI) or -ENOMEM, with the reason in @err. Lock not held. */
+int mlfs_srcobj_get(struct mlfs_src *s, const char *uri, struct src_obj **out,
+		    struct ptc_error *err);
 
 /* Has file object @o closed and opened again once no readv uses it, so the
  * next readv sees its size anew (it shrank, or may have grown). Lock not held. */
@@ -154,8 +150,8 @@ int64_t mlfs_srcobj_size(struct mlfs_src *s, struct src_obj *o);
 
 /* Records @size learned from a reply; -EIO when it contradicts an earlier
  * one. Lock not held. */
-int mlfs_srcobj_set_size(struct mlfs_src *s, struct src_obj *o, int64_t size, char *why,
-			 size_t whylen);
+int mlfs_srcobj_set_size(struct mlfs_src *s, struct src_obj *o, int64_t size,
+			 struct ptc_error *err);
 
 /* ---------------------------------------------------- mlfs_srccache.c */
 
@@ -185,8 +181,8 @@ void mlfs_srccache_insert(struct mlfs_src *s, struct src_blk *b);
  * NULL when there is none or the file shrank under it) until
  * mlfs_srcfile_unpin. -EIO naming the URI when it cannot be opened or is
  * not a regular file. Lock not held. */
-int mlfs_srcfile_pin(struct mlfs_src *s, struct src_obj *o, int *fd, const uint8_t **map, char *why,
-		     size_t whylen);
+int mlfs_srcfile_pin(struct mlfs_src *s, struct src_obj *o, int *fd, const uint8_t **map,
+		     struct ptc_error *err);
 
 /* Undoes one mlfs_srcfile_pin; the last unpin of a file that shrank closes
  * it. Lock not held. */
@@ -197,24 +193,24 @@ void mlfs_srcfile_close(struct mlfs_src *s, struct src_obj *o);
 
 /* mlfs_src_fetch of a file:// @uri (checked). */
 int mlfs_srcfile_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **data,
-		       size_t *len, char *why, size_t whylen);
+		       size_t *len, struct ptc_error *err);
 
 /* Fills the @nv iovecs at @v (@len bytes in all) from @fd (the file of
  * @uri) at @pos. With RWF_NOWAIT in @flags, -EAGAIN unless the page cache
  * held all of it (the caller then reads it again, blocking). -EIO naming
  * @uri on a failure or a file shorter than asked. Modifies @v. */
 int mlfs_srcfile_preadv(int fd, const char *uri, struct iovec *v, int nv, int64_t pos, int64_t len,
-			int flags, char *why, size_t whylen);
+			int flags, struct ptc_error *err);
 
 /* Reads the @nb adjacent blocks at @blks from byte @a of @o's pinned @fd. */
 int mlfs_srcfile_read_blocks(struct mlfs_src *s, const struct src_obj *o, int fd,
-			     struct src_blk **blks, int nb, int64_t a, char *why, size_t whylen);
+			     struct src_blk **blks, int nb, int64_t a, struct ptc_error *err);
 
 /* --------------------------------------------------- mlfs_srcdirect.c */
 
 /* Reads the ranges of @rv's direct groups (pinned files, file_direct)
- * straight into their dsts: 0, or -EIO / -ENOMEM with the reason in @why. */
-int mlfs_srcdirect_read(struct src_readv *rv, char *why, size_t whylen);
+ * straight into their dsts: 0, or -EIO / -ENOMEM with the reason in @err. */
+int mlfs_srcdirect_read(struct src_readv *rv, struct ptc_error *err);
 
 /* ------------------------------------------------ mlfs_data.c's dataset */
 
@@ -282,7 +278,7 @@ int64_t mlfs_data_record_off(const struct mlfs_dataset *ds, int shard, int64_t l
 /* --------------------------------------------------- mlfs_dataindex.c */
 
 /* Reads and checks @ds's index (ds->index_uri) and, for variable records,
- * every shard's offsets: 0, or a negative errno with @why. At open. */
-int mlfs_data_load_index(struct mlfs_dataset *ds, char *why, size_t whylen);
+ * every shard's offsets: 0, or a negative errno with @err. At open. */
+int mlfs_data_load_index(struct mlfs_dataset *ds, struct ptc_error *err);
 
 #endif

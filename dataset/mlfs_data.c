@@ -209,7 +209,7 @@ int64_t mlfs_data_record_off(const struct mlfs_dataset *ds, int shard, int64_t l
 }
 
 /* Reads the records of @v; no lock held. */
-static int assemble(struct mlfs_dataset *ds, struct mlfs_dview *v, char *why, size_t whylen)
+static int assemble(struct mlfs_dataset *ds, struct mlfs_dview *v, struct ptc_error *err)
 {
 	struct mlfs_range *r = NULL;
 	int rc = -ENOMEM;
@@ -230,20 +230,21 @@ static int assemble(struct mlfs_dataset *ds, struct mlfs_dview *v, char *why, si
 	}
 	v->len = v->offs[v->count];
 	if (!(v->data = buf_get(ds, v->len, &rc))) {
-		snprintf(why, whylen, "%s",
-			 rc == -ENOSPC ? "the view does not fit in --max-memory" : "out of memory");
+		ptc_error_set(err, rc, "%s",
+			      rc == -ENOSPC ? "the view does not fit in --max-memory"
+					    : "out of memory");
 		goto out;
 	}
 	for (int64_t j = 0; j < v->count; j++)
 		r[j].dst = v->data->data + v->offs[j];
-	rc = mlfs_src_readv(ds->src, r, (size_t)v->count, why, whylen);
+	rc = mlfs_src_readv(ds->src, r, (size_t)v->count, err);
 out:
 	free(r);
 	return rc;
 }
 
 int mlfs_data_get(struct mlfs_dataset *ds, int64_t first, int64_t count, struct mlfs_dview **out,
-		  char *why, size_t whylen)
+		  struct ptc_error *err)
 {
 	int rc;
 
@@ -259,7 +260,7 @@ int mlfs_data_get(struct mlfs_dataset *ds, int64_t first, int64_t count, struct 
 			pthread_cond_wait(&ds->ready, &ds->lock);
 		rc = v->state < 0 ? v->state : 0;
 		if (rc)
-			snprintf(why, whylen, "%s", ds->error);
+			ptc_error_set(err, rc, "%s", ds->error);
 		pthread_mutex_unlock(&ds->lock);
 		if (rc) {
 			mlfs_dview_put(v);
@@ -279,7 +280,7 @@ int mlfs_data_get(struct mlfs_dataset *ds, int64_t first, int64_t count, struct 
 	lru_push(ds, v);
 	pthread_mutex_unlock(&ds->lock);
 
-	rc = assemble(ds, v, why, whylen);
+	rc = assemble(ds, v, err);
 
 	pthread_mutex_lock(&ds->lock);
 	v->state = rc ? rc : 1;
@@ -287,7 +288,7 @@ int mlfs_data_get(struct mlfs_dataset *ds, int64_t first, int64_t count, struct 
 		lru_unlink(ds, v);
 		mlfs_dview_put(v); /* the cache's */
 		ds->failures++;
-		snprintf(ds->error, sizeof(ds->error), "%s", why);
+		snprintf(ds->error, sizeof(ds->error), "%s", err->text);
 	} else {
 		ds->assembled++;
 		ds->cached_bytes += v->len;
@@ -329,7 +330,7 @@ void mlfs_dview_body(const struct mlfs_dview *v, enum mlfs_dfile kind, const uin
 static void *prefetch_main(void *arg)
 {
 	struct mlfs_dataset *ds = arg;
-	char why[512];
+	struct ptc_error why;
 
 	pthread_mutex_lock(&ds->lock);
 	for (;;) {
@@ -344,7 +345,7 @@ static void *prefetch_main(void *arg)
 			continue;
 		pthread_mutex_unlock(&ds->lock);
 		struct mlfs_dview *v;
-		if (mlfs_data_get(ds, s.first, s.count, &v, why, sizeof(why)) == 0)
+		if (mlfs_data_get(ds, s.first, s.count, &v, &why) == 0)
 			mlfs_dview_put(v);
 		pthread_mutex_lock(&ds->lock);
 	}
@@ -426,7 +427,7 @@ int mlfs_dataset_open(const struct ptc_config *c, const struct mlfs_data_opts *o
 		      struct xf_mem *mem, struct mlfs_dataset **out, struct ptc_error *err)
 {
 	struct mlfs_dataset *ds = calloc(1, sizeof(*ds));
-	char why[PTC_ERROR_MAX] = "";
+	struct ptc_error why = {.text = ""};
 	int rc = -ENOMEM;
 
 	*out = NULL;
@@ -452,9 +453,10 @@ int mlfs_dataset_open(const struct ptc_config *c, const struct mlfs_data_opts *o
 	    !(ds->sizes = calloc(1, sizeof(*ds->sizes))))
 		goto err;
 	pthread_mutex_init(&ds->sizes->lock, NULL);
-	if ((rc = mlfs_data_load_index(ds, why, sizeof(why)))) {
+	if ((rc = mlfs_data_load_index(ds, &why))) {
 		if (rc != -ENOMEM)
-			ptc_errorf(err, "config.json: dataset.index %s: %s", ds->index_uri, why);
+			ptc_error_set(err, rc, "config.json: dataset.index %s: %s", ds->index_uri,
+				      why.text);
 		goto err;
 	}
 	if ((rc = -pthread_create(&ds->thread, NULL, prefetch_main, ds)))

@@ -164,37 +164,35 @@ int mlfs_data_window(const struct mlfs_dataset *ds, const struct ptc_cursor *c, 
 /* ----------------------------------------------------------------- open */
 
 /* Reads shard @i's offsets (raw little-endian int64 or an int64 .npy). */
-static int load_offsets(struct mlfs_dataset *ds, int i, const char *uri, char *why, size_t whylen)
+static int load_offsets(struct mlfs_dataset *ds, int i, const char *uri, struct ptc_error *err)
 {
 	const struct ptc_shard *sh = &ds->ix->shards[i];
 	int64_t n = sh->count + 1;
 	uint8_t *data;
 	size_t len;
 	struct mlfs_npy h;
-	int rc = mlfs_src_fetch(ds->src, uri, n * 8 + 4096, &data, &len, why, whylen);
+	int rc = mlfs_src_fetch(ds->src, uri, n * 8 + 4096, &data, &len, err);
 
 	if (rc)
-		return rc == -EFBIG
-			   ? (snprintf(why, whylen,
-				       "%s: larger than %" PRId64 " offsets of %" PRId64 " records",
-				       uri, n, sh->count),
-			      -EINVAL)
-			   : rc;
+		return rc == -EFBIG ? ptc_errorf(err,
+						 "%s: larger than %" PRId64 " offsets of %" PRId64
+						 " records",
+						 uri, n, sh->count)
+				    : rc;
 	size_t skip = 0;
 	if (len >= 6 && memcmp(data, "\x93NUMPY", 6) == 0) {
-		char e[256];
-		if (mlfs_npy_parse(data, len, &h, e, sizeof(e)) ||
-		    mlfs_npy_check(&h, PTC_INT64, 1, &n, e, sizeof(e))) {
-			snprintf(why, whylen, "%s: %s", uri, e);
+		struct ptc_error e;
+		if (mlfs_npy_parse(data, len, &h, &e) || mlfs_npy_check(&h, PTC_INT64, 1, &n, &e)) {
+			ptc_errorf(err, "%s: %s", uri, e.text);
 			free(data);
 			return -EINVAL;
 		}
 		skip = h.header_len;
 	}
 	if ((int64_t)(len - skip) != n * 8) {
-		snprintf(why, whylen,
-			 "%s: holds %zu bytes of offsets, expected %" PRId64 " (count + 1 int64)",
-			 uri, len - skip, n * 8);
+		ptc_errorf(err,
+			   "%s: holds %zu bytes of offsets, expected %" PRId64 " (count + 1 int64)",
+			   uri, len - skip, n * 8);
 		free(data);
 		return -EINVAL;
 	}
@@ -206,60 +204,57 @@ static int load_offsets(struct mlfs_dataset *ds, int i, const char *uri, char *w
 	free(data);
 	for (int64_t k = 0; k < n; k++) {
 		int64_t o = ds->offs[i][k], prev = k ? ds->offs[i][k - 1] : 0;
-		if (o < 0 || (k && (o < prev || o - prev > PTC_MAX_RECORD_BYTES))) {
-			snprintf(why, whylen,
-				 "%s: offset %" PRId64 " = %" PRId64
-				 " is not a valid record boundary (offsets must not decrease; "
-				 "records are at most %" PRId64 " bytes)",
-				 uri, k, o, PTC_MAX_RECORD_BYTES);
-			return -EINVAL;
-		}
+		if (o < 0 || (k && (o < prev || o - prev > PTC_MAX_RECORD_BYTES)))
+			return ptc_errorf(err,
+					  "%s: offset %" PRId64 " = %" PRId64
+					  " is not a valid record boundary (offsets must not "
+					  "decrease; records are at most %" PRId64 " bytes)",
+					  uri, k, o, PTC_MAX_RECORD_BYTES);
 	}
 	return 0;
 }
 
-int mlfs_data_load_index(struct mlfs_dataset *ds, char *why, size_t whylen)
+int mlfs_data_load_index(struct mlfs_dataset *ds, struct ptc_error *err)
 {
 	uint8_t *text;
 	size_t len;
 	struct ptc_error perr;
-	int rc = mlfs_src_fetch(ds->src, ds->index_uri, MAX_INDEX_BYTES, &text, &len, why, whylen);
+	int rc = mlfs_src_fetch(ds->src, ds->index_uri, MAX_INDEX_BYTES, &text, &len, err);
 
 	if (rc == -EFBIG)
-		snprintf(why, whylen, "larger than %" PRId64 " bytes", MAX_INDEX_BYTES);
-	if (rc)
-		return rc == -ENOMEM ? rc : -EINVAL;
+		snprintf(err->text, sizeof(err->text), "larger than %" PRId64 " bytes",
+			 MAX_INDEX_BYTES);
+	if (rc) {
+		err->code = rc == -ENOMEM ? rc : -EINVAL;
+		return err->code;
+	}
 	rc = ptc_index_parse_text((const char *)text, len, "index.json", &ds->ix, &perr);
 	free(text);
-	if (rc) {
-		snprintf(why, whylen, "%s", perr.text);
-		return rc;
-	}
+	if (rc)
+		return ptc_error_set(err, rc, "%s", perr.text);
 	int n = ds->ix->nshards;
 	if (!(ds->uris = calloc((size_t)n, sizeof(*ds->uris))) ||
 	    !(ds->offs = calloc((size_t)n, sizeof(*ds->offs))))
 		return -ENOMEM;
 	for (int i = 0; i < n; i++) {
 		const struct ptc_shard *sh = &ds->ix->shards[i];
-		if (!(ds->uris[i] = mlfs_uri_join(ds->index_uri, sh->uri))) {
-			snprintf(why, whylen,
-				 "index.json: shards[%d].uri \"%s\" is not a valid URI", i,
-				 sh->uri);
-			return -EINVAL;
-		}
+		if (!(ds->uris[i] = mlfs_uri_join(ds->index_uri, sh->uri)))
+			return ptc_errorf(err,
+					  "index.json: shards[%d].uri \"%s\" is not a valid URI", i,
+					  sh->uri);
 		if (ds->ix->records != PTC_RECORDS_VARIABLE)
 			continue;
 		char *off = mlfs_uri_join(ds->index_uri, sh->offsets);
-		if (!off) {
-			snprintf(why, whylen,
-				 "index.json: shards[%d].offsets \"%s\" is not a valid URI", i,
-				 sh->offsets);
-			return -EINVAL;
-		}
-		rc = load_offsets(ds, i, off, why, whylen);
+		if (!off)
+			return ptc_errorf(
+			    err, "index.json: shards[%d].offsets \"%s\" is not a valid URI", i,
+			    sh->offsets);
+		rc = load_offsets(ds, i, off, err);
 		free(off);
-		if (rc)
-			return rc == -ENOMEM ? rc : -EINVAL;
+		if (rc) {
+			err->code = rc == -ENOMEM ? rc : -EINVAL;
+			return err->code;
+		}
 	}
 	return 0;
 }

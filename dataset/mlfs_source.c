@@ -65,46 +65,33 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-int mlfs_src_errf(char *why, size_t whylen, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (why && whylen) {
-		va_start(ap, fmt);
-		vsnprintf(why, whylen, fmt, ap);
-		va_end(ap);
-	}
-	return rc;
-}
-
 static bool has_prefix(const char *s, const char *p)
 {
 	return strncasecmp(s, p, strlen(p)) == 0;
 }
 
-/* The kind of @uri, or -EINVAL with the reason in @why. */
-static int uri_kind(const char *uri, enum obj_kind *kind, char *why, size_t whylen)
+/* The kind of @uri, or -EINVAL with the reason in @err. */
+static int uri_kind(const char *uri, enum obj_kind *kind, struct ptc_error *err)
 {
 	int rc;
 
 	if (!uri)
-		return mlfs_src_errf(why, whylen, -EINVAL, "no URI");
+		return ptc_error_set(err, -EINVAL, "no URI");
 	if (strnlen(uri, MLFS_SRC_MAX_URI + 1) > MLFS_SRC_MAX_URI)
-		return mlfs_src_errf(why, whylen, -EINVAL, "%.64s...: URI longer than %d bytes",
-				     uri, MLFS_SRC_MAX_URI);
+		return ptc_error_set(err, -EINVAL, "%.64s...: URI longer than %d bytes", uri,
+				     MLFS_SRC_MAX_URI);
 	if (has_prefix(uri, "file://")) {
 		if (uri[7] != '/' || !uri[8])
-			return mlfs_src_errf(why, whylen, -EINVAL,
-					     "%s: not a local absolute file URI (file:///path)",
-					     uri);
+			return ptc_error_set(
+			    err, -EINVAL, "%s: not a local absolute file URI (file:///path)", uri);
 		*kind = OBJ_FILE;
 		return 0;
 	}
 	if (!has_prefix(uri, "http://") && !has_prefix(uri, "https://"))
-		return mlfs_src_errf(
-		    why, whylen, -EINVAL,
+		return ptc_error_set(
+		    err, -EINVAL,
 		    "%s: unsupported URI (file:///path, http:// or https:// expected)", uri);
-	if ((rc = net_url_check(uri, why, whylen)))
+	if ((rc = net_url_check(uri, err)))
 		return rc;
 	*kind = OBJ_HTTP;
 	return 0;
@@ -138,13 +125,13 @@ static int obj_table_grow(struct mlfs_src *s)
 	return 0;
 }
 
-int mlfs_srcobj_get(struct mlfs_src *s, const char *uri, struct src_obj **out, char *why,
-		    size_t whylen)
+int mlfs_srcobj_get(struct mlfs_src *s, const char *uri, struct src_obj **out,
+		    struct ptc_error *err)
 {
 	enum obj_kind kind;
 	uint64_t h;
 	struct src_obj *o;
-	int rc = uri_kind(uri, &kind, why, whylen);
+	int rc = uri_kind(uri, &kind, err);
 
 	if (rc)
 		return rc;
@@ -159,7 +146,7 @@ int mlfs_srcobj_get(struct mlfs_src *s, const char *uri, struct src_obj **out, c
 	if (!o || !(o->uri = strdup(uri))) {
 		free(o);
 		pthread_mutex_unlock(&s->lock);
-		return mlfs_src_errf(why, whylen, -ENOMEM, "%s: out of memory", uri);
+		return ptc_error_set(err, -ENOMEM, "%s: out of memory", uri);
 	}
 	o->hash = h;
 	o->kind = kind;
@@ -189,8 +176,7 @@ int64_t mlfs_srcobj_size(struct mlfs_src *s, struct src_obj *o)
 	return size;
 }
 
-int mlfs_srcobj_set_size(struct mlfs_src *s, struct src_obj *o, int64_t size, char *why,
-			 size_t whylen)
+int mlfs_srcobj_set_size(struct mlfs_src *s, struct src_obj *o, int64_t size, struct ptc_error *err)
 {
 	int64_t old;
 
@@ -200,7 +186,7 @@ int mlfs_srcobj_set_size(struct mlfs_src *s, struct src_obj *o, int64_t size, ch
 		o->size = size;
 	pthread_mutex_unlock(&s->lock);
 	if (old >= 0 && old != size)
-		return mlfs_src_errf(why, whylen, -EIO,
+		return ptc_error_set(err, -EIO,
 				     "%s: size changed from %" PRId64 " to %" PRId64 " bytes",
 				     o->uri, old, size);
 	return 0;
@@ -243,7 +229,7 @@ struct mlfs_src *mlfs_src_new(const struct mlfs_src_opts *opts)
 		goto err_free_src;
 	if (mlfs_srccache_init(s))
 		goto err_free_objs;
-	if (net_http_new(&ho, &s->http, NULL, 0))
+	if (net_http_new(&ho, &s->http, NULL))
 		goto err_release_cache;
 	pthread_mutex_init(&s->lock, NULL);
 	return s;
@@ -297,28 +283,27 @@ void mlfs_src_stats(struct mlfs_src *s, struct mlfs_src_stats *out)
 /* ------------------------------------------------------------------ fetch */
 
 int mlfs_src_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **data, size_t *len,
-		   char *why, size_t whylen)
+		   struct ptc_error *err)
 {
 	enum obj_kind kind;
-	char own[512];
+	struct ptc_error own;
 	int rc;
 
 	*data = NULL;
 	*len = 0;
-	if (!why || !whylen) { /* the log says why all the same */
-		why = own;
-		whylen = sizeof(own);
-	}
-	why[0] = 0;
-	if ((rc = uri_kind(uri, &kind, why, whylen)))
+	if (!err) /* the log says why all the same */
+		err = &own;
+	err->text[0] = 0;
+	err->code = 0;
+	if ((rc = uri_kind(uri, &kind, err)))
 		return rc;
 	if (max < 0)
-		return mlfs_src_errf(why, whylen, -EINVAL, "%s: negative size bound", uri);
+		return ptc_error_set(err, -EINVAL, "%s: negative size bound", uri);
 	if (kind == OBJ_FILE)
-		rc = mlfs_srcfile_fetch(s, uri, max, data, len, why, whylen);
+		rc = mlfs_srcfile_fetch(s, uri, max, data, len, err);
 	else
-		rc = net_http_get(s->http, uri, max, data, len, NULL, why, whylen);
+		rc = net_http_get(s->http, uri, max, data, len, NULL, err);
 	if (rc)
-		mlfs_src_log_failure(rc, why);
+		mlfs_src_log_failure(rc, err->text);
 	return rc;
 }

@@ -54,8 +54,7 @@ struct dv {
 };
 
 /* Reads span @sp into its dsts (see mlfs_srcfile_preadv for @flags). */
-static int span_read(struct src_readv *rv, const struct span *sp, int flags, char *why,
-		     size_t whylen)
+static int span_read(struct src_readv *rv, const struct span *sp, int flags, struct ptc_error *err)
 {
 	struct iovec iov[SRC_SPAN_IOV];
 	int nv = 0;
@@ -65,8 +64,7 @@ static int span_read(struct src_readv *rv, const struct span *sp, int flags, cha
 		iov[nv++] = (struct iovec){r->dst, (size_t)r->len};
 	}
 	const struct src_grp *g = &rv->grps[sp->grp];
-	int rc =
-	    mlfs_srcfile_preadv(g->fd, g->obj->uri, iov, nv, sp->off, sp->len, flags, why, whylen);
+	int rc = mlfs_srcfile_preadv(g->fd, g->obj->uri, iov, nv, sp->off, sp->len, flags, err);
 	if (rc)
 		return rc;
 	src_stat_add(&rv->s->direct_reads, 1);
@@ -75,7 +73,7 @@ static int span_read(struct src_readv *rv, const struct span *sp, int flags, cha
 }
 
 /* Copies span @sp from its group's mapping into its dsts. */
-static int span_copy(struct src_readv *rv, const struct span *sp, char *why, size_t whylen)
+static int span_copy(struct src_readv *rv, const struct span *sp, struct ptc_error *err)
 {
 	const struct src_grp *g = &rv->grps[sp->grp];
 
@@ -84,8 +82,8 @@ static int span_copy(struct src_readv *rv, const struct span *sp, char *why, siz
 		if (mlfs_mapcopy_raw(r->dst, g->map + r->off, (size_t)r->len) == 0)
 			continue;
 		mlfs_srcobj_reopen(rv->s, g->obj);
-		return mlfs_src_errf(
-		    why, whylen, -EIO,
+		return ptc_error_set(
+		    err, -EIO,
 		    "%s: bytes %" PRId64 "-%" PRId64
 		    " unreadable, shorter than when opened (changed?) or an I/O error",
 		    g->obj->uri, r->off, r->off + r->len - 1);
@@ -99,13 +97,13 @@ static void *direct_worker(void *arg)
 {
 	struct dv *d = arg;
 	size_t i;
-	char why[512];
+	struct ptc_error why;
 
 	while ((i = atomic_fetch_add(&d->next, 1)) < d->ntodo && !atomic_load(&d->failed)) {
-		int rc = span_read(d->rv, &d->spans[d->todo[i]], 0, why, sizeof(why));
+		int rc = span_read(d->rv, &d->spans[d->todo[i]], 0, &why);
 		if (rc && !atomic_exchange(&d->failed, 1)) {
 			d->rc = rc;
-			snprintf(d->why, sizeof(d->why), "%s", why);
+			snprintf(d->why, sizeof(d->why), "%s", why.text);
 		}
 	}
 	return NULL;
@@ -185,13 +183,13 @@ static void check_maps(struct src_readv *rv)
 /* Reads the direct groups: copies from the mappings on this thread until
  * one waited for the disk; then, and for files without a mapping, preadv:
  * page-cache hits on this thread, the rest on up to opts.parallel threads. */
-int mlfs_srcdirect_read(struct src_readv *rv, char *why, size_t whylen)
+int mlfs_srcdirect_read(struct src_readv *rv, struct ptc_error *err)
 {
 	struct dv d = {.rv = rv};
 	int rc;
 
 	if ((rc = make_spans(rv, &d.spans, &d.nspans)))
-		return mlfs_src_errf(why, whylen, rc, "out of memory");
+		return ptc_error_set(err, rc, "out of memory");
 	check_maps(rv);
 	for (size_t gi = 0; gi < rv->ngrps; gi++)
 		if (rv->grps[gi].direct && rv->grps[gi].map) {
@@ -200,13 +198,13 @@ int mlfs_srcdirect_read(struct src_readv *rv, char *why, size_t whylen)
 		}
 	if (d.nspans && !(d.todo = malloc(d.nspans * sizeof(*d.todo)))) {
 		free(d.spans);
-		return mlfs_src_errf(why, whylen, -ENOMEM, "out of memory");
+		return ptc_error_set(err, -ENOMEM, "out of memory");
 	}
 	bool cold = false;
 	for (size_t i = 0; i < d.nspans; i++) {
 		if (rv->grps[d.spans[i].grp].map && !cold) {
 			int64_t t0 = src_now_ns();
-			if ((rc = span_copy(rv, &d.spans[i], why, whylen)))
+			if ((rc = span_copy(rv, &d.spans[i], err)))
 				goto out;
 			/* Slower than 50 us + 1 ns a byte: pages came from the
 			 * disk (the rest may too: preadv, in parallel), or were
@@ -215,7 +213,7 @@ int mlfs_srcdirect_read(struct src_readv *rv, char *why, size_t whylen)
 				cold = !span_cached(rv, &d.spans[i + 1]);
 			continue;
 		}
-		rc = span_read(rv, &d.spans[i], RWF_NOWAIT, why, whylen);
+		rc = span_read(rv, &d.spans[i], RWF_NOWAIT, err);
 		if (rc == -EAGAIN)
 			d.todo[d.ntodo++] = i;
 		else if (rc)
@@ -229,7 +227,7 @@ int mlfs_srcdirect_read(struct src_readv *rv, char *why, size_t whylen)
 		atomic_init(&d.failed, 0);
 		mlfs_par_run((int)want, direct_worker, &d);
 		if (atomic_load(&d.failed))
-			rc = mlfs_src_errf(why, whylen, d.rc, "%s", d.why);
+			rc = ptc_error_set(err, d.rc, "%s", d.why);
 	}
 out:
 	free(d.todo);

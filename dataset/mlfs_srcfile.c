@@ -74,17 +74,17 @@ static void fd_evict(struct mlfs_src *s, struct opened *c)
  * device could block its reads). On success the fd (blocking again) and
  * *@st.
  */
-static int file_open(const char *uri, const char *path, struct stat *st, char *why, size_t whylen)
+static int file_open(const char *uri, const char *path, struct stat *st, struct ptc_error *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), flags, e;
 
 	if (fd < 0)
-		return mlfs_src_errf(why, whylen, -EIO, "%s: %m", uri);
+		return ptc_error_set(err, -EIO, "%s: %m", uri);
 	if (fstat(fd, st) || (flags = fcntl(fd, F_GETFL)) < 0)
 		goto err_close;
 	if (!S_ISREG(st->st_mode)) {
 		close(fd);
-		return mlfs_src_errf(why, whylen, -EIO, "%s: not a regular file", uri);
+		return ptc_error_set(err, -EIO, "%s: not a regular file", uri);
 	}
 	if (fcntl(fd, F_SETFL, flags & ~O_NONBLOCK))
 		goto err_close;
@@ -94,11 +94,11 @@ err_close:
 	e = errno;
 	close(fd);
 	errno = e;
-	return mlfs_src_errf(why, whylen, -EIO, "%s: %m", uri);
+	return ptc_error_set(err, -EIO, "%s: %m", uri);
 }
 
-int mlfs_srcfile_pin(struct mlfs_src *s, struct src_obj *o, int *fd, const uint8_t **map, char *why,
-		     size_t whylen)
+int mlfs_srcfile_pin(struct mlfs_src *s, struct src_obj *o, int *fd, const uint8_t **map,
+		     struct ptc_error *err)
 {
 	struct stat st;
 	int nfd;
@@ -116,7 +116,7 @@ int mlfs_srcfile_pin(struct mlfs_src *s, struct src_obj *o, int *fd, const uint8
 	}
 	pthread_mutex_unlock(&s->lock);
 
-	if ((nfd = file_open(o->uri, o->uri + 7, &st, why, whylen)) < 0)
+	if ((nfd = file_open(o->uri, o->uri + 7, &st, err)) < 0)
 		return nfd;
 	if (s->o.file_direct && st.st_size > 0 && (uint64_t)st.st_size <= SIZE_MAX) {
 		void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, nfd, 0);
@@ -169,24 +169,23 @@ void mlfs_srcfile_close(struct mlfs_src *s, struct src_obj *o)
 /* ------------------------------------------------------------------ reads */
 
 int mlfs_srcfile_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t **data,
-		       size_t *len, char *why, size_t whylen)
+		       size_t *len, struct ptc_error *err)
 {
 	struct stat st;
 	uint8_t *buf;
 	int64_t got = 0;
-	int rc, fd = file_open(uri, uri + 7, &st, why, whylen);
+	int rc, fd = file_open(uri, uri + 7, &st, err);
 
 	if (fd < 0)
 		return fd;
 	if (st.st_size > max) {
-		rc = mlfs_src_errf(why, whylen, -EFBIG,
-				   "%s: holds %" PRId64 " bytes, more than %" PRId64, uri,
-				   (int64_t)st.st_size, max);
+		rc = ptc_error_set(err, -EFBIG, "%s: holds %" PRId64 " bytes, more than %" PRId64,
+				   uri, (int64_t)st.st_size, max);
 		goto err_close;
 	}
 	src_stat_add(&s->requests, 1);
 	if (!(buf = malloc(st.st_size ? (size_t)st.st_size : 1))) {
-		rc = mlfs_src_errf(why, whylen, -ENOMEM, "%s: out of memory", uri);
+		rc = ptc_error_set(err, -ENOMEM, "%s: out of memory", uri);
 		goto err_close;
 	}
 	while (got < st.st_size) {
@@ -194,7 +193,7 @@ int mlfs_srcfile_fetch(struct mlfs_src *s, const char *uri, int64_t max, uint8_t
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0) {
-			rc = mlfs_src_errf(why, whylen, -EIO, "%s: %m", uri);
+			rc = ptc_error_set(err, -EIO, "%s: %m", uri);
 			src_stat_add(&s->failures, 1);
 			goto err_free_buf;
 		}
@@ -216,7 +215,7 @@ err_close:
 }
 
 int mlfs_srcfile_preadv(int fd, const char *uri, struct iovec *v, int nv, int64_t pos, int64_t len,
-			int flags, char *why, size_t whylen)
+			int flags, struct ptc_error *err)
 {
 	for (int64_t end = pos + len; pos < end;) {
 		ssize_t got = preadv2(fd, v, nv, pos, flags);
@@ -225,9 +224,9 @@ int mlfs_srcfile_preadv(int fd, const char *uri, struct iovec *v, int nv, int64_
 		if (got < 0 && flags && (errno == EAGAIN || errno == EOPNOTSUPP))
 			return -EAGAIN;
 		if (got < 0)
-			return mlfs_src_errf(why, whylen, -EIO, "%s: %m", uri);
+			return ptc_error_set(err, -EIO, "%s: %m", uri);
 		if (got == 0)
-			return mlfs_src_errf(why, whylen, -EIO,
+			return ptc_error_set(err, -EIO,
 					     "%s: ends at byte %" PRId64
 					     ", shorter than when opened (changed?)",
 					     uri, pos);
@@ -249,7 +248,7 @@ int mlfs_srcfile_preadv(int fd, const char *uri, struct iovec *v, int nv, int64_
 
 /* SRC_SPAN_IOV blocks a call. */
 int mlfs_srcfile_read_blocks(struct mlfs_src *s, const struct src_obj *o, int fd,
-			     struct src_blk **blks, int nb, int64_t a, char *why, size_t whylen)
+			     struct src_blk **blks, int nb, int64_t a, struct ptc_error *err)
 {
 	struct iovec iov[SRC_SPAN_IOV];
 	int64_t pos = a;
@@ -262,7 +261,7 @@ int mlfs_srcfile_read_blocks(struct mlfs_src *s, const struct src_obj *o, int fd
 			iov[nv++] = (struct iovec){blks[j]->data, (size_t)blks[j]->len};
 			len += blks[j]->len;
 		}
-		int rc = mlfs_srcfile_preadv(fd, o->uri, iov, nv, pos, len, 0, why, whylen);
+		int rc = mlfs_srcfile_preadv(fd, o->uri, iov, nv, pos, len, 0, err);
 		if (rc)
 			return rc;
 		pos += len;

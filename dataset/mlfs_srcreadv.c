@@ -48,7 +48,7 @@ struct src_req {
 	int64_t first;
 	int nblk;
 	int rc; /* 0, -EIO, -ENOMEM, or -ECANCELED (not run) */
-	char why[512];
+	struct ptc_error err;
 };
 
 static int cmp_ord(const void *pa, const void *pb, void *arg)
@@ -92,7 +92,7 @@ static void copy_out(struct src_readv *rv, const struct src_grp *g, int64_t star
 }
 
 /* Every range of a group whose object size is known must lie within it. */
-static int check_sizes(struct src_readv *rv, char *why, size_t whylen)
+static int check_sizes(struct src_readv *rv, struct ptc_error *err)
 {
 	for (size_t gi = 0; gi < rv->ngrps; gi++) {
 		const struct src_grp *g = &rv->grps[gi];
@@ -105,7 +105,7 @@ static int check_sizes(struct src_readv *rv, char *why, size_t whylen)
 				continue;
 			if (g->obj->kind == OBJ_FILE) /* it may grow: look again next time */
 				mlfs_srcobj_reopen(rv->s, g->obj);
-			return mlfs_src_errf(why, whylen, -EIO,
+			return ptc_error_set(err, -EIO,
 					     "%s: holds %" PRId64 " bytes, bytes %" PRId64
 					     "-%" PRId64 " asked",
 					     g->obj->uri, size, r->off, r->off + r->len - 1);
@@ -134,20 +134,17 @@ static int run_req(struct src_readv *rv, struct src_req *rq)
 		return 0; /* past the end: check_sizes will say */
 	nb = (int)((end - a + B - 1) / B);
 	if (!(blks = calloc((size_t)nb, sizeof(*blks))))
-		return mlfs_src_errf(rq->why, sizeof(rq->why), -ENOMEM, "%s: out of memory",
-				     g->obj->uri);
+		return ptc_error_set(&rq->err, -ENOMEM, "%s: out of memory", g->obj->uri);
 	for (int j = 0; j < nb; j++) {
 		int64_t bs = a + j * B, bl = end - bs < B ? end - bs : B;
 		if (!(blks[j] = mlfs_srcblk_new(g->obj, rq->first + j, bl))) {
-			rc = mlfs_src_errf(rq->why, sizeof(rq->why), -ENOMEM, "%s: out of memory",
-					   g->obj->uri);
+			rc = ptc_error_set(&rq->err, -ENOMEM, "%s: out of memory", g->obj->uri);
 			goto out;
 		}
 	}
 
 	if (g->obj->kind == OBJ_FILE) {
-		if ((rc = mlfs_srcfile_read_blocks(s, g->obj, g->fd, blks, nb, a, rq->why,
-						   sizeof(rq->why)))) {
+		if ((rc = mlfs_srcfile_read_blocks(s, g->obj, g->fd, blks, nb, a, &rq->err))) {
 			src_stat_add(&s->failures, 1);
 			goto out;
 		}
@@ -156,18 +153,15 @@ static int run_req(struct src_readv *rv, struct src_req *rq)
 		struct net_http_call call = {.start_ns = rv->start_ns, .stop = &rv->stop};
 		struct net_http_range hr = {.off = a, .len = end - a, .iovcnt = nb};
 		if (!(iov = malloc((size_t)nb * sizeof(*iov)))) {
-			rc = mlfs_src_errf(rq->why, sizeof(rq->why), -ENOMEM, "%s: out of memory",
-					   g->obj->uri);
+			rc = ptc_error_set(&rq->err, -ENOMEM, "%s: out of memory", g->obj->uri);
 			goto out;
 		}
 		for (int j = 0; j < nb; j++)
 			iov[j] = (struct iovec){blks[j]->data, (size_t)blks[j]->len};
 		hr.iov = iov;
-		if ((rc = net_http_get_range(s->http, g->obj->uri, &hr, &call, rq->why,
-					     sizeof(rq->why))))
+		if ((rc = net_http_get_range(s->http, g->obj->uri, &hr, &call, &rq->err)))
 			goto out;
-		if (hr.size >= 0 &&
-		    (rc = mlfs_srcobj_set_size(s, g->obj, hr.size, rq->why, sizeof(rq->why))))
+		if (hr.size >= 0 && (rc = mlfs_srcobj_set_size(s, g->obj, hr.size, &rq->err)))
 			goto out;
 		got_end = a + hr.got;
 	}
@@ -249,8 +243,7 @@ static int make_groups(struct src_readv *rv)
 }
 
 /* The distinct blocks the ranges need, sorted by (group, index). */
-static int make_needs(struct src_readv *rv, struct need **out, size_t *nout, char *why,
-		      size_t whylen)
+static int make_needs(struct src_readv *rv, struct need **out, size_t *nout, struct ptc_error *err)
 {
 	int64_t B = rv->s->o.block_bytes;
 	struct need *needs = NULL;
@@ -270,9 +263,8 @@ static int make_needs(struct src_readv *rv, struct need **out, size_t *nout, cha
 				if (first > lastb)
 					continue;
 				if ((uint64_t)(lastb - first) >= SRC_MAX_NEED - n)
-					return mlfs_src_errf(
-					    why, whylen, -ENOMEM,
-					    "%s: more than %zu blocks asked at once",
+					return ptc_error_set(
+					    err, -ENOMEM, "%s: more than %zu blocks asked at once",
 					    rv->grps[gi].obj->uri, SRC_MAX_NEED);
 				for (int64_t i = first; pass && i <= lastb; i++)
 					needs[n + (size_t)(i - first)] =
@@ -282,7 +274,7 @@ static int make_needs(struct src_readv *rv, struct need **out, size_t *nout, cha
 			}
 		}
 		if (!pass && !(needs = calloc(n ? n : 1, sizeof(*needs))))
-			return mlfs_src_errf(why, whylen, -ENOMEM, "out of memory");
+			return ptc_error_set(err, -ENOMEM, "out of memory");
 	}
 	*out = needs;
 	*nout = n;
@@ -336,33 +328,32 @@ static int make_reqs(struct src_readv *rv, const struct need *needs, size_t nnee
 			rq->first = needs[i].idx;
 			rq->nblk = 0;
 			rq->rc = 0;
-			rq->why[0] = 0;
+			rq->err.text[0] = 0;
+			rq->err.code = 0;
 		}
 		rq->nblk++;
 	}
 	return 0;
 }
 
-int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, char *why,
-		   size_t whylen)
+int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, struct ptc_error *err)
 {
 	struct src_readv rv = {.s = s, .r = r, .start_ns = src_now_ns()};
 	struct need *needs = NULL;
 	size_t nneed = 0;
-	char own[512];
+	struct ptc_error own;
 	int rc = 0;
 
-	if (!why || !whylen) { /* the log says why all the same */
-		why = own;
-		whylen = sizeof(own);
-	}
-	why[0] = 0;
+	if (!err) /* the log says why all the same */
+		err = &own;
+	err->text[0] = 0;
+	err->code = 0;
 	if (!n)
 		return 0;
 	if (!r)
-		return mlfs_src_errf(why, whylen, -EINVAL, "no ranges");
+		return ptc_error_set(err, -EINVAL, "no ranges");
 	if (!(rv.robj = calloc(n, sizeof(*rv.robj))) || !(rv.ord = malloc(n * sizeof(*rv.ord)))) {
-		rc = mlfs_src_errf(why, whylen, -ENOMEM, "out of memory");
+		rc = ptc_error_set(err, -ENOMEM, "out of memory");
 		goto out;
 	}
 
@@ -370,7 +361,7 @@ int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, cha
 	for (size_t i = 0; i < n; i++) {
 		if (r[i].off < 0 || r[i].len < 0 || r[i].off > INT64_MAX - r[i].len ||
 		    (r[i].len && !r[i].dst)) {
-			rc = mlfs_src_errf(why, whylen, -EINVAL,
+			rc = ptc_error_set(err, -EINVAL,
 					   "%s: bad range %zu (offset %" PRId64 ", length %" PRId64
 					   ")",
 					   r[i].uri ? r[i].uri : "(null)", i, r[i].off, r[i].len);
@@ -378,7 +369,7 @@ int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, cha
 		}
 		if (i && r[i].uri && r[i - 1].uri && !strcmp(r[i].uri, r[i - 1].uri))
 			rv.robj[i] = rv.robj[i - 1];
-		else if ((rc = mlfs_srcobj_get(s, r[i].uri, &rv.robj[i], why, whylen)))
+		else if ((rc = mlfs_srcobj_get(s, r[i].uri, &rv.robj[i], err)))
 			goto out;
 		if (r[i].len)
 			rv.ord[rv.nord++] = i;
@@ -387,42 +378,42 @@ int mlfs_src_readv(struct mlfs_src *s, const struct mlfs_range *r, size_t n, cha
 		goto out;
 	qsort_r(rv.ord, rv.nord, sizeof(*rv.ord), cmp_ord, &rv);
 	if ((rc = make_groups(&rv))) {
-		rc = mlfs_src_errf(why, whylen, rc, "out of memory");
+		rc = ptc_error_set(err, rc, "out of memory");
 		goto out;
 	}
 	for (size_t gi = 0; gi < rv.ngrps; gi++) {
 		struct src_grp *g = &rv.grps[gi];
 		if (g->obj->kind == OBJ_FILE &&
-		    (rc = mlfs_srcfile_pin(s, g->obj, &g->fd, &g->map, why, whylen)))
+		    (rc = mlfs_srcfile_pin(s, g->obj, &g->fd, &g->map, err)))
 			goto out;
 		g->direct = g->obj->kind == OBJ_FILE && s->o.file_direct;
 	}
-	if ((rc = check_sizes(&rv, why, whylen)))
+	if ((rc = check_sizes(&rv, err)))
 		goto out;
-	if (s->o.file_direct && (rc = mlfs_srcdirect_read(&rv, why, whylen)))
+	if (s->o.file_direct && (rc = mlfs_srcdirect_read(&rv, err)))
 		goto out;
 
 	/* 2, 3. The blocks needed; the cached ones served at once. */
-	if ((rc = make_needs(&rv, &needs, &nneed, why, whylen)))
+	if ((rc = make_needs(&rv, &needs, &nneed, err)))
 		goto out;
 	serve_hits(&rv, needs, nneed);
 
 	/* 4. The missing ones, fetched. */
 	if ((rc = make_reqs(&rv, needs, nneed))) {
-		rc = mlfs_src_errf(why, whylen, rc, "out of memory");
+		rc = ptc_error_set(err, rc, "out of memory");
 		goto out;
 	}
 	if (rv.nreqs)
 		run_all(&rv);
 	for (size_t i = 0; i < rv.nreqs; i++) {
 		if (rv.reqs[i].rc && rv.reqs[i].rc != -ECANCELED) {
-			rc = mlfs_src_errf(why, whylen, rv.reqs[i].rc, "%s", rv.reqs[i].why);
+			rc = ptc_error_set(err, rv.reqs[i].rc, "%s", rv.reqs[i].err.text);
 			goto out;
 		}
 	}
 
 	/* 5. Sizes learned from the replies. */
-	rc = check_sizes(&rv, why, whylen);
+	rc = check_sizes(&rv, err);
 out:
 	for (size_t gi = 0; gi < rv.ngrps; gi++)
 		if (rv.grps[gi].fd >= 0)
@@ -434,6 +425,6 @@ out:
 	free(rv.ord);
 	free(rv.robj);
 	if (rc)
-		mlfs_src_log_failure(rc, why);
+		mlfs_src_log_failure(rc, err->text);
 	return rc;
 }

@@ -250,7 +250,7 @@ static int join_job(struct mlfs_store *st, const struct mlfs_options *o, struct 
 		    struct mlfs_cluster **cluster)
 {
 	const char *tf = o->token_file ? o->token_file : st->cluster->token_file;
-	char why[512];
+	struct ptc_error why;
 	char *token;
 
 	if (!tf) {
@@ -262,10 +262,10 @@ static int join_job(struct mlfs_store *st, const struct mlfs_options *o, struct 
 	}
 	if (!(token = read_token(tf)))
 		return 1;
-	int rc = mlfs_peer_start(st, token, peer, why, sizeof(why));
+	int rc = mlfs_peer_start(st, token, peer, &why);
 	free(token);
 	if (rc) {
-		fprintf(stderr, "mlfs mount: %s\n", why);
+		fprintf(stderr, "mlfs mount: %s\n", why.text);
 		return 1;
 	}
 	struct mlfs_backup *backup;
@@ -276,8 +276,8 @@ static int join_job(struct mlfs_store *st, const struct mlfs_options *o, struct 
 		return 1;
 	}
 	__atomic_store_n(&st->backup, backup, __ATOMIC_RELEASE);
-	if (mlfs_cluster_start(st, cluster, why, sizeof(why))) {
-		fprintf(stderr, "mlfs mount: %s\n", why);
+	if (mlfs_cluster_start(st, cluster, &why)) {
+		fprintf(stderr, "mlfs mount: %s\n", why.text);
 		mlfs_peer_stop(*peer);
 		mlfs_backup_stop(backup);
 		st->backup = NULL;
@@ -290,7 +290,7 @@ static int join_job(struct mlfs_store *st, const struct mlfs_options *o, struct 
 
 int mlfs_daemon_run(const struct mlfs_options *o)
 {
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	struct ptc_cluster *cl;
 	struct mlfs_store *st;
 	struct mlfs_daemon *d;

@@ -57,14 +57,14 @@ static int open_view(struct mlfs_fh *f)
 	if (!(f->views = calloc((size_t)n, sizeof(*f->views))))
 		return -ENOMEM;
 	for (; f->nviews < n && rc == 0; f->nviews++) {
-		char err[400];
-		rc = mlfs_data_get(f->v->ds, firsts[f->nviews], count, &f->views[f->nviews], err,
-				   sizeof(err));
+		struct ptc_error err;
+		rc = mlfs_data_get(f->v->ds, firsts[f->nviews], count, &f->views[f->nviews], &err);
+		/* at most 399 bytes of the reason: room in why for the step */
 		if (rc && f->nsteps) /* a window: which step */
-			snprintf(why, sizeof(why), "step %" PRId64 ": %s", f->step + f->nviews,
-				 err);
+			snprintf(why, sizeof(why), "step %" PRId64 ": %.399s", f->step + f->nviews,
+				 err.text);
 		else if (rc)
-			snprintf(why, sizeof(why), "%s", err);
+			snprintf(why, sizeof(why), "%.399s", err.text);
 	}
 	if (rc) {
 		char msg[700], name[64], one[48];

@@ -129,18 +129,18 @@ static int check_staged_header(struct mlfs_fh *f)
 {
 	struct mlfs_daemon *d = f->d;
 	struct mlfs_npy h;
-	char why[256];
+	struct ptc_error why;
 	int64_t shape[PTC_MAX_DIMS];
 	const struct ptc_tensor *T = &d->st->schema->tensors[f->tensor];
 	int nd = ptc_partition_shape(T, f->v->layout.tp, f->v->layout.ranks[f->rank].t, shape);
-	int rc = mlfs_npy_parse(f->whdr, f->wtotal, &h, why, sizeof(why));
+	int rc = mlfs_npy_parse(f->whdr, f->wtotal, &h, &why);
 
 	if (rc == 0 && h.header_len != f->wtotal)
-		rc = -EINVAL, snprintf(why, sizeof(why), "inconsistent header length");
+		rc = ptc_errorf(&why, "inconsistent header length");
 	if (rc == 0)
 		rc = mlfs_npy_check(&h, ptc_schema_dtype(d->st->schema, f->state, f->tensor), nd,
-				    shape, why, sizeof(why));
-	return rc ? part_refuse(f, why) : 0;
+				    shape, &why);
+	return rc ? part_refuse(f, why.text) : 0;
 }
 
 /* Stages a write into a partition file. */
@@ -161,10 +161,11 @@ static int part_write(struct mlfs_fh *f, const uint8_t *buf, size_t size, int64_
 			memcpy(f->whdr + off, buf, n);
 			if ((size_t)off + n > f->whave)
 				f->whave = (size_t)off + n;
-			char why[96], msg[128];
-			int64_t decl = mlfs_npy_header_len(f->whdr, f->whave, why, sizeof(why));
+			struct ptc_error why;
+			char msg[128];
+			int64_t decl = mlfs_npy_header_len(f->whdr, f->whave, &why);
 			if (decl < 0) {
-				snprintf(msg, sizeof(msg), "not a .npy file: %s", why);
+				snprintf(msg, sizeof(msg), "not a .npy file: %.95s", why.text);
 				return part_refuse(f, msg);
 			}
 			if (f->wtotal && decl && (size_t)decl != f->wtotal)
@@ -207,7 +208,7 @@ static int part_write(struct mlfs_fh *f, const uint8_t *buf, size_t size, int64_
 static int ctl_try_commit(struct mlfs_fh *f, bool final)
 {
 	struct mlfs_daemon *d = f->d;
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	const char *w = f->w ? f->w : "";
 	int rc = 0;
 

@@ -3,15 +3,15 @@
  * whole-object GETs and small JSON POSTs, with retries, a stall timeout, a
  * total deadline and reused connections.
  *
- * net depends on libc, libcurl, jansson (etcd) and pthreads only (not on ptc
- * or transform).
+ * net depends on libc, libcurl, jansson (etcd), pthreads and, for its error
+ * detail (struct ptc_error), ptc/ptc.h; not on transform.
  * Its users: dataset shards and indexes (dataset/mlfs_source.c), the peer
  * fetches of a reconfiguration (row ranges of partitions, cluster/) and
  * etcd's v3 JSON gateway (POST /v3/kv/range and friends, /v3/watch).
  *
  * Errors: every int function returns 0 or a negative errno and writes one
- * line, naming the URL and the reason, into a caller's buffer @why of
- * @whylen bytes (always NUL-terminated; @why may be NULL when @whylen is 0).
+ * line, naming the URL and the reason, into a caller's struct ptc_error
+ * @err, its code the errno returned (@err may be NULL).
  *
  * Threads: one client may be used by any number of threads at once; only
  * net_http_free must not race with another call on the same client. Every
@@ -30,6 +30,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+
+#include "ptc/ptc.h"
 
 /* Longest URL accepted, in bytes. */
 #define NET_MAX_URL 4096
@@ -57,9 +59,9 @@ struct net_http;
  * A new client with options @o (NULL: all defaults) in *@out; free it with
  * net_http_free. Initialises libcurl once per process (pthread_once).
  * Errors: -EINVAL a header without ':' or holding a CR, LF or NUL (named in
- * @why); -ENOMEM; -EIO libcurl cannot be initialised. Any thread.
+ * @err); -ENOMEM; -EIO libcurl cannot be initialised. Any thread.
  */
-int net_http_new(const struct net_http_opts *o, struct net_http **out, char *why, size_t whylen);
+int net_http_new(const struct net_http_opts *o, struct net_http **out, struct ptc_error *err);
 
 /* Frees @c (NULL is fine) and closes its idle connections. No call on @c
  * may be running or start. */
@@ -78,10 +80,10 @@ void net_http_stats(struct net_http *c, struct net_http_stats *out);
 /*
  * Checks that @url is one net may fetch: "http://" or "https://" (any
  * case), a host, at most NET_MAX_URL bytes, no space or control character.
- * 0 or -EINVAL, the reason in @why (e.g. "http://: URI without a host").
+ * 0 or -EINVAL, the reason in @err (e.g. "http://: URI without a host").
  * Pure; any thread.
  */
-int net_url_check(const char *url, char *why, size_t whylen);
+int net_url_check(const char *url, struct ptc_error *err);
 
 /* ----------------------------------------------------------------- calls */
 
@@ -141,7 +143,7 @@ struct net_http_range {
  * -ECANCELED *call->stop was set; -ENOMEM. Any thread.
  */
 int net_http_get_range(struct net_http *c, const char *url, struct net_http_range *r,
-		       const struct net_http_call *call, char *why, size_t whylen);
+		       const struct net_http_call *call, struct ptc_error *err);
 
 /*
  * A whole-object GET (no Range) that must answer 200 with at most @max
@@ -152,7 +154,7 @@ int net_http_get_range(struct net_http *c, const char *url, struct net_http_rang
  * 4096"), not retried; -EIO; -ECANCELED; -ENOMEM. Any thread.
  */
 int net_http_get(struct net_http *c, const char *url, int64_t max, uint8_t **data, size_t *len,
-		 const struct net_http_call *call, char *why, size_t whylen);
+		 const struct net_http_call *call, struct ptc_error *err);
 
 /*
  * POSTs the @body_len bytes at @body with "Content-Type: application/json"
@@ -164,7 +166,7 @@ int net_http_get(struct net_http *c, const char *url, int64_t max, uint8_t **dat
  */
 int net_http_post_json(struct net_http *c, const char *url, const void *body, size_t body_len,
 		       int64_t max, uint8_t **data, size_t *len, const struct net_http_call *call,
-		       char *why, size_t whylen);
+		       struct ptc_error *err);
 
 /* ---------------------------------------------------------------- server */
 
@@ -191,10 +193,10 @@ struct net_request;
 /* Runs on a server thread, several at once: must be thread-safe. */
 typedef void (*net_handler_fn)(void *arg, struct net_request *r);
 
-/* Starts serving; 0, -EINVAL (bad addr or token, said in @why),
+/* Starts serving; 0, -EINVAL (bad addr or token, said in @err),
  * -EADDRINUSE (cannot listen there), -ENOMEM. */
 int net_server_start(const struct net_server_opts *o, net_handler_fn handler, void *arg,
-		     struct net_server **out, char *why, size_t whylen);
+		     struct net_server **out, struct ptc_error *err);
 /* Stops and frees @s (NULL is fine), waiting for the handlers running. */
 void net_server_stop(struct net_server *s);
 /* The port it listens on (the one chosen for port 0). */
@@ -257,7 +259,7 @@ struct net_etcd_kv {
 /* A client of the etcd at @endpoint ("http://127.0.0.1:2379"), with the
  * HTTP options @o (NULL: defaults). 0, -EINVAL (a bad URL), -ENOMEM. */
 int net_etcd_new(const char *endpoint, const struct net_http_opts *o, struct net_etcd **out,
-		 char *why, size_t whylen);
+		 struct ptc_error *err);
 void net_etcd_free(struct net_etcd *e);
 void net_etcd_kvs_free(struct net_etcd_kv *kvs, size_t n);
 
@@ -265,18 +267,18 @@ void net_etcd_kvs_free(struct net_etcd_kv *kvs, size_t n);
  * store's revision into *@revision when given. The array is the caller's
  * (net_etcd_kvs_free); none found is 0 with *@n = 0. */
 int net_etcd_range(struct net_etcd *e, const char *key, bool prefix, struct net_etcd_kv **kvs,
-		   size_t *n, int64_t *revision, const struct net_http_call *budget, char *why,
-		   size_t whylen);
+		   size_t *n, int64_t *revision, const struct net_http_call *budget,
+		   struct ptc_error *err);
 /* One key into *@kv (its key and value the caller's to free): -ENOENT if
  * absent. */
 int net_etcd_get(struct net_etcd *e, const char *key, struct net_etcd_kv *kv,
-		 const struct net_http_call *budget, char *why, size_t whylen);
+		 const struct net_http_call *budget, struct ptc_error *err);
 /* Puts @len bytes at @value under @key, bound to @lease (0: none). */
 int net_etcd_put(struct net_etcd *e, const char *key, const void *value, size_t len, int64_t lease,
-		 const struct net_http_call *budget, char *why, size_t whylen);
+		 const struct net_http_call *budget, struct ptc_error *err);
 /* Deletes @key (or the keys starting with it); how many into *@deleted. */
 int net_etcd_delete(struct net_etcd *e, const char *key, bool prefix, int64_t *deleted,
-		    const struct net_http_call *budget, char *why, size_t whylen);
+		    const struct net_http_call *budget, struct ptc_error *err);
 
 /* A condition of a transaction: @key's @target compared to @num (or to the
  * @len bytes at @value for NET_ETCD_VALUE). A missing key has version,
@@ -307,17 +309,17 @@ struct net_etcd_op {
 int net_etcd_txn(struct net_etcd *e, const struct net_etcd_cmp *cmps, size_t ncmp,
 		 const struct net_etcd_op *then, size_t nthen, const struct net_etcd_op *otherwise,
 		 size_t notherwise, bool *succeeded, int64_t *revision,
-		 const struct net_http_call *budget, char *why, size_t whylen);
+		 const struct net_http_call *budget, struct ptc_error *err);
 
 /* Leases: a grant of @ttl_s seconds (its id into *@id), one keep-alive (the
  * seconds left into *@ttl_s; -ENOENT once it expired), a revoke (its keys
  * vanish at once). */
 int net_etcd_lease_grant(struct net_etcd *e, int ttl_s, int64_t *id,
-			 const struct net_http_call *budget, char *why, size_t whylen);
+			 const struct net_http_call *budget, struct ptc_error *err);
 int net_etcd_lease_keepalive(struct net_etcd *e, int64_t id, int64_t *ttl_s,
-			     const struct net_http_call *budget, char *why, size_t whylen);
+			     const struct net_http_call *budget, struct ptc_error *err);
 int net_etcd_lease_revoke(struct net_etcd *e, int64_t id, const struct net_http_call *budget,
-			  char *why, size_t whylen);
+			  struct ptc_error *err);
 
 /*
  * Waits until the keys under @prefix (their names and modification
@@ -327,7 +329,7 @@ int net_etcd_lease_revoke(struct net_etcd *e, int64_t id, const struct net_http_
  * -ECANCELED once *@stop is set, or a call's error.
  */
 int net_etcd_wait(struct net_etcd *e, const char *prefix, uint64_t *state, int timeout_ms,
-		  atomic_int *stop, char *why, size_t whylen);
+		  atomic_int *stop, struct ptc_error *err);
 
 /* ------------------------------------------------------------ etcd watch */
 
@@ -357,11 +359,11 @@ struct net_etcd_watch;
  * now; the revision after a range's is what makes range + watch miss
  * nothing), on a connection and thread of its own: no request is made
  * while nothing changes. 0 and *@out, or -ENOMEM / a pthread error with
- * @why. Any thread.
+ * @err. Any thread.
  */
 int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_revision,
-			 net_etcd_watch_fn fn, void *arg, struct net_etcd_watch **out, char *why,
-			 size_t whylen);
+			 net_etcd_watch_fn fn, void *arg, struct net_etcd_watch **out,
+			 struct ptc_error *err);
 /* Stops the watch (its last call to fn, -ECANCELED unless the stream had
  * ended already, is made before this returns) and frees it; NULL: fine.
  * Not from the watch's own function. */

@@ -99,25 +99,23 @@ int net_b64_decode(const char *s, char **out, size_t *n)
 /* ---------------------------------------------------------------- calls */
 
 int net_etcd_new(const char *endpoint, const struct net_http_opts *o, struct net_etcd **out,
-		 char *why, size_t whylen)
+		 struct ptc_error *err)
 {
 	struct net_etcd *e;
 	size_t n = strlen(endpoint);
-	int rc = net_url_check(endpoint, why, whylen);
+	int rc = net_url_check(endpoint, err);
 
 	*out = NULL;
 	if (rc)
 		return rc;
 	while (n && endpoint[n - 1] == '/')
 		n--;
-	if (n >= sizeof(e->base)) {
-		snprintf(why, whylen, "%s: too long", endpoint);
-		return -EINVAL;
-	}
+	if (n >= sizeof(e->base))
+		return ptc_error_set(err, -EINVAL, "%s: too long", endpoint);
 	if (!(e = calloc(1, sizeof(*e))))
 		return -ENOMEM;
 	memcpy(e->base, endpoint, n);
-	if ((rc = net_http_new(o, &e->http, why, whylen))) {
+	if ((rc = net_http_new(o, &e->http, err))) {
 		free(e);
 		return rc;
 	}
@@ -135,7 +133,7 @@ void net_etcd_free(struct net_etcd *e)
 
 /* POSTs @req (taken over) to @path; the reply parsed into *@reply. */
 static int call(struct net_etcd *e, const char *path, json_t *req, bool idempotent,
-		const struct net_http_call *budget, json_t **reply, char *why, size_t whylen)
+		const struct net_http_call *budget, json_t **reply, struct ptc_error *err)
 {
 	char url[NET_MAX_URL + 64];
 	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
@@ -151,7 +149,7 @@ static int call(struct net_etcd *e, const char *path, json_t *req, bool idempote
 	struct net_http_call c = budget ? *budget : (struct net_http_call){0};
 	c.idempotent = idempotent;
 	rc = net_http_post_json(e->http, url, body, strlen(body), NET_ETCD_MAX_REPLY, &data, &len,
-				&c, why, whylen);
+				&c, err);
 	free(body);
 	if (rc)
 		return rc;
@@ -161,8 +159,7 @@ static int call(struct net_etcd *e, const char *path, json_t *req, bool idempote
 	if (!*reply || !json_is_object(*reply)) {
 		json_decref(*reply);
 		*reply = NULL;
-		snprintf(why, whylen, "%s: the reply is not a JSON object", url);
-		return -EIO;
+		return ptc_error_set(err, -EIO, "%s: the reply is not a JSON object", url);
 	}
 	return 0;
 }
@@ -263,8 +260,8 @@ static int parse_kvs(const json_t *reply, struct net_etcd_kv **out, size_t *n)
 }
 
 int net_etcd_range(struct net_etcd *e, const char *key, bool prefix, struct net_etcd_kv **kvs,
-		   size_t *n, int64_t *revision, const struct net_http_call *budget, char *why,
-		   size_t whylen)
+		   size_t *n, int64_t *revision, const struct net_http_call *budget,
+		   struct ptc_error *err)
 {
 	json_t *req = json_object(), *reply;
 	int rc = req ? net_etcd_set_b64(req, "key", key, strlen(key)) : -ENOMEM;
@@ -277,7 +274,7 @@ int net_etcd_range(struct net_etcd *e, const char *key, bool prefix, struct net_
 		json_decref(req);
 		return rc;
 	}
-	if ((rc = call(e, "/v3/kv/range", req, true, budget, &reply, why, whylen)))
+	if ((rc = call(e, "/v3/kv/range", req, true, budget, &reply, err)))
 		return rc;
 	if (revision)
 		*revision = net_etcd_jint(json_object_get(reply, "header"), "revision", 0);
@@ -287,11 +284,11 @@ int net_etcd_range(struct net_etcd *e, const char *key, bool prefix, struct net_
 }
 
 int net_etcd_get(struct net_etcd *e, const char *key, struct net_etcd_kv *kv,
-		 const struct net_http_call *budget, char *why, size_t whylen)
+		 const struct net_http_call *budget, struct ptc_error *err)
 {
 	struct net_etcd_kv *kvs;
 	size_t n;
-	int rc = net_etcd_range(e, key, false, &kvs, &n, NULL, budget, why, whylen);
+	int rc = net_etcd_range(e, key, false, &kvs, &n, NULL, budget, err);
 
 	memset(kv, 0, sizeof(*kv));
 	if (rc)
@@ -353,7 +350,7 @@ static json_t *cmp_json(const struct net_etcd_cmp *c)
 int net_etcd_txn(struct net_etcd *e, const struct net_etcd_cmp *cmps, size_t ncmp,
 		 const struct net_etcd_op *then, size_t nthen, const struct net_etcd_op *otherwise,
 		 size_t notherwise, bool *succeeded, int64_t *revision,
-		 const struct net_http_call *budget, char *why, size_t whylen)
+		 const struct net_http_call *budget, struct ptc_error *err)
 {
 	json_t *req = json_object(), *c = json_array(), *s = json_array(), *f = json_array(),
 	       *reply;
@@ -375,7 +372,7 @@ int net_etcd_txn(struct net_etcd *e, const struct net_etcd_cmp *cmps, size_t ncm
 		json_decref(req);
 		return rc;
 	}
-	if ((rc = call(e, "/v3/kv/txn", req, false, budget, &reply, why, whylen)))
+	if ((rc = call(e, "/v3/kv/txn", req, false, budget, &reply, err)))
 		return rc;
 	*succeeded = json_is_true(json_object_get(reply, "succeeded"));
 	if (revision)
@@ -385,7 +382,7 @@ int net_etcd_txn(struct net_etcd *e, const struct net_etcd_cmp *cmps, size_t ncm
 }
 
 int net_etcd_put(struct net_etcd *e, const char *key, const void *value, size_t len, int64_t lease,
-		 const struct net_http_call *budget, char *why, size_t whylen)
+		 const struct net_http_call *budget, struct ptc_error *err)
 {
 	struct net_etcd_op op = {NET_ETCD_PUT, key, value, len, lease, false};
 	json_t *w = op_json(&op), *reply;
@@ -395,14 +392,14 @@ int net_etcd_put(struct net_etcd *e, const char *key, const void *value, size_t 
 	json_decref(w);
 	if (!req)
 		return -ENOMEM;
-	if ((rc = call(e, "/v3/kv/put", req, true, budget, &reply, why, whylen)))
+	if ((rc = call(e, "/v3/kv/put", req, true, budget, &reply, err)))
 		return rc;
 	json_decref(reply);
 	return 0;
 }
 
 int net_etcd_delete(struct net_etcd *e, const char *key, bool prefix, int64_t *deleted,
-		    const struct net_http_call *budget, char *why, size_t whylen)
+		    const struct net_http_call *budget, struct ptc_error *err)
 {
 	struct net_etcd_op op = {NET_ETCD_DELETE, key, NULL, 0, 0, prefix};
 	json_t *w = op_json(&op), *reply;
@@ -412,7 +409,7 @@ int net_etcd_delete(struct net_etcd *e, const char *key, bool prefix, int64_t *d
 	json_decref(w);
 	if (!req)
 		return -ENOMEM;
-	if ((rc = call(e, "/v3/kv/deleterange", req, true, budget, &reply, why, whylen)))
+	if ((rc = call(e, "/v3/kv/deleterange", req, true, budget, &reply, err)))
 		return rc;
 	if (deleted)
 		*deleted = net_etcd_jint(reply, "deleted", 0);
@@ -423,47 +420,44 @@ int net_etcd_delete(struct net_etcd *e, const char *key, bool prefix, int64_t *d
 /* ---------------------------------------------------------------- leases */
 
 int net_etcd_lease_grant(struct net_etcd *e, int ttl_s, int64_t *id,
-			 const struct net_http_call *budget, char *why, size_t whylen)
+			 const struct net_http_call *budget, struct ptc_error *err)
 {
 	json_t *reply;
 	int rc = call(e, "/v3/lease/grant", json_pack("{sI}", "TTL", (json_int_t)ttl_s), false,
-		      budget, &reply, why, whylen);
+		      budget, &reply, err);
 	if (rc)
 		return rc;
 	*id = net_etcd_jint(reply, "ID", 0);
 	json_decref(reply);
-	if (*id == 0) {
-		snprintf(why, whylen, "%s/v3/lease/grant: no lease in the reply", e->base);
-		return -EIO;
-	}
+	if (*id == 0)
+		return ptc_error_set(err, -EIO, "%s/v3/lease/grant: no lease in the reply",
+				     e->base);
 	return 0;
 }
 
 int net_etcd_lease_keepalive(struct net_etcd *e, int64_t id, int64_t *ttl_s,
-			     const struct net_http_call *budget, char *why, size_t whylen)
+			     const struct net_http_call *budget, struct ptc_error *err)
 {
 	json_t *reply;
 	int rc = call(e, "/v3/lease/keepalive", json_pack("{sI}", "ID", (json_int_t)id), true,
-		      budget, &reply, why, whylen);
+		      budget, &reply, err);
 	if (rc)
 		return rc;
 	/* The gateway wraps a stream's first message in "result". */
 	const json_t *r = json_object_get(reply, "result");
 	*ttl_s = net_etcd_jint(r ? r : reply, "TTL", 0);
 	json_decref(reply);
-	if (*ttl_s <= 0) {
-		snprintf(why, whylen, "lease %" PRId64 " expired", id);
-		return -ENOENT;
-	}
+	if (*ttl_s <= 0)
+		return ptc_error_set(err, -ENOENT, "lease %" PRId64 " expired", id);
 	return 0;
 }
 
 int net_etcd_lease_revoke(struct net_etcd *e, int64_t id, const struct net_http_call *budget,
-			  char *why, size_t whylen)
+			  struct ptc_error *err)
 {
 	json_t *reply;
 	int rc = call(e, "/v3/lease/revoke", json_pack("{sI}", "ID", (json_int_t)id), true, budget,
-		      &reply, why, whylen);
+		      &reply, err);
 	json_decref(reply);
 	return rc;
 }
@@ -471,14 +465,14 @@ int net_etcd_lease_revoke(struct net_etcd *e, int64_t id, const struct net_http_
 /* ---------------------------------------------------------------- waiting */
 
 int net_etcd_wait(struct net_etcd *e, const char *prefix, uint64_t *state, int timeout_ms,
-		  atomic_int *stop, char *why, size_t whylen)
+		  atomic_int *stop, struct ptc_error *err)
 {
 	struct timespec t0, now;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (int round = 0;; round++) {
 		struct net_etcd_kv *kvs;
 		size_t n;
-		int rc = net_etcd_range(e, prefix, true, &kvs, &n, NULL, NULL, why, whylen);
+		int rc = net_etcd_range(e, prefix, true, &kvs, &n, NULL, NULL, err);
 		if (rc)
 			return rc;
 		/* The keys and their modification revisions: a put, a new key

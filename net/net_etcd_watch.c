@@ -184,8 +184,8 @@ static void *watch_main(void *arg)
 }
 
 int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_revision,
-			 net_etcd_watch_fn fn, void *arg, struct net_etcd_watch **out, char *why,
-			 size_t whylen)
+			 net_etcd_watch_fn fn, void *arg, struct net_etcd_watch **out,
+			 struct ptc_error *err)
 {
 	struct net_etcd_watch *w = calloc(1, sizeof(*w));
 	json_t *req = json_object(), *create = json_object();
@@ -226,10 +226,10 @@ int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_r
 			rc = -ENOMEM;
 	}
 	if (rc == 0 && (rc = -pthread_create(&w->thread, NULL, watch_main, w)))
-		snprintf(why, whylen, "etcd watch: cannot start its thread");
+		ptc_error_set(err, rc, "etcd watch: cannot start its thread");
 	if (rc) {
 		if (rc == -ENOMEM)
-			snprintf(why, whylen, "etcd watch: out of memory");
+			ptc_error_set(err, rc, "etcd watch: out of memory");
 		if (w) {
 			if (w->multi && w->easy)
 				curl_multi_remove_handle(w->multi, w->easy);

@@ -93,10 +93,10 @@ struct xfer {
 	const void *body;
 	size_t body_len;
 	char errbody[NET_ERR_BODY + 1];
-	size_t errlen;
+	size_t errbody_len;
 	/* the attempt */
 	int fail_rc; /* set by a callback that aborted the transfer */
-	char fail[160];
+	struct ptc_error fail;
 	int64_t last_ns;  /* when the attempt began or last received bytes */
 	int64_t stall_ns; /* an attempt that receives nothing this long fails */
 	int64_t size;	  /* the object's size from a successful reply, or -1 */
@@ -105,21 +105,22 @@ struct xfer {
 
 /* ---------------------------------------------------------------- helpers */
 
-/* Writes "@url: <fmt>" to @why and returns @rc. */
-__attribute__((format(printf, 5, 6))) static int fail_url(char *why, size_t whylen, int rc,
+/* Writes "@url: <fmt>" to @err (code @rc) and returns @rc. */
+__attribute__((format(printf, 4, 5))) static int fail_url(struct ptc_error *err, int rc,
 							  const char *url, const char *fmt, ...)
 {
 	va_list ap;
 	int n;
 
-	if (!why || !whylen)
+	if (!err)
 		return rc;
-	n = snprintf(why, whylen, "%s: ", url);
-	if (n >= 0 && (size_t)n < whylen) {
+	n = snprintf(err->text, sizeof(err->text), "%s: ", url);
+	if (n >= 0 && (size_t)n < sizeof(err->text)) {
 		va_start(ap, fmt);
-		vsnprintf(why + n, whylen - (size_t)n, fmt, ap);
+		vsnprintf(err->text + n, sizeof(err->text) - (size_t)n, fmt, ap);
 		va_end(ap);
 	}
+	err->code = rc;
 	return rc;
 }
 
@@ -144,32 +145,31 @@ static void sleep_ms(int64_t ms)
 		;
 }
 
-int net_url_check(const char *url, char *why, size_t whylen)
+int net_url_check(const char *url, struct ptc_error *err)
 {
 	const char *rest;
 
-	if (why && whylen)
-		why[0] = 0;
-	if (!url)
-		return fail_url(why, whylen, -EINVAL, "(null)", "no URI");
-	if (strnlen(url, NET_MAX_URL + 1) > NET_MAX_URL) {
-		if (why && whylen)
-			snprintf(why, whylen, "%.64s...: URI longer than %d bytes", url,
-				 NET_MAX_URL);
-		return -EINVAL;
+	if (err) {
+		err->text[0] = 0;
+		err->code = 0;
 	}
+	if (!url)
+		return fail_url(err, -EINVAL, "(null)", "no URI");
+	if (strnlen(url, NET_MAX_URL + 1) > NET_MAX_URL)
+		return ptc_error_set(err, -EINVAL, "%.64s...: URI longer than %d bytes", url,
+				     NET_MAX_URL);
 	if (!strncasecmp(url, "http://", 7))
 		rest = url + 7;
 	else if (!strncasecmp(url, "https://", 8))
 		rest = url + 8;
 	else
-		return fail_url(why, whylen, -EINVAL, url,
+		return fail_url(err, -EINVAL, url,
 				"unsupported URI (http:// or https:// expected)");
 	if (!*rest || *rest == '/' || *rest == '?' || *rest == '#')
-		return fail_url(why, whylen, -EINVAL, url, "URI without a host");
+		return fail_url(err, -EINVAL, url, "URI without a host");
 	for (const char *p = url; *p; p++)
 		if ((uint8_t)*p <= 0x20 || (uint8_t)*p == 0x7f)
-			return fail_url(why, whylen, -EINVAL, url,
+			return fail_url(err, -EINVAL, url,
 					"URI holds a space or control character");
 	return 0;
 }
@@ -197,18 +197,19 @@ static bool header_ok(const char *h)
 	return !strpbrk(h, "\r\n");
 }
 
-int net_http_new(const struct net_http_opts *opts, struct net_http **out, char *why, size_t whylen)
+int net_http_new(const struct net_http_opts *opts, struct net_http **out, struct ptc_error *err)
 {
 	struct net_http_opts o = opts ? *opts : (struct net_http_opts){0};
 	struct net_http *c;
 
 	*out = NULL;
-	if (why && whylen)
-		why[0] = 0;
+	if (err) {
+		err->text[0] = 0;
+		err->code = 0;
+	}
 	pthread_once(&curl_once, curl_init_once);
 	if (curl_init_rc != CURLE_OK)
-		return fail_url(why, whylen, -EIO, "libcurl", "%s",
-				curl_easy_strerror(curl_init_rc));
+		return fail_url(err, -EIO, "libcurl", "%s", curl_easy_strerror(curl_init_rc));
 	if (o.retries < 0)
 		o.retries = NET_DEF_RETRIES;
 	if (o.retries > NET_MAX_RETRIES)
@@ -232,7 +233,7 @@ int net_http_new(const struct net_http_opts *opts, struct net_http **out, char *
 		struct curl_slist *l;
 		if (!header_ok(*h)) {
 			net_http_free(c);
-			return fail_url(why, whylen, -EINVAL, "net_http_opts.headers",
+			return fail_url(err, -EINVAL, "net_http_opts.headers",
 					"\"%.64s\" is not \"Name: value\" on one line", *h);
 		}
 		if (!(l = curl_slist_append(c->hdrs, *h)))
@@ -251,7 +252,7 @@ err_nomem:
 		free(c->pool);
 		free(c);
 	}
-	return fail_url(why, whylen, -ENOMEM, "net_http_new", "out of memory");
+	return fail_url(err, -ENOMEM, "net_http_new", "out of memory");
 }
 
 void net_http_free(struct net_http *c)
@@ -305,9 +306,9 @@ static size_t on_header(char *line, size_t size, size_t n, void *arg)
 	int rc;
 
 	x->last_ns = now_ns();
-	rc = net_reply_header(&x->rep, line, size * n, x->fail, sizeof(x->fail));
+	rc = net_reply_header(&x->rep, line, size * n, &x->fail);
 	if (rc == NET_HEADER_STATUS)
-		x->errlen = 0; /* a new reply */
+		x->errbody_len = 0; /* a new reply */
 	if (rc < 0) {
 		x->fail_rc = rc;
 		return 0;
@@ -373,15 +374,15 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
 	struct xfer *x = arg;
 	size_t n = size * nmemb, k;
 	int64_t pos = x->rep.got;
-	int rc = net_reply_body(&x->rep, n, x->fail, sizeof(x->fail));
+	int rc = net_reply_body(&x->rep, n, &x->fail);
 
 	x->last_ns = now_ns();
 	if (rc == NET_BODY_DROP) {
 		/* An error page: a POST quotes its start (a JSON API says why there). */
-		k = NET_ERR_BODY - x->errlen < n ? NET_ERR_BODY - x->errlen : n;
+		k = NET_ERR_BODY - x->errbody_len < n ? NET_ERR_BODY - x->errbody_len : n;
 		if (x->kind == X_POST && k) {
-			memcpy(x->errbody + x->errlen, data, k);
-			x->errlen += k;
+			memcpy(x->errbody + x->errbody_len, data, k);
+			x->errbody_len += k;
 		}
 		return n;
 	}
@@ -392,8 +393,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
 	if (x->kind == X_RANGE) {
 		scatter(x, pos, data, n);
 	} else if (!keep(x, pos, data, n)) {
-		snprintf(x->fail, sizeof(x->fail), "out of memory");
-		x->fail_rc = -ENOMEM;
+		x->fail_rc = ptc_error_set(&x->fail, -ENOMEM, "out of memory");
 		return 0;
 	}
 	return n;
@@ -407,15 +407,13 @@ static int on_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off
 
 	(void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
 	if (x->stop && atomic_load(x->stop)) {
-		snprintf(x->fail, sizeof(x->fail), "cancelled");
-		x->fail_rc = -ECANCELED;
+		x->fail_rc = ptc_error_set(&x->fail, -ECANCELED, "cancelled");
 		return 1;
 	}
 	if (now_ns() - x->last_ns < x->stall_ns)
 		return 0;
-	snprintf(x->fail, sizeof(x->fail), "timed out (nothing received for %g s)",
-		 (double)x->stall_ns / 1e9);
-	x->fail_rc = -EIO;
+	x->fail_rc = ptc_error_set(&x->fail, -EIO, "timed out (nothing received for %g s)",
+				   (double)x->stall_ns / 1e9);
 	return 1;
 }
 
@@ -448,46 +446,47 @@ static bool curl_unsent(CURLcode res)
 	       res == CURLE_COULDNT_RESOLVE_PROXY;
 }
 
-/* Appends ": <the start of the error reply's body>" to @msg, one line. */
-static void quote_errbody(const struct xfer *x, char *msg, size_t msglen)
+/* Appends ": <the start of the error reply's body>" to @err's text, one line. */
+static void quote_errbody(const struct xfer *x, struct ptc_error *err)
 {
-	size_t n = strlen(msg), k = x->errlen;
+	char *msg = err->text;
+	size_t n = strlen(msg), k = x->errbody_len;
 
 	while (k && (uint8_t)x->errbody[k - 1] <= 0x20)
 		k--;
-	if (!k || n + 3 >= msglen)
+	if (!k || n + 3 >= sizeof(err->text))
 		return;
 	msg[n++] = ':';
 	msg[n++] = ' ';
-	for (size_t i = 0; i < k && n + 1 < msglen; i++) {
+	for (size_t i = 0; i < k && n + 1 < sizeof(err->text); i++) {
 		uint8_t ch = (uint8_t)x->errbody[i];
 		msg[n++] = ch < 0x20 || ch == 0x7f ? ' ' : (char)ch;
 	}
 	msg[n] = 0;
 }
 
-/* Judges a finished attempt; @msg gets the reason of a failure. */
+/* Judges a finished attempt; @err gets the reason of a failure (its code *@rc). */
 static enum net_verdict judge(struct xfer *x, CURLcode res, const char *errbuf, bool idempotent,
-			      int *rc, char *msg, size_t msglen)
+			      int *rc, struct ptc_error *err)
 {
 	enum net_verdict v;
 	bool unsent = false;
 
 	*rc = -EIO;
 	if (x->fail_rc) {
-		snprintf(msg, msglen, "%s", x->fail);
 		*rc = x->fail_rc;
+		ptc_error_set(err, *rc, "%s", x->fail.text);
 		v = x->fail_rc == -EIO ? NET_RETRY : NET_FATAL;
 	} else if (res != CURLE_OK) {
-		snprintf(msg, msglen, "%s", errbuf[0] ? errbuf : curl_easy_strerror(res));
 		if (res == CURLE_OUT_OF_MEMORY)
 			*rc = -ENOMEM;
+		ptc_error_set(err, *rc, "%s", errbuf[0] ? errbuf : curl_easy_strerror(res));
 		v = curl_retryable(res) ? NET_RETRY : NET_FATAL;
 		unsent = curl_unsent(res);
 	} else {
-		v = net_reply_end(&x->rep, &x->size, msg, msglen);
+		v = net_reply_end(&x->rep, &x->size, err);
 		if (v != NET_OK && x->kind == X_POST)
-			quote_errbody(x, msg, msglen);
+			quote_errbody(x, err);
 		unsent = x->rep.status == 429;
 	}
 	if (v == NET_RETRY && !idempotent && !unsent)
@@ -563,13 +562,14 @@ err_free:
 /*
  * Runs attempts of transfer @x of @url until one succeeds, one fails for
  * good, the retries are spent or the call's deadline comes; stops retrying
- * once *call->stop is set (-ECANCELED). On failure @why names @url and the
+ * once *call->stop is set (-ECANCELED). On failure @err names @url and the
  * reason.
  */
 static int run(struct net_http *c, const char *url, struct xfer *x,
-	       const struct net_http_call *call, char *why, size_t whylen)
+	       const struct net_http_call *call, struct ptc_error *err)
 {
-	char errbuf[CURL_ERROR_SIZE], msg[256] = "", prev[256], range[48];
+	char errbuf[CURL_ERROR_SIZE], range[48];
+	struct ptc_error msg = {.text = ""}, prev;
 	int deadline_ms = call && call->deadline_ms > 0 ? call->deadline_ms : c->o.deadline_ms;
 	int64_t start = call && call->start_ns ? call->start_ns : now_ns();
 	int64_t deadline = start + (int64_t)deadline_ms * 1000000;
@@ -583,15 +583,15 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 	CURL *h;
 
 	if ((left_ms = (deadline - now_ns()) / 1000000) <= 0)
-		return fail_url(why, whylen, -EIO, url,
+		return fail_url(err, -EIO, url,
 				"timed out before its request, deadline of %g s reached",
 				deadline_ms / 1e3);
 	if (x->kind == X_POST && !(hdrs = post_headers(c)))
-		return fail_url(why, whylen, -ENOMEM, url, "out of memory");
+		return fail_url(err, -ENOMEM, url, "out of memory");
 	if (!(h = pool_get(c))) {
 		if (hdrs != c->hdrs)
 			curl_slist_free_all(hdrs);
-		return fail_url(why, whylen, -ENOMEM, url, "out of memory");
+		return fail_url(err, -ENOMEM, url, "out of memory");
 	}
 	if (x->kind == X_RANGE)
 		snprintf(range, sizeof(range), "%" PRId64 "-%" PRId64, x->rep.a, x->rep.b);
@@ -613,8 +613,9 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 		}
 		net_reply_init(&x->rep, x->rep.a, x->rep.b, x->rep.max);
 		x->fail_rc = 0;
-		x->fail[0] = 0;
-		x->errlen = 0;
+		x->fail.text[0] = 0;
+		x->fail.code = 0;
+		x->errbody_len = 0;
 		x->size = -1;
 		x->last_ns = now_ns();
 		x->stall_ns = (int64_t)c->o.timeout_ms * 1000000;
@@ -627,15 +628,15 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 			rc = -ECANCELED;
 			break;
 		}
-		memcpy(prev, msg, sizeof(msg));
-		res = judge(x, cres, errbuf, idempotent, &rc, msg, sizeof(msg));
+		prev = msg;
+		res = judge(x, cres, errbuf, idempotent, &rc, &msg);
 		if (res == NET_RETRY && cres == CURLE_OPERATION_TIMEDOUT &&
 		    deadline - now_ns() < 10 * 1000000) {
 			/* Cut by the deadline: the reason is the attempts before. */
 			if (att)
-				memcpy(msg, prev, sizeof(msg));
+				msg = prev;
 			else
-				snprintf(msg, sizeof(msg), "timed out");
+				ptc_error_set(&msg, rc, "timed out");
 			late = true;
 			break;
 		}
@@ -646,26 +647,25 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 	if (hdrs != c->hdrs)
 		curl_slist_free_all(hdrs);
 	if (rc == -ECANCELED)
-		return fail_url(why, whylen, rc, url, "cancelled");
+		return fail_url(err, rc, url, "cancelled");
 	if (res == NET_OK) {
 		stat_add(&c->bytes, x->rep.got);
 		return 0;
 	}
 	stat_add(&c->failures, 1);
 	if (late)
-		return fail_url(why, whylen, rc, url,
-				"%s after %d attempt%s, deadline of %g s reached", msg, att + 1,
-				att ? "s" : "", deadline_ms / 1e3);
+		return fail_url(err, rc, url, "%s after %d attempt%s, deadline of %g s reached",
+				msg.text, att + 1, att ? "s" : "", deadline_ms / 1e3);
 	if (res == NET_RETRY || att > 0)
-		return fail_url(why, whylen, rc, url, "%s after %d attempt%s", msg, att + 1,
+		return fail_url(err, rc, url, "%s after %d attempt%s", msg.text, att + 1,
 				att ? "s" : "");
-	return fail_url(why, whylen, rc, url, "%s", msg);
+	return fail_url(err, rc, url, "%s", msg.text);
 }
 
 /* ------------------------------------------------------------------- calls */
 
 int net_http_get_range(struct net_http *c, const char *url, struct net_http_range *r,
-		       const struct net_http_call *call, char *why, size_t whylen)
+		       const struct net_http_call *call, struct ptc_error *err)
 {
 	struct xfer x = {.kind = X_RANGE, .iov = r->iov, .iovcnt = r->iovcnt};
 	int64_t sum = 0;
@@ -673,24 +673,24 @@ int net_http_get_range(struct net_http *c, const char *url, struct net_http_rang
 
 	r->got = 0;
 	r->size = -1;
-	if ((rc = net_url_check(url, why, whylen)))
+	if ((rc = net_url_check(url, err)))
 		return rc;
 	if (r->off < 0 || r->len <= 0 || r->off > INT64_MAX - r->len || !r->iov || r->iovcnt <= 0)
-		return fail_url(why, whylen, -EINVAL, url,
+		return fail_url(err, -EINVAL, url,
 				"bad range (offset %" PRId64 ", length %" PRId64 ", %d buffers)",
 				r->off, r->len, r->iovcnt);
 	for (int i = 0; i < r->iovcnt; i++) {
 		if ((r->iov[i].iov_len && !r->iov[i].iov_base) ||
 		    r->iov[i].iov_len > (uint64_t)(r->len - sum))
-			return fail_url(why, whylen, -EINVAL, url,
+			return fail_url(err, -EINVAL, url,
 					"buffers do not hold the %" PRId64 " bytes asked", r->len);
 		sum += (int64_t)r->iov[i].iov_len;
 	}
 	if (sum != r->len)
-		return fail_url(why, whylen, -EINVAL, url,
+		return fail_url(err, -EINVAL, url,
 				"buffers do not hold the %" PRId64 " bytes asked", r->len);
 	net_reply_init(&x.rep, r->off, r->off + r->len - 1, r->len);
-	if ((rc = run(c, url, &x, call, why, whylen)))
+	if ((rc = run(c, url, &x, call, err)))
 		return rc;
 	r->got = x.rep.got;
 	r->size = x.size;
@@ -699,22 +699,22 @@ int net_http_get_range(struct net_http *c, const char *url, struct net_http_rang
 
 /* Runs whole-object transfer @x; hands its body to *@data and *@len. */
 static int run_whole(struct net_http *c, const char *url, struct xfer *x, int64_t max,
-		     uint8_t **data, size_t *len, const struct net_http_call *call, char *why,
-		     size_t whylen)
+		     uint8_t **data, size_t *len, const struct net_http_call *call,
+		     struct ptc_error *err)
 {
 	int rc;
 
 	*data = NULL;
 	*len = 0;
 	if (max < 0)
-		return fail_url(why, whylen, -EINVAL, url, "negative size bound");
+		return fail_url(err, -EINVAL, url, "negative size bound");
 	net_reply_init(&x->rep, -1, -1, max);
-	if ((rc = run(c, url, x, call, why, whylen))) {
+	if ((rc = run(c, url, x, call, err))) {
 		free(x->buf);
 		return rc;
 	}
 	if (!x->buf && !(x->buf = malloc(1)))
-		return fail_url(why, whylen, -ENOMEM, url, "out of memory");
+		return fail_url(err, -ENOMEM, url, "out of memory");
 	x->buf[x->rep.got] = 0;
 	*data = x->buf;
 	*len = (size_t)x->rep.got;
@@ -722,30 +722,30 @@ static int run_whole(struct net_http *c, const char *url, struct xfer *x, int64_
 }
 
 int net_http_get(struct net_http *c, const char *url, int64_t max, uint8_t **data, size_t *len,
-		 const struct net_http_call *call, char *why, size_t whylen)
+		 const struct net_http_call *call, struct ptc_error *err)
 {
 	struct xfer x = {.kind = X_WHOLE};
 	int rc;
 
 	*data = NULL;
 	*len = 0;
-	if ((rc = net_url_check(url, why, whylen)))
+	if ((rc = net_url_check(url, err)))
 		return rc;
-	return run_whole(c, url, &x, max, data, len, call, why, whylen);
+	return run_whole(c, url, &x, max, data, len, call, err);
 }
 
 int net_http_post_json(struct net_http *c, const char *url, const void *body, size_t body_len,
 		       int64_t max, uint8_t **data, size_t *len, const struct net_http_call *call,
-		       char *why, size_t whylen)
+		       struct ptc_error *err)
 {
 	struct xfer x = {.kind = X_POST, .body = body, .body_len = body_len};
 	int rc;
 
 	*data = NULL;
 	*len = 0;
-	if ((rc = net_url_check(url, why, whylen)))
+	if ((rc = net_url_check(url, err)))
 		return rc;
 	if (body_len && !body)
-		return fail_url(why, whylen, -EINVAL, url, "no body");
-	return run_whole(c, url, &x, max, data, len, call, why, whylen);
+		return fail_url(err, -EINVAL, url, "no body");
+	return run_whole(c, url, &x, max, data, len, call, err);
 }

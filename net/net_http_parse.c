@@ -101,7 +101,7 @@ void net_reply_init(struct net_reply *r, int64_t a, int64_t b, int64_t max)
 	reply_reset(r);
 }
 
-int net_reply_header(struct net_reply *r, const char *line, size_t len, char *msg, size_t msglen)
+int net_reply_header(struct net_reply *r, const char *line, size_t len, struct ptc_error *err)
 {
 	const char *p = line, *end = line + len, *v;
 	int64_t n;
@@ -122,63 +122,57 @@ int net_reply_header(struct net_reply *r, const char *line, size_t len, char *ms
 			r->have_clen = true;
 			r->clen = n;
 		}
-		if (r->a < 0 && r->status == 200 && r->have_clen && r->clen > r->max) {
-			snprintf(msg, msglen, "holds %" PRId64 " bytes, more than %" PRId64,
-				 r->clen, r->max);
-			return -EFBIG;
-		}
+		if (r->a < 0 && r->status == 200 && r->have_clen && r->clen > r->max)
+			return ptc_error_set(err, -EFBIG,
+					     "holds %" PRId64 " bytes, more than %" PRId64, r->clen,
+					     r->max);
 	} else if ((v = header_value(p, end, "content-range"))) {
 		parse_content_range(r, v, end);
 	}
 	return 0;
 }
 
-/* Whether a 206's Content-Range is within the bytes asked; else the reason in @msg. */
-static bool range_ok(const struct net_reply *r, char *msg, size_t msglen)
+/* Whether a 206's Content-Range is within the bytes asked; else the reason in
+ * @err (-EIO). */
+static bool range_ok(const struct net_reply *r, struct ptc_error *err)
 {
 	if (!r->have_cr)
-		snprintf(msg, msglen, "HTTP 206 without a valid Content-Range");
+		ptc_error_set(err, -EIO, "HTTP 206 without a valid Content-Range");
 	else if (r->cr_first != r->a || r->cr_last > r->b)
-		snprintf(msg, msglen,
-			 "Content-Range bytes %" PRId64 "-%" PRId64 " for bytes %" PRId64
-			 "-%" PRId64 " asked",
-			 r->cr_first, r->cr_last, r->a, r->b);
+		ptc_error_set(err, -EIO,
+			      "Content-Range bytes %" PRId64 "-%" PRId64 " for bytes %" PRId64
+			      "-%" PRId64 " asked",
+			      r->cr_first, r->cr_last, r->a, r->b);
 	else
 		return true;
 	return false;
 }
 
-int net_reply_body(struct net_reply *r, size_t n, char *msg, size_t msglen)
+int net_reply_body(struct net_reply *r, size_t n, struct ptc_error *err)
 {
 	int64_t room; /* bytes the reply may still deliver, >= 0 */
 
 	if (r->a < 0) {
 		if (r->status != 200)
 			return NET_BODY_DROP; /* an error page */
-		if ((uint64_t)n > (uint64_t)(r->max - r->got)) {
-			snprintf(msg, msglen, "holds more than %" PRId64 " bytes", r->max);
-			return -EFBIG;
-		}
+		if ((uint64_t)n > (uint64_t)(r->max - r->got))
+			return ptc_error_set(err, -EFBIG, "holds more than %" PRId64 " bytes",
+					     r->max);
 	} else if (r->status == 206) {
-		if (!range_ok(r, msg, msglen))
+		if (!range_ok(r, err))
 			return -EIO;
 		room = r->cr_last - r->a + 1 - r->got;
-		if ((uint64_t)n > (uint64_t)room) {
-			snprintf(msg, msglen, "body longer than its Content-Range");
-			return -EIO;
-		}
+		if ((uint64_t)n > (uint64_t)room)
+			return ptc_error_set(err, -EIO, "body longer than its Content-Range");
 	} else if (r->status == 200) {
 		/* The whole object: acceptable only if it is what was asked. */
-		if (r->a != 0) {
-			snprintf(msg, msglen, "HTTP 200 to a range request");
-			return -EIO;
-		}
+		if (r->a != 0)
+			return ptc_error_set(err, -EIO, "HTTP 200 to a range request");
 		room = r->b - r->a + 1 - r->got;
-		if ((uint64_t)n > (uint64_t)room) {
-			snprintf(msg, msglen, "HTTP 200 with more than the %" PRId64 " bytes asked",
-				 r->b - r->a + 1);
-			return -EIO;
-		}
+		if ((uint64_t)n > (uint64_t)room)
+			return ptc_error_set(err, -EIO,
+					     "HTTP 200 with more than the %" PRId64 " bytes asked",
+					     r->b - r->a + 1);
 	} else {
 		return NET_BODY_DROP; /* an error page */
 	}
@@ -193,35 +187,36 @@ bool net_status_retryable(long status)
 
 /* Judges the 206, 200 or 416 answering a range request into *@v; false for
  * other statuses. */
-static bool end_range(const struct net_reply *r, enum net_verdict *v, int64_t *size, char *msg,
-		      size_t msglen)
+static bool end_range(const struct net_reply *r, enum net_verdict *v, int64_t *size,
+		      struct ptc_error *err)
 {
 	*v = NET_RETRY;
 	if (r->status == 206) {
-		if (!range_ok(r, msg, msglen))
+		if (!range_ok(r, err))
 			return true;
 		if (r->got != r->cr_last - r->a + 1) {
-			snprintf(msg, msglen, "short body: %" PRId64 " of %" PRId64 " bytes",
-				 r->got, r->cr_last - r->a + 1);
+			ptc_error_set(err, -EIO, "short body: %" PRId64 " of %" PRId64 " bytes",
+				      r->got, r->cr_last - r->a + 1);
 			return true;
 		}
 		int64_t want = r->b;
 		if (r->cr_total >= 0 && r->cr_total - 1 < want)
 			want = r->cr_total - 1;
 		if (r->cr_last != want) {
-			snprintf(msg, msglen,
-				 "Content-Range ends at byte %" PRId64 ", %" PRId64 " expected",
-				 r->cr_last, want);
+			ptc_error_set(err, -EIO,
+				      "Content-Range ends at byte %" PRId64 ", %" PRId64
+				      " expected",
+				      r->cr_last, want);
 			return true;
 		}
 		*size = r->cr_total;
 	} else if (r->status == 200) {
 		if (r->a != 0) {
-			snprintf(msg, msglen, "HTTP 200 to a range request");
+			ptc_error_set(err, -EIO, "HTTP 200 to a range request");
 			return true;
 		}
 		if (!r->have_clen || r->got != r->clen) {
-			snprintf(msg, msglen, "HTTP 200 without a matching Content-Length");
+			ptc_error_set(err, -EIO, "HTTP 200 without a matching Content-Length");
 			return true;
 		}
 		*size = r->got;
@@ -236,27 +231,27 @@ static bool end_range(const struct net_reply *r, enum net_verdict *v, int64_t *s
 	return true;
 }
 
-enum net_verdict net_reply_end(const struct net_reply *r, int64_t *size, char *msg, size_t msglen)
+enum net_verdict net_reply_end(const struct net_reply *r, int64_t *size, struct ptc_error *err)
 {
 	enum net_verdict v;
 
 	*size = -1;
 	if (r->a >= 0) {
-		if (end_range(r, &v, size, msg, msglen))
+		if (end_range(r, &v, size, err))
 			return v;
 	} else if (r->status == 200) {
 		if (r->have_clen && r->got != r->clen) {
-			snprintf(msg, msglen, "short body: %" PRId64 " of %" PRId64 " bytes",
-				 r->got, r->clen);
+			ptc_error_set(err, -EIO, "short body: %" PRId64 " of %" PRId64 " bytes",
+				      r->got, r->clen);
 			return NET_RETRY;
 		}
 		*size = r->got;
 		return NET_OK;
 	}
 	if (!r->status) {
-		snprintf(msg, msglen, "no HTTP status");
+		ptc_error_set(err, -EIO, "no HTTP status");
 		return NET_RETRY;
 	}
-	snprintf(msg, msglen, "HTTP %ld", r->status);
+	ptc_error_set(err, -EIO, "HTTP %ld", r->status);
 	return net_status_retryable(r->status) ? NET_RETRY : NET_FATAL;
 }

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ptc/ptc.h"
+
 /* Numbers read from a reply have 1 to this many digits (below 2^63). */
 #define NET_MAX_DIGITS 18
 
@@ -47,10 +49,10 @@ void net_reply_init(struct net_reply *r, int64_t a, int64_t b, int64_t max);
  * status line ("HTTP/1.1 206 Partial Content") starts a new reply and
  * returns NET_HEADER_STATUS; Content-Length and Content-Range are read,
  * malformed ones ignored, other headers too (0). -EFBIG, with the reason
- * in @msg, when a whole-object 200 announces more than max bytes.
+ * in @err, when a whole-object 200 announces more than max bytes.
  */
 #define NET_HEADER_STATUS 1
-int net_reply_header(struct net_reply *r, const char *line, size_t len, char *msg, size_t msglen);
+int net_reply_header(struct net_reply *r, const char *line, size_t len, struct ptc_error *err);
 
 /*
  * Judges the next @n body bytes: NET_BODY_KEEP (they are object bytes
@@ -58,11 +60,11 @@ int net_reply_header(struct net_reply *r, const char *line, size_t len, char *ms
  * whole object, and got grows by @n: write them), NET_BODY_DROP (the body
  * of an error or redirect: not data), or -EIO (a wrong reply: a 206 whose
  * Content-Range is not what was asked, or a body longer than it says) or
- * -EFBIG (a whole object longer than max), with the reason in @msg.
+ * -EFBIG (a whole object longer than max), with the reason in @err.
  */
 #define NET_BODY_KEEP 0
 #define NET_BODY_DROP 1
-int net_reply_body(struct net_reply *r, size_t n, char *msg, size_t msglen);
+int net_reply_body(struct net_reply *r, size_t n, struct ptc_error *err);
 
 enum net_verdict {
 	NET_OK,	   /* the reply answers the request */
@@ -76,10 +78,10 @@ enum net_verdict {
  * (then *@size = a + got; or, after a 416, got = 0 and *@size <= a); a
  * whole request got
  * the object (*@size = got). *@size is the object's size when the reply
- * told it, else -1. Otherwise the reason in @msg ("HTTP 503", "short body:
- * 10 of 20 bytes").
+ * told it, else -1. Otherwise the reason in @err ("HTTP 503", "short body:
+ * 10 of 20 bytes"), its code -EIO.
  */
-enum net_verdict net_reply_end(const struct net_reply *r, int64_t *size, char *msg, size_t msglen);
+enum net_verdict net_reply_end(const struct net_reply *r, int64_t *size, struct ptc_error *err);
 
 /* Whether a reply of HTTP @status may succeed when asked again: 5xx, 408, 429. */
 bool net_status_retryable(long status);

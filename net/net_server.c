@@ -173,18 +173,16 @@ static void on_done(void *cls, struct MHD_Connection *conn, void **con_cls,
 }
 
 /* "host:port" into @sa (IPv4 literals or names resolved once). */
-static int parse_addr(const char *addr, struct sockaddr_in *sa, char *why, size_t whylen)
+static int parse_addr(const char *addr, struct sockaddr_in *sa, struct ptc_error *err)
 {
 	char host[256];
 	const char *colon = strrchr(addr, ':');
 	char *end;
 	long port = colon ? strtol(colon + 1, &end, 10) : -1;
 
-	if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof(host) || *end ||
-	    port < 0 || port > 65535) {
-		snprintf(why, whylen, "\"%s\": expected host:port", addr);
-		return -EINVAL;
-	}
+	if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof(host) || *end || port < 0 ||
+	    port > 65535)
+		return ptc_error_set(err, -EINVAL, "\"%s\": expected host:port", addr);
 	memcpy(host, addr, (size_t)(colon - addr));
 	host[colon - addr] = '\0';
 	memset(sa, 0, sizeof(*sa));
@@ -193,28 +191,25 @@ static int parse_addr(const char *addr, struct sockaddr_in *sa, char *why, size_
 	if (inet_pton(AF_INET, host, &sa->sin_addr) == 1)
 		return 0;
 	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res;
-	if (getaddrinfo(host, NULL, &hints, &res) != 0) {
-		snprintf(why, whylen, "\"%s\": cannot resolve \"%s\"", addr, host);
-		return -EINVAL;
-	}
+	if (getaddrinfo(host, NULL, &hints, &res) != 0)
+		return ptc_error_set(err, -EINVAL, "\"%s\": cannot resolve \"%s\"", addr, host);
 	sa->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
 	freeaddrinfo(res);
 	return 0;
 }
 
 int net_server_start(const struct net_server_opts *o, net_handler_fn handler, void *arg,
-		     struct net_server **out, char *why, size_t whylen)
+		     struct net_server **out, struct ptc_error *err)
 {
 	struct sockaddr_in sa;
 	struct net_server *s;
 	int rc;
 
 	*out = NULL;
-	if (!o->token || strlen(o->token) < 16) {
-		snprintf(why, whylen, "the cluster token must have at least 16 characters");
-		return -EINVAL;
-	}
-	if ((rc = parse_addr(o->addr, &sa, why, whylen)))
+	if (!o->token || strlen(o->token) < 16)
+		return ptc_error_set(err, -EINVAL,
+				     "the cluster token must have at least 16 characters");
+	if ((rc = parse_addr(o->addr, &sa, err)))
 		return rc;
 	if (!(s = calloc(1, sizeof(*s))) || !(s->token = strdup(o->token))) {
 		free(s);
@@ -231,8 +226,9 @@ int net_server_start(const struct net_server_opts *o, net_handler_fn handler, vo
 				  on_done, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
 				  MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024, MHD_OPTION_END);
 	if (!s->mhd) {
-		snprintf(why, whylen, "%s: cannot listen (in use, or not an address of this host)",
-			 o->addr);
+		ptc_error_set(err, -EADDRINUSE,
+			      "%s: cannot listen (in use, or not an address of this host)",
+			      o->addr);
 		free(s->token);
 		free(s);
 		return -EADDRINUSE;

@@ -15,6 +15,8 @@
  * errors also fill a caller-owned struct ptc_error with one line naming the
  * file, the field and the reason, e.g.
  *   schema.json: tensors[3].split.dim = 2 is out of range for shape [64, 64]
+ * and its code with the errno returned. struct ptc_error is every module's
+ * error detail, not only ptc's (ptc_error_set).
  */
 #ifndef MLFS_PTC_H
 #define MLFS_PTC_H
@@ -47,9 +49,15 @@
 #define PTC_MAX_RECORD_BYTES ((int64_t)1 << 30)
 #define PTC_ERROR_MAX	     512
 
-/* A caller-owned error message; text is "" when there is no error. */
+/*
+ * The one error detail of mlfs: a caller-owned message and the negative
+ * errno returned with it. text is "" and code 0 when there is no error; a
+ * function that returns rc < 0 and writes text sets code to rc. text comes
+ * first so that `struct ptc_error e = {.text = ""}` (or `{0}`) clears both.
+ */
 struct ptc_error {
-	char text[PTC_ERROR_MAX];
+	char text[PTC_ERROR_MAX]; /* one line, always NUL-terminated, truncated to fit */
+	int code;		  /* the negative errno returned with text; 0: none */
 };
 
 /* ---------------------------------------------------------------- dtypes */
@@ -445,7 +453,20 @@ const char *ptc_op_kind_name(enum ptc_op_kind k);
 json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from,
 			 const struct ptc_layout *to, bool with_ops);
 
-/* Formats into @err (printf-style); returns -EINVAL for `return ptc_errorf(...)`. */
+/*
+ * Formats the message @fmt (printf-style, truncated to PTC_ERROR_MAX - 1
+ * bytes) into @err->text and sets @err->code to @code; returns @code, for
+ * `return ptc_error_set(err, -EIO, ...)`. @err may be NULL (nothing is
+ * written; @code is still returned). Pure; any thread, on distinct @err.
+ */
+int ptc_error_set(struct ptc_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/*
+ * ptc_error_set with @code -EINVAL, the error of a refused schema, config
+ * or argument: formats into @err (NULL: nothing written), sets @err->code
+ * to -EINVAL and returns -EINVAL, for `return ptc_errorf(...)`. Pure; any
+ * thread, on distinct @err.
+ */
 int ptc_errorf(struct ptc_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

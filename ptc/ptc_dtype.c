@@ -53,13 +53,32 @@ int ptc_dtype_parse(const char *name, enum ptc_dtype *out)
 	return -EINVAL;
 }
 
-int ptc_errorf(struct ptc_error *err, const char *fmt, ...)
+/* Formats into @err (when not NULL) and sets its code; returns @code. */
+static int error_vset(struct ptc_error *err, int code, const char *fmt, va_list ap)
 {
 	if (err) {
-		va_list ap;
-		va_start(ap, fmt);
 		vsnprintf(err->text, sizeof(err->text), fmt, ap);
-		va_end(ap);
+		err->code = code;
 	}
+	return code;
+}
+
+int ptc_error_set(struct ptc_error *err, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	error_vset(err, code, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+int ptc_errorf(struct ptc_error *err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	error_vset(err, -EINVAL, fmt, ap);
+	va_end(ap);
 	return -EINVAL;
 }

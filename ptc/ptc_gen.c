@@ -153,7 +153,7 @@ static json_t *gen_finish(struct gen *g, json_t *root, const char *model, struct
 	if (!g->failed)
 		return root;
 	json_decref(root);
-	ptc_errorf(err, "%s: out of memory", model);
+	ptc_error_set(err, -ENOMEM, "%s: out of memory", model);
 	return NULL;
 }
 

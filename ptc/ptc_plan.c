@@ -668,6 +668,7 @@ int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_lay
 
 	*out = NULL;
 	c.err->text[0] = '\0';
+	c.err->code = 0;
 	c.stats = calloc((size_t)nnodes, sizeof(*c.stats));
 	if (!isdown || !p || !c.stats)
 		goto out;
@@ -696,6 +697,7 @@ int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_lay
 			snprintf(c.err->text + n, sizeof(c.err->text) - n, " and %d more",
 				 c.nfailed - 8);
 		rc = -EINVAL;
+		c.err->code = rc;
 		goto out;
 	}
 

@@ -68,18 +68,19 @@ int mlfs_store_install_schema(struct mlfs_store *st, const char *text, size_t le
 			    memcmp(st->schema_text, text, len) == 0;
 		ptc_schema_free(s);
 		if (!same) {
-			ptc_errorf(err, "schema.json: cannot change the schema once config.json "
-					"is set (unmount and start a new store)");
+			ptc_error_set(err, -EBUSY,
+				      "schema.json: cannot change the schema once config.json "
+				      "is set (unmount and start a new store)");
 			rc = refuse(st, -EBUSY, err);
 		}
 		goto out;
 	}
 	int64_t bytes = schema_bytes(s, len);
 	if (xf_mem_reserve(&st->mem, bytes)) {
-		ptc_errorf(err,
-			   "schema.json: its %d tensors (about %" PRId64 " bytes) do not fit "
-			   "in --max-memory",
-			   s->ntensors, bytes);
+		ptc_error_set(err, -ENOSPC,
+			      "schema.json: its %d tensors (about %" PRId64 " bytes) do not fit "
+			      "in --max-memory",
+			      s->ntensors, bytes);
 		ptc_schema_free(s);
 		rc = refuse(st, -ENOSPC, err);
 		goto out;
@@ -104,41 +105,37 @@ out:
 }
 
 /* The reconfiguration steps of .mlfs-ctl: "prepare", "commit", "abort". */
-static int control_reconf(struct mlfs_store *st, const char *op, json_t *req, char *msg,
-			  size_t msglen)
+static int control_reconf(struct mlfs_store *st, const char *op, json_t *req, struct ptc_error *err)
 {
-	struct ptc_error err = {""};
+	struct ptc_error step = {.text = ""};
 	json_t *jv = json_object_get(req, "version"), *jc = json_object_get(req, "config");
 	json_t *why = json_object_get(req, "reason");
 	int rc;
 
 	if (strcmp(op, "prepare") == 0) {
-		if (!json_is_string(jc)) {
-			snprintf(msg, msglen, "prepare: \"config\" must be the config's JSON text");
-			return -EINVAL;
-		}
+		if (!json_is_string(jc))
+			return ptc_errorf(err,
+					  "prepare: \"config\" must be the config's JSON text");
 		rc = mlfs_reconf_prepare(st, json_string_value(jc), json_string_length(jc),
-					 "prepare", false, &err);
+					 "prepare", false, &step);
 	} else if (!json_is_integer(jv) || json_integer_value(jv) < 0) {
-		snprintf(msg, msglen, "%s: \"version\" must be the version being reconfigured to",
-			 op);
-		return -EINVAL;
+		return ptc_errorf(err, "%s: \"version\" must be the version being reconfigured to",
+				  op);
 	} else if (strcmp(op, "commit") == 0) {
-		rc = mlfs_reconf_commit(st, json_integer_value(jv), &err);
+		rc = mlfs_reconf_commit(st, json_integer_value(jv), &step);
 	} else if (why && !json_is_string(why)) {
-		snprintf(msg, msglen, "abort: \"reason\" must be a string");
-		return -EINVAL;
+		return ptc_errorf(err, "abort: \"reason\" must be a string");
 	} else {
-		rc = mlfs_reconf_abort(st, json_integer_value(jv), json_string_value(why), &err);
+		rc = mlfs_reconf_abort(st, json_integer_value(jv), json_string_value(why), &step);
 	}
 	if (rc)
-		snprintf(msg, msglen, "%s", err.text[0] ? err.text : strerror(-rc));
+		ptc_error_set(err, rc, "%s", step.text[0] ? step.text : strerror(-rc));
 	return rc;
 }
 
 int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char **reply)
 {
-	char msg[PTC_ERROR_MAX] = "";
+	struct ptc_error err = {.text = ""};
 	json_error_t je;
 	json_t *req = json_loadb(text, len, 0, &je);
 	int rc = -EINVAL;
@@ -146,34 +143,33 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 
 	const char *op = json_string_value(json_object_get(req, "op"));
 	if (!req || !op) {
-		snprintf(msg, sizeof(msg), "control: expected {\"op\": ...}");
+		ptc_errorf(&err, "control: expected {\"op\": ...}");
 	} else if (strcmp(op, "import") == 0) {
 		const char *dir = json_string_value(json_object_get(req, "from"));
 		const char *state = json_string_value(json_object_get(req, "state"));
 		json_t *jstep = json_object_get(req, "step");
 		int only = -1;
 		if (!dir || dir[0] != '/') {
-			snprintf(msg, sizeof(msg), "import: \"from\" must be an absolute path");
+			ptc_errorf(&err, "import: \"from\" must be an absolute path");
 		} else if (jstep && (!json_is_integer(jstep) || json_integer_value(jstep) < 0)) {
-			snprintf(msg, sizeof(msg),
-				 "import: \"step\" must be a non-negative integer");
+			ptc_errorf(&err, "import: \"step\" must be a non-negative integer");
 		} else if (!st->schema) {
-			snprintf(msg, sizeof(msg), "import: set schema.json and config.json first");
+			ptc_errorf(&err, "import: set schema.json and config.json first");
 		} else if (state && (only = ptc_schema_find_state(st->schema, state)) < 0) {
-			snprintf(msg, sizeof(msg), "import: the schema has no state \"%s\"", state);
+			ptc_errorf(&err, "import: the schema has no state \"%s\"", state);
 		} else {
-			rc = mlfs_store_import(st, dir, only, jstep ? json_integer_value(jstep) : 0, msg,
-					  sizeof(msg));
+			rc = mlfs_store_import(st, dir, only, jstep ? json_integer_value(jstep) : 0,
+					       &err);
 		}
 	} else if (strcmp(op, "prepare") == 0 || strcmp(op, "commit") == 0 ||
 		   strcmp(op, "abort") == 0) {
-		rc = control_reconf(st, op, req, msg, sizeof(msg));
+		rc = control_reconf(st, op, req, &err);
 		reconf = true;
 	} else {
-		snprintf(msg, sizeof(msg), "control: unknown op \"%s\"", op);
+		ptc_errorf(&err, "control: unknown op \"%s\"", op);
 	}
 	json_decref(req);
-	json_t *r = json_pack("{sbss}", "ok", rc == 0, "error", msg);
+	json_t *r = json_pack("{sbss}", "ok", rc == 0, "error", err.text);
 	if (r && reconf) {
 		pthread_mutex_lock(&st->lock);
 		json_object_set_new(r, "state", json_string(mlfs_reconf_state_name(st->reconf)));
@@ -182,7 +178,7 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 	*reply = r ? json_dumps(r, JSON_COMPACT) : NULL;
 	json_decref(r);
 	if (rc)
-		mlfs_store_note_error(st, msg);
+		mlfs_store_note_error(st, err.text);
 	return rc;
 }
 

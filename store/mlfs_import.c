@@ -28,26 +28,27 @@ struct import_file {
 };
 
 /* Maps and checks DIR/<state>/<tensor>.npy. Returns 0 or -EINVAL with a
- * message appended to @msg, or counted in @omitted when @msg is full. */
+ * message appended to @err, or counted in @omitted when @err is full. */
 static int import_open(const char *dir, const struct ptc_schema *s, int si, int ti,
-		       struct import_file *f, char *msg, size_t msglen, int *omitted)
+		       struct import_file *f, struct ptc_error *err, int *omitted)
 {
 	const struct ptc_tensor *t = &s->tensors[ti];
-	char path[4096], why[256];
+	char path[4096];
+	struct ptc_error why;
 	struct mlfs_npy h;
 	struct stat sb;
-	size_t used = strlen(msg);
+	size_t used = strlen(err->text);
 	int fd;
 
 	snprintf(path, sizeof(path), "%s/%s/%s.npy", dir, s->states[si].name, t->name);
 	/* O_NONBLOCK: a FIFO must not block the import (fstat refuses it). */
 	if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) < 0) {
-		snprintf(why, sizeof(why), "%s", strerror(errno));
+		ptc_errorf(&why, "%s", strerror(errno));
 		goto bad;
 	}
 	if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
 		close(fd);
-		snprintf(why, sizeof(why), "not a regular file");
+		ptc_errorf(&why, "not a regular file");
 		goto bad;
 	}
 
@@ -56,7 +57,7 @@ static int import_open(const char *dir, const struct ptc_schema *s, int si, int 
 	close(fd);
 	if (f->map == MAP_FAILED) {
 		f->map = NULL;
-		snprintf(why, sizeof(why), "empty or unreadable");
+		ptc_errorf(&why, "empty or unreadable");
 		goto bad;
 	}
 	/* The file may shrink from now on: every read of the mapping is guarded
@@ -64,19 +65,18 @@ static int import_open(const char *dir, const struct ptc_schema *s, int si, int 
 	uint8_t head[MLFS_NPY_MAX_HEADER + 12];
 	size_t hn = f->maplen < sizeof(head) ? f->maplen : sizeof(head);
 	if (mlfs_mapcopy(head, f->map, hn)) {
-		snprintf(why, sizeof(why), "shorter than when opened (changed while imported?)");
+		ptc_errorf(&why, "shorter than when opened (changed while imported?)");
 		goto bad;
 	}
-	int rc = mlfs_npy_parse(head, hn, &h, why, sizeof(why));
+	int rc = mlfs_npy_parse(head, hn, &h, &why);
 	if (rc == -EAGAIN)
-		snprintf(why, sizeof(why), "truncated header");
-	if (rc ||
-	    mlfs_npy_check(&h, ptc_schema_dtype(s, si, ti), t->ndim, t->shape, why, sizeof(why)))
+		ptc_errorf(&why, "truncated header");
+	if (rc || mlfs_npy_check(&h, ptc_schema_dtype(s, si, ti), t->ndim, t->shape, &why))
 		goto bad;
 	int64_t want = xf_full_bytes(s, si, ti);
 	if ((int64_t)(f->maplen - h.header_len) != want) {
-		snprintf(why, sizeof(why), "holds %zu data bytes, expected %" PRId64,
-			 f->maplen - h.header_len, want);
+		ptc_errorf(&why, "holds %zu data bytes, expected %" PRId64,
+			   f->maplen - h.header_len, want);
 		goto bad;
 	}
 	f->data = (const uint8_t *)f->map + h.header_len;
@@ -84,25 +84,26 @@ static int import_open(const char *dir, const struct ptc_schema *s, int si, int 
 bad:;
 	char line[4096 + 512];
 	int n = snprintf(line, sizeof(line), "%s%s/%s.npy: %s", used ? "; " : "",
-			 s->states[si].name, t->name, why);
-	if (*omitted == 0 && used + (size_t)n + 32 < msglen) /* room for "and N more" */
-		memcpy(msg + used, line, (size_t)n + 1);
+			 s->states[si].name, t->name, why.text);
+	if (*omitted == 0 && used + (size_t)n + 32 < sizeof(err->text)) /* room for "and N more" */
+		memcpy(err->text + used, line, (size_t)n + 1);
 	else
 		(*omitted)++;
+	err->code = -EINVAL;
 	return -EINVAL;
 }
 
-/* -EBUSY with @msg when @v is no longer current or a reconfiguration holds
+/* -EBUSY with @err when @v is no longer current or a reconfiguration holds
  * the store, else 0. Lock held. */
-static int import_busy(struct mlfs_store *st, struct mlfs_view *v, char *msg, size_t msglen)
+static int import_busy(struct mlfs_store *st, struct mlfs_view *v, struct ptc_error *err)
 {
-	struct ptc_error err = {""};
+	struct ptc_error busy = {.text = ""};
 	int rc = -EBUSY;
 
 	if (st->view != v)
-		snprintf(msg, msglen, "import: the layout changed during the import");
-	else if ((rc = mlfs_reconf_busy(st, "import", &err)))
-		snprintf(msg, msglen, "%s", err.text);
+		ptc_error_set(err, rc, "import: the layout changed during the import");
+	else if ((rc = mlfs_reconf_busy(st, "import", &busy)))
+		ptc_error_set(err, rc, "%s", busy.text);
 	return rc;
 }
 
@@ -110,8 +111,8 @@ static int import_busy(struct mlfs_store *st, struct mlfs_view *v, char *msg, si
  * view, for one state (@only >= 0) or all. All or nothing: the partitions
  * are built aside, then only the imported ones are swapped in, under the
  * lock (a write to another state meanwhile stays). */
-int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t step, char *msg,
-			size_t msglen)
+int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t step,
+		      struct ptc_error *err)
 {
 	bool saved = false;
 	struct mlfs_view *v = mlfs_store_view(st);
@@ -120,13 +121,11 @@ int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t 
 	struct xf_parts np;
 	int rc = -ENOMEM;
 
-	if (!v) {
-		snprintf(msg, msglen, "import: set schema.json and config.json first");
-		return -EINVAL;
-	}
+	if (!v)
+		return ptc_errorf(err, "import: set schema.json and config.json first");
 	/* Refused at once rather than after reading every file. */
 	pthread_mutex_lock(&st->lock);
-	rc = import_busy(st, v, msg, msglen);
+	rc = import_busy(st, v, err);
 	pthread_mutex_unlock(&st->lock);
 	if (rc) {
 		mlfs_view_put(v);
@@ -140,15 +139,17 @@ int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t 
 	for (int si = 0; si < s->nstates; si++)
 		for (int ti = 0; ti < s->ntensors; ti++)
 			if ((only < 0 || si == only) && s->tensors[ti].tied < 0 &&
-			    import_open(dir, s, si, ti, &files[si * s->ntensors + ti], msg, msglen,
+			    import_open(dir, s, si, ti, &files[si * s->ntensors + ti], err,
 					&omitted))
 				bad++;
 	if (bad) {
 		if (omitted) {
-			size_t used = strlen(msg);
-			snprintf(msg + used, msglen - used, "; and %d more", omitted);
+			size_t used = strlen(err->text);
+			snprintf(err->text + used, sizeof(err->text) - used, "; and %d more",
+				 omitted);
 		}
 		rc = -EINVAL;
+		err->code = rc;
 		goto out_parts;
 	}
 	const struct ptc_layout *l = &v->layout;
@@ -163,17 +164,18 @@ int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t 
 				    &files[si * s->ntensors + ptc_schema_logical(s, ti)];
 				if (!(np.bufs[i] = xf_buf_new(
 					  &st->mem, xf_partition_bytes(l, r, si, ti), &rc))) {
-					snprintf(msg, msglen, "import: %s",
-						 rc == -ENOSPC ? "the partitions do not fit in "
-								 "--max-memory"
-							       : "out of memory");
+					ptc_error_set(err, rc, "import: %s",
+						      rc == -ENOSPC
+							  ? "the partitions do not fit in "
+							    "--max-memory"
+							  : "out of memory");
 					goto out_parts;
 				}
 				/* The file may shrink meanwhile: read through the SIGBUS guard. */
 				if ((rc = xf_full_slice(s, si, ti, l->tp, l->ranks[r].t, f->data,
 							np.bufs[i], mlfs_mapcopy))) {
-					snprintf(
-					    msg, msglen,
+					ptc_error_set(
+					    err, rc,
 					    "import: %s/%s.npy: the file shrank while it was read; "
 					    "nothing imported",
 					    s->states[si].name,
@@ -189,7 +191,7 @@ int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t 
 		goto out_parts;
 	}
 	pthread_mutex_lock(&st->lock);
-	if (!(rc = import_busy(st, v, msg, msglen))) {
+	if (!(rc = import_busy(st, v, err))) {
 		for (size_t i = 0; i < (size_t)l->world * (size_t)s->nstates * (size_t)s->ntensors;
 		     i++) {
 			if (!np.bufs[i])

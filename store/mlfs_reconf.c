@@ -113,11 +113,10 @@ static int check_attempt(const struct mlfs_store *st, const char *op, unsigned a
 	if (st->state != MLFS_TRANSFORMING)
 		return ptc_errorf(err, "%s: no reconfiguration is in progress (state %s)", op,
 				  name);
-	if (!(accepts & 1u << st->reconf)) {
-		ptc_errorf(err, "%s: the reconfiguration to version %" PRId64 " is %s", op,
-			   st->target_version, name);
-		return -EBUSY;
-	}
+	if (!(accepts & 1u << st->reconf))
+		return ptc_error_set(err, -EBUSY,
+				     "%s: the reconfiguration to version %" PRId64 " is %s", op,
+				     st->target_version, name);
 	if (version != st->target_version)
 		return ptc_errorf(err,
 				  "%s: version %" PRId64
@@ -193,10 +192,10 @@ static int set_first_config(struct mlfs_store *st, struct ptc_config *c, struct 
 	}
 	if ((rc = xf_parts_alloc_zero(&v->parts, &st->mem))) {
 		if (rc == -ENOSPC)
-			ptc_errorf(err,
-				   "config.json: the partitions of this node do not fit in "
-				   "--max-memory (%" PRId64 " bytes in use of %" PRId64 ")",
-				   (int64_t)st->mem.used, st->mem.limit);
+			ptc_error_set(err, rc,
+				      "config.json: the partitions of this node do not fit in "
+				      "--max-memory (%" PRId64 " bytes in use of %" PRId64 ")",
+				      (int64_t)st->mem.used, st->mem.limit);
 		mlfs_view_put(v);
 		return rc;
 	}
@@ -530,31 +529,29 @@ static int reconf_publish(struct mlfs_store *st, struct mlfs_attempt *a, struct 
 	if ((rc = mlfs_reconf_busy(st, a->what, err)))
 		goto err_unlock;
 	if (st->view != a->from) {
-		ptc_errorf(err,
-			   "%s: the layout changed to version %" PRId64
-			   " while this reconfiguration was planned from version %" PRId64
-			   "; write it again",
-			   a->what, st->view->config->version, a->from->config->version);
-		rc = -EBUSY;
+		rc = ptc_error_set(err, -EBUSY,
+				   "%s: the layout changed to version %" PRId64
+				   " while this reconfiguration was planned from version %" PRId64
+				   "; write it again",
+				   a->what, st->view->config->version, a->from->config->version);
 		goto err_unlock;
 	}
 	if ((rc = saved_step(st, a->what, &step, err)))
 		goto err_unlock;
 	if (step != a->step) {
-		ptc_errorf(err,
-			   "%s: the ranks saved step %" PRId64
-			   " while this reconfiguration was planned at step %" PRId64
-			   "; write it again",
-			   a->what, step, a->step);
-		rc = -EBUSY;
+		rc = ptc_error_set(err, -EBUSY,
+				   "%s: the ranks saved step %" PRId64
+				   " while this reconfiguration was planned at step %" PRId64
+				   "; write it again",
+				   a->what, step, a->step);
 		goto err_unlock;
 	}
 	if (st->mem.limit && st->mem.used + need > st->mem.limit) {
-		ptc_errorf(err,
-			   "%s: reconfiguration needs %" PRId64 " bytes for changed "
-			   "partitions; %" PRId64 " of --max-memory %" PRId64 " are free",
-			   a->what, need, st->mem.limit - (int64_t)st->mem.used, st->mem.limit);
-		rc = -ENOSPC;
+		rc = ptc_error_set(err, -ENOSPC,
+				   "%s: reconfiguration needs %" PRId64 " bytes for changed "
+				   "partitions; %" PRId64 " of --max-memory %" PRId64 " are free",
+				   a->what, need, st->mem.limit - (int64_t)st->mem.used,
+				   st->mem.limit);
 		goto err_unlock;
 	}
 	prev = st->xf_thread;
@@ -569,8 +566,8 @@ static int reconf_publish(struct mlfs_store *st, struct mlfs_attempt *a, struct 
 	st->progress_total = a->plan->per_node[st->node].bytes_total;
 	st->error[0] = '\0';
 	if ((rc = -pthread_create(&st->xf_thread, NULL, prepare_main, a))) {
-		ptc_errorf(err, "%s: cannot start a transformer thread: %s", a->what,
-			   strerror(-rc));
+		ptc_error_set(err, rc, "%s: cannot start a transformer thread: %s", a->what,
+			      strerror(-rc));
 		snprintf(st->error, sizeof(st->error), "%s", err->text);
 		st->xf_thread = prev;
 		st->attempt = NULL;

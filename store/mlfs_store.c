@@ -214,7 +214,7 @@ int mlfs_reconf_busy(const struct mlfs_store *st, const char *what, struct ptc_e
 {
 	if (st->state != MLFS_TRANSFORMING)
 		return 0;
-	ptc_errorf(err, "%s: a reconfiguration to version %" PRId64 " is in progress (%s)", what,
-		   st->target_version, mlfs_reconf_state_name(st->reconf));
-	return -EBUSY;
+	return ptc_error_set(err, -EBUSY,
+			     "%s: a reconfiguration to version %" PRId64 " is in progress (%s)",
+			     what, st->target_version, mlfs_reconf_state_name(st->reconf));
 }

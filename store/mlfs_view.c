@@ -163,10 +163,10 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 	int64_t meta = (int64_t)nparts * (int64_t)sizeof(void *) * (config->replicas ? 2 : 1) +
 		       tree_bytes(st->schema) * (1 + v->layout.pp);
 	if ((rc = xf_mem_reserve(&st->mem, meta))) {
-		ptc_errorf(err,
-			   "%s: the metadata of this layout (about %" PRId64
-			   " bytes) does not fit in --max-memory",
-			   what, meta);
+		ptc_error_set(err, rc,
+			      "%s: the metadata of this layout (about %" PRId64
+			      " bytes) does not fit in --max-memory",
+			      what, meta);
 		goto err_put;
 	}
 	v->mem = &st->mem;

@@ -300,13 +300,14 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
  * directory @dir (<state>/<tensor>.npy; only state @only, or every state
  * when -1) sliced into this node's partitions of the current view, which
  * become the saved state of @step on every local rank. 0, or a negative
- * errno with @msg saying why (every file that is missing or does not
+ * errno with @err saying why (every file that is missing or does not
  * match is named; nothing changes then): -EINVAL, -EBUSY (a
- * reconfiguration holds the store), -ENOSPC, -EIO, -ENOMEM. A FUSE worker;
- * reads files without the lock.
+ * reconfiguration holds the store), -ENOSPC, -EIO, -ENOMEM. @err must
+ * start empty (its text is appended to). A FUSE worker; reads files
+ * without the lock.
  */
-int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t step, char *msg,
-		      size_t msglen);
+int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t step,
+		      struct ptc_error *err);
 
 /* New malloc'd texts of the generated files. */
 char *mlfs_store_status_json(struct mlfs_store *st);

@@ -142,7 +142,7 @@ static struct ptc_cluster *default_cluster(const struct ptc_config *a, const str
 /* Reads file @path and parses it with @fn into *@out; -1 after printing why. */
 #define LOAD(path, fn, out)                                                                        \
 	({                                                                                         \
-		struct ptc_error err_ = {""};                                                      \
+		struct ptc_error err_ = {.text = ""};                                              \
 		size_t len_;                                                                       \
 		char *text_ = tools_read_file((path), &len_);                                      \
 		int rc_ = text_ ? fn(text_, len_, (path), (out), &err_) : -1;                      \
@@ -276,7 +276,7 @@ int cmd_plan(int argc, char **argv)
 
 	struct plan_inputs in = {0};
 	struct ptc_layout la, lb;
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	struct ptc_plan *plan = NULL;
 	int *down = NULL, ndown = 0, *backup_of = NULL;
 
@@ -342,7 +342,7 @@ int cmd_schema(int argc, char **argv)
 	    {"dtype", required_argument, NULL, 'd'},  {"moments-dtype", required_argument, NULL, 'm'},
 	    {NULL, 0, NULL, 0}};
 	struct ptc_gen_args a = {.dtype = PTC_BFLOAT16};
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	int c;
 
 	if (argc < 2 || (strcmp(argv[1], "megatron-gpt") != 0 && strcmp(argv[1], "llama") != 0)) {

@@ -88,21 +88,23 @@ static void check_reply(const struct net_reply *r)
 static void check_url(const char *p, size_t n)
 {
 	static char url[NET_MAX_URL + 64];
-	char why[256];
+	struct ptc_error why;
 
 	if (n >= sizeof(url))
 		n = sizeof(url) - 1;
 	memcpy(url, p, n);
 	url[n] = 0;
-	why[0] = 'x';
-	int rc = net_url_check(url, why, sizeof(why));
+	why.text[0] = 'x';
+	why.code = 1;
+	int rc = net_url_check(url, &why);
 	CHECK(rc == 0 || rc == -EINVAL);
-	CHECK(memchr(why, 0, sizeof(why)) != NULL);
+	CHECK(memchr(why.text, 0, sizeof(why.text)) != NULL);
+	CHECK(why.code == rc);
 	if (rc) {
-		CHECK(why[0] != 0);
+		CHECK(why.text[0] != 0);
 		return;
 	}
-	CHECK(why[0] == 0);
+	CHECK(why.text[0] == 0);
 	CHECK(strlen(url) <= NET_MAX_URL);
 	CHECK(!strncasecmp(url, "http://", 7) || !strncasecmp(url, "https://", 8));
 	for (const char *s = url; *s; s++)
@@ -128,7 +130,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct net_reply r;
 	int64_t a, b, max, asked, got, sz;
 	uint8_t *buf = NULL;
-	char msg[160];
+	struct ptc_error msg;
 	int rc = 0;
 
 	e = line_end(p, end);
@@ -149,15 +151,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				p = e;
 				break;
 			}
-			msg[0] = 0;
-			rc = net_reply_header(&r, p, (size_t)(e - p), msg, sizeof(msg));
+			msg.text[0] = 0;
+			msg.code = 0;
+			rc = net_reply_header(&r, p, (size_t)(e - p), &msg);
 			CHECK(rc == 0 || rc == NET_HEADER_STATUS || rc == -EFBIG);
 			CHECK((rc == NET_HEADER_STATUS) == (e - p >= 5 && !memcmp(p, "HTTP/", 5)));
 			if (rc == NET_HEADER_STATUS)
 				CHECK(r.got == 0);
 			check_reply(&r);
 			if (rc == -EFBIG) {
-				CHECK(a < 0 && r.status == 200 && r.clen > max && msg[0]);
+				CHECK(a < 0 && r.status == 200 && r.clen > max && msg.text[0]);
+				CHECK(msg.code == rc);
 				return 0; /* the transfer is aborted */
 			}
 		}
@@ -174,12 +178,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (n > (size_t)(end - p))
 			n = (size_t)(end - p);
 		got = r.got;
-		msg[0] = 0;
-		rc = net_reply_body(&r, n, msg, sizeof(msg));
+		msg.text[0] = 0;
+		msg.code = 0;
+		rc = net_reply_body(&r, n, &msg);
 		CHECK(rc == NET_BODY_KEEP || rc == NET_BODY_DROP || rc == -EIO || rc == -EFBIG);
 		check_reply(&r);
 		if (rc < 0) {
-			CHECK(msg[0] && r.got == got);
+			CHECK(msg.text[0] && r.got == got);
+			CHECK(msg.code == rc);
 			CHECK(rc == -EFBIG ? a < 0 : a >= 0);
 			free(buf);
 			return 0; /* the transfer is aborted */
@@ -195,11 +201,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	free(buf);
 
 	/* The verdict. */
-	msg[0] = 0;
-	enum net_verdict v = net_reply_end(&r, &sz, msg, sizeof(msg));
+	msg.text[0] = 0;
+	msg.code = 0;
+	enum net_verdict v = net_reply_end(&r, &sz, &msg);
 	CHECK(v == NET_OK || v == NET_RETRY || v == NET_FATAL);
 	if (v != NET_OK) {
-		CHECK(msg[0] && sz == -1);
+		CHECK(msg.text[0] && sz == -1);
+		CHECK(msg.code == -EIO);
 		return 0;
 	}
 	CHECK(sz >= -1 && sz < BELOW_1E18);

@@ -47,47 +47,49 @@ static void check_bounds(const struct mlfs_npy *h, size_t size)
 /* Formats @dt with @h's shape and parses it back. */
 static void check_reformat(const struct mlfs_npy *h, enum ptc_dtype dt)
 {
-	char buf[512], err[256];
+	char buf[512];
+	struct ptc_error err;
 	struct mlfs_npy g;
 	size_t len = mlfs_npy_format(dt, h->ndim, h->shape, buf, sizeof(buf));
 
 	CHECK(len > 0 && len % 64 == 0);
-	CHECK(mlfs_npy_parse((const uint8_t *)buf, len, &g, err, sizeof(err)) == 0);
+	CHECK(mlfs_npy_parse((const uint8_t *)buf, len, &g, &err) == 0);
 	CHECK(g.header_len == len && !g.fortran_order && g.ndim == h->ndim);
 	CHECK(strcmp(g.descr, ptc_dtype_npy_descr(dt)) == 0);
 	for (int i = 0; i < h->ndim; i++)
 		CHECK(g.shape[i] == h->shape[i]);
-	CHECK(mlfs_npy_check(&g, dt, h->ndim, h->shape, err, sizeof(err)) == 0);
+	CHECK(mlfs_npy_check(&g, dt, h->ndim, h->shape, &err) == 0);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static const int64_t part_shape[2] = {3, 4};
 	struct mlfs_npy h, g;
-	char err[256];
+	struct ptc_error err;
 	int rc;
 
-	err[0] = 'x';
-	rc = mlfs_npy_parse(data, size, &h, err, sizeof(err));
+	err.text[0] = 'x';
+	err.code = 1;
+	rc = mlfs_npy_parse(data, size, &h, &err);
 	CHECK(rc == 0 || rc == -EAGAIN || rc == -EINVAL);
-	CHECK(memchr(err, '\0', sizeof(err)) != NULL);
+	CHECK(memchr(err.text, '\0', sizeof(err.text)) != NULL);
 	if (rc == -EINVAL)
-		CHECK(err[0] != '\0');
+		CHECK(err.text[0] != '\0' && err.code == rc);
 	if (rc != 0)
 		return 0;
-	CHECK(err[0] == '\0');
+	CHECK(err.text[0] == '\0' && err.code == 0);
 	check_bounds(&h, size);
 
 	/* The header alone parses the same; one byte less is not enough yet. */
-	CHECK(mlfs_npy_parse(data, h.header_len, &g, err, sizeof(err)) == 0);
+	CHECK(mlfs_npy_parse(data, h.header_len, &g, &err) == 0);
 	CHECK(same_header(&h, &g));
-	CHECK(mlfs_npy_parse(data, h.header_len - 1, &g, err, sizeof(err)) == -EAGAIN);
+	CHECK(mlfs_npy_parse(data, h.header_len - 1, &g, &err) == -EAGAIN);
 
-	rc = mlfs_npy_check(&h, PTC_FLOAT32, 2, part_shape, err, sizeof(err));
-	CHECK(rc == 0 || (rc == -EINVAL && err[0] != '\0'));
+	rc = mlfs_npy_check(&h, PTC_FLOAT32, 2, part_shape, &err);
+	CHECK(rc == 0 || (rc == -EINVAL && err.text[0] != '\0' && err.code == rc));
 	for (int dt = 0; dt < PTC_DTYPE_COUNT; dt++) {
-		rc = mlfs_npy_check(&h, dt, h.ndim, h.shape, err, sizeof(err));
-		CHECK(rc == 0 || (rc == -EINVAL && err[0] != '\0'));
+		rc = mlfs_npy_check(&h, dt, h.ndim, h.shape, &err);
+		CHECK(rc == 0 || (rc == -EINVAL && err.text[0] != '\0' && err.code == rc));
 		if (rc == 0)
 			check_reformat(&h, dt);
 	}

@@ -29,7 +29,7 @@ static pid_t etcd_pid = -1;
 static char etcd_dir[] = "/tmp/mlfs-test-etcd-XXXXXX";
 static char endpoint[64];
 static struct net_etcd *E;
-static char why[1024];
+static struct ptc_error why;
 
 static int free_port(void)
 {
@@ -72,15 +72,15 @@ static int etcd_start(void **state)
 		_exit(127);
 	}
 	struct net_http_opts o = {.retries = 0, .timeout_ms = 2000, .deadline_ms = 5000};
-	if (net_etcd_new(endpoint, &o, &E, why, sizeof(why))) {
-		fprintf(stderr, "net_etcd_new: %s\n", why);
+	if (net_etcd_new(endpoint, &o, &E, &why)) {
+		fprintf(stderr, "net_etcd_new: %s\n", why.text);
 		return -1;
 	}
 	/* Up when a read answers (a few hundred ms). */
 	for (int i = 0; i < 200; i++) {
 		struct net_etcd_kv *kvs;
 		size_t n;
-		if (net_etcd_range(E, "/ping", false, &kvs, &n, NULL, NULL, why, sizeof(why)) == 0) {
+		if (net_etcd_range(E, "/ping", false, &kvs, &n, NULL, NULL, &why) == 0) {
 			net_etcd_kvs_free(kvs, n);
 			return 0;
 		}
@@ -93,7 +93,7 @@ static int etcd_start(void **state)
 		}
 		usleep(50000);
 	}
-	fprintf(stderr, "etcd did not answer in 10 s: %s\n", why);
+	fprintf(stderr, "etcd did not answer in 10 s: %s\n", why.text);
 	return -1;
 }
 
@@ -124,12 +124,12 @@ static void test_put_get_delete(void **state)
 	(void)state;
 	struct net_etcd_kv kv;
 
-	assert_int_equal(net_etcd_get(E, "/t1/none", &kv, NULL, why, sizeof(why)), -ENOENT);
+	assert_int_equal(net_etcd_get(E, "/t1/none", &kv, NULL, &why), -ENOENT);
 	/* Binary values of every base64 tail length, NULs included. */
 	for (size_t len = 0; len < 8; len++) {
 		char v[8] = {'\0', 'a', '\xff', '\n', 'b', '\0', '=', '/'};
-		assert_int_equal(net_etcd_put(E, "/t1/k", v, len, 0, NULL, why, sizeof(why)), 0);
-		assert_int_equal(net_etcd_get(E, "/t1/k", &kv, NULL, why, sizeof(why)), 0);
+		assert_int_equal(net_etcd_put(E, "/t1/k", v, len, 0, NULL, &why), 0);
+		assert_int_equal(net_etcd_get(E, "/t1/k", &kv, NULL, &why), 0);
 		assert_string_equal(kv.key, "/t1/k");
 		assert_int_equal(kv.len, len);
 		assert_memory_equal(kv.value, v, len);
@@ -141,14 +141,12 @@ static void test_put_get_delete(void **state)
 	/* A prefix: only its keys, sorted; not "/t1x". */
 	const char *keys[] = {"/t1/b", "/t1/a", "/t1/c/d", "/t1x", "/t0"};
 	for (int i = 0; i < 5; i++)
-		assert_int_equal(net_etcd_put(E, keys[i], keys[i], strlen(keys[i]), 0, NULL, why,
-					      sizeof(why)),
+		assert_int_equal(net_etcd_put(E, keys[i], keys[i], strlen(keys[i]), 0, NULL, &why),
 				 0);
 	struct net_etcd_kv *kvs;
 	size_t n;
 	int64_t rev = 0;
-	assert_int_equal(net_etcd_range(E, "/t1/", true, &kvs, &n, &rev, NULL, why, sizeof(why)),
-			 0);
+	assert_int_equal(net_etcd_range(E, "/t1/", true, &kvs, &n, &rev, NULL, &why), 0);
 	assert_int_equal(n, 4);
 	assert_string_equal(kvs[0].key, "/t1/a");
 	assert_string_equal(kvs[1].key, "/t1/b");
@@ -158,10 +156,10 @@ static void test_put_get_delete(void **state)
 	assert_true(rev >= kvs[1].mod_revision && kvs[1].mod_revision > 0);
 	net_etcd_kvs_free(kvs, n);
 	int64_t deleted = 0;
-	assert_int_equal(net_etcd_delete(E, "/t1/", true, &deleted, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_delete(E, "/t1/", true, &deleted, NULL, &why), 0);
 	assert_int_equal(deleted, 4);
-	assert_int_equal(net_etcd_get(E, "/t1/a", &kv, NULL, why, sizeof(why)), -ENOENT);
-	assert_int_equal(net_etcd_get(E, "/t1x", &kv, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_get(E, "/t1/a", &kv, NULL, &why), -ENOENT);
+	assert_int_equal(net_etcd_get(E, "/t1x", &kv, NULL, &why), 0);
 	free(kv.key);
 	free(kv.value);
 }
@@ -175,20 +173,16 @@ static void test_txn(void **state)
 	struct net_etcd_op put1 = {.kind = NET_ETCD_PUT, .key = "/t2/attempt", .value = "one", .len = 3};
 	struct net_etcd_op put2 = {.kind = NET_ETCD_PUT, .key = "/t2/attempt", .value = "two", .len = 3};
 	struct net_etcd_op mark = {.kind = NET_ETCD_PUT, .key = "/t2/lost", .value = "x", .len = 1};
-	assert_int_equal(net_etcd_txn(E, &absent, 1, &put1, 1, NULL, 0, &ok, NULL, NULL, why,
-				      sizeof(why)),
-			 0);
+	assert_int_equal(net_etcd_txn(E, &absent, 1, &put1, 1, NULL, 0, &ok, NULL, NULL, &why), 0);
 	assert_true(ok);
-	assert_int_equal(net_etcd_txn(E, &absent, 1, &put2, 1, &mark, 1, &ok, NULL, NULL, why,
-				      sizeof(why)),
-			 0);
+	assert_int_equal(net_etcd_txn(E, &absent, 1, &put2, 1, &mark, 1, &ok, NULL, NULL, &why), 0);
 	assert_false(ok);
 	struct net_etcd_kv kv;
-	assert_int_equal(net_etcd_get(E, "/t2/attempt", &kv, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_get(E, "/t2/attempt", &kv, NULL, &why), 0);
 	assert_string_equal(kv.value, "one");
 	free(kv.key);
 	free(kv.value);
-	assert_int_equal(net_etcd_get(E, "/t2/lost", &kv, NULL, why, sizeof(why)), 0); /* else */
+	assert_int_equal(net_etcd_get(E, "/t2/lost", &kv, NULL, &why), 0); /* else */
 	free(kv.key);
 	free(kv.value);
 	/* A commit: "config" := new and "attempt" deleted, only while the
@@ -197,32 +191,24 @@ static void test_txn(void **state)
 	struct net_etcd_cmp theirs = {"/t2/attempt", NET_ETCD_VALUE, NET_ETCD_EQUAL, 0, "two", 3};
 	struct net_etcd_op commit[] = {{.kind = NET_ETCD_PUT, .key = "/t2/config", .value = "v2", .len = 2},
 				       {.kind = NET_ETCD_DELETE, .key = "/t2/attempt"}};
-	assert_int_equal(net_etcd_txn(E, &theirs, 1, commit, 2, NULL, 0, &ok, NULL, NULL, why,
-				      sizeof(why)),
-			 0);
+	assert_int_equal(net_etcd_txn(E, &theirs, 1, commit, 2, NULL, 0, &ok, NULL, NULL, &why), 0);
 	assert_false(ok);
-	assert_int_equal(net_etcd_get(E, "/t2/config", &kv, NULL, why, sizeof(why)), -ENOENT);
+	assert_int_equal(net_etcd_get(E, "/t2/config", &kv, NULL, &why), -ENOENT);
 	int64_t rev = 0;
-	assert_int_equal(net_etcd_txn(E, &mine, 1, commit, 2, NULL, 0, &ok, &rev, NULL, why,
-				      sizeof(why)),
-			 0);
+	assert_int_equal(net_etcd_txn(E, &mine, 1, commit, 2, NULL, 0, &ok, &rev, NULL, &why), 0);
 	assert_true(ok && rev > 0);
-	assert_int_equal(net_etcd_get(E, "/t2/attempt", &kv, NULL, why, sizeof(why)), -ENOENT);
-	assert_int_equal(net_etcd_get(E, "/t2/config", &kv, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_get(E, "/t2/attempt", &kv, NULL, &why), -ENOENT);
+	assert_int_equal(net_etcd_get(E, "/t2/config", &kv, NULL, &why), 0);
 	assert_string_equal(kv.value, "v2");
 	assert_int_equal(kv.mod_revision, rev);
 	free(kv.key);
 	free(kv.value);
 	/* Greater / less on mod revisions. */
 	struct net_etcd_cmp newer = {.key = "/t2/config", .target = NET_ETCD_MOD, .result = NET_ETCD_GREATER, .num = rev - 1};
-	assert_int_equal(net_etcd_txn(E, &newer, 1, NULL, 0, NULL, 0, &ok, NULL, NULL, why,
-				      sizeof(why)),
-			 0);
+	assert_int_equal(net_etcd_txn(E, &newer, 1, NULL, 0, NULL, 0, &ok, NULL, NULL, &why), 0);
 	assert_true(ok);
 	newer.result = NET_ETCD_LESS;
-	assert_int_equal(net_etcd_txn(E, &newer, 1, NULL, 0, NULL, 0, &ok, NULL, NULL, why,
-				      sizeof(why)),
-			 0);
+	assert_int_equal(net_etcd_txn(E, &newer, 1, NULL, 0, NULL, 0, &ok, NULL, NULL, &why), 0);
 	assert_false(ok);
 }
 
@@ -232,23 +218,25 @@ static void test_leases(void **state)
 	int64_t id = 0, ttl = 0;
 	struct net_etcd_kv kv;
 
-	assert_int_equal(net_etcd_lease_grant(E, 5, &id, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_lease_grant(E, 5, &id, NULL, &why), 0);
 	assert_true(id != 0);
-	assert_int_equal(net_etcd_put(E, "/t3/nodes/n0", "up", 2, id, NULL, why, sizeof(why)), 0);
-	assert_int_equal(net_etcd_get(E, "/t3/nodes/n0", &kv, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_put(E, "/t3/nodes/n0", "up", 2, id, NULL, &why), 0);
+	assert_int_equal(net_etcd_get(E, "/t3/nodes/n0", &kv, NULL, &why), 0);
 	assert_int_equal(kv.lease, id);
 	free(kv.key);
 	free(kv.value);
-	assert_int_equal(net_etcd_lease_keepalive(E, id, &ttl, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_lease_keepalive(E, id, &ttl, NULL, &why), 0);
 	assert_true(ttl > 0 && ttl <= 5);
 	/* Revoked: its keys vanish at once, and it cannot be kept alive. */
-	assert_int_equal(net_etcd_lease_revoke(E, id, NULL, why, sizeof(why)), 0);
-	assert_int_equal(net_etcd_get(E, "/t3/nodes/n0", &kv, NULL, why, sizeof(why)), -ENOENT);
-	assert_int_equal(net_etcd_lease_keepalive(E, id, &ttl, NULL, why, sizeof(why)), -ENOENT);
-	assert_non_null(strstr(why, "expired"));
+	assert_int_equal(net_etcd_lease_revoke(E, id, NULL, &why), 0);
+	assert_int_equal(net_etcd_get(E, "/t3/nodes/n0", &kv, NULL, &why), -ENOENT);
+	assert_int_equal(net_etcd_lease_keepalive(E, id, &ttl, NULL, &why), -ENOENT);
+	assert_non_null(strstr(why.text, "expired"));
+	assert_int_equal(why.code, -ENOENT);
 	/* A put bound to a lease that does not exist is refused by etcd. */
-	assert_int_equal(net_etcd_put(E, "/t3/x", "y", 1, id, NULL, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "lease"));
+	assert_int_equal(net_etcd_put(E, "/t3/x", "y", 1, id, NULL, &why), -EIO);
+	assert_non_null(strstr(why.text, "lease"));
+	assert_int_equal(why.code, -EIO);
 }
 
 struct putter {
@@ -260,12 +248,12 @@ struct putter {
 static void *put_later(void *arg)
 {
 	struct putter *p = arg;
-	char w[256];
+	struct ptc_error w;
 	usleep((useconds_t)p->delay_ms * 1000);
 	if (p->del)
-		net_etcd_delete(E, p->key, false, NULL, NULL, w, sizeof(w));
+		net_etcd_delete(E, p->key, false, NULL, NULL, &w);
 	else
-		net_etcd_put(E, p->key, "v", 1, 0, NULL, w, sizeof(w));
+		net_etcd_put(E, p->key, "v", 1, 0, NULL, &w);
 	return NULL;
 }
 
@@ -282,10 +270,10 @@ static void test_wait(void **state)
 	uint64_t st = 0;
 	pthread_t th;
 
-	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 1000, NULL, why, sizeof(why)), 0); /* now */
+	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 1000, NULL, &why), 0); /* now */
 	assert_true(st != 0);
 	int64_t t0 = now_ms();
-	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 150, NULL, why, sizeof(why)), -ETIMEDOUT);
+	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 150, NULL, &why), -ETIMEDOUT);
 	assert_true(now_ms() - t0 >= 150);
 	/* A new key, a changed key and a deletion each wake it; a key outside
 	 * the prefix does not. */
@@ -296,13 +284,13 @@ static void test_wait(void **state)
 		pthread_join(th, NULL);
 		pthread_create(&th, NULL, put_later, &steps[i]);
 		t0 = now_ms();
-		assert_int_equal(net_etcd_wait(E, "/t4/", &st, 5000, NULL, why, sizeof(why)), 0);
+		assert_int_equal(net_etcd_wait(E, "/t4/", &st, 5000, NULL, &why), 0);
 		int64_t took = now_ms() - t0;
 		pthread_join(th, NULL);
 		assert_true(took >= 50 && took < 2000);
 	}
 	atomic_int stop = 1;
-	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 5000, &stop, why, sizeof(why)), -ECANCELED);
+	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 5000, &stop, &why), -ECANCELED);
 }
 
 
@@ -366,19 +354,18 @@ static void test_watch(void **state)
 
 	/* A change made between the range and the watch is not missed: the
 	 * watch starts at the revision after the range's. */
-	assert_int_equal(net_etcd_put(E, "/t5/a", "1", 1, 0, NULL, why, sizeof(why)), 0);
-	assert_int_equal(net_etcd_range(E, "/t5/", true, &kvs, &n, &rev, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_put(E, "/t5/a", "1", 1, 0, NULL, &why), 0);
+	assert_int_equal(net_etcd_range(E, "/t5/", true, &kvs, &n, &rev, NULL, &why), 0);
 	net_etcd_kvs_free(kvs, n);
-	assert_int_equal(net_etcd_put(E, "/t5/b", "2", 1, 0, NULL, why, sizeof(why)), 0);
-	assert_int_equal(net_etcd_watch_start(E, "/t5/", rev + 1, on_watch, &s, &w, why, sizeof(why)),
-			 0);
+	assert_int_equal(net_etcd_put(E, "/t5/b", "2", 1, 0, NULL, &why), 0);
+	assert_int_equal(net_etcd_watch_start(E, "/t5/", rev + 1, on_watch, &s, &w, &why), 0);
 	assert_true(seen_wait(&s, "P /t5/b=2@"));
 	assert_null(strstr(s.log, "/t5/a")); /* before the start revision */
 	/* Puts and deletes under the prefix, in order; other keys not. */
-	assert_int_equal(net_etcd_put(E, "/t6/x", "no", 2, 0, NULL, why, sizeof(why)), 0);
-	assert_int_equal(net_etcd_put(E, "/t5/a", "3", 1, 0, NULL, why, sizeof(why)), 0);
-	assert_int_equal(net_etcd_delete(E, "/t5/b", false, NULL, NULL, why, sizeof(why)), 0);
-	assert_int_equal(net_etcd_range(E, "/t5/", true, &kvs, &n, &rev2, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_put(E, "/t6/x", "no", 2, 0, NULL, &why), 0);
+	assert_int_equal(net_etcd_put(E, "/t5/a", "3", 1, 0, NULL, &why), 0);
+	assert_int_equal(net_etcd_delete(E, "/t5/b", false, NULL, NULL, &why), 0);
+	assert_int_equal(net_etcd_range(E, "/t5/", true, &kvs, &n, &rev2, NULL, &why), 0);
 	net_etcd_kvs_free(kvs, n);
 	snprintf(want, sizeof(want), "D /t5/b@%lld;", (long long)rev2);
 	assert_true(seen_wait(&s, want));
@@ -392,7 +379,7 @@ static void test_watch(void **state)
 	assert_non_null(v);
 	memset(v, 'z', big);
 	memcpy(v + big - 3, "end", 3);
-	assert_int_equal(net_etcd_put(E, "/t5/big", v, big, 0, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_etcd_put(E, "/t5/big", v, big, 0, NULL, &why), 0);
 	free(v);
 	assert_true(seen_wait(&s, "P /t5/big=300000...end@"));
 	/* An idle watch makes no request: stopping it ends it at once. */
@@ -412,10 +399,10 @@ static void test_etcd_gone(void **state)
 	(void)state;
 	struct net_etcd_kv kv;
 	struct net_etcd *bad;
-	assert_int_equal(net_etcd_new("ftp://x", NULL, &bad, why, sizeof(why)), -EINVAL);
-	assert_int_equal(net_etcd_watch_start(E, "/t7/", 0, on_watch, &gone_seen, &gone_watch, why,
-					      sizeof(why)),
-			 0);
+	assert_int_equal(net_etcd_new("ftp://x", NULL, &bad, &why), -EINVAL);
+	assert_int_equal(why.code, -EINVAL);
+	assert_int_equal(
+	    net_etcd_watch_start(E, "/t7/", 0, on_watch, &gone_seen, &gone_watch, &why), 0);
 	for (int i = 0; i < 500 && !gone_seen.created; i++)
 		usleep(10000);
 	assert_true(gone_seen.created > 0);
@@ -427,10 +414,11 @@ static void test_etcd_gone(void **state)
 	assert_non_null(strstr(net_etcd_watch_error(gone_watch), "etcd watch"));
 	net_etcd_watch_stop(gone_watch);
 	int64_t t0 = now_ms();
-	int rc = net_etcd_get(E, "/t1x", &kv, NULL, why, sizeof(why));
+	int rc = net_etcd_get(E, "/t1x", &kv, NULL, &why);
 	assert_int_equal(rc, -EIO);
-	assert_non_null(strstr(why, endpoint));
-	assert_non_null(strstr(why, "/v3/kv/range"));
+	assert_non_null(strstr(why.text, endpoint));
+	assert_non_null(strstr(why.text, "/v3/kv/range"));
+	assert_int_equal(why.code, rc);
 	assert_true(now_ms() - t0 < 6000); /* the client's deadline (5 s) */
 }
 

@@ -70,7 +70,7 @@ static void assert_unit(const json_t *root, const char *name, int unit)
  * naming @want, or succeeds (@want NULL). */
 static void assert_layout(const json_t *root, const char *cfg, const char *want)
 {
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	struct ptc_schema *s = NULL;
 	struct ptc_config *c = NULL;
 	struct ptc_layout l;
@@ -140,7 +140,7 @@ static void assert_common(const json_t *root, const char *model, int layers, con
 /* Parses @root, from the object and from its text, and checks the expansion. */
 static void assert_parses(const json_t *root, int ntensors, bool tied)
 {
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	struct ptc_schema *s = NULL;
 	char *text = json_dumps(root, 0);
 
@@ -174,7 +174,7 @@ static void test_gpt_defaults(void **state)
 {
 	struct ptc_gen_args a = {
 	    .layers = 2, .hidden = 64, .heads = 4, .vocab = 1000, .dtype = PTC_BFLOAT16};
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	json_t *root = ptc_gen_megatron_gpt(&a, &err);
 	(void)state;
 
@@ -229,7 +229,7 @@ static void test_gpt_tied_custom(void **state)
 				 .seq = 128,
 				 .tied = true,
 				 .dtype = PTC_FLOAT16};
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	json_t *root = ptc_gen_megatron_gpt(&a, &err);
 	(void)state;
 
@@ -271,7 +271,7 @@ static void test_llama_gqa(void **state)
 				 .kv_heads = 2,
 				 .vocab = 32000,
 				 .dtype = PTC_BFLOAT16};
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	json_t *root = ptc_gen_llama(&a, &err), *t;
 	size_t i;
 	(void)state;
@@ -340,7 +340,7 @@ static void test_llama_sizes(void **state)
 					 .vocab = 32000,
 					 .tied = true,
 					 .dtype = PTC_FLOAT32};
-		struct ptc_error err = {""};
+		struct ptc_error err = {.text = ""};
 		json_t *root = ptc_gen_llama(&a, &err);
 		json_int_t h = sizes[i].hidden;
 
@@ -368,7 +368,7 @@ static void test_llama_explicit_ffn(void **state)
 				 .ffn = 90,
 				 .seq = 4096,
 				 .dtype = PTC_BFLOAT16};
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	json_t *root = ptc_gen_llama(&a, &err);
 	(void)state;
 
@@ -416,14 +416,14 @@ static void test_bad_args(void **state)
 
 	for (int m = 0; m < 2; m++) {
 		for (int i = 0; i < n; i++) {
-			struct ptc_error err = {""};
+			struct ptc_error err = {.text = ""};
 			char want[PTC_ERROR_MAX];
 
 			snprintf(want, sizeof(want), "%s: %s", models[m], msg[i]);
 			assert_null(fns[m](&bad[i], &err));
 			assert_string_equal(err.text, want);
 		}
-		struct ptc_error err = {""};
+		struct ptc_error err = {.text = ""};
 		json_t *root = fns[m](&ok, &err);
 		assert_non_null(root);
 		assert_string_equal(err.text, "");
@@ -439,7 +439,7 @@ static void test_bad_kv_heads(void **state)
 				 .kv_heads = 3,
 				 .vocab = 100,
 				 .dtype = PTC_BFLOAT16};
-	struct ptc_error err = {""};
+	struct ptc_error err = {.text = ""};
 	(void)state;
 
 	assert_null(ptc_gen_llama(&a, &err));
@@ -486,7 +486,7 @@ static void test_out_of_memory(void **state)
 		int limit;
 
 		for (limit = 0; !root; limit++) {
-			struct ptc_error err = {""};
+			struct ptc_error err = {.text = ""};
 
 			allocs_left = limit;
 			json_set_alloc_funcs(failing_malloc, free);

@@ -56,9 +56,9 @@ static struct net_http *client(int retries)
 	struct net_http_opts o = {
 	    .retries = retries, .backoff_ms = 1, .max_backoff_ms = 4, .timeout_ms = 5000};
 	struct net_http *c;
-	char why[WHY_LEN];
+	struct ptc_error why;
 
-	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
+	assert_int_equal(net_http_new(&o, &c, &why), 0);
 	assert_non_null(c);
 	return c;
 }
@@ -116,15 +116,16 @@ static void remove_files(void)
 /* GET /__set?@query on @port. */
 static void server_set(int port, const char *query)
 {
-	char url[MAX_URL], q[256], why[WHY_LEN];
+	char url[MAX_URL], q[256];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 
 	snprintf(q, sizeof(q), "__set?%s", query);
 	url_of(url, port, q);
-	int rc = net_http_get(ctl, url, 4096, &data, &len, NULL, why, sizeof(why));
+	int rc = net_http_get(ctl, url, 4096, &data, &len, NULL, &why);
 	if (rc)
-		print_error("%s\n", why);
+		print_error("%s\n", why.text);
 	assert_int_equal(rc, 0);
 	free(data);
 }
@@ -132,12 +133,13 @@ static void server_set(int port, const char *query)
 /* The server's counters: file requests and POSTs, failed ones, connections. */
 static void server_stats(int port, long *requests, long *failed, long *connections)
 {
-	char url[MAX_URL], why[WHY_LEN];
+	char url[MAX_URL];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 
 	url_of(url, port, "__stats");
-	assert_int_equal(net_http_get(ctl, url, 4096, &data, &len, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_http_get(ctl, url, 4096, &data, &len, NULL, &why), 0);
 	assert_int_equal(
 	    sscanf((char *)data, "{\"requests\": %ld, \"failed\": %ld", requests, failed), 2);
 	const char *c = strstr((char *)data, "\"connections\": ");
@@ -159,7 +161,7 @@ static int http_teardown(void **state)
 /* The files, the server and the control client. */
 static int http_setup(void **state)
 {
-	char why[WHY_LEN];
+	struct ptc_error why;
 
 	if (make_files()) {
 		fprintf(stderr, "test_net: cannot write the test files\n");
@@ -167,7 +169,7 @@ static int http_setup(void **state)
 		return -1;
 	}
 	unit_server_start(&srv, dir, NULL);
-	assert_int_equal(net_http_new(NULL, &ctl, why, sizeof(why)), 0);
+	assert_int_equal(net_http_new(NULL, &ctl, &why), 0);
 	http_started = true;
 	return 0;
 }
@@ -176,13 +178,13 @@ static int http_setup(void **state)
 
 /* Feeds @lines (NULL-terminated) to a reply of request [@a, @b] / @max. */
 static int feed(struct net_reply *r, int64_t a, int64_t b, int64_t max, const char *const *lines,
-		char *msg, size_t msglen)
+		struct ptc_error *err)
 {
 	int rc = 0;
 
 	net_reply_init(r, a, b, max);
 	for (; *lines && rc >= 0; lines++)
-		rc = net_reply_header(r, *lines, strlen(*lines), msg, msglen);
+		rc = net_reply_header(r, *lines, strlen(*lines), err);
 	return rc;
 }
 
@@ -190,7 +192,7 @@ static void test_parse_headers(void **state)
 {
 	(void)state;
 	struct net_reply r;
-	char msg[160];
+	struct ptc_error msg;
 
 	/* A 206, CR LF kept or not, names in any case, blanks around values. */
 	const char *const ok[] = {"HTTP/1.1 206 Partial Content\r\n",
@@ -199,15 +201,14 @@ static void test_parse_headers(void **state)
 				  "X-Other: 1\r\n",
 				  "\r\n",
 				  NULL};
-	assert_int_equal(feed(&r, 0, 99, 100, ok, msg, sizeof(msg)), 0);
+	assert_int_equal(feed(&r, 0, 99, 100, ok, &msg), 0);
 	assert_int_equal(r.status, 206);
 	assert_true(r.have_clen && r.have_cr && !r.cr_unsat);
 	assert_int_equal(r.clen, 100);
 	assert_int_equal(r.cr_first, 0);
 	assert_int_equal(r.cr_last, 99);
 	assert_int_equal(r.cr_total, 300007);
-	assert_int_equal(net_reply_header(&r, "HTTP/2 416", 10, msg, sizeof(msg)),
-			 NET_HEADER_STATUS);
+	assert_int_equal(net_reply_header(&r, "HTTP/2 416", 10, &msg), NET_HEADER_STATUS);
 	assert_int_equal(r.status, 416); /* a new reply forgets the last */
 	assert_false(r.have_clen || r.have_cr);
 
@@ -229,121 +230,125 @@ static void test_parse_headers(void **state)
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
 		const char *lines[] = {"HTTP/1.1 206", bad[i], NULL};
-		assert_int_equal(feed(&r, 0, 9, 10, lines, msg, sizeof(msg)), 0);
+		assert_int_equal(feed(&r, 0, 9, 10, lines, &msg), 0);
 		if (r.have_cr || r.have_clen || r.cr_unsat)
 			print_error("\"%s\" was read\n", bad[i]);
 		assert_false(r.have_cr || r.have_clen || r.cr_unsat);
 	}
 	const char *const star[] = {"HTTP/1.0 416 Range Not Satisfiable",
 				    "Content-Range: bytes */100", NULL};
-	assert_int_equal(feed(&r, 200, 209, 10, star, msg, sizeof(msg)), 0);
+	assert_int_equal(feed(&r, 200, 209, 10, star, &msg), 0);
 	assert_true(r.cr_unsat && !r.have_cr);
 	assert_int_equal(r.cr_total, 100);
 	const char *const open[] = {"HTTP/1.1 206", "Content-Range: bytes 3-4/*", NULL};
-	assert_int_equal(feed(&r, 3, 4, 2, open, msg, sizeof(msg)), 0);
+	assert_int_equal(feed(&r, 3, 4, 2, open, &msg), 0);
 	assert_true(r.have_cr);
 	assert_int_equal(r.cr_total, -1);
 
 	/* Bad status lines leave status 0; a whole 200 over max is -EFBIG at once. */
 	const char *const nostat[] = {"HTTP/1.1 99 Low", NULL};
-	assert_int_equal(feed(&r, -1, -1, 10, nostat, msg, sizeof(msg)), NET_HEADER_STATUS);
+	assert_int_equal(feed(&r, -1, -1, 10, nostat, &msg), NET_HEADER_STATUS);
 	assert_int_equal(r.status, 0);
 	const char *const big_[] = {"HTTP/1.1 200 OK", "Content-Length: 11", NULL};
-	assert_int_equal(feed(&r, -1, -1, 10, big_, msg, sizeof(msg)), -EFBIG);
-	assert_string_equal(msg, "holds 11 bytes, more than 10");
+	assert_int_equal(feed(&r, -1, -1, 10, big_, &msg), -EFBIG);
+	assert_string_equal(msg.text, "holds 11 bytes, more than 10");
+	assert_int_equal(msg.code, -EFBIG);
 }
 
 /* Runs a reply of @lines and @body chunk sizes (0-terminated) through end. */
 static enum net_verdict judge(int64_t a, int64_t b, int64_t max, const char *const *lines,
-			      const size_t *chunks, int *body_rc, int64_t *size, char *msg,
-			      size_t msglen)
+			      const size_t *chunks, int *body_rc, int64_t *size,
+			      struct ptc_error *err)
 {
 	struct net_reply r;
 
-	assert_true(feed(&r, a, b, max, lines, msg, msglen) >= 0);
+	assert_true(feed(&r, a, b, max, lines, err) >= 0);
 	*body_rc = NET_BODY_KEEP;
 	for (; *chunks; chunks++)
-		if ((*body_rc = net_reply_body(&r, *chunks, msg, msglen)) < 0)
+		if ((*body_rc = net_reply_body(&r, *chunks, err)) < 0)
 			return NET_FATAL;
-	return net_reply_end(&r, size, msg, msglen);
+	return net_reply_end(&r, size, err);
 }
 
 static void test_parse_judge(void **state)
 {
 	(void)state;
-	char msg[160];
+	struct ptc_error msg;
 	int64_t size;
 	int brc;
 	static const size_t n30[] = {10, 20, 0}, n31[] = {31, 0}, n20[] = {20, 0}, none[] = {0};
 
 	/* The bytes asked, or those before the object's end. */
 	const char *const full[] = {"HTTP/1.1 206", "Content-Range: bytes 10-39/1000", NULL};
-	assert_int_equal(judge(10, 39, 30, full, n30, &brc, &size, msg, sizeof(msg)), NET_OK);
+	assert_int_equal(judge(10, 39, 30, full, n30, &brc, &size, &msg), NET_OK);
 	assert_int_equal(size, 1000);
 	const char *const tail[] = {"HTTP/1.1 206", "Content-Range: bytes 10-29/30", NULL};
-	assert_int_equal(judge(10, 39, 30, tail, n20, &brc, &size, msg, sizeof(msg)), NET_OK);
+	assert_int_equal(judge(10, 39, 30, tail, n20, &brc, &size, &msg), NET_OK);
 	assert_int_equal(size, 30);
 	const char *const past[] = {"HTTP/1.1 416", "Content-Range: bytes */10", NULL};
-	assert_int_equal(judge(10, 39, 30, past, n20, &brc, &size, msg, sizeof(msg)), NET_OK);
+	assert_int_equal(judge(10, 39, 30, past, n20, &brc, &size, &msg), NET_OK);
 	assert_int_equal(brc, NET_BODY_DROP);
 	assert_int_equal(size, 10);
 	const char *const whole[] = {"HTTP/1.1 200", "Content-Length: 20", NULL};
-	assert_int_equal(judge(0, 39, 40, whole, n20, &brc, &size, msg, sizeof(msg)), NET_OK);
+	assert_int_equal(judge(0, 39, 40, whole, n20, &brc, &size, &msg), NET_OK);
 	assert_int_equal(size, 20);
 
 	/* A 416 whose size says the range exists contradicts itself. */
 	const char *const lie[] = {"HTTP/1.1 416", "Content-Range: bytes */1000", NULL};
-	assert_int_equal(judge(10, 39, 30, lie, none, &brc, &size, msg, sizeof(msg)), NET_FATAL);
-	assert_string_equal(msg, "HTTP 416");
+	assert_int_equal(judge(10, 39, 30, lie, none, &brc, &size, &msg), NET_FATAL);
+	assert_string_equal(msg.text, "HTTP 416");
+	assert_int_equal(msg.code, -EIO);
 	assert_int_equal(size, -1);
 
 	/* Wrong replies. */
 	const char *const shifted[] = {"HTTP/1.1 206", "Content-Range: bytes 11-40/1000", NULL};
-	assert_int_equal(judge(10, 39, 30, shifted, n30, &brc, &size, msg, sizeof(msg)), NET_FATAL);
+	assert_int_equal(judge(10, 39, 30, shifted, n30, &brc, &size, &msg), NET_FATAL);
 	assert_int_equal(brc, -EIO);
-	assert_string_equal(msg, "Content-Range bytes 11-40 for bytes 10-39 asked");
-	assert_int_equal(judge(10, 39, 30, full, n31, &brc, &size, msg, sizeof(msg)), NET_FATAL);
-	assert_string_equal(msg, "body longer than its Content-Range");
-	assert_int_equal(judge(10, 39, 30, full, n20, &brc, &size, msg, sizeof(msg)), NET_RETRY);
-	assert_string_equal(msg, "short body: 20 of 30 bytes");
+	assert_string_equal(msg.text, "Content-Range bytes 11-40 for bytes 10-39 asked");
+	assert_int_equal(msg.code, brc);
+	assert_int_equal(judge(10, 39, 30, full, n31, &brc, &size, &msg), NET_FATAL);
+	assert_string_equal(msg.text, "body longer than its Content-Range");
+	assert_int_equal(judge(10, 39, 30, full, n20, &brc, &size, &msg), NET_RETRY);
+	assert_string_equal(msg.text, "short body: 20 of 30 bytes");
+	assert_int_equal(msg.code, -EIO);
 	const char *const early[] = {"HTTP/1.1 206", "Content-Range: bytes 10-29/1000", NULL};
-	assert_int_equal(judge(10, 39, 30, early, n20, &brc, &size, msg, sizeof(msg)), NET_RETRY);
-	assert_string_equal(msg, "Content-Range ends at byte 29, 39 expected");
+	assert_int_equal(judge(10, 39, 30, early, n20, &brc, &size, &msg), NET_RETRY);
+	assert_string_equal(msg.text, "Content-Range ends at byte 29, 39 expected");
 	const char *const nocr[] = {"HTTP/1.1 206", NULL};
-	assert_int_equal(judge(10, 39, 30, nocr, none, &brc, &size, msg, sizeof(msg)), NET_RETRY);
-	assert_string_equal(msg, "HTTP 206 without a valid Content-Range");
-	assert_int_equal(judge(10, 39, 30, whole, n20, &brc, &size, msg, sizeof(msg)), NET_FATAL);
-	assert_string_equal(msg, "HTTP 200 to a range request");
+	assert_int_equal(judge(10, 39, 30, nocr, none, &brc, &size, &msg), NET_RETRY);
+	assert_string_equal(msg.text, "HTTP 206 without a valid Content-Range");
+	assert_int_equal(judge(10, 39, 30, whole, n20, &brc, &size, &msg), NET_FATAL);
+	assert_string_equal(msg.text, "HTTP 200 to a range request");
 	const char *const noclen[] = {"HTTP/1.1 200", NULL};
-	assert_int_equal(judge(0, 39, 40, noclen, n20, &brc, &size, msg, sizeof(msg)), NET_RETRY);
-	assert_string_equal(msg, "HTTP 200 without a matching Content-Length");
-	assert_int_equal(judge(0, 9, 10, whole, n20, &brc, &size, msg, sizeof(msg)), NET_FATAL);
-	assert_string_equal(msg, "HTTP 200 with more than the 10 bytes asked");
+	assert_int_equal(judge(0, 39, 40, noclen, n20, &brc, &size, &msg), NET_RETRY);
+	assert_string_equal(msg.text, "HTTP 200 without a matching Content-Length");
+	assert_int_equal(judge(0, 9, 10, whole, n20, &brc, &size, &msg), NET_FATAL);
+	assert_string_equal(msg.text, "HTTP 200 with more than the 10 bytes asked");
 
 	/* Statuses: retried or not; error pages dropped; no status at all. */
 	const char *const s503[] = {"HTTP/1.1 503", NULL}, *const s404[] = {"HTTP/1.1 404", NULL};
-	assert_int_equal(judge(0, 9, 10, s503, n20, &brc, &size, msg, sizeof(msg)), NET_RETRY);
+	assert_int_equal(judge(0, 9, 10, s503, n20, &brc, &size, &msg), NET_RETRY);
 	assert_int_equal(brc, NET_BODY_DROP);
-	assert_string_equal(msg, "HTTP 503");
-	assert_int_equal(judge(-1, -1, 10, s404, n20, &brc, &size, msg, sizeof(msg)), NET_FATAL);
-	assert_string_equal(msg, "HTTP 404");
+	assert_string_equal(msg.text, "HTTP 503");
+	assert_int_equal(judge(-1, -1, 10, s404, n20, &brc, &size, &msg), NET_FATAL);
+	assert_string_equal(msg.text, "HTTP 404");
 	const char *const nothing[] = {NULL};
-	assert_int_equal(judge(-1, -1, 10, nothing, none, &brc, &size, msg, sizeof(msg)),
-			 NET_RETRY);
-	assert_string_equal(msg, "no HTTP status");
+	assert_int_equal(judge(-1, -1, 10, nothing, none, &brc, &size, &msg), NET_RETRY);
+	assert_string_equal(msg.text, "no HTTP status");
 	for (long st = 100; st < 1000; st++)
 		assert_int_equal(net_status_retryable(st), st >= 500 || st == 408 || st == 429);
 
 	/* Whole objects: max bounds the body, Content-Length must match. */
-	assert_int_equal(judge(-1, -1, 20, whole, n20, &brc, &size, msg, sizeof(msg)), NET_OK);
+	assert_int_equal(judge(-1, -1, 20, whole, n20, &brc, &size, &msg), NET_OK);
 	assert_int_equal(size, 20);
 	const char *const nolen[] = {"HTTP/1.1 200", NULL};
-	assert_int_equal(judge(-1, -1, 19, nolen, n20, &brc, &size, msg, sizeof(msg)), NET_FATAL);
+	assert_int_equal(judge(-1, -1, 19, nolen, n20, &brc, &size, &msg), NET_FATAL);
 	assert_int_equal(brc, -EFBIG);
-	assert_string_equal(msg, "holds more than 19 bytes");
+	assert_string_equal(msg.text, "holds more than 19 bytes");
+	assert_int_equal(msg.code, brc);
 	const char *const more[] = {"HTTP/1.1 200", "Content-Length: 30", NULL};
-	assert_int_equal(judge(-1, -1, 40, more, n20, &brc, &size, msg, sizeof(msg)), NET_RETRY);
-	assert_string_equal(msg, "short body: 20 of 30 bytes");
+	assert_int_equal(judge(-1, -1, 40, more, n20, &brc, &size, &msg), NET_RETRY);
+	assert_string_equal(msg.text, "short body: 20 of 30 bytes");
 }
 
 /* ------------------------------------------------------------ the client */
@@ -365,24 +370,25 @@ static void test_url_check(void **state)
 	    {"http://h/a b", "http://h/a b: URI holds a space or control character"},
 	    {"http://h/a\r\nX: y", "http://h/a\r\nX: y: URI holds a space or control character"},
 	};
-	char why[WHY_LEN];
+	struct ptc_error why;
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
-		int rc = net_url_check(cases[i].url, why, sizeof(why));
+		int rc = net_url_check(cases[i].url, &why);
 		assert_int_equal(rc, cases[i].why[0] ? -EINVAL : 0);
-		assert_string_equal(why, cases[i].why);
+		assert_string_equal(why.text, cases[i].why);
+		assert_int_equal(why.code, rc);
 	}
-	assert_int_equal(net_url_check(NULL, why, sizeof(why)), -EINVAL);
-	assert_int_equal(net_url_check(NULL, NULL, 0), -EINVAL);
+	assert_int_equal(net_url_check(NULL, &why), -EINVAL);
+	assert_int_equal(net_url_check(NULL, NULL), -EINVAL);
 	char *longurl = malloc(NET_MAX_URL + 2);
 	assert_non_null(longurl);
 	memset(longurl, 'x', NET_MAX_URL + 1);
 	memcpy(longurl, "http://", 7);
 	longurl[NET_MAX_URL + 1] = 0;
-	assert_int_equal(net_url_check(longurl, why, sizeof(why)), -EINVAL);
-	assert_non_null(strstr(why, "...: URI longer than 4096 bytes"));
+	assert_int_equal(net_url_check(longurl, &why), -EINVAL);
+	assert_non_null(strstr(why.text, "...: URI longer than 4096 bytes"));
 	longurl[NET_MAX_URL] = 0;
-	assert_int_equal(net_url_check(longurl, why, sizeof(why)), 0);
+	assert_int_equal(net_url_check(longurl, &why), 0);
 	free(longurl);
 }
 
@@ -393,18 +399,20 @@ static void test_new(void **state)
 	static const char *const bad[] = {"NoColon", ": v", "Bad Name: v", "X: a\r\nY: b"};
 	struct net_http_opts o = {.headers = good};
 	struct net_http *c = (struct net_http *)1;
-	char why[WHY_LEN];
+	struct ptc_error why;
 
-	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
-	assert_string_equal(why, "");
+	assert_int_equal(net_http_new(&o, &c, &why), 0);
+	assert_string_equal(why.text, "");
+	assert_int_equal(why.code, 0);
 	net_http_free(c);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
 		const char *one[] = {bad[i], NULL};
 		o.headers = one;
-		assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), -EINVAL);
+		assert_int_equal(net_http_new(&o, &c, &why), -EINVAL);
 		assert_null(c);
-		assert_non_null(strstr(why, "net_http_opts.headers: \""));
-		assert_non_null(strstr(why, "is not \"Name: value\" on one line"));
+		assert_non_null(strstr(why.text, "net_http_opts.headers: \""));
+		assert_non_null(strstr(why.text, "is not \"Name: value\" on one line"));
+		assert_int_equal(why.code, -EINVAL);
 	}
 	net_http_free(NULL);
 }
@@ -416,7 +424,7 @@ static void check_range(struct net_http *c, const char *url, int64_t off, int64_
 	uint8_t *dst = malloc((size_t)len);
 	struct iovec *iov = calloc((size_t)nbuf, sizeof(*iov));
 	int64_t at = 0;
-	char why[WHY_LEN];
+	struct ptc_error why;
 
 	assert_true(dst && iov);
 	memset(dst, 0x5a, (size_t)len);
@@ -428,9 +436,9 @@ static void check_range(struct net_http *c, const char *url, int64_t off, int64_
 		at += n;
 	}
 	struct net_http_range r = {.off = off, .len = len, .iov = iov, .iovcnt = nbuf};
-	int rc = net_http_get_range(c, url, &r, NULL, why, sizeof(why));
+	int rc = net_http_get_range(c, url, &r, NULL, &why);
 	if (rc)
-		print_error("%s\n", why);
+		print_error("%s\n", why.text);
 	assert_int_equal(rc, 0);
 	assert_int_equal(r.got, len);
 	assert_int_equal(r.size, BIG_SIZE);
@@ -443,7 +451,8 @@ static void test_range(void **state)
 {
 	(void)state;
 	struct net_http *c = client(0);
-	char url[MAX_URL], why[WHY_LEN];
+	char url[MAX_URL];
+	struct ptc_error why;
 	long req, failed, conns;
 
 	server_set(srv.port, "fail_rate=0&reset=1");
@@ -465,17 +474,17 @@ static void test_range(void **state)
 	struct net_http_range r = {.off = 96, .len = 36, .iov = &v, .iovcnt = 1};
 	v.iov_len = 36;
 	url_of(url, srv.port, "small.bin");
-	assert_int_equal(net_http_get_range(c, url, &r, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_http_get_range(c, url, &r, NULL, &why), 0);
 	assert_int_equal(r.got, 4);
 	assert_int_equal(r.size, SMALL_SIZE);
 	assert_memory_equal(d, big + 96, 4);
 	r.off = 100; /* a 416 */
-	assert_int_equal(net_http_get_range(c, url, &r, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_http_get_range(c, url, &r, NULL, &why), 0);
 	assert_int_equal(r.got, 0);
 	assert_int_equal(r.size, SMALL_SIZE);
 	url_of(url, srv.port, "empty.bin");
 	r.off = 0;
-	assert_int_equal(net_http_get_range(c, url, &r, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_http_get_range(c, url, &r, NULL, &why), 0);
 	assert_int_equal(r.got, 0);
 	assert_int_equal(r.size, 0);
 
@@ -493,12 +502,12 @@ static void test_range(void **state)
 	    {.off = 0, .len = 20, .iov = hole, .iovcnt = 2},
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
-		assert_int_equal(net_http_get_range(c, url, &bad[i], NULL, why, sizeof(why)),
-				 -EINVAL);
-		assert_non_null(strstr(why, url));
+		assert_int_equal(net_http_get_range(c, url, &bad[i], NULL, &why), -EINVAL);
+		assert_non_null(strstr(why.text, url));
+		assert_int_equal(why.code, -EINVAL);
 	}
 	r = (struct net_http_range){.off = 0, .len = 20, .iov = two, .iovcnt = 2};
-	assert_int_equal(net_http_get_range(c, "s3://b/k", &r, NULL, why, sizeof(why)), -EINVAL);
+	assert_int_equal(net_http_get_range(c, "s3://b/k", &r, NULL, &why), -EINVAL);
 	assert_int_equal(stats(c).requests, before);
 	net_http_free(c);
 }
@@ -520,7 +529,8 @@ static void test_range_modes(void **state)
 	    {"truncate", NULL},
 	    {"drop", NULL},
 	};
-	char url[MAX_URL], q[128], why[WHY_LEN], want[WHY_LEN];
+	char url[MAX_URL], q[128], want[WHY_LEN];
+	struct ptc_error why;
 	uint8_t dst[3000];
 	struct iovec v = {dst, sizeof(dst)};
 
@@ -531,12 +541,13 @@ static void test_range_modes(void **state)
 		long req, failed, conns;
 		snprintf(q, sizeof(q), "fail_rate=1&modes=%s&reset=1", modes[m].mode);
 		server_set(srv.port, q);
-		assert_int_equal(net_http_get_range(c, url, &r, NULL, why, sizeof(why)), -EIO);
+		assert_int_equal(net_http_get_range(c, url, &r, NULL, &why), -EIO);
+		assert_int_equal(why.code, -EIO);
 		snprintf(want, sizeof(want), "%s: %s", url, modes[m].why ? modes[m].why : "");
-		if (modes[m].why
-			? strcmp(why, want) != 0
-			: strncmp(why, want, strlen(want)) || !strstr(why, "after 3 attempts")) {
-			print_error("mode %s: \"%s\"\n", modes[m].mode, why);
+		if (modes[m].why ? strcmp(why.text, want) != 0
+				 : strncmp(why.text, want, strlen(want)) ||
+				       !strstr(why.text, "after 3 attempts")) {
+			print_error("mode %s: \"%s\"\n", modes[m].mode, why.text);
 			fail();
 		}
 		assert_int_equal(r.got, 0);
@@ -557,23 +568,24 @@ static void test_get(void **state)
 {
 	(void)state;
 	struct net_http *c = client(3);
-	char url[MAX_URL], want[WHY_LEN], why[WHY_LEN];
+	char url[MAX_URL], want[WHY_LEN];
+	struct ptc_error why;
 	uint8_t *data = (uint8_t *)1;
 	size_t len = 1;
 
 	server_set(srv.port, "fail_rate=0&reset=1");
 	url_of(url, srv.port, "index.json");
-	assert_int_equal(net_http_get(c, url, 1 << 20, &data, &len, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_http_get(c, url, 1 << 20, &data, &len, NULL, &why), 0);
 	assert_int_equal(len, strlen(INDEX_TXT));
 	assert_string_equal((char *)data, INDEX_TXT); /* NUL-terminated */
 	free(data);
 	url_of(url, srv.port, "a.bin");
-	assert_int_equal(net_http_get(c, url, BIG_SIZE, &data, &len, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_http_get(c, url, BIG_SIZE, &data, &len, NULL, &why), 0);
 	assert_int_equal(len, BIG_SIZE);
 	assert_memory_equal(data, big, BIG_SIZE);
 	free(data);
 	url_of(url, srv.port, "empty.bin");
-	assert_int_equal(net_http_get(c, url, 0, &data, &len, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_http_get(c, url, 0, &data, &len, NULL, &why), 0);
 	assert_non_null(data);
 	assert_int_equal(len, 0);
 	assert_int_equal(data[0], 0);
@@ -582,22 +594,23 @@ static void test_get(void **state)
 
 	/* Too big: -EFBIG from the Content-Length, not retried. */
 	url_of(url, srv.port, "a.bin");
-	assert_int_equal(net_http_get(c, url, 4096, &data, &len, NULL, why, sizeof(why)), -EFBIG);
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, NULL, &why), -EFBIG);
 	assert_null(data);
 	assert_int_equal(len, 0);
 	snprintf(want, sizeof(want), "%s: holds %d bytes, more than 4096", url, BIG_SIZE);
-	assert_string_equal(why, want);
+	assert_string_equal(why.text, want);
+	assert_int_equal(why.code, -EFBIG);
 	/* 404: said at once. */
 	url_of(url, srv.port, "missing.json");
-	assert_int_equal(net_http_get(c, url, 4096, &data, &len, NULL, why, sizeof(why)), -EIO);
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, NULL, &why), -EIO);
 	snprintf(want, sizeof(want), "%s: HTTP 404", url);
-	assert_string_equal(why, want);
+	assert_string_equal(why.text, want);
+	assert_int_equal(why.code, -EIO);
 	struct net_http_stats st = stats(c);
 	assert_int_equal(st.retries, 0);
 	assert_int_equal(st.failures, 2);
-	assert_int_equal(net_http_get(c, url, -1, &data, &len, NULL, why, sizeof(why)), -EINVAL);
-	assert_int_equal(net_http_get(c, "http://", 1, &data, &len, NULL, why, sizeof(why)),
-			 -EINVAL);
+	assert_int_equal(net_http_get(c, url, -1, &data, &len, NULL, &why), -EINVAL);
+	assert_int_equal(net_http_get(c, "http://", 1, &data, &len, NULL, &why), -EINVAL);
 	net_http_free(c);
 }
 
@@ -612,23 +625,22 @@ static void test_post(void **state)
 				   "\"body\": \"{\\\"key\\\": \\\"Zm9v\\\", \\\"range_end\\\": "
 				   "\\\"Zm9w\\\"}\"}";
 	struct net_http *c;
-	char url[MAX_URL], why[WHY_LEN];
+	char url[MAX_URL];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 
-	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
+	assert_int_equal(net_http_new(&o, &c, &why), 0);
 	server_set(srv.port, "fail_rate=0&reset=1");
 	url_of(url, srv.port, "v3/kv/range");
-	assert_int_equal(net_http_post_json(c, url, body, strlen(body), 4096, &data, &len, NULL,
-					    why, sizeof(why)),
-			 0);
+	assert_int_equal(
+	    net_http_post_json(c, url, body, strlen(body), 4096, &data, &len, NULL, &why), 0);
 	assert_string_equal((char *)data, want);
 	assert_int_equal(len, strlen(want));
 	free(data);
 
 	/* An empty body; a large one (no "Expect: 100-continue" wait). */
-	assert_int_equal(
-	    net_http_post_json(c, url, NULL, 0, 4096, &data, &len, NULL, why, sizeof(why)), 0);
+	assert_int_equal(net_http_post_json(c, url, NULL, 0, 4096, &data, &len, NULL, &why), 0);
 	assert_non_null(strstr((char *)data, "\"body\": \"\"}"));
 	free(data);
 	char *large = malloc(200000);
@@ -636,8 +648,7 @@ static void test_post(void **state)
 	memset(large, 'x', 200000);
 	int64_t t0 = now_ms();
 	assert_int_equal(
-	    net_http_post_json(c, url, large, 200000, 1 << 20, &data, &len, NULL, why, sizeof(why)),
-	    0);
+	    net_http_post_json(c, url, large, 200000, 1 << 20, &data, &len, NULL, &why), 0);
 	assert_true(now_ms() - t0 < 900);
 	assert_true(len > 200000);
 	free(data);
@@ -645,12 +656,11 @@ static void test_post(void **state)
 
 	/* A reply larger than max. */
 	assert_int_equal(
-	    net_http_post_json(c, url, body, strlen(body), 10, &data, &len, NULL, why, sizeof(why)),
-	    -EFBIG);
+	    net_http_post_json(c, url, body, strlen(body), 10, &data, &len, NULL, &why), -EFBIG);
 	assert_null(data);
-	assert_non_null(strstr(why, "more than 10"));
-	assert_int_equal(
-	    net_http_post_json(c, url, NULL, 5, 10, &data, &len, NULL, why, sizeof(why)), -EINVAL);
+	assert_non_null(strstr(why.text, "more than 10"));
+	assert_int_equal(why.code, -EFBIG);
+	assert_int_equal(net_http_post_json(c, url, NULL, 5, 10, &data, &len, NULL, &why), -EINVAL);
 	net_http_free(c);
 }
 
@@ -673,7 +683,8 @@ static void test_post_retries(void **state)
 	    {"drop", true, 3, NULL},
 	    {"truncate", false, 1, NULL},
 	};
-	char url[MAX_URL], q[128], why[WHY_LEN], want[WHY_LEN];
+	char url[MAX_URL], q[128], want[WHY_LEN];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 	long req, failed, conns;
@@ -685,13 +696,14 @@ static void test_post_retries(void **state)
 		snprintf(q, sizeof(q), "fail_rate=1&modes=%s&reset=1", cases[i].mode);
 		server_set(srv.port, q);
 		assert_int_equal(
-		    net_http_post_json(c, url, "{}", 2, 4096, &data, &len, &call, why, sizeof(why)),
-		    -EIO);
+		    net_http_post_json(c, url, "{}", 2, 4096, &data, &len, &call, &why), -EIO);
 		snprintf(want, sizeof(want), "%s: %s", url, cases[i].why ? cases[i].why : "");
-		if (cases[i].why ? strcmp(why, want) != 0 : strncmp(why, want, strlen(want)) != 0) {
-			print_error("case %zu: \"%s\"\n", i, why);
+		if (cases[i].why ? strcmp(why.text, want) != 0
+				 : strncmp(why.text, want, strlen(want)) != 0) {
+			print_error("case %zu: \"%s\"\n", i, why.text);
 			fail();
 		}
+		assert_int_equal(why.code, -EIO);
 		server_stats(srv.port, &req, &failed, &conns);
 		assert_int_equal(req, cases[i].requests);
 		assert_int_equal(stats(c).requests, cases[i].requests);
@@ -705,9 +717,8 @@ static void test_post_retries(void **state)
 	url_of(url, gone.port, "v3/kv/txn");
 	unit_server_stop(&gone);
 	struct net_http *c = client(2);
-	assert_int_equal(
-	    net_http_post_json(c, url, "{}", 2, 4096, &data, &len, NULL, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "after 3 attempts"));
+	assert_int_equal(net_http_post_json(c, url, "{}", 2, 4096, &data, &len, NULL, &why), -EIO);
+	assert_non_null(strstr(why.text, "after 3 attempts"));
 	net_http_free(c);
 }
 
@@ -717,13 +728,14 @@ static void test_call(void **state)
 	(void)state;
 	struct net_http_opts o = {.retries = 100, .backoff_ms = 50, .max_backoff_ms = 50};
 	struct net_http *c;
-	char url[MAX_URL], want[WHY_LEN], why[WHY_LEN];
+	char url[MAX_URL], want[WHY_LEN];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 	long req, failed, conns;
 	atomic_int stop;
 
-	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
+	assert_int_equal(net_http_new(&o, &c, &why), 0);
 
 	/* A stop flag set before the call: its first attempt ends before its
 	 * request reaches the server, and no other starts. */
@@ -731,8 +743,8 @@ static void test_call(void **state)
 	struct net_http_call call = {.stop = &stop};
 	server_set(srv.port, "fail_rate=1&modes=500&reset=1");
 	url_of(url, srv.port, "index.json");
-	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, why, sizeof(why)),
-			 -ECANCELED);
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, &why), -ECANCELED);
+	assert_int_equal(why.code, -ECANCELED);
 	server_stats(srv.port, &req, &failed, &conns);
 	assert_int_equal(req, 0);
 	struct net_http_stats st = stats(c);
@@ -745,20 +757,21 @@ static void test_call(void **state)
 	call = (struct net_http_call){.start_ns =
 					  (int64_t)t.tv_sec * 1000000000 + t.tv_nsec - 2000000000LL,
 				      .deadline_ms = 1500};
-	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, why, sizeof(why)), -EIO);
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, &why), -EIO);
 	snprintf(want, sizeof(want), "%s: timed out before its request, deadline of 1.5 s reached",
 		 url);
-	assert_string_equal(why, want);
+	assert_string_equal(why.text, want);
+	assert_int_equal(why.code, -EIO);
 	assert_int_equal(stats(c).requests, 1);
 
 	/* The call's own deadline ends the retries of a failing server. */
 	call = (struct net_http_call){.deadline_ms = 300};
 	int64_t t0 = now_ms();
-	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, why, sizeof(why)), -EIO);
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, &why), -EIO);
 	int64_t ms = now_ms() - t0;
 	assert_true(ms >= 250 && ms < 2000);
-	assert_non_null(strstr(why, "HTTP 500 after "));
-	assert_non_null(strstr(why, "attempts, deadline of 0.3 s reached"));
+	assert_non_null(strstr(why.text, "HTTP 500 after "));
+	assert_non_null(strstr(why.text, "attempts, deadline of 0.3 s reached"));
 	server_set(srv.port, "fail_rate=0");
 	net_http_free(c);
 }
@@ -784,13 +797,14 @@ static void test_stop_in_flight(void **state)
 	(void)state;
 	struct net_http_opts o = {.retries = 3, .timeout_ms = 30000, .deadline_ms = 60000};
 	struct net_http *c;
-	char url[MAX_URL], why[WHY_LEN];
+	char url[MAX_URL];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 	atomic_int stop;
 	pthread_t t;
 
-	assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
+	assert_int_equal(net_http_new(&o, &c, &why), 0);
 	atomic_init(&stop, 0);
 	struct stopper s = {&stop, 300};
 	struct net_http_call call = {.stop = &stop};
@@ -798,12 +812,12 @@ static void test_stop_in_flight(void **state)
 	url_of(url, srv.port, "index.json");
 	assert_int_equal(pthread_create(&t, NULL, stop_later, &s), 0);
 	int64_t t0 = now_ms();
-	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, why, sizeof(why)),
-			 -ECANCELED);
+	assert_int_equal(net_http_get(c, url, 4096, &data, &len, &call, &why), -ECANCELED);
 	int64_t ms = now_ms() - t0;
 	pthread_join(t, NULL);
 	assert_true(ms >= 250 && ms < 2500);
-	assert_non_null(strstr(why, "cancelled"));
+	assert_non_null(strstr(why.text, "cancelled"));
+	assert_int_equal(why.code, -ECANCELED);
 	assert_int_equal(stats(c).requests, 1); /* and no retry */
 	server_set(srv.port, "fail_rate=0&stall_seconds=5");
 	net_http_free(c);

@@ -24,7 +24,8 @@
 static struct net_server *S;
 static struct net_http *C;	/* with the token */
 static struct net_http *NOTOK; /* without */
-static char base[64], why[1024];
+static char base[64];
+static struct ptc_error why;
 static atomic_int streams_done;
 
 static ssize_t gen_read(void *arg, uint64_t pos, char *buf, size_t max)
@@ -73,15 +74,15 @@ static int setup(void **state)
 {
 	(void)state;
 	struct net_server_opts o = {.addr = "127.0.0.1:0", .token = TOKEN, .max_body = 1000};
-	if (net_server_start(&o, handler, NULL, &S, why, sizeof(why))) {
-		fprintf(stderr, "net_server_start: %s\n", why);
+	if (net_server_start(&o, handler, NULL, &S, &why)) {
+		fprintf(stderr, "net_server_start: %s\n", why.text);
 		return -1;
 	}
 	snprintf(base, sizeof(base), "http://127.0.0.1:%d", net_server_port(S));
 	const char *h[] = {"Authorization: Bearer " TOKEN, NULL};
 	struct net_http_opts co = {.retries = 0, .timeout_ms = 5000, .headers = h};
 	struct net_http_opts no = {.retries = 0, .timeout_ms = 5000};
-	if (net_http_new(&co, &C, why, sizeof(why)) || net_http_new(&no, &NOTOK, why, sizeof(why)))
+	if (net_http_new(&co, &C, &why) || net_http_new(&no, &NOTOK, &why))
 		return -1;
 	return 0;
 }
@@ -99,7 +100,7 @@ static int get(struct net_http *c, const char *path, char **out, size_t *len)
 {
 	char url[256];
 	snprintf(url, sizeof(url), "%s%s", base, path);
-	return net_http_get(c, url, 1 << 20, (uint8_t **)out, len, NULL, why, sizeof(why));
+	return net_http_get(c, url, 1 << 20, (uint8_t **)out, len, NULL, &why);
 }
 
 static void test_token(void **state)
@@ -110,8 +111,8 @@ static void test_token(void **state)
 	int64_t req0, ref0, req1, ref1;
 	net_server_counts(S, &req0, &ref0);
 	assert_int_equal(get(NOTOK, "/echo?a=1", &out, &len), -EIO);
-	assert_non_null(strstr(why, "HTTP 401"));
-	assert_non_null(strstr(why, "HTTP 401"));
+	assert_non_null(strstr(why.text, "HTTP 401"));
+	assert_non_null(strstr(why.text, "HTTP 401"));
 	/* Wrong tokens: another, a prefix, a longer one, not a bearer. */
 	const char *bad[] = {"Authorization: Bearer 0123456789abcdef-tokem",
 			     "Authorization: Bearer 0123456789abcdef-toke",
@@ -120,9 +121,9 @@ static void test_token(void **state)
 		const char *h[] = {bad[i], NULL};
 		struct net_http_opts o = {.retries = 0, .headers = h};
 		struct net_http *c;
-		assert_int_equal(net_http_new(&o, &c, why, sizeof(why)), 0);
+		assert_int_equal(net_http_new(&o, &c, &why), 0);
 		assert_int_equal(get(c, "/anything/at/all", &out, &len), -EIO);
-		assert_non_null(strstr(why, "HTTP 401"));
+		assert_non_null(strstr(why.text, "HTTP 401"));
 		net_http_free(c);
 	}
 	net_server_counts(S, &req1, &ref1);
@@ -139,36 +140,34 @@ static void test_bounds(void **state)
 	char *out;
 	size_t len;
 	assert_int_equal(get(C, "/a..b", &out, &len), -EIO);
-	assert_non_null(strstr(why, "HTTP 400"));
+	assert_non_null(strstr(why.text, "HTTP 400"));
 	assert_int_equal(get(C, "/echo?1=1&2=2&3=3&4=4&5=5&6=6&7=7&8=8&9=9&a=a&b=b&c=c&d=d&e=e&f=f&g=g&h=h",
 			     &out, &len),
 			 -EIO);
-	assert_non_null(strstr(why, "HTTP 400"));
+	assert_non_null(strstr(why.text, "HTTP 400"));
 	assert_int_equal(get(C, "/nope", &out, &len), -EIO);
-	assert_non_null(strstr(why, "HTTP 404"));
+	assert_non_null(strstr(why.text, "HTTP 404"));
 	char nope[128];
 	snprintf(nope, sizeof(nope), "%s/nope", base); /* a POST's error quotes the reason */
-	assert_int_equal(net_http_post_json(C, nope, "{}", 2, 4096, (uint8_t **)&out, &len, NULL,
-					    why, sizeof(why)),
-			 -EIO);
-	assert_non_null(strstr(why, "HTTP 404: no such thing \"/nope\" second line"));
+	assert_int_equal(
+	    net_http_post_json(C, nope, "{}", 2, 4096, (uint8_t **)&out, &len, NULL, &why), -EIO);
+	assert_non_null(strstr(why.text, "HTTP 404: no such thing \"/nope\" second line"));
 	assert_int_equal(get(C, "/none", &out, &len), -EIO);
-	assert_non_null(strstr(why, "HTTP 500"));
+	assert_non_null(strstr(why.text, "HTTP 500"));
 	/* POST bodies: echoed up to max_body, refused past it. */
 	char url[128], body[1200];
 	memset(body, 'x', sizeof(body));
 	snprintf(url, sizeof(url), "%s/post", base);
 	struct net_http_call idem = {.idempotent = true};
-	assert_int_equal(net_http_post_json(C, url, body, 1000, 4096, (uint8_t **)&out, &len, &idem,
-					    why, sizeof(why)),
-			 0);
+	assert_int_equal(
+	    net_http_post_json(C, url, body, 1000, 4096, (uint8_t **)&out, &len, &idem, &why), 0);
 	assert_int_equal(len, 1000);
 	assert_memory_equal(out, body, 1000);
 	free(out);
-	assert_int_equal(net_http_post_json(C, url, body, 1001, 4096, (uint8_t **)&out, &len, &idem,
-					    why, sizeof(why)),
-			 -EIO);
-	assert_non_null(strstr(why, "HTTP 413"));
+	assert_int_equal(
+	    net_http_post_json(C, url, body, 1001, 4096, (uint8_t **)&out, &len, &idem, &why),
+	    -EIO);
+	assert_non_null(strstr(why.text, "HTTP 413"));
 }
 
 static void test_stream(void **state)
@@ -181,9 +180,9 @@ static void test_stream(void **state)
 		char *buf = malloc((size_t)n);
 		struct iovec iov = {buf, (size_t)n};
 		struct net_http_range r = {.off = 0, .len = n, .iov = &iov, .iovcnt = 1};
-		int rc = net_http_get_range(C, url, &r, NULL, why, sizeof(why));
+		int rc = net_http_get_range(C, url, &r, NULL, &why);
 		if (rc)
-			fprintf(stderr, "%s\n", why);
+			fprintf(stderr, "%s\n", why.text);
 		assert_int_equal(rc, 0);
 		assert_int_equal(r.got, n);
 		for (int64_t i = 0; i < n; i += 4093)
@@ -197,7 +196,7 @@ static void test_stream(void **state)
 	char *buf = malloc(777777);
 	struct iovec iov = {buf, 777777};
 	struct net_http_range r = {.off = 0, .len = 777777, .iov = &iov, .iovcnt = 1};
-	assert_int_equal(net_http_get_range(C, url, &r, NULL, why, sizeof(why)), -EIO);
+	assert_int_equal(net_http_get_range(C, url, &r, NULL, &why), -EIO);
 	free(buf);
 	int want = 0;
 	for (int64_t n = 1; n <= (int64_t)40 << 20; n = n * 7 + 13)
@@ -212,20 +211,23 @@ static void test_addresses(void **state)
 	(void)state;
 	struct net_server *s;
 	struct net_server_opts o = {.addr = "127.0.0.1", .token = TOKEN};
-	assert_int_equal(net_server_start(&o, handler, NULL, &s, why, sizeof(why)), -EINVAL);
-	assert_non_null(strstr(why, "expected host:port"));
+	assert_int_equal(net_server_start(&o, handler, NULL, &s, &why), -EINVAL);
+	assert_non_null(strstr(why.text, "expected host:port"));
+	assert_int_equal(why.code, -EINVAL);
 	o.addr = "127.0.0.1:99999";
-	assert_int_equal(net_server_start(&o, handler, NULL, &s, why, sizeof(why)), -EINVAL);
+	assert_int_equal(net_server_start(&o, handler, NULL, &s, &why), -EINVAL);
 	char in_use[64];
 	snprintf(in_use, sizeof(in_use), "127.0.0.1:%d", net_server_port(S));
 	o.addr = in_use;
-	assert_int_equal(net_server_start(&o, handler, NULL, &s, why, sizeof(why)), -EADDRINUSE);
+	assert_int_equal(net_server_start(&o, handler, NULL, &s, &why), -EADDRINUSE);
 	o.addr = "10.255.255.1:7070"; /* not an address of this host */
-	assert_int_equal(net_server_start(&o, handler, NULL, &s, why, sizeof(why)), -EADDRINUSE);
+	assert_int_equal(net_server_start(&o, handler, NULL, &s, &why), -EADDRINUSE);
+	assert_int_equal(why.code, -EADDRINUSE);
 	o.addr = "127.0.0.1:0";
 	o.token = "short";
-	assert_int_equal(net_server_start(&o, handler, NULL, &s, why, sizeof(why)), -EINVAL);
-	assert_non_null(strstr(why, "16 characters"));
+	assert_int_equal(net_server_start(&o, handler, NULL, &s, &why), -EINVAL);
+	assert_non_null(strstr(why.text, "16 characters"));
+	assert_int_equal(why.code, -EINVAL);
 }
 
 int main(void)

@@ -273,14 +273,14 @@ static uint8_t *wrap(const char *dict, int major, size_t *len)
 }
 
 /* Parses @len bytes copied to a buffer of exactly that size, so ASan sees any over-read. */
-static int parse_exact(const void *bytes, size_t len, struct mlfs_npy *h, char *err, size_t errlen)
+static int parse_exact(const void *bytes, size_t len, struct mlfs_npy *h, struct ptc_error *err)
 {
 	uint8_t *b = malloc(len ? len : 1);
 	int rc;
 
 	assert_non_null(b);
 	memcpy(b, bytes, len);
-	rc = mlfs_npy_parse(b, len, h, err, errlen);
+	rc = mlfs_npy_parse(b, len, h, err);
 	free(b);
 	return rc;
 }
@@ -289,17 +289,19 @@ static int parse_exact(const void *bytes, size_t len, struct mlfs_npy *h, char *
 static void assert_prefixes_again(const void *bytes, size_t len)
 {
 	struct mlfs_npy h;
-	char err[256];
+	struct ptc_error err;
 
 	for (size_t n = 0; n < len; n++) {
-		int rc = parse_exact(bytes, n, &h, err, sizeof(err));
+		int rc = parse_exact(bytes, n, &h, &err);
 		if (rc != -EAGAIN) {
-			print_error("prefix of %zu of %zu bytes: rc %d \"%s\"\n", n, len, rc, err);
+			print_error("prefix of %zu of %zu bytes: rc %d \"%s\"\n", n, len, rc,
+				    err.text);
 			fail();
 		}
-		assert_string_equal(err, "");
+		assert_string_equal(err.text, "");
+		assert_int_equal(err.code, 0);
 	}
-	assert_int_equal(parse_exact(bytes, len, &h, err, sizeof(err)), 0);
+	assert_int_equal(parse_exact(bytes, len, &h, &err), 0);
 	assert_int_equal(h.header_len, len);
 }
 
@@ -380,7 +382,7 @@ static void check_parse_table(const struct expect_header *t, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		struct mlfs_npy h;
-		char err[256];
+		struct ptc_error err;
 		uint8_t buf[600];
 
 		int64_t elems = 1;
@@ -388,24 +390,22 @@ static void check_parse_table(const struct expect_header *t, size_t n)
 			elems = elems < MLFS_NPY_MAX_ELEMS ? elems * t[i].shape[d] : elems;
 		if (elems >= MLFS_NPY_MAX_ELEMS) {
 			/* Formattable, but more elements than mlfs accepts from a file. */
-			assert_int_equal(parse_exact(t[i].bytes, t[i].len, &h, err, sizeof(err)),
-					 -EINVAL);
-			assert_non_null(strstr(err, "has 2^48 or more elements"));
+			assert_int_equal(parse_exact(t[i].bytes, t[i].len, &h, &err), -EINVAL);
+			assert_non_null(strstr(err.text, "has 2^48 or more elements"));
 			continue;
 		}
 		/* The header alone, then followed by data. */
-		assert_int_equal(parse_exact(t[i].bytes, t[i].len, &h, err, sizeof(err)), 0);
+		assert_int_equal(parse_exact(t[i].bytes, t[i].len, &h, &err), 0);
 		assert_string_equal(h.descr, ptc_dtype_npy_descr(t[i].dt));
 		assert_false(h.fortran_order);
 		assert_shape(&h, t[i].ndim, t[i].shape);
 		assert_int_equal(h.header_len, t[i].len);
 		memcpy(buf, t[i].bytes, t[i].len);
 		memset(buf + t[i].len, 0xff, sizeof(buf) - t[i].len);
-		assert_int_equal(mlfs_npy_parse(buf, sizeof(buf), &h, err, sizeof(err)), 0);
+		assert_int_equal(mlfs_npy_parse(buf, sizeof(buf), &h, &err), 0);
 		assert_int_equal(h.header_len, t[i].len);
-		assert_int_equal(
-		    mlfs_npy_check(&h, t[i].dt, t[i].ndim, t[i].shape, err, sizeof(err)), 0);
-		assert_string_equal(err, "");
+		assert_int_equal(mlfs_npy_check(&h, t[i].dt, t[i].ndim, t[i].shape, &err), 0);
+		assert_string_equal(err.text, "");
 	}
 }
 
@@ -420,16 +420,14 @@ static void test_parse_versions_2_3(void **state)
 {
 	const int64_t shape[2] = {7, 5};
 	struct mlfs_npy h;
-	char err[256];
+	struct ptc_error err;
 
 	(void)state;
-	assert_int_equal(
-	    parse_exact(numpy_v2_header, sizeof(numpy_v2_header) - 1, &h, err, sizeof(err)), 0);
+	assert_int_equal(parse_exact(numpy_v2_header, sizeof(numpy_v2_header) - 1, &h, &err), 0);
 	assert_string_equal(h.descr, "<f4");
 	assert_shape(&h, 2, shape);
 	assert_int_equal(h.header_len, 128);
-	assert_int_equal(
-	    parse_exact(numpy_v3_header, sizeof(numpy_v3_header) - 1, &h, err, sizeof(err)), 0);
+	assert_int_equal(parse_exact(numpy_v3_header, sizeof(numpy_v3_header) - 1, &h, &err), 0);
 	assert_shape(&h, 2, shape);
 	assert_int_equal(h.header_len, 128);
 	assert_prefixes_again(numpy_v2_header, sizeof(numpy_v2_header) - 1);
@@ -457,22 +455,21 @@ static void test_round_trip(void **state)
 	for (int dt = 0; dt < PTC_DTYPE_COUNT; dt++) {
 		for (size_t s = 0; s < ARRAY_LEN(shapes); s++) {
 			struct mlfs_npy h;
-			char buf[512], err[256];
+			char buf[512];
+			struct ptc_error err;
 			size_t len = mlfs_npy_format(dt, ndims[s], shapes[s], buf, sizeof(buf));
 
 			assert_true(len >= 128 && len % 64 == 0);
 			/* Row 7 holds 2^48 elements or more; row 4 just fewer. */
 			if (s == 7) {
-				assert_int_equal(parse_exact(buf, len, &h, err, sizeof(err)),
-						 -EINVAL);
+				assert_int_equal(parse_exact(buf, len, &h, &err), -EINVAL);
 				continue;
 			}
-			assert_int_equal(parse_exact(buf, len, &h, err, sizeof(err)), 0);
+			assert_int_equal(parse_exact(buf, len, &h, &err), 0);
 			assert_string_equal(h.descr, ptc_dtype_npy_descr(dt));
 			assert_shape(&h, ndims[s], shapes[s]);
 			assert_int_equal(h.header_len, len);
-			assert_int_equal(
-			    mlfs_npy_check(&h, dt, ndims[s], shapes[s], err, sizeof(err)), 0);
+			assert_int_equal(mlfs_npy_check(&h, dt, ndims[s], shapes[s], &err), 0);
 		}
 	}
 }
@@ -487,7 +484,7 @@ static void test_truncated(void **state)
 	assert_prefixes_again(numpy_big_headers[3].bytes, numpy_big_headers[3].len);
 	assert_prefixes_again(numpy_big_headers[4].bytes, numpy_big_headers[4].len);
 	/* A NULL buffer of no bytes is just too short. */
-	assert_int_equal(mlfs_npy_parse(NULL, 0, NULL, NULL, 0), -EAGAIN);
+	assert_int_equal(mlfs_npy_parse(NULL, 0, NULL, NULL), -EAGAIN);
 }
 
 /* Dicts other writers produce, all meaning float32 (3, 4) in C order. */
@@ -509,20 +506,19 @@ static void test_parse_variants(void **state)
 	for (size_t i = 0; i < ARRAY_LEN(dicts); i++) {
 		for (int major = 1; major <= 3; major++) {
 			struct mlfs_npy h;
-			char err[256];
+			struct ptc_error err;
 			size_t len;
 			uint8_t *b = wrap(dicts[i], major, &len);
-			int rc = parse_exact(b, len, &h, err, sizeof(err));
+			int rc = parse_exact(b, len, &h, &err);
 			if (rc != 0) {
-				print_error("dict %zu v%d: rc %d \"%s\"\n", i, major, rc, err);
+				print_error("dict %zu v%d: rc %d \"%s\"\n", i, major, rc, err.text);
 				fail();
 			}
 			assert_string_equal(h.descr, "<f4");
 			assert_false(h.fortran_order);
 			assert_shape(&h, 2, shape);
 			assert_int_equal(h.header_len, len);
-			assert_int_equal(
-			    mlfs_npy_check(&h, PTC_FLOAT32, 2, shape, err, sizeof(err)), 0);
+			assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, shape, &err), 0);
 			assert_prefixes_again(b, len);
 			free(b);
 		}
@@ -545,7 +541,8 @@ static void test_parse_shapes(void **state)
 	    {"(1048576, 1048576, 255)", 3, {1048576, 1048576, 255}},
 	    {"(1, 2, 3, 4, 5, 6, 7, 8,)", 8, {1, 2, 3, 4, 5, 6, 7, 8}},
 	};
-	char dict[256], err[256];
+	char dict[256];
+	struct ptc_error err;
 	struct mlfs_npy h;
 	size_t len;
 
@@ -554,17 +551,16 @@ static void test_parse_shapes(void **state)
 		snprintf(dict, sizeof(dict), "{'descr': '|b1', 'fortran_order': True, 'shape': %s}",
 			 cases[i].shape);
 		uint8_t *b = wrap(dict, 1, &len);
-		int rc = parse_exact(b, len, &h, err, sizeof(err));
+		int rc = parse_exact(b, len, &h, &err);
 		if (rc != 0) {
-			print_error("shape %s: rc %d \"%s\"\n", cases[i].shape, rc, err);
+			print_error("shape %s: rc %d \"%s\"\n", cases[i].shape, rc, err.text);
 			fail();
 		}
 		assert_true(h.fortran_order);
 		assert_shape(&h, cases[i].ndim, cases[i].dims);
-		assert_int_equal(
-		    mlfs_npy_check(&h, PTC_BOOL, cases[i].ndim, cases[i].dims, err, sizeof(err)),
-		    -EINVAL);
-		assert_string_equal(err, "fortran_order must be False");
+		assert_int_equal(mlfs_npy_check(&h, PTC_BOOL, cases[i].ndim, cases[i].dims, &err),
+				 -EINVAL);
+		assert_string_equal(err.text, "fortran_order must be False");
 		free(b);
 	}
 }
@@ -575,21 +571,22 @@ static void test_parse_shapes(void **state)
 static void assert_parse_fails(const void *bytes, size_t len, const char *msg)
 {
 	struct mlfs_npy h, before;
-	char err[256];
+	struct ptc_error err;
 	int rc;
 
 	memset(&before, 0x77, sizeof(before));
 	h = before;
-	rc = parse_exact(bytes, len, &h, err, sizeof(err));
-	if (rc != -EINVAL || strcmp(err, msg) != 0) {
-		print_error("rc %d \"%s\"\nwant %d \"%s\"\n", rc, err, -EINVAL, msg);
+	rc = parse_exact(bytes, len, &h, &err);
+	if (rc != -EINVAL || strcmp(err.text, msg) != 0 || err.code != rc) {
+		print_error("rc %d \"%s\" (code %d)\nwant %d \"%s\"\n", rc, err.text, err.code,
+			    -EINVAL, msg);
 		fail();
 	}
 	/* Untouched on error. */
 	assert_memory_equal(&h, &before, sizeof(h));
 	for (size_t n = 0; n < len; n++) {
-		rc = parse_exact(bytes, n, &h, err, sizeof(err));
-		assert_true(rc == -EAGAIN || (rc == -EINVAL && err[0]));
+		rc = parse_exact(bytes, n, &h, &err);
+		assert_true(rc == -EAGAIN || (rc == -EINVAL && err.text[0] && err.code == rc));
 	}
 }
 
@@ -632,7 +629,7 @@ static void test_parse_errors_prefix(void **state)
 	b[9] = 0;
 	b[10] = 1;
 	b[11] = 0;
-	assert_int_equal(mlfs_npy_parse(b, 12, NULL, NULL, 0), -EAGAIN);
+	assert_int_equal(mlfs_npy_parse(b, 12, NULL, NULL), -EAGAIN);
 	/* An empty dict area. */
 	assert_parse_fails("\x93NUMPY\x01\x00\x00\x00", 10,
 			   "unexpected end of header, header is not a dict");
@@ -726,11 +723,11 @@ static void assert_check(const char *descr, enum ptc_dtype dt, const char *msg)
 {
 	const int64_t shape[2] = {3, 4};
 	struct mlfs_npy h = header(descr, 2, shape);
-	char err[256] = "junk";
-	int rc = mlfs_npy_check(&h, dt, 2, shape, err, sizeof(err));
+	struct ptc_error err = {.text = "junk", .code = 1};
+	int rc = mlfs_npy_check(&h, dt, 2, shape, &err);
 
-	if (rc != (msg ? -EINVAL : 0) || strcmp(err, msg ? msg : "") != 0) {
-		print_error("%s vs dtype %d: rc %d \"%s\"\n", descr, (int)dt, rc, err);
+	if (rc != (msg ? -EINVAL : 0) || strcmp(err.text, msg ? msg : "") != 0 || err.code != rc) {
+		print_error("%s vs dtype %d: rc %d \"%s\"\n", descr, (int)dt, rc, err.text);
 		fail();
 	}
 }
@@ -773,51 +770,62 @@ static void test_check_shape(void **state)
 {
 	const int64_t s34[2] = {3, 4}, s43[2] = {4, 3}, s12[1] = {12}, s3[1] = {3};
 	struct mlfs_npy h = header("<f4", 2, s43);
-	char err[256];
+	struct ptc_error err;
 
 	(void)state;
-	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, err, sizeof(err)), -EINVAL);
-	assert_string_equal(err, "shape (4, 3) does not match partition shape (3, 4)");
+	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, &err), -EINVAL);
+	assert_string_equal(err.text, "shape (4, 3) does not match partition shape (3, 4)");
+	assert_int_equal(err.code, -EINVAL);
 	h = header("<f4", 1, s12);
-	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, err, sizeof(err)), -EINVAL);
-	assert_string_equal(err, "shape (12,) does not match partition shape (3, 4)");
+	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, &err), -EINVAL);
+	assert_string_equal(err.text, "shape (12,) does not match partition shape (3, 4)");
 	h = header("<f4", 0, NULL);
-	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 1, s3, err, sizeof(err)), -EINVAL);
-	assert_string_equal(err, "shape () does not match partition shape (3,)");
-	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 0, NULL, err, sizeof(err)), 0);
+	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 1, s3, &err), -EINVAL);
+	assert_string_equal(err.text, "shape () does not match partition shape (3,)");
+	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 0, NULL, &err), 0);
 	/* dtype is checked first, then fortran_order, then shape. */
 	h = header("<f8", 2, s43);
 	h.fortran_order = true;
-	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, err, sizeof(err)), -EINVAL);
-	assert_string_equal(err, "dtype '<f8' does not match partition dtype float32 ('<f4')");
+	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, &err), -EINVAL);
+	assert_string_equal(err.text, "dtype '<f8' does not match partition dtype float32 ('<f4')");
 	h = header("<f4", 2, s34);
 	h.fortran_order = true;
-	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, err, sizeof(err)), -EINVAL);
-	assert_string_equal(err, "fortran_order must be False");
+	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, &err), -EINVAL);
+	assert_string_equal(err.text, "fortran_order must be False");
 }
 
-/* A caller's error buffer: cleared on success, truncated but terminated, or absent. */
+/* A caller's error detail: cleared on success (text and code), the whole
+ * message with its errno on failure, truncated but terminated, or absent. */
 static void test_error_buffer(void **state)
 {
 	const int64_t s34[2] = {3, 4}, s43[2] = {4, 3};
 	struct mlfs_npy h = header("<f4", 2, s43);
-	char err[8];
+	struct ptc_error err;
 	size_t len;
 	uint8_t *b = wrap("{'shape': (3)}", 1, &len);
 
 	(void)state;
-	assert_int_equal(mlfs_npy_parse(b, len, &h, err, sizeof(err)), -EINVAL);
-	assert_string_equal(err, "shape (");
-	assert_int_equal(mlfs_npy_parse(b, len, &h, NULL, 0), -EINVAL);
+	assert_int_equal(mlfs_npy_parse(b, len, &h, &err), -EINVAL);
+	assert_string_equal(err.text, "shape (3) is not a tuple (a 1-d shape is written (3,))");
+	assert_int_equal(err.code, -EINVAL);
+	assert_int_equal(mlfs_npy_parse(b, len, &h, NULL), -EINVAL);
 	free(b);
-	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, err, sizeof(err)), -EINVAL);
-	assert_string_equal(err, "shape (");
-	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, NULL, 0), -EINVAL);
-	strcpy(err, "junk");
-	assert_int_equal(mlfs_npy_parse((const uint8_t *)numpy_headers[0].bytes,
-					numpy_headers[0].len, &h, err, sizeof(err)),
-			 0);
-	assert_string_equal(err, "");
+	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, &err), -EINVAL);
+	assert_string_equal(err.text, "shape (4, 3) does not match partition shape (3, 4)");
+	assert_int_equal(err.code, -EINVAL);
+	assert_int_equal(mlfs_npy_check(&h, PTC_FLOAT32, 2, s34, NULL), -EINVAL);
+	strcpy(err.text, "junk");
+	err.code = -EIO;
+	assert_int_equal(
+	    mlfs_npy_parse((const uint8_t *)numpy_headers[0].bytes, numpy_headers[0].len, &h, &err),
+	    0);
+	assert_string_equal(err.text, "");
+	assert_int_equal(err.code, 0);
+	/* A message longer than the text is cut, terminated, with its code. */
+	assert_int_equal(ptc_error_set(&err, -E2BIG, "%0900d", 7), -E2BIG);
+	assert_int_equal(strlen(err.text), PTC_ERROR_MAX - 1);
+	assert_int_equal(err.code, -E2BIG);
+	assert_int_equal(ptc_error_set(NULL, -EIO, "nowhere"), -EIO);
 }
 
 int main(void)

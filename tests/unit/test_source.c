@@ -129,15 +129,16 @@ static void server_start(struct unit_server *sv, const char *const *extra)
 static void server_set(int port, const char *query)
 {
 	struct mlfs_src *s = mlfs_src_new(NULL);
-	char uri[MAX_URI_LEN], why[512];
+	char uri[MAX_URI_LEN];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 
 	assert_non_null(s);
 	snprintf(uri, sizeof(uri), "http://127.0.0.1:%d/__set?%s", port, query);
-	int rc = mlfs_src_fetch(s, uri, 4096, &data, &len, why, sizeof(why));
+	int rc = mlfs_src_fetch(s, uri, 4096, &data, &len, &why);
 	if (rc)
-		print_error("%s: %s\n", uri, why);
+		print_error("%s: %s\n", uri, why.text);
 	assert_int_equal(rc, 0);
 	free(data);
 	mlfs_src_free(s);
@@ -147,14 +148,14 @@ static void server_set(int port, const char *query)
 static void server_stats(int port, long *requests, long *failed)
 {
 	struct mlfs_src *s = mlfs_src_new(NULL);
-	char uri[MAX_URI_LEN], why[512], text[512];
+	char uri[MAX_URI_LEN], text[512];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 
 	assert_non_null(s);
 	snprintf(uri, sizeof(uri), "http://127.0.0.1:%d/__stats", port);
-	assert_int_equal(mlfs_src_fetch(s, uri, sizeof(text) - 1, &data, &len, why, sizeof(why)),
-			 0);
+	assert_int_equal(mlfs_src_fetch(s, uri, sizeof(text) - 1, &data, &len, &why), 0);
 	memcpy(text, data, len);
 	text[len] = 0;
 	assert_int_equal(sscanf(text, "{\"requests\": %ld, \"failed\": %ld", requests, failed), 2);
@@ -204,14 +205,14 @@ static struct mlfs_src_stats stats(struct mlfs_src *s)
 }
 
 /* Reads bytes [@off, @off + @len) of @uri into a scratch buffer; returns the readv's rc. */
-static int read1(struct mlfs_src *s, const char *uri, int64_t off, int64_t len, char *why,
-		 size_t whylen)
+static int read1(struct mlfs_src *s, const char *uri, int64_t off, int64_t len,
+		 struct ptc_error *err)
 {
 	uint8_t *dst = malloc(len ? (size_t)len : 1);
 	struct mlfs_range r = {.uri = uri, .off = off, .len = len, .dst = dst};
 
 	assert_non_null(dst);
-	int rc = mlfs_src_readv(s, &r, 1, why, whylen);
+	int rc = mlfs_src_readv(s, &r, 1, err);
 	free(dst);
 	return rc;
 }
@@ -221,12 +222,12 @@ static void check_read(struct mlfs_src *s, const char *uri, int f, int64_t off, 
 {
 	uint8_t *dst = malloc(len ? (size_t)len : 1);
 	struct mlfs_range r = {.uri = uri, .off = off, .len = len, .dst = dst};
-	char why[512];
+	struct ptc_error why;
 
 	assert_non_null(dst);
-	int rc = mlfs_src_readv(s, &r, 1, why, sizeof(why));
+	int rc = mlfs_src_readv(s, &r, 1, &why);
 	if (rc)
-		print_error("%s bytes %" PRId64 "+%" PRId64 ": %s\n", uri, off, len, why);
+		print_error("%s bytes %" PRId64 "+%" PRId64 ": %s\n", uri, off, len, why.text);
 	assert_int_equal(rc, 0);
 	assert_memory_equal(dst, content[f] + off, (size_t)len);
 	free(dst);
@@ -239,7 +240,8 @@ static void check_read(struct mlfs_src *s, const char *uri, int f, int64_t off, 
 static void random_reads(struct mlfs_src *s, int port, int iters, uint64_t seed)
 {
 	uint64_t st = seed * 0x2545f4914f6cdd1dULL + 1;
-	char uris[6][MAX_URI_LEN], why[512];
+	char uris[6][MAX_URI_LEN];
+	struct ptc_error why;
 
 	for (int it = 0; it < iters; it++) {
 		struct mlfs_range r[6];
@@ -260,9 +262,9 @@ static void random_reads(struct mlfs_src *s, int port, int iters, uint64_t seed)
 			r[i].dst = malloc(len ? (size_t)len : 1);
 			assert_non_null(r[i].dst);
 		}
-		int rc = mlfs_src_readv(s, r, (size_t)n, why, sizeof(why));
+		int rc = mlfs_src_readv(s, r, (size_t)n, &why);
 		if (rc)
-			print_error("readv: %s\n", why);
+			print_error("readv: %s\n", why.text);
 		assert_int_equal(rc, 0);
 		for (int i = 0; i < n; i++) {
 			assert_memory_equal(r[i].dst, content[fi[i]] + r[i].off, (size_t)r[i].len);
@@ -343,8 +345,8 @@ static void test_file_hits_coalesce(void **state)
 				  {uri_b, 60000, 5000, d[1]},
 				  {uri, 20000, 5000, d[2]},
 				  {uri, 2000, 5000, d[3]}};
-	char why[256];
-	assert_int_equal(mlfs_src_readv(s, r, 4, why, sizeof(why)), 0);
+	struct ptc_error why;
+	assert_int_equal(mlfs_src_readv(s, r, 4, &why), 0);
 	assert_memory_equal(d[0], content[F_A], 5000);
 	assert_memory_equal(d[1], content[F_B] + 60000, 5000);
 	assert_memory_equal(d[2], content[F_A] + 20000, 5000);
@@ -363,7 +365,8 @@ static void test_file_direct(void **state)
 	    .block_bytes = 4096, .max_request_bytes = 1 << 20, .parallel = 4, .file_direct = true};
 	struct mlfs_src *s = mlfs_src_new(&o);
 	struct mlfs_src_stats st;
-	char uri[MAX_URI_LEN], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN];
+	struct ptc_error why;
 
 	assert_non_null(s);
 	random_reads(s, 0, 300, 7);
@@ -382,17 +385,18 @@ static void test_file_direct(void **state)
 				  {uri, 9000, 1000, d[3]},
 				  {uri, 9000, 1000, d[4]}};
 	int64_t before = stats(s).direct_reads;
-	assert_int_equal(mlfs_src_readv(s, r, 3, why, sizeof(why)), 0);
+	assert_int_equal(mlfs_src_readv(s, r, 3, &why), 0);
 	assert_int_equal(stats(s).direct_reads, before + 1);
-	assert_int_equal(mlfs_src_readv(s, r, 5, why, sizeof(why)), 0);
+	assert_int_equal(mlfs_src_readv(s, r, 5, &why), 0);
 	assert_int_equal(stats(s).direct_reads, before + 1 + 3);
 	for (int i = 0; i < 5; i++)
 		assert_memory_equal(d[i], content[F_A] + r[i].off, 1000);
 
 	/* Past the end: named, as through the cache. */
 	file_uri(uri, F_SMALL);
-	assert_int_equal(read1(s, uri, 96, 36, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "holds 100 bytes, bytes 96-131 asked"));
+	assert_int_equal(read1(s, uri, 96, 36, &why), -EIO);
+	assert_non_null(strstr(why.text, "holds 100 bytes, bytes 96-131 asked"));
+	assert_int_equal(why.code, -EIO);
 
 	/* A file that shrank after it was opened: EIO naming it, not short data. */
 	char path[128];
@@ -402,17 +406,18 @@ static void test_file_direct(void **state)
 	assert_int_equal(fwrite(content[F_A], 1, 50000, f), 50000);
 	assert_int_equal(fclose(f), 0);
 	snprintf(uri, sizeof(uri), "file://%s", path);
-	assert_int_equal(read1(s, uri, 0, 50000, why, sizeof(why)), 0);
+	assert_int_equal(read1(s, uri, 0, 50000, &why), 0);
 	assert_int_equal(truncate(path, 9000), 0);
 	/* Not the mapping's zeros for bytes 9000-12287 (the rest of the cut
 	 * page): the read names the end; the next one, reopened, the size. */
-	assert_int_equal(read1(s, uri, 9000, 100, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "shrinks.bin: ends at byte 9000, shorter than when opened"));
-	assert_int_equal(read1(s, uri, 20000, 100, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "shrinks.bin: holds 9000 bytes, bytes 20000-20099 asked"));
+	assert_int_equal(read1(s, uri, 9000, 100, &why), -EIO);
+	assert_non_null(
+	    strstr(why.text, "shrinks.bin: ends at byte 9000, shorter than when opened"));
+	assert_int_equal(read1(s, uri, 20000, 100, &why), -EIO);
+	assert_non_null(strstr(why.text, "shrinks.bin: holds 9000 bytes, bytes 20000-20099 asked"));
 	uint8_t back[100];
 	struct mlfs_range r100 = {.uri = uri, .off = 100, .len = 100, .dst = back};
-	assert_int_equal(mlfs_src_readv(s, &r100, 1, why, sizeof(why)), 0);
+	assert_int_equal(mlfs_src_readv(s, &r100, 1, &why), 0);
 	assert_memory_equal(back, content[F_A] + 100, 100);
 
 	/* A file that shrinks during a copy from its mapping: SIGBUS, caught. */
@@ -479,28 +484,30 @@ static void test_file_errors(void **state)
 {
 	(void)state;
 	struct mlfs_src *s = src_new(64, 1 << 20, 1 << 20, 0);
-	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64];
+	struct ptc_error why;
 
 	file_uri(uri, F_SMALL);
 	check_read(s, uri, F_SMALL, 0, 100);
-	assert_int_equal(read1(s, uri, 96, 36, why, sizeof(why)), -EIO);
+	assert_int_equal(read1(s, uri, 96, 36, &why), -EIO);
 	snprintf(want, sizeof(want), "%s: holds 100 bytes, bytes 96-131 asked", uri);
-	assert_string_equal(why, want);
-	assert_int_equal(read1(s, uri, 100, 1, why, sizeof(why)), -EIO);
-	assert_int_equal(read1(s, uri, 100, 0, why, sizeof(why)), 0); /* empty: ignored */
-	assert_int_equal(read1(s, uri, 5000, 0, why, sizeof(why)), 0);
+	assert_string_equal(why.text, want);
+	assert_int_equal(read1(s, uri, 100, 1, &why), -EIO);
+	assert_int_equal(read1(s, uri, 100, 0, &why), 0); /* empty: ignored */
+	assert_int_equal(read1(s, uri, 5000, 0, &why), 0);
 
 	file_uri(uri, F_EMPTY);
-	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "holds 0 bytes"));
+	assert_int_equal(read1(s, uri, 0, 1, &why), -EIO);
+	assert_non_null(strstr(why.text, "holds 0 bytes"));
 
 	snprintf(uri, sizeof(uri), "file://%s/missing.bin", dir);
-	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
+	assert_int_equal(read1(s, uri, 0, 1, &why), -EIO);
 	snprintf(want, sizeof(want), "%s: No such file or directory", uri);
-	assert_string_equal(why, want);
+	assert_string_equal(why.text, want);
 	snprintf(uri, sizeof(uri), "file://%s/subdir", dir);
-	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "not a regular file"));
+	assert_int_equal(read1(s, uri, 0, 1, &why), -EIO);
+	assert_non_null(strstr(why.text, "not a regular file"));
+	assert_int_equal(why.code, -EIO);
 
 	/* A FIFO with no writer: refused at once, not waited on (the open
 	 * blocked forever; SIGALRM ends the test if it ever does again). */
@@ -511,11 +518,11 @@ static void test_file_errors(void **state)
 	assert_int_equal(mkfifo(fifo, 0600), 0);
 	snprintf(uri, sizeof(uri), "file://%s", fifo);
 	alarm(10);
-	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
+	assert_int_equal(read1(s, uri, 0, 1, &why), -EIO);
 	snprintf(want, sizeof(want), "%s: not a regular file", uri);
-	assert_string_equal(why, want);
-	assert_int_equal(mlfs_src_fetch(s, uri, 100, &data, &len, why, sizeof(why)), -EIO);
-	assert_string_equal(why, want);
+	assert_string_equal(why.text, want);
+	assert_int_equal(mlfs_src_fetch(s, uri, 100, &data, &len, &why), -EIO);
+	assert_string_equal(why.text, want);
 	alarm(0);
 	unlink(fifo);
 
@@ -525,13 +532,12 @@ static void test_file_errors(void **state)
 	file_uri(good, F_A);
 	snprintf(uri, sizeof(uri), "file://%s/missing.bin", dir);
 	struct mlfs_range r[2] = {{good, 0, 10, d1}, {uri, 0, 10, d2}};
-	assert_int_equal(mlfs_src_readv(s, r, 2, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "missing.bin"));
-	/* A small why buffer is NUL-terminated; NULL is fine with 0. */
-	assert_int_equal(mlfs_src_readv(s, r, 2, why, 8), -EIO);
-	assert_int_equal(strlen(why), 7);
-	assert_int_equal(mlfs_src_readv(s, r, 2, NULL, 0), -EIO);
-	assert_int_equal(mlfs_src_readv(s, r, 0, why, sizeof(why)), 0);
+	assert_int_equal(mlfs_src_readv(s, r, 2, &why), -EIO);
+	assert_non_null(strstr(why.text, "missing.bin"));
+	/* The message comes with its errno; NULL is fine. */
+	assert_int_equal(why.code, -EIO);
+	assert_int_equal(mlfs_src_readv(s, r, 2, NULL), -EIO);
+	assert_int_equal(mlfs_src_readv(s, r, 0, &why), 0);
 	mlfs_src_free(s);
 }
 
@@ -556,42 +562,44 @@ static void test_bad_uris(void **state)
 	    "http://h/a\tb",
 	    "HTTPX://h/a.bin",
 	};
-	char why[256], good[MAX_URI_LEN];
+	char good[MAX_URI_LEN];
+	struct ptc_error why;
 	uint8_t d[4], *data = (uint8_t *)1;
 	size_t len = 1;
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
-		assert_int_equal(read1(s, bad[i], 0, 1, why, sizeof(why)), -EINVAL);
-		assert_true(why[0]);
-		assert_int_equal(mlfs_src_fetch(s, bad[i], 100, &data, &len, why, sizeof(why)),
-				 -EINVAL);
+		assert_int_equal(read1(s, bad[i], 0, 1, &why), -EINVAL);
+		assert_true(why.text[0]);
+		assert_int_equal(why.code, -EINVAL);
+		assert_int_equal(mlfs_src_fetch(s, bad[i], 100, &data, &len, &why), -EINVAL);
 		assert_null(data);
 		assert_int_equal(len, 0);
 	}
-	assert_int_equal(read1(s, NULL, 0, 1, why, sizeof(why)), -EINVAL);
+	assert_int_equal(read1(s, NULL, 0, 1, &why), -EINVAL);
 	char *longuri = malloc(MLFS_SRC_MAX_URI + 100);
 	assert_non_null(longuri);
 	memset(longuri, 'x', MLFS_SRC_MAX_URI + 99);
 	memcpy(longuri, "file:///", 8);
 	longuri[MLFS_SRC_MAX_URI + 99] = 0;
-	assert_int_equal(read1(s, longuri, 0, 1, why, sizeof(why)), -EINVAL);
+	assert_int_equal(read1(s, longuri, 0, 1, &why), -EINVAL);
 	free(longuri);
 
 	file_uri(good, F_A);
 	struct mlfs_range r = {good, -1, 1, d};
-	assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EINVAL);
+	assert_int_equal(mlfs_src_readv(s, &r, 1, &why), -EINVAL);
 	r = (struct mlfs_range){good, 0, -1, d};
-	assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EINVAL);
+	assert_int_equal(mlfs_src_readv(s, &r, 1, &why), -EINVAL);
 	r = (struct mlfs_range){good, INT64_MAX, 1, d};
-	assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EINVAL);
+	assert_int_equal(mlfs_src_readv(s, &r, 1, &why), -EINVAL);
 	r = (struct mlfs_range){good, 0, 1, NULL};
-	assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EINVAL);
-	assert_int_equal(mlfs_src_readv(s, NULL, 1, why, sizeof(why)), -EINVAL);
-	assert_int_equal(mlfs_src_fetch(s, good, -1, &data, &len, why, sizeof(why)), -EINVAL);
+	assert_int_equal(mlfs_src_readv(s, &r, 1, &why), -EINVAL);
+	assert_int_equal(mlfs_src_readv(s, NULL, 1, &why), -EINVAL);
+	assert_int_equal(mlfs_src_fetch(s, good, -1, &data, &len, &why), -EINVAL);
 	/* A huge range of a known file: past its end, not an allocation. */
 	r = (struct mlfs_range){good, 0, INT64_MAX, d};
-	assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "holds 300007 bytes"));
+	assert_int_equal(mlfs_src_readv(s, &r, 1, &why), -EIO);
+	assert_non_null(strstr(why.text, "holds 300007 bytes"));
+	assert_int_equal(why.code, -EIO);
 	mlfs_src_free(s);
 }
 
@@ -646,28 +654,30 @@ static void test_file_fetch(void **state)
 {
 	(void)state;
 	struct mlfs_src *s = src_new(64, 1 << 20, 1 << 20, 0);
-	char uri[MAX_URI_LEN], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 
 	file_uri(uri, F_INDEX);
-	assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, why, sizeof(why)), 0);
+	assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, &why), 0);
 	assert_int_equal(len, fsize[F_INDEX]);
 	assert_memory_equal(data, content[F_INDEX], len);
 	free(data);
-	assert_int_equal(mlfs_src_fetch(s, uri, fsize[F_INDEX], &data, &len, why, sizeof(why)), 0);
+	assert_int_equal(mlfs_src_fetch(s, uri, fsize[F_INDEX], &data, &len, &why), 0);
 	free(data);
-	assert_int_equal(mlfs_src_fetch(s, uri, 5, &data, &len, why, sizeof(why)), -EFBIG);
+	assert_int_equal(mlfs_src_fetch(s, uri, 5, &data, &len, &why), -EFBIG);
 	assert_null(data);
-	assert_non_null(strstr(why, uri));
+	assert_non_null(strstr(why.text, uri));
+	assert_int_equal(why.code, -EFBIG);
 	file_uri(uri, F_EMPTY);
-	assert_int_equal(mlfs_src_fetch(s, uri, 0, &data, &len, why, sizeof(why)), 0);
+	assert_int_equal(mlfs_src_fetch(s, uri, 0, &data, &len, &why), 0);
 	assert_non_null(data);
 	assert_int_equal(len, 0);
 	free(data);
 	snprintf(uri, sizeof(uri), "file://%s/missing.json", dir);
-	assert_int_equal(mlfs_src_fetch(s, uri, 100, &data, &len, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, uri));
+	assert_int_equal(mlfs_src_fetch(s, uri, 100, &data, &len, &why), -EIO);
+	assert_non_null(strstr(why.text, uri));
 	assert_int_equal(stats(s).cached_bytes, 0);
 	mlfs_src_free(s);
 }
@@ -718,7 +728,8 @@ static void test_http_exact(void **state)
 {
 	(void)state;
 	struct mlfs_src *s = src_new(4096, 65536, 32768, 2);
-	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64];
+	struct ptc_error why;
 	long req, failed;
 	struct mlfs_src_stats st;
 
@@ -755,19 +766,19 @@ static void test_http_exact(void **state)
 	http_uri(uri, srv.port, names[F_SMALL]);
 	snprintf(want, sizeof(want), "%s: holds 100 bytes, bytes 96-131 asked", uri);
 	s = src_new(64, 1 << 20, 1 << 20, 2);
-	assert_int_equal(read1(s, uri, 96, 36, why, sizeof(why)), -EIO);
-	assert_string_equal(why, want);
-	assert_int_equal(read1(s, uri, 96, 36, why, sizeof(why)), -EIO); /* size now known */
-	assert_string_equal(why, want);
+	assert_int_equal(read1(s, uri, 96, 36, &why), -EIO);
+	assert_string_equal(why.text, want);
+	assert_int_equal(read1(s, uri, 96, 36, &why), -EIO); /* size now known */
+	assert_string_equal(why.text, want);
 	check_read(s, uri, F_SMALL, 0, 100);
 	mlfs_src_free(s);
 	s = src_new(64, 1 << 20, 1 << 20, 2);
-	assert_int_equal(read1(s, uri, 200, 10, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "holds 100 bytes, bytes 200-209 asked"));
+	assert_int_equal(read1(s, uri, 200, 10, &why), -EIO);
+	assert_non_null(strstr(why.text, "holds 100 bytes, bytes 200-209 asked"));
 	assert_int_equal(stats(s).retries, 0);
 	http_uri(uri, srv.port, names[F_EMPTY]);
-	assert_int_equal(read1(s, uri, 0, 1, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "holds 0 bytes"));
+	assert_int_equal(read1(s, uri, 0, 1, &why), -EIO);
+	assert_non_null(strstr(why.text, "holds 0 bytes"));
 	assert_int_equal(stats(s).cached_bytes, 0);
 	mlfs_src_free(s);
 }
@@ -777,7 +788,8 @@ static void test_http_flaky(void **state)
 	(void)state;
 	struct mlfs_src *s = src_new(4096, 32768, 16384, 20);
 	struct mlfs_src_stats st;
-	char uri[MAX_URI_LEN], why[512];
+	char uri[MAX_URI_LEN];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 
@@ -787,7 +799,7 @@ static void test_http_flaky(void **state)
 	race(s, srv.port);
 	http_uri(uri, srv.port, names[F_INDEX]);
 	for (int i = 0; i < 20; i++) {
-		assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, why, sizeof(why)), 0);
+		assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, &why), 0);
 		assert_int_equal(len, fsize[F_INDEX]);
 		assert_memory_equal(data, content[F_INDEX], len);
 		free(data);
@@ -818,7 +830,8 @@ static void test_http_modes(void **state)
 	(void)state;
 	static const char *const modes[] = {"500",	"503",	 "429",	     "408",	    "drop",
 					    "truncate", "short", "badrange", "ignore-range"};
-	char uri[MAX_URI_LEN], q[128], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN], q[128];
+	struct ptc_error why;
 	uint8_t dst[3000];
 
 	http_uri(uri, srv.port, names[F_A]);
@@ -828,9 +841,9 @@ static void test_http_modes(void **state)
 		snprintf(q, sizeof(q), "fail_rate=1&modes=%s&reset=1", modes[m]);
 		server_set(srv.port, q);
 		memset(dst, SENTINEL, sizeof(dst));
-		assert_int_equal(mlfs_src_readv(s, &r, 1, why, sizeof(why)), -EIO);
-		if (!strstr(why, uri) || !strstr(why, "after 3 attempts")) {
-			print_error("mode %s: \"%s\"\n", modes[m], why);
+		assert_int_equal(mlfs_src_readv(s, &r, 1, &why), -EIO);
+		if (!strstr(why.text, uri) || !strstr(why.text, "after 3 attempts")) {
+			print_error("mode %s: \"%s\"\n", modes[m], why.text);
 			fail();
 		}
 		for (size_t i = 0; i < sizeof(dst); i++)
@@ -851,9 +864,9 @@ static void test_http_modes(void **state)
 	server_set(srv.port, "fail_rate=1&modes=503");
 	struct mlfs_src *s = src_new(4096, 1 << 20, 32768, 1);
 	char want[MAX_URI_LEN + 64];
-	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	assert_int_equal(read1(s, uri, 0, 10, &why), -EIO);
 	snprintf(want, sizeof(want), "%s: HTTP 503 after 2 attempts", uri);
-	assert_string_equal(why, want);
+	assert_string_equal(why.text, want);
 	mlfs_src_free(s);
 
 	/* A 200 with the whole object is fine when the whole object was asked. */
@@ -871,18 +884,19 @@ static void test_http_404(void **state)
 {
 	(void)state;
 	struct mlfs_src *s = src_new(4096, 1 << 20, 32768, 5);
-	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 	long req, failed;
 
 	server_set(srv.port, "fail_rate=0&reset=1");
 	http_uri(uri, srv.port, "missing.bin");
-	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	assert_int_equal(read1(s, uri, 0, 10, &why), -EIO);
 	snprintf(want, sizeof(want), "%s: HTTP 404", uri);
-	assert_string_equal(why, want);
-	assert_int_equal(mlfs_src_fetch(s, uri, 100, &data, &len, why, sizeof(why)), -EIO);
-	assert_string_equal(why, want);
+	assert_string_equal(why.text, want);
+	assert_int_equal(mlfs_src_fetch(s, uri, 100, &data, &len, &why), -EIO);
+	assert_string_equal(why.text, want);
 	struct mlfs_src_stats st = stats(s);
 	assert_int_equal(st.retries, 0);
 	assert_int_equal(st.requests, 2);
@@ -893,9 +907,9 @@ static void test_http_404(void **state)
 	/* Other statuses that are not retried. */
 	server_set(srv.port, "fail_rate=1&modes=403");
 	http_uri(uri, srv.port, names[F_A]);
-	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, "HTTP 403"));
-	assert_null(strstr(why, "attempts"));
+	assert_int_equal(read1(s, uri, 0, 10, &why), -EIO);
+	assert_non_null(strstr(why.text, "HTTP 403"));
+	assert_null(strstr(why.text, "attempts"));
 	assert_int_equal(stats(s).retries, 0);
 	server_set(srv.port, "fail_rate=0");
 	mlfs_src_free(s);
@@ -905,26 +919,27 @@ static void test_http_fetch(void **state)
 {
 	(void)state;
 	struct mlfs_src *s = src_new(4096, 1 << 20, 32768, 20);
-	char uri[MAX_URI_LEN], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 
 	server_set(srv.port, "fail_rate=0");
 	http_uri(uri, srv.port, names[F_INDEX]);
-	assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, why, sizeof(why)), 0);
+	assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, &why), 0);
 	assert_int_equal(len, fsize[F_INDEX]);
 	assert_memory_equal(data, content[F_INDEX], len);
 	free(data);
-	assert_int_equal(mlfs_src_fetch(s, uri, 5, &data, &len, why, sizeof(why)), -EFBIG);
+	assert_int_equal(mlfs_src_fetch(s, uri, 5, &data, &len, &why), -EFBIG);
 	assert_null(data);
-	assert_non_null(strstr(why, uri));
+	assert_non_null(strstr(why.text, uri));
 	http_uri(uri, srv.port, names[F_A]);
-	assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, why, sizeof(why)), 0);
+	assert_int_equal(mlfs_src_fetch(s, uri, 1 << 20, &data, &len, &why), 0);
 	assert_int_equal(len, fsize[F_A]);
 	assert_memory_equal(data, content[F_A], len);
 	free(data);
 	http_uri(uri, srv.port, names[F_EMPTY]);
-	assert_int_equal(mlfs_src_fetch(s, uri, 0, &data, &len, why, sizeof(why)), 0);
+	assert_int_equal(mlfs_src_fetch(s, uri, 0, &data, &len, &why), 0);
 	assert_int_equal(len, 0);
 	assert_non_null(data);
 	free(data);
@@ -938,24 +953,25 @@ static void test_http_fail_always(void **state)
 	(void)state;
 	static const char *const args[] = {"--fail-always", "--fail-modes", "500", NULL};
 	struct unit_server sv = {.pid = -1};
-	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 64];
+	struct ptc_error why;
 	long req, failed;
 
 	server_start(&sv, args);
 	struct mlfs_src *s = src_new(4096, 1 << 20, 32768, 3);
 	http_uri(uri, sv.port, names[F_A]);
-	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	assert_int_equal(read1(s, uri, 0, 10, &why), -EIO);
 	snprintf(want, sizeof(want), "%s: HTTP 500 after 4 attempts", uri);
-	assert_string_equal(why, want);
+	assert_string_equal(why.text, want);
 	server_stats(sv.port, &req, &failed);
 	assert_int_equal(req, 4);
 	assert_int_equal(failed, 4);
 	unit_server_stop(&sv);
 
 	/* Nobody listening any more: connection errors, retried, then -EIO. */
-	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, uri));
-	assert_non_null(strstr(why, "after 4 attempts"));
+	assert_int_equal(read1(s, uri, 0, 10, &why), -EIO);
+	assert_non_null(strstr(why.text, uri));
+	assert_non_null(strstr(why.text, "after 4 attempts"));
 	struct mlfs_src_stats st = stats(s);
 	assert_int_equal(st.retries, 6);
 	assert_int_equal(st.failures, 2);
@@ -969,15 +985,16 @@ static void test_http_timeout(void **state)
 	struct mlfs_src_opts o = {
 	    .block_bytes = 4096, .retries = 1, .backoff_ms = 1, .timeout_ms = 300};
 	struct mlfs_src *s = mlfs_src_new(&o);
-	char uri[MAX_URI_LEN], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN];
+	struct ptc_error why;
 
 	assert_non_null(s);
 	server_set(srv.port, "fail_rate=1&modes=stall");
 	http_uri(uri, srv.port, names[F_A]);
-	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
-	assert_non_null(strstr(why, uri));
-	assert_non_null(strstr(why, "after 2 attempts"));
-	assert_non_null(strcasestr(why, "timed out"));
+	assert_int_equal(read1(s, uri, 0, 10, &why), -EIO);
+	assert_non_null(strstr(why.text, uri));
+	assert_non_null(strstr(why.text, "after 2 attempts"));
+	assert_non_null(strcasestr(why.text, "timed out"));
 	mlfs_src_free(s);
 	server_set(srv.port, "fail_rate=0");
 }
@@ -1011,17 +1028,18 @@ static void test_http_stall_body(void **state)
 	struct mlfs_src_opts o = {
 	    .block_bytes = 1 << 20, .retries = 1, .backoff_ms = 1, .timeout_ms = 1000};
 	struct mlfs_src *s = mlfs_src_new(&o);
-	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 128], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN], want[MAX_URI_LEN + 128];
+	struct ptc_error why;
 
 	assert_non_null(s);
 	server_set(srv.port, "fail_rate=1&modes=stall-body&stall_seconds=30&reset=1");
 	http_uri(uri, srv.port, names[F_A]);
 	int64_t t0 = now_ms();
-	assert_int_equal(read1(s, uri, 0, fsize[F_A], why, sizeof(why)), -EIO);
+	assert_int_equal(read1(s, uri, 0, fsize[F_A], &why), -EIO);
 	int64_t ms = now_ms() - t0;
 	snprintf(want, sizeof(want), "%s: timed out (nothing received for 1 s) after 2 attempts",
 		 uri);
-	assert_string_equal(why, want);
+	assert_string_equal(why.text, want);
 	if (ms < 2000 || ms > 8000) {
 		print_error("2 stalled attempts with a 1 s timeout took %" PRId64 " ms\n", ms);
 		fail();
@@ -1043,7 +1061,8 @@ static void test_http_deadline(void **state)
 				  .timeout_ms = 1000,
 				  .deadline_ms = 3000};
 	struct mlfs_src *s = mlfs_src_new(&o);
-	char uri[MAX_URI_LEN], why[MAX_URI_LEN + 128];
+	char uri[MAX_URI_LEN];
+	struct ptc_error why;
 	uint8_t *data;
 	size_t len;
 
@@ -1052,14 +1071,15 @@ static void test_http_deadline(void **state)
 	http_uri(uri, srv.port, names[F_A]);
 	for (int fetch = 0; fetch < 2; fetch++) {
 		int64_t t0 = now_ms();
-		int rc = fetch ? mlfs_src_fetch(s, uri, 1 << 20, &data, &len, why, sizeof(why))
-			       : read1(s, uri, 0, 10, why, sizeof(why));
+		int rc = fetch ? mlfs_src_fetch(s, uri, 1 << 20, &data, &len, &why)
+			       : read1(s, uri, 0, 10, &why);
 		int64_t ms = now_ms() - t0;
 		assert_int_equal(rc, -EIO);
-		if (ms < 2900 || ms > 5000 || !strstr(why, uri) || !strstr(why, "timed out") ||
-		    !strstr(why, "attempts, deadline of 3 s reached")) {
+		if (ms < 2900 || ms > 5000 || !strstr(why.text, uri) ||
+		    !strstr(why.text, "timed out") ||
+		    !strstr(why.text, "attempts, deadline of 3 s reached")) {
 			print_error("%s after %" PRId64 " ms: \"%s\"\n", fetch ? "fetch" : "readv",
-				    ms, why);
+				    ms, why.text);
 			fail();
 		}
 	}
@@ -1073,12 +1093,12 @@ static void test_http_deadline(void **state)
 	o.deadline_ms = 1500;
 	assert_non_null(s = mlfs_src_new(&o));
 	int64_t t0 = now_ms();
-	assert_int_equal(read1(s, uri, 0, 10, why, sizeof(why)), -EIO);
+	assert_int_equal(read1(s, uri, 0, 10, &why), -EIO);
 	int64_t ms = now_ms() - t0;
 	char want[MAX_URI_LEN + 128];
 	snprintf(want, sizeof(want), "%s: timed out after 1 attempt, deadline of 1.5 s reached",
 		 uri);
-	assert_string_equal(why, want);
+	assert_string_equal(why.text, want);
 	assert_true(ms >= 1400 && ms < 3000);
 	mlfs_src_free(s);
 	server_set(srv.port, "fail_rate=0&stall_seconds=5");
