@@ -19,7 +19,7 @@ ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS)
 
 DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev \
 	libzstd-dev libxxhash-dev libcmocka-dev pkg-config python3-numpy python3-pytest etcd-server \
-	python3-torch python3-matplotlib iperf3 spin
+	python3-torch python3-matplotlib iperf3 spin clang-format
 
 # The modules, one static library each, and what each may include (its own
 # headers and these folders' public headers). `make check-deps` enforces the
@@ -56,7 +56,7 @@ $(BUILD)/lib%.a:
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test unit demo deps bench fuzz format clean check-deps soak model
+.PHONY: all test unit demo deps bench fuzz format format-check clean check-deps soak model
 
 all: $(BUILD)/mlfs
 
@@ -111,7 +111,7 @@ unit: $(UNIT_BIN) $(FUZZ_BIN)
 		$$f -runs=20000 tests/fuzz/corpus/$$n; done
 
 test: deps
-	$(MAKE) check-deps
+	$(MAKE) check-deps format-check
 	$(MAKE) all
 	$(MAKE) unit
 	tests/model/check.sh
@@ -153,6 +153,12 @@ check-deps:
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
+
+# Every C file as the root .clang-format has it (make format fixes them).
+format-check:
+	@command -v clang-format >/dev/null || { echo "format-check: clang-format is missing (make deps)"; exit 1; }
+	clang-format --dry-run -Werror $$(git ls-files '*.c' '*.h')
+	@echo "format-check: every C file is formatted"
 
 clean:
 	rm -rf build

@@ -42,29 +42,29 @@ struct mlfs_snap_attempt {
 /* What this node knows at one moment. Strings are borrowed. */
 struct mlfs_snap {
 	/* etcd, as last read */
-	bool etcd_ok;	      /* the last read answered; false: nothing below is fresh */
-	int64_t revision;     /* etcd's revision the keys below are at */
-	bool lease_expired;   /* this node's lease expired (it was frozen or cut off) */
-	bool has_schema;      /* the job's schema is in etcd */
-	int64_t committed;    /* the version of "config" (0: none yet) */
+	bool etcd_ok;	       /* the last read answered; false: nothing below is fresh */
+	int64_t revision;      /* etcd's revision the keys below are at */
+	bool lease_expired;    /* this node's lease expired (it was frozen or cut off) */
+	bool has_schema;       /* the job's schema is in etcd */
+	int64_t committed;     /* the version of "config" (0: none yet) */
 	const char *commit_id; /* the attempt that committed it ("" for a first config) */
-	int64_t saved_step;   /* the newest step the job ever saved ("saved" key; -1: none) */
+	int64_t saved_step;    /* the newest step the job ever saved ("saved" key; -1: none) */
 	const struct mlfs_snap_attempt *attempt; /* NULL: none */
 	const struct mlfs_snap_node *nodes;	 /* the job's nodes, this one included */
 	int nnodes;
 	int me; /* index of this node in @nodes */
 	int64_t now_ms;
 	/* this node's store */
-	bool store_schema;		/* a schema is installed */
-	int64_t have;			/* the current layout's version (0: none) */
-	bool hosts_ranks;		/* the current layout places ranks on this node */
-	bool lost;			/* this node's partitions are not the job's */
-	enum mlfs_reconf_state reconf;	/* the store's reconfiguration state */
-	int64_t target;			/* of the store's attempt, when not idle */
-	const char *prepare_id;		/* the attempt whose prepare the store ran ("": none) */
-	int64_t prepare_rev;		/* the revision that created that attempt in etcd */
-	bool coordinating;		/* this node created the attempt in etcd */
-	int64_t retained;		/* the previous layout kept after a commit (0: none) */
+	bool store_schema;	       /* a schema is installed */
+	int64_t have;		       /* the current layout's version (0: none) */
+	bool hosts_ranks;	       /* the current layout places ranks on this node */
+	bool lost;		       /* this node's partitions are not the job's */
+	enum mlfs_reconf_state reconf; /* the store's reconfiguration state */
+	int64_t target;		       /* of the store's attempt, when not idle */
+	const char *prepare_id;	       /* the attempt whose prepare the store ran ("": none) */
+	int64_t prepare_rev;	       /* the revision that created that attempt in etcd */
+	bool coordinating;	       /* this node created the attempt in etcd */
+	int64_t retained;	       /* the previous layout kept after a commit (0: none) */
 };
 
 /* What to do, in the order given. */

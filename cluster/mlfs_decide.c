@@ -135,7 +135,8 @@ static void coordinate(const struct mlfs_snap *s, struct out *o)
 	if (!s->coordinating || !same(a->coordinator, s->nodes[s->me].id))
 		return;
 	if (s->now_ms > a->deadline_ms) {
-		add(o, MLFS_ACT_FINISH_ABORT, a->to, "the deadline passed before every node was ready");
+		add(o, MLFS_ACT_FINISH_ABORT, a->to,
+		    "the deadline passed before every node was ready");
 		return;
 	}
 	for (int i = 0; i < s->nnodes; i++) {

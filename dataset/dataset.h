@@ -6,8 +6,8 @@
 #define MLFS_DATASET_H
 
 /*
- * Sources (mlfs_source.c and mlfs_src*.c): dataset shard sources (file://, http://, https://) behind a
- * byte-bounded block cache.
+ * Sources (mlfs_source.c and mlfs_src*.c): dataset shard sources (file://, http://, https://)
+ * behind a byte-bounded block cache.
  *
  * An object is named by a URI: "file:///abs/path", "http://host[:port]/path"
  * or "https://...". Objects are read in blocks of opts.block_bytes (block i

@@ -32,7 +32,6 @@
 #include "net/net.h"
 #include "net/net_i.h"
 
-
 /* ---------------------------------------------------------------- base64 */
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -79,7 +78,8 @@ int net_b64_decode(const char *s, char **out, size_t *n)
 		int c = s[i + 2] == '=' ? 0 : b64_val(s[i + 2]);
 		int d = s[i + 3] == '=' ? 0 : b64_val(s[i + 3]);
 		bool pad2 = s[i + 2] == '=', pad3 = s[i + 3] == '=';
-		if (a < 0 || b < 0 || c < 0 || d < 0 || (pad2 && !pad3) || ((pad2 || pad3) && i + 4 < len)) {
+		if (a < 0 || b < 0 || c < 0 || d < 0 || (pad2 && !pad3) ||
+		    ((pad2 || pad3) && i + 4 < len)) {
 			free(o);
 			return -EINVAL;
 		}
@@ -315,9 +315,9 @@ static json_t *op_json(const struct net_etcd_op *op)
 	} else if (rc == 0 && op->prefix) {
 		rc = net_etcd_set_prefix_end(r, op->key);
 	}
-	if (rc == 0 && json_object_set_new(w, op->kind == NET_ETCD_PUT ? "request_put"
-								      : "request_delete_range",
-					   r) == 0)
+	if (rc == 0 &&
+	    json_object_set_new(
+		w, op->kind == NET_ETCD_PUT ? "request_put" : "request_delete_range", r) == 0)
 		return w;
 	json_decref(w);
 	if (rc)

@@ -44,8 +44,8 @@ struct net_etcd_watch {
 	void *arg;
 	pthread_t thread;
 	atomic_int stop;
-	int end;	   /* the first error seen by the callback (0: none) */
-	char *buf;	   /* bytes of an unfinished message */
+	int end;   /* the first error seen by the callback (0: none) */
+	char *buf; /* bytes of an unfinished message */
 	size_t len, cap;
 	bool created;
 	char why[256];
@@ -57,15 +57,17 @@ static int take_message(struct net_etcd_watch *w, const json_t *msg)
 {
 	const json_t *res = json_object_get(msg, "result");
 	if (!json_is_object(res)) {
-		const char *m = json_string_value(json_object_get(json_object_get(msg, "error"),
-								  "message"));
-		snprintf(w->why, sizeof(w->why), "etcd watch: %s", m ? m : "a message without result");
+		const char *m =
+		    json_string_value(json_object_get(json_object_get(msg, "error"), "message"));
+		snprintf(w->why, sizeof(w->why), "etcd watch: %s",
+			 m ? m : "a message without result");
 		return -EIO;
 	}
 	int64_t rev = net_etcd_jint(json_object_get(res, "header"), "revision", 0);
 	if (json_is_true(json_object_get(res, "canceled"))) {
 		int64_t compact = net_etcd_jint(res, "compact_revision", 0);
-		snprintf(w->why, sizeof(w->why), "etcd watch canceled%s", compact ? " (compacted)" : "");
+		snprintf(w->why, sizeof(w->why), "etcd watch canceled%s",
+			 compact ? " (compacted)" : "");
 		return -ESTALE;
 	}
 	if (json_is_true(json_object_get(res, "created")))
@@ -175,8 +177,8 @@ static void *watch_main(void *arg)
 				snprintf(w->why, sizeof(w->why), "etcd watch: %s",
 					 curl_easy_strerror(code));
 			else
-				snprintf(w->why, sizeof(w->why), "etcd watch: the stream ended (HTTP %ld)",
-					 status);
+				snprintf(w->why, sizeof(w->why),
+					 "etcd watch: the stream ended (HTTP %ld)", status);
 		}
 	}
 	w->fn(w->arg, NULL, 0, rc);

@@ -90,8 +90,8 @@ static bool path_ok(const char *p)
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *text)
 {
-	struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), (void *)text,
-								 MHD_RESPMEM_MUST_COPY);
+	struct MHD_Response *r =
+	    MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
 	if (!r)
 		return MHD_NO;
 	MHD_add_response_header(r, "Content-Type", "text/plain");
@@ -101,7 +101,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, cons
 }
 
 static enum MHD_Result count_arg(void *cls, enum MHD_ValueKind kind, const char *key,
-				  const char *value)
+				 const char *value)
 {
 	(void)kind, (void)key, (void)value;
 	(*(int *)cls)++;
@@ -153,7 +153,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		return send_text(conn, MHD_HTTP_BAD_REQUEST, "too many arguments\n");
 	if (b->too_big)
 		return send_text(conn, MHD_HTTP_CONTENT_TOO_LARGE, "body too large\n");
-	struct net_request r = {s, conn, method, url, b->data ? b->data : "", b->len, false, MHD_NO};
+	struct net_request r = {s,	conn,  method, url, b->data ? b->data : "",
+				b->len, false, MHD_NO};
 	s->handler(s->arg, &r);
 	if (!r.replied)
 		return send_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "no reply\n");
@@ -220,8 +221,8 @@ int net_server_start(const struct net_server_opts *o, net_handler_fn handler, vo
 	s->arg = arg;
 	s->max_body = o->max_body ? o->max_body : (size_t)1 << 20;
 	unsigned threads = o->threads > 0 ? (unsigned)o->threads : 4;
-	s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL,
-				  0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &sa,
+	s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0, NULL, NULL,
+				  on_request, s, MHD_OPTION_SOCK_ADDR, &sa,
 				  MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_NOTIFY_COMPLETED,
 				  on_done, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
 				  MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024, MHD_OPTION_END);
@@ -360,8 +361,8 @@ static int queue_stream(struct net_request *r, int status, struct MHD_Response *
 }
 
 /* A stream for a reply to @r, or NULL (done run, *@rc set). */
-static struct stream *stream_new(struct net_request *r, net_read_fn read,
-				 void (*done)(void *arg), void *arg, int *rc)
+static struct stream *stream_new(struct net_request *r, net_read_fn read, void (*done)(void *arg),
+				 void *arg, int *rc)
 {
 	struct stream *st = r->replied ? NULL : malloc(sizeof(*st));
 	if (!st) {
@@ -382,10 +383,10 @@ int net_reply_pinned(struct net_request *r, int status, const void *data, size_t
 	if (!st)
 		return rc;
 	/* sent from @data itself (no copy into a reply buffer) */
-	return queue_stream(
-	    r, status,
-	    MHD_create_response_from_buffer_with_free_callback_cls(len, (void *)data, stream_free, st),
-	    st, content_type);
+	return queue_stream(r, status,
+			    MHD_create_response_from_buffer_with_free_callback_cls(
+				len, (void *)data, stream_free, st),
+			    st, content_type);
 }
 
 int net_reply_stream(struct net_request *r, int status, int64_t len, net_read_fn read,

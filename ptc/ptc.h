@@ -159,7 +159,7 @@ struct ptc_gen_args {
 	int layers, hidden, heads, kv_heads, vocab, ffn, seq;
 	bool tied;
 	enum ptc_dtype dtype;
-	bool has_moments_dtype;	     /* else the Adam moments are float32 */
+	bool has_moments_dtype;	      /* else the Adam moments are float32 */
 	enum ptc_dtype moments_dtype; /* of the optim/exp_avg{,_sq} states */
 };
 json_t *ptc_gen_megatron_gpt(const struct ptc_gen_args *a, struct ptc_error *err);

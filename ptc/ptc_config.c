@@ -221,18 +221,20 @@ int ptc_cluster_extends(const struct ptc_cluster *from, const struct ptc_cluster
 		return ptc_errorf(err, "cluster.json: \"job\", \"etcd\" and \"token_file\" "
 				       "must stay the same");
 	if (to->nnodes < from->nnodes)
-		return ptc_errorf(err, "cluster.json: %d nodes, fewer than the job's %d (nodes "
-				       "are added, never removed: a config leaves them out)",
+		return ptc_errorf(err,
+				  "cluster.json: %d nodes, fewer than the job's %d (nodes "
+				  "are added, never removed: a config leaves them out)",
 				  to->nnodes, from->nnodes);
 	for (int i = 0; i < from->nnodes; i++) {
 		const struct ptc_node *a = &from->nodes[i], *b = &to->nodes[i];
 		if (strcmp(a->id, b->id) != 0 || !same_str(a->addr, b->addr) ||
 		    a->devices != b->devices)
-			return ptc_errorf(err, "cluster.json: node %d is \"%s\" (%s, %d devices) "
-					       "where the job has \"%s\" (%s, %d devices): the "
-					       "job's nodes come first, in order, unchanged",
-					  i, b->id, b->addr ? b->addr : "no addr", b->devices, a->id,
-					  a->addr ? a->addr : "no addr", a->devices);
+			return ptc_errorf(err,
+					  "cluster.json: node %d is \"%s\" (%s, %d devices) "
+					  "where the job has \"%s\" (%s, %d devices): the "
+					  "job's nodes come first, in order, unchanged",
+					  i, b->id, b->addr ? b->addr : "no addr", b->devices,
+					  a->id, a->addr ? a->addr : "no addr", a->devices);
 	}
 	return 0;
 }

@@ -57,7 +57,8 @@ static int check_tp(const struct ptc_layout *l, const char *file, struct ptc_err
 			if (t->unit > 1 && t->chunks[c] / t->unit < l->tp)
 				return ptc_errorf(err,
 						  "%s: \"tp\" = %d exceeds the %" PRId64
-						  " units of %" PRId64 " rows (heads) of chunk %d of "
+						  " units of %" PRId64
+						  " rows (heads) of chunk %d of "
 						  "\"%s\" (dim %d): a unit is never cut",
 						  file, l->tp, t->chunks[c] / t->unit, t->unit, c,
 						  t->name, t->split_dim);

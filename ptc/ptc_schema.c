@@ -277,14 +277,13 @@ static int parse_split(struct ptc_tensor *t, const json_t *split, const char *fi
 	/* "unit": rows that stay together on one TP rank (an attention head's
 	 * rows of a fused QKV), so that a tp which would cut one is refused. */
 	bool padded = rc == 0;
-	if ((rc = ptc_json_int(split, "unit", false, 1, (int64_t)1 << 40, &t->unit, file, w,
-			       err)) < 0)
+	if ((rc = ptc_json_int(split, "unit", false, 1, (int64_t)1 << 40, &t->unit, file, w, err)) <
+	    0)
 		return rc;
 	if (rc == 1)
 		t->unit = 1;
 	else if (padded && t->unit > 1)
-		return ptc_errorf(err, "%s: %s.unit cannot be combined with pad_multiple", file,
-				  w);
+		return ptc_errorf(err, "%s: %s.unit cannot be combined with pad_multiple", file, w);
 	for (int c = 0; c < t->nchunks; c++)
 		if (t->chunks[c] % t->unit)
 			return ptc_errorf(err,

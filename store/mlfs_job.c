@@ -16,7 +16,6 @@
 
 #include "store/store.h"
 
-
 static _Atomic uint64_t job_ids = 1;
 
 /* What a node costs besides its data: counted like the data. */
@@ -223,10 +222,10 @@ static void manifest_walk(const struct mlfs_job *dir, const char *prefix, json_t
 		char path[4096], h[20];
 		snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "/" : "", j->name);
 		snprintf(h, sizeof(h), "%016" PRIx64, mlfs_job_hash(j));
-		json_array_append_new(
-		    out, json_pack("{sssbsIsssI}", "p", path, "d", j->dir, "n", (json_int_t)j->size,
-				   "h", h, "m",
-				   (json_int_t)(j->mtime.tv_sec * 1000000000LL + j->mtime.tv_nsec)));
+		json_array_append_new(out, json_pack("{sssbsIsssI}", "p", path, "d", j->dir, "n",
+						     (json_int_t)j->size, "h", h, "m",
+						     (json_int_t)(j->mtime.tv_sec * 1000000000LL +
+								  j->mtime.tv_nsec)));
 		if (j->dir)
 			manifest_walk(j, path, out);
 	}

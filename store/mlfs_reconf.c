@@ -608,8 +608,8 @@ int mlfs_reconf_prepare(struct mlfs_store *st, const char *text, size_t len, con
 	return mlfs_reconf_prepare_down(st, text, len, what, autocommit, NULL, err);
 }
 
-int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len,
-			     const char *what, bool autocommit, const struct mlfs_reconf_down *dn,
+int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len, const char *what,
+			     bool autocommit, const struct mlfs_reconf_down *dn,
 			     struct ptc_error *err)
 {
 	struct ptc_config *c;

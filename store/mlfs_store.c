@@ -64,7 +64,8 @@ int mlfs_store_grow_cluster(struct mlfs_store *st, const char *text, size_t len,
 	struct ptc_cluster *cl;
 	struct mlfs_retired_cluster *old = malloc(sizeof(*old));
 	char *copy = strndup(text, len);
-	int rc = old && copy ? ptc_cluster_parse_text(text, len, "cluster.json", &cl, err) : -ENOMEM;
+	int rc =
+	    old && copy ? ptc_cluster_parse_text(text, len, "cluster.json", &cl, err) : -ENOMEM;
 
 	if (rc)
 		goto out;

@@ -81,8 +81,8 @@ void mlfs_view_snap_local(struct mlfs_store *st, struct mlfs_view *v, struct xf_
 		mlfs_view_snap(st, v, r0 + i, old ? old + (size_t)i * per : NULL);
 }
 
-struct xf_buf *mlfs_view_snap_get(struct mlfs_store *st, struct mlfs_view *v, int rank,
-				  int state, int tensor, int64_t step, int64_t *have)
+struct xf_buf *mlfs_view_snap_get(struct mlfs_store *st, struct mlfs_view *v, int rank, int state,
+				  int tensor, int64_t step, int64_t *have)
 {
 	const struct xf_parts *p = &v->parts;
 	struct xf_buf *b = NULL;
@@ -155,11 +155,12 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 	if (!(v->config_text = strndup(text, len)))
 		goto err_put;
 	if ((rc = mlfs_config_supported(config, st->multinode, what, err)) ||
-	    (rc = ptc_layout_init(&v->layout, st->schema, config, mlfs_store_cluster(st), what, err)))
+	    (rc = ptc_layout_init(&v->layout, st->schema, config, mlfs_store_cluster(st), what,
+				  err)))
 		goto err_put;
 	/* The partition table, the local stages' name trees and the full tree. */
-	size_t nparts = (size_t)v->layout.world * (size_t)st->schema->nstates *
-			(size_t)st->schema->ntensors;
+	size_t nparts =
+	    (size_t)v->layout.world * (size_t)st->schema->nstates * (size_t)st->schema->ntensors;
 	int64_t meta = (int64_t)nparts * (int64_t)sizeof(void *) * (config->replicas ? 2 : 1) +
 		       tree_bytes(st->schema) * (1 + v->layout.pp);
 	if ((rc = xf_mem_reserve(&st->mem, meta))) {

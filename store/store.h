@@ -75,8 +75,8 @@ void mlfs_bufs_put(struct xf_buf **bufs, size_t n);
 /* Rank @rank's snapshot partition (@state, @tensor) of @v pinned, when it
  * was taken at @step; else NULL, and *@have = the snapshot's step (-1:
  * none). */
-struct xf_buf *mlfs_view_snap_get(struct mlfs_store *st, struct mlfs_view *v, int rank,
-				  int state, int tensor, int64_t step, int64_t *have);
+struct xf_buf *mlfs_view_snap_get(struct mlfs_store *st, struct mlfs_view *v, int rank, int state,
+				  int tensor, int64_t step, int64_t *have);
 
 /* Adds a reference to @v and returns it; NULL-safe. Any thread: the caller
  * must already hold a reference (mlfs_store_view gives the first). */
@@ -94,7 +94,7 @@ struct mlfs_job {
 	uint8_t *data;				/* file content */
 	size_t size, cap;
 	struct timespec mtime;
-	uint64_t id;	     /* content identity */
+	uint64_t id;	    /* content identity */
 	struct xf_mem *mem; /* where its node and data are counted */
 };
 
@@ -180,8 +180,7 @@ struct mlfs_store {
 	atomic_bool lost;
 	/* schema.json and config.json writes go to the control plane: 0 once
 	 * etcd took them (the nodes then install them), or a refusal. */
-	int (*propose)(void *arg, bool config, const char *text, size_t len,
-		       struct ptc_error *err);
+	int (*propose)(void *arg, bool config, const char *text, size_t len, struct ptc_error *err);
 	/* The reconfiguration state changed (prepared, failed, ...): the
 	 * control plane wakes to vote or publish. Store lock held: it may only
 	 * set a flag. */
@@ -237,8 +236,9 @@ static inline int mlfs_config_supported(const struct ptc_config *c, bool multino
 					const char *what, struct ptc_error *err)
 {
 	if (c->replicas && (!multinode || c->nnodes < 2))
-		return ptc_errorf(err, "%s: \"replicas\": %d keeps each node's saved state on the "
-				       "next node of \"nodes\": it needs a job of 2 or more nodes",
+		return ptc_errorf(err,
+				  "%s: \"replicas\": %d keeps each node's saved state on the "
+				  "next node of \"nodes\": it needs a job of 2 or more nodes",
 				  what, c->replicas);
 	return 0;
 }
@@ -389,8 +389,8 @@ struct mlfs_reconf_down {
 /* The same, for a job whose nodes @dn->down cannot serve: the plan takes
  * their partitions from other copies (DP replicas, backups), or refuses
  * naming what has none (ptc_plan_compute_backups). */
-int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len,
-			     const char *what, bool autocommit, const struct mlfs_reconf_down *dn,
+int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len, const char *what,
+			     bool autocommit, const struct mlfs_reconf_down *dn,
 			     struct ptc_error *err);
 /*
  * Commits the prepared attempt to @version: the new view becomes current

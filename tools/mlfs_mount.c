@@ -329,9 +329,10 @@ static bool settling(const json_t *cluster, int64_t version, int64_t *since)
 		*since = ms;
 	if (ms - *since > 3000)
 		return false;
-	json_array_foreach(json_object_get(cluster, "nodes"), i, n) if (
-	    json_is_true(json_object_get(n, "up")) &&
-	    json_integer_value(json_object_get(n, "version")) < version) return true;
+	json_array_foreach(json_object_get(cluster, "nodes"), i,
+			   n) if (json_is_true(json_object_get(n, "up")) &&
+				  json_integer_value(json_object_get(n, "version")) <
+				      version) return true;
 	return false;
 }
 
@@ -389,8 +390,8 @@ int cmd_reconfigure(int argc, char **argv)
 			if (tty)
 				printf("\r%-72s\r", "");
 			printf("version %" PRId64 ": %" JSON_INTEGER_FORMAT
-			       " bytes reused, %" JSON_INTEGER_FORMAT " copied, %" JSON_INTEGER_FORMAT
-			       " fetched in %.3f s\n",
+			       " bytes reused, %" JSON_INTEGER_FORMAT
+			       " copied, %" JSON_INTEGER_FORMAT " fetched in %.3f s\n",
 			       v, json_integer_value(json_object_get(last, "bytes_reused")),
 			       json_integer_value(json_object_get(last, "bytes_copied")),
 			       json_integer_value(json_object_get(last, "bytes_fetched")),
@@ -406,8 +407,8 @@ int cmd_reconfigure(int argc, char **argv)
 				    (double)(now.tv_nsec - t0.tv_nsec) / 1e9;
 			int64_t done = json_integer_value(json_object_get(s, "progress_bytes"));
 			int64_t total = json_integer_value(json_object_get(s, "progress_total"));
-			printf("\r%-10s %12" PRId64 " / %-12" PRId64 " bytes  %8.1f MB/s  %5.1f s", state,
-			       done, total, dt > 0 ? (double)done / dt / 1e6 : 0.0, dt);
+			printf("\r%-10s %12" PRId64 " / %-12" PRId64 " bytes  %8.1f MB/s  %5.1f s",
+			       state, done, total, dt > 0 ? (double)done / dt / 1e6 : 0.0, dt);
 			fflush(stdout);
 		}
 		json_decref(s);

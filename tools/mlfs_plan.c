@@ -334,13 +334,17 @@ out:
 
 int cmd_schema(int argc, char **argv)
 {
-	static const struct option opts[] = {
-	    {"layers", required_argument, NULL, 'l'}, {"hidden", required_argument, NULL, 'h'},
-	    {"heads", required_argument, NULL, 'a'},  {"kv-heads", required_argument, NULL, 'g'},
-	    {"vocab", required_argument, NULL, 'v'},  {"ffn", required_argument, NULL, 'f'},
-	    {"seq", required_argument, NULL, 's'},    {"tied", no_argument, NULL, 't'},
-	    {"dtype", required_argument, NULL, 'd'},  {"moments-dtype", required_argument, NULL, 'm'},
-	    {NULL, 0, NULL, 0}};
+	static const struct option opts[] = {{"layers", required_argument, NULL, 'l'},
+					     {"hidden", required_argument, NULL, 'h'},
+					     {"heads", required_argument, NULL, 'a'},
+					     {"kv-heads", required_argument, NULL, 'g'},
+					     {"vocab", required_argument, NULL, 'v'},
+					     {"ffn", required_argument, NULL, 'f'},
+					     {"seq", required_argument, NULL, 's'},
+					     {"tied", no_argument, NULL, 't'},
+					     {"dtype", required_argument, NULL, 'd'},
+					     {"moments-dtype", required_argument, NULL, 'm'},
+					     {NULL, 0, NULL, 0}};
 	struct ptc_gen_args a = {.dtype = PTC_BFLOAT16};
 	struct ptc_error err = {.text = ""};
 	int c;
@@ -395,9 +399,10 @@ int cmd_schema(int argc, char **argv)
 			break;
 		case 'm':
 			if (ptc_dtype_parse(optarg, &a.moments_dtype)) {
-				fprintf(stderr,
-					"mlfs schema: --moments-dtype \"%s\" is not a known dtype\n",
-					optarg);
+				fprintf(
+				    stderr,
+				    "mlfs schema: --moments-dtype \"%s\" is not a known dtype\n",
+				    optarg);
 				return 2;
 			}
 			a.has_moments_dtype = true;

@@ -25,9 +25,8 @@
 static void note_peak(struct xf_mem *m, int64_t used)
 {
 	int64_t p = atomic_load_explicit(&m->peak, memory_order_relaxed);
-	while (used > p && !atomic_compare_exchange_weak_explicit(&m->peak, &p, used,
-								  memory_order_relaxed,
-								  memory_order_relaxed))
+	while (used > p && !atomic_compare_exchange_weak_explicit(
+			       &m->peak, &p, used, memory_order_relaxed, memory_order_relaxed))
 		;
 }
 

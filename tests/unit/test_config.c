@@ -396,8 +396,9 @@ static void test_cluster_uniform(void **state)
 
 static void test_cluster_extends(void **state)
 {
-	const char *base = "{'job': 'j', 'etcd': 'http://e:1', 'nodes': [{'id': 'n0', "
-			   "'addr': 'a:1', 'devices': 2}, {'id': 'n1', 'addr': 'a:2', 'devices': 2}]}";
+	const char *base =
+	    "{'job': 'j', 'etcd': 'http://e:1', 'nodes': [{'id': 'n0', "
+	    "'addr': 'a:1', 'devices': 2}, {'id': 'n1', 'addr': 'a:2', 'devices': 2}]}";
 	struct {
 		const char *text, *msg; /* msg NULL: extends base */
 	} cases[] = {

@@ -31,19 +31,29 @@ static void job_init(struct job *j, int me, int nnodes)
 	memset(j, 0, sizeof(*j));
 	for (int i = 0; i < nnodes; i++)
 		j->nodes[i] = (struct mlfs_snap_node){.id = ids[i], .up = true, .version = 1};
-	j->s = (struct mlfs_snap){
-	    .etcd_ok = true, .revision = 100, .has_schema = true, .committed = 1,
-	    .commit_id = "", .saved_step = 7, .nodes = j->nodes, .nnodes = nnodes, .me = me,
-	    .now_ms = 1000, .store_schema = true, .have = 1, .hosts_ranks = true,
-	    .reconf = MLFS_RECONF_IDLE, .prepare_id = ""};
+	j->s = (struct mlfs_snap){.etcd_ok = true,
+				  .revision = 100,
+				  .has_schema = true,
+				  .committed = 1,
+				  .commit_id = "",
+				  .saved_step = 7,
+				  .nodes = j->nodes,
+				  .nnodes = nnodes,
+				  .me = me,
+				  .now_ms = 1000,
+				  .store_schema = true,
+				  .have = 1,
+				  .hosts_ranks = true,
+				  .reconf = MLFS_RECONF_IDLE,
+				  .prepare_id = ""};
 }
 
 /* Attempt @id from @from to @to by @coordinator, every node taking part. */
 static void job_attempt(struct job *j, const char *id, int64_t from, int64_t to,
 			const char *coordinator)
 {
-	j->att = (struct mlfs_snap_attempt){.id = id, .from = from, .to = to,
-					    .coordinator = coordinator, .deadline_ms = 60000};
+	j->att = (struct mlfs_snap_attempt){
+	    .id = id, .from = from, .to = to, .coordinator = coordinator, .deadline_ms = 60000};
 	j->s.attempt = &j->att;
 	for (int i = 0; i < j->s.nnodes; i++) {
 		j->nodes[i].participant = true;
@@ -261,7 +271,8 @@ static void test_restarts(void **state)
 	assert_string_equal(decide(&j, NULL, 0), "install-schema(0) install-config(1)");
 	/* Later versions hold state whatever the steps say. */
 	j.s.committed = 3;
-	assert_string_equal(decide(&j, NULL, 0), "install-schema(0) install-config(3) mark-lost(3)");
+	assert_string_equal(decide(&j, NULL, 0),
+			    "install-schema(0) install-config(3) mark-lost(3)");
 	/* A lost node stays lost while it hosts ranks; a config that drops
 	 * it clears it. */
 	j.s.have = 3;
@@ -291,16 +302,17 @@ static void test_etcd_gone(void **state)
 		j.s.etcd_ok = true;
 		j.s.attempt = NULL;
 		j.s.revision = 400;
-		const char *want = states[i] == MLFS_RECONF_PREPARING || states[i] == MLFS_RECONF_PREPARED
-					   ? "discard(2)"
-					   : "";
+		const char *want =
+		    states[i] == MLFS_RECONF_PREPARING || states[i] == MLFS_RECONF_PREPARED
+			? "discard(2)"
+			: "";
 		assert_string_equal(decide(&j, NULL, 0), want);
 		/* etcd back, and it committed A meanwhile */
 		j.s.committed = 2;
 		j.s.commit_id = "A";
-		want = states[i] == MLFS_RECONF_PREPARED ? "commit(2)"
+		want = states[i] == MLFS_RECONF_PREPARED    ? "commit(2)"
 		       : states[i] == MLFS_RECONF_PREPARING ? ""
-							  : "mark-lost(2)";
+							    : "mark-lost(2)";
 		assert_string_equal(decide(&j, NULL, 0), want);
 	}
 }

@@ -86,7 +86,8 @@ static int etcd_start(void **state)
 		}
 		int st;
 		if (waitpid(etcd_pid, &st, WNOHANG) == etcd_pid) {
-			fprintf(stderr, "etcd exited (see %s): is etcd-server installed? (make deps)\n",
+			fprintf(stderr,
+				"etcd exited (see %s): is etcd-server installed? (make deps)\n",
 				log);
 			etcd_pid = -1;
 			return -1;
@@ -169,9 +170,12 @@ static void test_txn(void **state)
 	(void)state;
 	bool ok = false;
 	/* Create only if absent: the first wins, the second is refused. */
-	struct net_etcd_cmp absent = {.key = "/t2/attempt", .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
-	struct net_etcd_op put1 = {.kind = NET_ETCD_PUT, .key = "/t2/attempt", .value = "one", .len = 3};
-	struct net_etcd_op put2 = {.kind = NET_ETCD_PUT, .key = "/t2/attempt", .value = "two", .len = 3};
+	struct net_etcd_cmp absent = {
+	    .key = "/t2/attempt", .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
+	struct net_etcd_op put1 = {
+	    .kind = NET_ETCD_PUT, .key = "/t2/attempt", .value = "one", .len = 3};
+	struct net_etcd_op put2 = {
+	    .kind = NET_ETCD_PUT, .key = "/t2/attempt", .value = "two", .len = 3};
 	struct net_etcd_op mark = {.kind = NET_ETCD_PUT, .key = "/t2/lost", .value = "x", .len = 1};
 	assert_int_equal(net_etcd_txn(E, &absent, 1, &put1, 1, NULL, 0, &ok, NULL, NULL, &why), 0);
 	assert_true(ok);
@@ -189,8 +193,9 @@ static void test_txn(void **state)
 	 * attempt is still the one we made (its value). */
 	struct net_etcd_cmp mine = {"/t2/attempt", NET_ETCD_VALUE, NET_ETCD_EQUAL, 0, "one", 3};
 	struct net_etcd_cmp theirs = {"/t2/attempt", NET_ETCD_VALUE, NET_ETCD_EQUAL, 0, "two", 3};
-	struct net_etcd_op commit[] = {{.kind = NET_ETCD_PUT, .key = "/t2/config", .value = "v2", .len = 2},
-				       {.kind = NET_ETCD_DELETE, .key = "/t2/attempt"}};
+	struct net_etcd_op commit[] = {
+	    {.kind = NET_ETCD_PUT, .key = "/t2/config", .value = "v2", .len = 2},
+	    {.kind = NET_ETCD_DELETE, .key = "/t2/attempt"}};
 	assert_int_equal(net_etcd_txn(E, &theirs, 1, commit, 2, NULL, 0, &ok, NULL, NULL, &why), 0);
 	assert_false(ok);
 	assert_int_equal(net_etcd_get(E, "/t2/config", &kv, NULL, &why), -ENOENT);
@@ -204,7 +209,10 @@ static void test_txn(void **state)
 	free(kv.key);
 	free(kv.value);
 	/* Greater / less on mod revisions. */
-	struct net_etcd_cmp newer = {.key = "/t2/config", .target = NET_ETCD_MOD, .result = NET_ETCD_GREATER, .num = rev - 1};
+	struct net_etcd_cmp newer = {.key = "/t2/config",
+				     .target = NET_ETCD_MOD,
+				     .result = NET_ETCD_GREATER,
+				     .num = rev - 1};
 	assert_int_equal(net_etcd_txn(E, &newer, 1, NULL, 0, NULL, 0, &ok, NULL, NULL, &why), 0);
 	assert_true(ok);
 	newer.result = NET_ETCD_LESS;
@@ -277,7 +285,8 @@ static void test_wait(void **state)
 	assert_true(now_ms() - t0 >= 150);
 	/* A new key, a changed key and a deletion each wake it; a key outside
 	 * the prefix does not. */
-	struct putter steps[] = {{100, "/t4/a", false}, {100, "/t4/a", false}, {100, "/t4/a", true}};
+	struct putter steps[] = {
+	    {100, "/t4/a", false}, {100, "/t4/a", false}, {100, "/t4/a", true}};
 	for (int i = 0; i < 3; i++) {
 		struct putter outside = {10, "/t5/a", false};
 		pthread_create(&th, NULL, put_later, &outside);
@@ -292,7 +301,6 @@ static void test_wait(void **state)
 	atomic_int stop = 1;
 	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 5000, &stop, &why), -ECANCELED);
 }
-
 
 /* What a watch reported: its events as "P key=value@rev" / "D key@rev". */
 struct seen {
@@ -317,12 +325,13 @@ static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64
 			snprintf(s->log + k, sizeof(s->log) - k, "D %s@%lld;", ev[i].kv.key,
 				 (long long)ev[i].kv.mod_revision);
 		else if (ev[i].kv.len > 64) /* its length and last bytes */
-			snprintf(s->log + k, sizeof(s->log) - k, "P %s=%zu...%s@%lld;", ev[i].kv.key,
-				 ev[i].kv.len, ev[i].kv.value + ev[i].kv.len - 3,
+			snprintf(s->log + k, sizeof(s->log) - k, "P %s=%zu...%s@%lld;",
+				 ev[i].kv.key, ev[i].kv.len, ev[i].kv.value + ev[i].kv.len - 3,
 				 (long long)ev[i].kv.mod_revision);
 		else
 			snprintf(s->log + k, sizeof(s->log) - k, "P %s=%.*s@%lld;", ev[i].kv.key,
-				 (int)ev[i].kv.len, ev[i].kv.value, (long long)ev[i].kv.mod_revision);
+				 (int)ev[i].kv.len, ev[i].kv.value,
+				 (long long)ev[i].kv.mod_revision);
 	}
 	pthread_mutex_unlock(&s->lock);
 }
@@ -425,8 +434,10 @@ static void test_etcd_gone(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_put_get_delete), cmocka_unit_test(test_txn),
-	    cmocka_unit_test(test_leases),	   cmocka_unit_test(test_wait),
+	    cmocka_unit_test(test_put_get_delete),
+	    cmocka_unit_test(test_txn),
+	    cmocka_unit_test(test_leases),
+	    cmocka_unit_test(test_wait),
 	    cmocka_unit_test(test_watch),
 	    cmocka_unit_test(test_etcd_gone), /* last: stops etcd */
 	};

@@ -196,9 +196,10 @@ static void test_gpt_defaults(void **state)
 	assert_unit(root, "layers/{L}/self_attention/query_key_value/weight", 16);
 	assert_unit(root, "layers/{L}/self_attention/query_key_value/bias", 16);
 	assert_unit(root, "layers/{L}/self_attention/dense/weight", 16);
-	assert_layout(root, "{\"version\": 1, \"tp\": 4, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
-		      NULL);
-	assert_layout(root, "{\"version\": 1, \"tp\": 8, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
+	assert_layout(
+	    root, "{\"version\": 1, \"tp\": 4, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}", NULL);
+	assert_layout(root,
+		      "{\"version\": 1, \"tp\": 8, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
 		      "config.json: \"tp\" = 8 exceeds the 4 units of 16 rows (heads) of chunk 0 "
 		      "of \"layers/0/self_attention/query_key_value/weight\" (dim 0): a unit is "
 		      "never cut");
@@ -293,9 +294,10 @@ static void test_llama_gqa(void **state)
 	 * requires the query groups to divide among TP ranks too). */
 	assert_unit(root, "layers/{L}/self_attention/query_key_value/weight", 8);
 	assert_unit(root, "layers/{L}/self_attention/dense/weight", 8);
-	assert_layout(root, "{\"version\": 1, \"tp\": 2, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
-		      NULL);
-	assert_layout(root, "{\"version\": 1, \"tp\": 4, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
+	assert_layout(
+	    root, "{\"version\": 1, \"tp\": 2, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}", NULL);
+	assert_layout(root,
+		      "{\"version\": 1, \"tp\": 4, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
 		      "config.json: \"tp\" = 4 exceeds the 2 units of 8 rows (heads) of chunk 1 "
 		      "of \"layers/0/self_attention/query_key_value/weight\" (dim 0): a unit is "
 		      "never cut");

@@ -743,10 +743,10 @@ int main(void)
 	    cmocka_unit_test(test_uneven_stages),	 cmocka_unit_test(test_stage_holds),
 	    cmocka_unit_test(test_slice_even),		 cmocka_unit_test(test_slice_uneven),
 	    cmocka_unit_test(test_slice_chunks),	 cmocka_unit_test(test_slice_padding),
-	    cmocka_unit_test(test_slice_units),
-	    cmocka_unit_test(test_slice_replicated),	 cmocka_unit_test(test_partition_shapes),
-	    cmocka_unit_test(test_slice_cover),		 cmocka_unit_test(test_layout_errors),
-	    cmocka_unit_test(test_layout_limits_ok),	 cmocka_unit_test(test_too_many_partitions),
+	    cmocka_unit_test(test_slice_units),		 cmocka_unit_test(test_slice_replicated),
+	    cmocka_unit_test(test_partition_shapes),	 cmocka_unit_test(test_slice_cover),
+	    cmocka_unit_test(test_layout_errors),	 cmocka_unit_test(test_layout_limits_ok),
+	    cmocka_unit_test(test_too_many_partitions),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -884,9 +884,13 @@ int main(void)
 	    cmocka_unit_test(test_new),
 	};
 	const struct CMUnitTest http_tests[] = {
-	    cmocka_unit_test(test_range),	 cmocka_unit_test(test_range_modes),
-	    cmocka_unit_test(test_get),		 cmocka_unit_test(test_post),
-	    cmocka_unit_test(test_post_retries), cmocka_unit_test(test_call), cmocka_unit_test(test_stop_in_flight),
+	    cmocka_unit_test(test_range),
+	    cmocka_unit_test(test_range_modes),
+	    cmocka_unit_test(test_get),
+	    cmocka_unit_test(test_post),
+	    cmocka_unit_test(test_post_retries),
+	    cmocka_unit_test(test_call),
+	    cmocka_unit_test(test_stop_in_flight),
 	    cmocka_unit_test(test_threads),
 	};
 	int failed;

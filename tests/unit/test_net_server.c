@@ -22,7 +22,7 @@
 #define TOKEN "0123456789abcdef-token"
 
 static struct net_server *S;
-static struct net_http *C;	/* with the token */
+static struct net_http *C;     /* with the token */
 static struct net_http *NOTOK; /* without */
 static char base[64];
 static struct ptc_error why;
@@ -141,9 +141,10 @@ static void test_bounds(void **state)
 	size_t len;
 	assert_int_equal(get(C, "/a..b", &out, &len), -EIO);
 	assert_non_null(strstr(why.text, "HTTP 400"));
-	assert_int_equal(get(C, "/echo?1=1&2=2&3=3&4=4&5=5&6=6&7=7&8=8&9=9&a=a&b=b&c=c&d=d&e=e&f=f&g=g&h=h",
-			     &out, &len),
-			 -EIO);
+	assert_int_equal(
+	    get(C, "/echo?1=1&2=2&3=3&4=4&5=5&6=6&7=7&8=8&9=9&a=a&b=b&c=c&d=d&e=e&f=f&g=g&h=h",
+		&out, &len),
+	    -EIO);
 	assert_non_null(strstr(why.text, "HTTP 400"));
 	assert_int_equal(get(C, "/nope", &out, &len), -EIO);
 	assert_non_null(strstr(why.text, "HTTP 404"));

@@ -481,8 +481,8 @@ static bool make_scenario(struct scenario *sc)
 	for (int i = 0; i < nn; i++)
 		sc->backup_of[i] = -1;
 	for (int i = 0; sc->backups && sc->a->nnodes > 1 && i < sc->a->nnodes; i++)
-		sc->backup_of[ptc_cluster_find(sc->cluster, sc->a->nodes[i])] = ptc_cluster_find(
-		    sc->cluster, sc->a->nodes[(i + 1) % sc->a->nnodes]);
+		sc->backup_of[ptc_cluster_find(sc->cluster, sc->a->nodes[i])] =
+		    ptc_cluster_find(sc->cluster, sc->a->nodes[(i + 1) % sc->a->nnodes]);
 	for (int i = 0; i < nn; i++)
 		assert_int_equal(ptc_layout_backup_holder(&sc->la, i), sc->backup_of[i]);
 	return true;
@@ -670,8 +670,8 @@ static void test_backup_holder(void **state)
 	/* Per config, the holder of n0..n3: config.nodes order, wrapping
 	 * around; none without replicas, on a config of one node, or for a
 	 * node the config does not name. */
-	static const int want[][4] = {{1, 2, 0, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1},
-				      {-1, 3, -1, 1}};
+	static const int want[][4] = {
+	    {1, 2, 0, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1}, {-1, 3, -1, 1}};
 	char *ids[] = {"n0", "n1", "n2", "n3"};
 	struct ptc_cluster *cl = ptc_cluster_new_uniform(4, ids, 1);
 	struct ptc_schema *sch;
@@ -839,8 +839,7 @@ static void test_backup_serves_down_node(void **state)
 
 	/* A holder index outside the cluster is refused. */
 	int bad[3] = {1, 3, 0};
-	assert_int_equal(ptc_plan_compute_backups(&sc.la, &sc.lb, down, 1, bad, &p, &err),
-			 -EINVAL);
+	assert_int_equal(ptc_plan_compute_backups(&sc.la, &sc.lb, down, 1, bad, &p, &err), -EINVAL);
 	assert_string_equal(err.text, "plan: backup holder 3 of node \"n1\" is out of range");
 	free_scenario(&sc);
 }

@@ -631,9 +631,10 @@ static void test_split_pad_multiple_invalid(void **state)
 	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [512], 'split': {'dim': 0, "
 			"'pad_multiple': 128, 'unit': 64}}"),
 		    "schema.json: tensors[0].split.unit cannot be combined with pad_multiple");
-	FAILS_EXACT(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [96, 4], 'split': {'dim': 0, "
-			"'chunks': [64, 16, 16], 'unit': 32}}"),
-		    "schema.json: tensors[0].split.unit = 32 does not divide the 16 rows of chunk 1");
+	FAILS_EXACT(
+	    ONE("{'name': 'a', 'dtype': 'bool', 'shape': [96, 4], 'split': {'dim': 0, "
+		"'chunks': [64, 16, 16], 'unit': 32}}"),
+	    "schema.json: tensors[0].split.unit = 32 does not divide the 16 rows of chunk 1");
 	FAILS(ONE("{'name': 'a', 'dtype': 'bool', 'shape': [96, 4], 'split': {'dim': 0, "
 		  "'unit': 0}}"),
 	      "tensors[0].split.unit", "out of range");

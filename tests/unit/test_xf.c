@@ -303,7 +303,7 @@ static size_t count_kind(const struct ptc_plan *p, int node, int kind)
 struct peers {
 	struct xf_parts *old; /* per cluster node */
 	int nnodes;
-	int fail; /* when set, every fetch returns it */
+	int fail;	  /* when set, every fetch returns it */
 	const bool *down; /* per node, or NULL: a down node serves only as a backup */
 	atomic_int calls;
 };
@@ -734,8 +734,7 @@ static void test_execute_backup(void **state)
 	for (int n = 0; n < 3; n++)
 		backup_of[n] = ptc_layout_backup_holder(&sc.la, n);
 	assert_int_equal(backup_of[1], 2);
-	assert_int_equal(ptc_plan_compute_backups(&sc.la, &sc.lb, down, 1, backup_of, &p, &err),
-			 0);
+	assert_int_equal(ptc_plan_compute_backups(&sc.la, &sc.lb, down, 1, backup_of, &p, &err), 0);
 	for (int n = 0; n < 3; n++)
 		old_parts(&old[n], &sc.la, n, &mem);
 
