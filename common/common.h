@@ -89,8 +89,8 @@ int mlfs_log_level_parse(const char *name, enum mlfs_log_level *level);
 /* Largest header dict accepted by mlfs_npy_parse, in bytes. */
 #define MLFS_NPY_MAX_HEADER 65536
 
-/* Limits on a parsed shape: each dimension and the element count. */
-#define MLFS_NPY_MAX_DIM   (INT64_C(1) << 40)
+/* Limits on a parsed shape: each dimension below PTC_MAX_DIM_SIZE, and the
+ * element count below this. */
 #define MLFS_NPY_MAX_ELEMS (INT64_C(1) << 48)
 
 /* A parsed header. */

@@ -203,7 +203,7 @@ static int read_dim(struct cursor *c, int64_t *out)
 		return syntax(c, "expected an int in shape");
 	while ((ch = peek(c)) >= '0' && ch <= '9') {
 		v = v * 10 + (ch - '0');
-		if (v >= MLFS_NPY_MAX_DIM)
+		if (v >= PTC_MAX_DIM_SIZE)
 			return ptc_errorf(c->err, "shape dimension at byte %zu is not below 2^40",
 					  start);
 		c->pos++;

@@ -44,6 +44,9 @@
 #define PTC_MAX_NAME	   255	     /* bytes of a path component, ".npy" included */
 #define PTC_MAX_PATH	   3072	     /* bytes of "<state>/<tensor>.npy" */
 #define PTC_MAX_PARTITIONS (1 << 24) /* ranks x states x tensors of a layout */
+/* The size of one dimension of a tensor (a schema's, a .npy file's), and
+ * the elements of a schema's tensor: at most this. */
+#define PTC_MAX_DIM_SIZE ((int64_t)1 << 40)
 
 /* Largest dataset record (fixed or variable), in bytes. */
 #define PTC_MAX_RECORD_BYTES ((int64_t)1 << 30)

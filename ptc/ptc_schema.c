@@ -26,8 +26,6 @@ static const char *const tensor_keys[] = {"name", "dtype", "shape", "split", "pl
 static const char *const split_keys[] = {"dim", "chunks", "pad_multiple", "unit", NULL};
 static const char *const state_keys[] = {"dtype", NULL};
 
-#define MAX_ROWS ((int64_t)1 << 40)
-
 void ptc_schema_free(struct ptc_schema *s)
 {
 	if (!s)
@@ -339,11 +337,11 @@ static int parse_tensor(struct ptc_tensor *t, const json_t *js, int i, const cha
 	for (int d = 0; d < t->ndim; d++) {
 		json_t *e = json_array_get(v, (size_t)d);
 		if (!json_is_integer(e) || json_integer_value(e) < 1 ||
-		    json_integer_value(e) > MAX_ROWS)
+		    json_integer_value(e) > PTC_MAX_DIM_SIZE)
 			return ptc_errorf(err, "%s: %s.shape[%d] must be an integer in [1, 2^40]",
 					  file, where, d);
 		t->shape[d] = json_integer_value(e);
-		if (elems > MAX_ROWS / t->shape[d])
+		if (elems > PTC_MAX_DIM_SIZE / t->shape[d])
 			return ptc_errorf(err, "%s: %s.shape has more than 2^40 elements", file,
 					  where);
 		elems *= t->shape[d];

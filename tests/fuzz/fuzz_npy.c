@@ -38,7 +38,7 @@ static void check_bounds(const struct mlfs_npy *h, size_t size)
 	CHECK(h->header_len >= 10 && h->header_len <= size);
 	CHECK(h->header_len <= 12 + (size_t)MLFS_NPY_MAX_HEADER);
 	for (int i = 0; i < h->ndim; i++) {
-		CHECK(h->shape[i] >= 0 && h->shape[i] < MLFS_NPY_MAX_DIM);
+		CHECK(h->shape[i] >= 0 && h->shape[i] < PTC_MAX_DIM_SIZE);
 		elems = h->shape[i] == 0 || elems == 0 ? 0 : elems * h->shape[i];
 		CHECK(elems < MLFS_NPY_MAX_ELEMS);
 	}
