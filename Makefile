@@ -32,7 +32,7 @@ DEB_PKGS := libfuse3-dev fuse3 libmicrohttpd-dev libcurl4-openssl-dev libjansson
 #   store     ptc common transform dataset
 #   cluster   ptc common net transform dataset store
 #   mount     ptc common transform dataset store (and cluster in mlfs_daemon.c, start-up)
-#   tools     public headers only (ptc.h, mount.h)
+#   tools     public headers only (ptc.h, mount.h, cluster.h)
 MODULES   := mount cluster store dataset transform net common ptc
 DEPS_ptc       :=
 DEPS_common    := ptc
@@ -42,7 +42,7 @@ DEPS_dataset   := ptc common net transform
 DEPS_store     := ptc common transform dataset
 DEPS_cluster   := ptc common net transform dataset store
 DEPS_mount     := ptc common transform dataset store
-DEPS_tools     := ptc mount
+DEPS_tools     := ptc mount cluster
 export $(foreach m,$(MODULES) tools,DEPS_$(m))
 TOOLS_SRC := $(wildcard tools/*.c)
 TOOLS_OBJ := $(TOOLS_SRC:%.c=$(BUILD)/obj/%.o)

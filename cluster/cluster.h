@@ -106,4 +106,14 @@ json_t *mlfs_backup_describe(struct mlfs_backup *b);
 struct xf_buf *mlfs_backup_get(struct mlfs_backup *b, int64_t version, int rank, int state,
 			       int tensor, struct ptc_error *err);
 
+/*
+ * `mlfs reset`: starts the job of @cl afresh (mlfs_reset.c): removes its
+ * committed config, attempt, votes, results and saved marks from etcd in
+ * one transaction that requires every node of @cl to be down; the schema
+ * and cluster stay. The names removed (relative to the job's prefix) are
+ * appended to @removed (NULL: not wanted). 0, or -EBUSY (a node is up),
+ * -EINVAL (no etcd in @cl), etcd's error, with @err. Any thread.
+ */
+int mlfs_cluster_reset(const struct ptc_cluster *cl, json_t *removed, struct ptc_error *err);
+
 #endif

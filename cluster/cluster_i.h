@@ -6,16 +6,20 @@
  *
  *   mlfs_cluster.c     start/stop, the control thread's round
  *                        -> propose (as st->propose), attempt, nodeentry,
- *                           join, jobkeys, backup
+ *                           join, jobkeys, mirror, backup
  *   mlfs_propose.c     schema.json and config.json writes proposed to etcd
  *                        -> attempt, join, jobkeys, jobsync
- *   mlfs_attempt.c     an attempt in progress: prepare, vote, commit, abort
- *                        -> nodeentry, jobkeys, jobsync
+ *   mlfs_attempt.c     a round: a snapshot, mlfs_decide, its actions carried
+ *                      out (prepare, vote, commit, discard, lost)
+ *                        -> decide, nodeentry, jobkeys, jobsync
+ *   mlfs_decide.c      the decisions: a pure function (decide_i.h)
  *   mlfs_nodeentry.c   this node's entry in etcd, the others' in status.json
  *                        -> jobkeys, backup
  *   mlfs_join.c        joining the job, the job's cluster.json growing
  *                        -> jobkeys
  *   mlfs_jobkeys.c     the job's etcd keys: names, one read of them all
+ *                        -> mirror
+ *   mlfs_mirror.c      the job's keys in memory: a range, then a watch
  *   mlfs_peerserver.c  the data plane's server: rows, job/ files, health
  *                        -> backup, jobsync, peerclient
  *   mlfs_jobsync.c     job/ across the nodes: merge, stage -> peerclient
@@ -40,7 +44,42 @@
 #include <jansson.h>
 
 #include "cluster/cluster.h"
+#include "cluster/decide_i.h"
 #include "store/store.h"
+
+/* ---------------------------------------------------------- mlfs_mirror.c */
+
+/* The job's etcd keys in memory: a range read, then a watch (DESIGN block
+ * of mlfs_mirror.c). */
+struct mlfs_mirror {
+	struct net_etcd *etcd;
+	char prefix[300];
+	void (*changed)(void *arg); /* a change (or the watch's end): wake up */
+	void *arg;
+	struct net_etcd_watch *watch; /* the control thread's */
+	pthread_mutex_t lock;	      /* the fields below; a leaf */
+	struct net_etcd_kv *kvs;      /* sorted by key */
+	size_t n, cap;
+	int64_t revision;	/* etcd's revision the keys are at */
+	bool live;		/* read, and the watch in place */
+	char error[256];	/* why not live */
+	int64_t ranges, events; /* figures: reads of every key, events applied */
+};
+
+/* Sets up @m for the keys under @prefix (not read yet: mlfs_mirror_sync).
+ * 0 or -EINVAL (a prefix too long). */
+int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *prefix,
+		     void (*changed)(void *arg), void *arg);
+/* Stops the watch and frees the keys. */
+void mlfs_mirror_release(struct mlfs_mirror *m);
+/* When the mirror is not live (first use, or its watch ended), reads every
+ * key and starts a watch from the revision after that read: 0, or etcd's
+ * error with @err. Control thread only. */
+int mlfs_mirror_sync(struct mlfs_mirror *m, struct ptc_error *err);
+/* A copy of the keys (the caller's: net_etcd_kvs_free) and their revision;
+ * -EIO with @err when the mirror is not live, -ENOMEM. Any thread. */
+int mlfs_mirror_copy(struct mlfs_mirror *m, struct net_etcd_kv **kvs, size_t *n, int64_t *revision,
+		     struct ptc_error *err);
 
 /* ------------------------------------------------------------- shared state */
 
@@ -63,15 +102,27 @@ struct mlfs_cluster {
 	pthread_t thread;
 	bool running;
 
-	/* Written by the control thread (and start, before it runs); read
-	 * without a lock by publish and propose (I/O workers). */
-	int64_t lease;
-	int64_t last_keepalive_ms; /* the control thread's only */
+	pthread_t keepalive_thread;
+	bool keepalive_running;
+
+	/* This node's lease: granted by the control thread (REGISTER), kept
+	 * alive by the keep-alive thread, which clears it and sets
+	 * lease_expired when etcd says it expired (the node was frozen or
+	 * cut off): the control thread then registers again, never silently
+	 * (mlfs_decide's rule 2). Read by publish and propose. */
+	_Atomic int64_t lease;
+	atomic_bool lease_expired;
 	atomic_int stop;
-	/* Set by stop and by the store's reconf_changed: ends the control
-	 * thread's wait for etcd at once (a node whose prepare finished votes
-	 * now, not at the next 250 ms round). */
-	atomic_int wake;
+	/* The job's keys, followed by a watch (mlfs_mirror.c). */
+	struct mlfs_mirror mirror;
+	/* The control thread sleeps on @cond until @wake: a change of the
+	 * job's keys, of the store's reconfiguration state (reconf_changed),
+	 * of the lease, or stop. */
+	pthread_mutex_t wake_lock;
+	pthread_cond_t cond;
+	pthread_cond_t keepalive_cond; /* the keep-alive thread's (stop) */
+	bool wake;		       /* wake_lock */
+	int64_t rounds;		       /* the control thread's, for figures */
 
 	pthread_mutex_t lock;
 	json_t *nodes;	      /* lock: {id: entry} as last read */
@@ -80,15 +131,12 @@ struct mlfs_cluster {
 	/* The attempts (their random ids: a version may be tried again after
 	 * an abort) this node started preparing and voted on. */
 	char started_id[24]; /* lock */
-	/* The attempt whose preparation the store runs (set once its prepare
-	 * started there): the store's state speaks for that attempt only, not
-	 * for an earlier one to the same version. */
-	char prepared_id[24]; /* lock */
 	/* No lock: written by vote (the control thread, and propose's failed
 	 * vote), read by the control thread. */
 	char voted_id[24];
 	char *mine;	     /* lock: the text of the attempt this node created */
 	int64_t cluster_mod; /* lock: the "cluster" key's revision last taken */
+	int64_t saved_put;   /* publock: the step last put in saved/<id> (-1: none) */
 	/* job/ as the coordinator has it, staged for attempt @job_to (the
 	 * copy is part of the attempt; swapped in at its commit). Only the
 	 * control thread touches these. */
@@ -147,17 +195,23 @@ struct mlfs_jobkeys {
 	json_t *nodes;	   /* {id: entry} */
 	json_t *attempt_j; /* @attempt parsed, or NULL */
 	int64_t config_mod;
-	int64_t committed; /* @config's version: 0 without one, -1 unreadable */
+	int64_t committed;     /* @config's version: 0 without one, -1 unreadable */
+	const char *config_id; /* the attempt that committed it ("": a first config) */
+	int64_t saved_step;    /* the newest step any node ever saved (saved/<id>); -1 */
+	int64_t revision;      /* etcd's revision of the read */
 };
 
 /* The etcd key "<prefix><@fmt ...>" of @c's job into @buf (@cap bytes,
  * truncated to fit). Any thread. */
 void mlfs_jobkeys_name(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* Reads every key of @c's job into @k (the caller's: mlfs_jobkeys_free).
- * 0, or net_etcd_range's error with @err and @k empty. Control thread and
- * I/O workers (propose). */
+/* Reads every key of @c's job from etcd into @k (the caller's:
+ * mlfs_jobkeys_free). 0, or net_etcd_range's error with @err and @k empty.
+ * I/O workers (propose: a fresh read). */
 int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err);
+/* The same from the mirror (no request to etcd): -EIO with @err while it
+ * is not live. The control thread. */
+int mlfs_jobkeys_mirrored(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err);
 /* Releases what mlfs_jobkeys_read put in @k (an empty @k: fine). */
 void mlfs_jobkeys_free(struct mlfs_jobkeys *k);
 
@@ -167,10 +221,17 @@ void mlfs_jobkeys_free(struct mlfs_jobkeys *k);
  * its ranks' saved steps, the backup it holds) when it changed since the
  * last put. 0, -ENOMEM, or net_etcd_put's error with @err. Any thread. */
 int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err);
-/* Registers (a new lease and the node's key) or keeps the lease alive
- * (once a second); puts the entry again when it changed. 0 or an etcd
- * error with @err. The control thread (and start, before it runs). */
-int mlfs_nodeentry_keep_registered(struct mlfs_cluster *c, struct ptc_error *err);
+/* Registers: a new lease (lease_expired cleared) and this node's entry put
+ * under it. 0 or an etcd error with @err. The control thread (and start,
+ * before it runs). */
+int mlfs_nodeentry_register(struct mlfs_cluster *c, struct ptc_error *err);
+/* The keep-alive thread: the lease renewed every second, on a thread of
+ * its own so that no slow work delays it; an expired lease is cleared and
+ * flagged (lease_expired), an unreachable etcd noted; either wakes the
+ * control thread. @arg: the cluster. */
+void *mlfs_nodeentry_keepalive_main(void *arg);
+/* Wakes the control thread (any thread). */
+void mlfs_cluster_wake(struct mlfs_cluster *c);
 /* Copies the other nodes' ranks' saved steps from @nodes ({id: entry})
  * into the store's step table. Takes st->lock. Any thread. */
 void mlfs_nodeentry_sync_steps(struct mlfs_cluster *c, const json_t *nodes);
@@ -207,29 +268,25 @@ void mlfs_attempt_down_free(struct mlfs_reconf_down *dn);
  * (@nodes) copied in, the down nodes' ranks given the step the live ranks
  * agree on, then mlfs_reconf_prepare_down of config text @config (@len
  * bytes; NULL: -EINVAL) with @dn. 0 once the store runs it (and the
- * attempt is marked prepared: the store's state speaks for it from now
- * on), or its error with @err. Control thread and I/O workers (propose).
+ * attempt, created at etcd revision @rev, is marked prepared: the store's
+ * state speaks for it from now on), or its error with @err. Control
+ * thread and I/O workers (propose).
  */
-int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char *aid,
+int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char *aid, int64_t rev,
 			 const char *config, size_t len, const struct mlfs_reconf_down *dn,
 			 struct ptc_error *err);
 /* Votes "<@aid> failed: <@reason>" on attempt @to (an etcd error is
  * ignored: the coordinator's deadline ends the attempt then). */
 void mlfs_attempt_vote_failed(struct mlfs_cluster *c, int64_t to, const char *aid,
 			      const char *reason);
-/* This node's part in attempt @to (from @from) of @k, round after round:
- * prepares it once, stages the attempt's job/, votes. Control thread. */
-void mlfs_attempt_participate(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t from,
-			      int64_t to);
-/* The coordinator's round for its attempt @to: commits it once every
- * participant voted ready, aborts it on a failed vote, a participant down
- * or the deadline. Control thread. */
-void mlfs_attempt_coordinate(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to);
-/* Follows the committed config of @k: installs the schema and the first
- * config, commits a prepared attempt that etcd committed, aborts one that
- * etcd dropped, marks the node lost when it missed a commit. Control
- * thread. */
-void mlfs_attempt_follow(struct mlfs_cluster *c, const struct mlfs_jobkeys *k);
+/* One round of this node's decisions on the job's keys @k (@etcd_ok:
+ * they are fresh): a snapshot of @k and the store, mlfs_decide, and its
+ * actions carried out (register, install, prepare, vote, commit, discard,
+ * the coordinator's commit or abort, lost). Control thread. */
+void mlfs_attempt_round(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool etcd_ok);
+/* What this node waits for, for status.json's "waiting" ("" when
+ * nothing): etcd's decision on a prepared attempt it voted on. */
+void mlfs_attempt_waiting(struct mlfs_cluster *c, char *buf, size_t cap);
 
 /* ------------------------------------------------------- mlfs_propose.c */
 

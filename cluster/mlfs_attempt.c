@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "cluster/cluster_i.h"
+#include "common/common.h"
 
 /* ---------------------------------------------------------------- votes */
 
@@ -56,13 +57,15 @@ static const struct net_etcd_kv *vote_of(struct mlfs_cluster *c, const struct ml
 static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
 		   const char *reason)
 {
-	char ka[512], kc[512], kv[512], kr[512], res[600];
+	char ka[512], kc[512], ki[512], kv[512], kr[512], res[600];
 	struct ptc_error why;
 	const char *config = json_string_value(json_object_get(k->attempt_j, "config"));
+	const char *aid = json_string_value(json_object_get(k->attempt_j, "id"));
 	bool ok = false;
 
 	mlfs_jobkeys_name(c, ka, sizeof(ka), "attempt");
 	mlfs_jobkeys_name(c, kc, sizeof(kc), "config");
+	mlfs_jobkeys_name(c, ki, sizeof(ki), "config_id");
 	mlfs_jobkeys_name(c, kv, sizeof(kv), "votes/%" PRId64 "/", to);
 	mlfs_jobkeys_name(c, kr, sizeof(kr), "result/%" PRId64, to);
 	snprintf(res, sizeof(res), reason ? "aborted: %s" : "committed", reason);
@@ -76,13 +79,16 @@ static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t
 				     .result = NET_ETCD_EQUAL,
 				     .value = mine,
 				     .len = strlen(mine)};
+	/* The commit: the config and the id of the attempt that committed it
+	 * (a node commits what it prepared only under that id: mlfs_decide). */
 	struct net_etcd_op commit[] = {
 	    {.kind = NET_ETCD_PUT, .key = kc, .value = config, .len = config ? strlen(config) : 0},
+	    {.kind = NET_ETCD_PUT, .key = ki, .value = aid, .len = aid ? strlen(aid) : 0},
 	    {.kind = NET_ETCD_DELETE, .key = ka},
 	    {.kind = NET_ETCD_DELETE, .key = kv, .prefix = true},
 	    {.kind = NET_ETCD_PUT, .key = kr, .value = res, .len = strlen(res)}};
-	const struct net_etcd_op *ops = reason ? commit + 1 : commit;
-	size_t nops = reason ? 3 : 4;
+	const struct net_etcd_op *ops = reason ? commit + 2 : commit;
+	size_t nops = reason ? 3 : 5;
 	if (net_etcd_txn(c->etcd, &still, 1, ops, nops, NULL, 0, &ok, NULL, NULL, &why) == 0 &&
 	    ok) {
 		pthread_mutex_lock(&c->lock);
@@ -91,44 +97,6 @@ static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t
 		pthread_mutex_unlock(&c->lock);
 	}
 	free(mine);
-}
-
-void mlfs_attempt_coordinate(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to)
-{
-	json_t *parts = json_object_get(k->attempt_j, "participants");
-	const char *aid = json_string_value(json_object_get(k->attempt_j, "id"));
-	size_t i;
-	json_t *p;
-	bool all = true;
-	char reason[600];
-
-	if (mlfs_cluster_now_ms() >
-	    json_integer_value(json_object_get(k->attempt_j, "deadline_ms"))) {
-		finish(c, k, to, "the deadline passed before every node was ready");
-		return;
-	}
-	json_array_foreach(parts, i, p)
-	{
-		const char *id = json_string_value(p);
-		if (!id)
-			continue;
-		if (!json_object_get(k->nodes, id)) {
-			snprintf(reason, sizeof(reason), "node %s is down (its lease expired)", id);
-			finish(c, k, to, reason);
-			return;
-		}
-		const struct net_etcd_kv *v = vote_of(c, k, to, id);
-		size_t n = aid ? strlen(aid) : 0;
-		if (!v || !aid || strncmp(v->value, aid, n) != 0 || v->value[n] != ' ') {
-			all = false; /* none yet for this attempt */
-		} else if (strncmp(v->value + n + 1, "failed", 6) == 0) {
-			snprintf(reason, sizeof(reason), "node %s: %.500s", id, v->value + n + 1);
-			finish(c, k, to, reason);
-			return;
-		}
-	}
-	if (all)
-		finish(c, k, to, NULL);
 }
 
 /* ---------------------------------------------------------- participant */
@@ -143,7 +111,7 @@ int mlfs_attempt_down(struct mlfs_store *st, const json_t *att, struct mlfs_reco
 	const char *id;
 	json_t *e;
 
-	*dn = (struct mlfs_reconf_down){d, 0, b, cl->nnodes};
+	*dn = (struct mlfs_reconf_down){.down = d, .backup_of = b, .nbackup = cl->nnodes};
 	if (!d || !b)
 		return -ENOMEM;
 	json_array_foreach(down, i, e)
@@ -195,21 +163,20 @@ static void fill_down_steps(struct mlfs_cluster *c, const int *down, int ndown)
 	pthread_mutex_unlock(&st->lock);
 }
 
-int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char *aid,
+int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char *aid, int64_t rev,
 			 const char *config, size_t len, const struct mlfs_reconf_down *dn,
 			 struct ptc_error *err)
 {
 	int rc;
 
+	struct mlfs_reconf_down named = *dn;
+
+	named.id = aid;
+	named.rev = rev;
 	mlfs_nodeentry_sync_steps(c, nodes);
 	fill_down_steps(c, dn->down, dn->ndown);
-	rc = config ? mlfs_reconf_prepare_down(c->st, config, len, "attempt", false, dn, err)
+	rc = config ? mlfs_reconf_prepare_down(c->st, config, len, "attempt", false, &named, err)
 		    : -EINVAL;
-	if (rc == 0) {
-		pthread_mutex_lock(&c->lock);
-		snprintf(c->prepared_id, sizeof(c->prepared_id), "%s", aid);
-		pthread_mutex_unlock(&c->lock);
-	}
 	return rc;
 }
 
@@ -227,10 +194,105 @@ static enum mlfs_reconf_state reconf_state(struct mlfs_store *st, int64_t *targe
 	return s;
 }
 
-/* Starts preparing attempt @aid (to @to) in the store, once: false when it
- * could not (a failed vote is in). */
-static bool start_once(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
-		       const char *aid)
+/* ---------------------------------------------------------- a round */
+
+/* What a round knows: the snapshot mlfs_decide reads, and its storage. */
+struct round {
+	struct mlfs_snap s;
+	struct mlfs_snap_attempt att;
+	struct mlfs_snap_node *nodes;
+	char prepared_id[24];
+	const char *aid; /* the attempt in etcd's id, or NULL */
+};
+
+/* A node's vote on attempt @aid (to @to) in @k, and its reason. */
+static enum mlfs_vote vote_on(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
+			      const char *aid, const char *id, const char **reason)
+{
+	const struct net_etcd_kv *v = vote_of(c, k, to, id);
+	size_t n = strlen(aid);
+
+	*reason = NULL;
+	if (!v || strncmp(v->value, aid, n) != 0 || v->value[n] != ' ')
+		return MLFS_VOTE_NONE; /* none yet for this attempt */
+	if (strncmp(v->value + n + 1, "ready", 5) == 0)
+		return MLFS_VOTE_READY;
+	*reason = v->value + n + 1;
+	if (strncmp(*reason, "failed: ", 8) == 0)
+		*reason += 8;
+	return MLFS_VOTE_FAILED;
+}
+
+/* Fills @r from @k and this node's store: 0 or -ENOMEM. */
+static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool etcd_ok,
+		    struct round *r)
+{
+	struct mlfs_store *st = c->st;
+	const struct ptc_cluster *cl = mlfs_store_cluster(st);
+	struct mlfs_snap *s = &r->s;
+	const json_t *parts = k->attempt_j ? json_object_get(k->attempt_j, "participants") : NULL;
+
+	memset(r, 0, sizeof(*r));
+	if (!(r->nodes = calloc((size_t)cl->nnodes, sizeof(*r->nodes))))
+		return -ENOMEM;
+	r->aid = k->attempt_j ? json_string_value(json_object_get(k->attempt_j, "id")) : NULL;
+	if (r->aid) {
+		r->att = (struct mlfs_snap_attempt){
+		    .id = r->aid,
+		    .from = json_integer_value(json_object_get(k->attempt_j, "from")),
+		    .to = json_integer_value(json_object_get(k->attempt_j, "to")),
+		    .coordinator = json_string_value(json_object_get(k->attempt_j, "coordinator")),
+		    .deadline_ms =
+			json_integer_value(json_object_get(k->attempt_j, "deadline_ms"))};
+		s->attempt = &r->att;
+	}
+	for (int n = 0; n < cl->nnodes; n++) {
+		struct mlfs_snap_node *sn = &r->nodes[n];
+		const json_t *e = json_object_get(k->nodes, cl->nodes[n].id);
+		const char *state = json_string_value(json_object_get(e, "state"));
+		sn->id = cl->nodes[n].id;
+		sn->up = e != NULL;
+		sn->version = json_integer_value(json_object_get(e, "version"));
+		sn->lost = state && strcmp(state, "lost") == 0;
+		sn->participant = r->aid && mlfs_cluster_ids_has(parts, sn->id);
+		if (sn->participant)
+			sn->vote = vote_on(c, k, r->att.to, r->aid, sn->id, &sn->reason);
+	}
+	s->etcd_ok = etcd_ok;
+	s->revision = k->revision;
+	s->lease_expired = atomic_load(&c->lease_expired);
+	s->has_schema = k->schema != NULL;
+	s->committed = k->committed > 0 ? k->committed : 0;
+	s->commit_id = k->config_id;
+	s->saved_step = k->saved_step;
+	s->nodes = r->nodes;
+	s->nnodes = cl->nnodes;
+	s->me = st->node;
+	s->now_ms = mlfs_cluster_now_ms();
+
+	/* The store's state and the attempt it speaks for, read together. */
+	pthread_mutex_lock(&st->lock);
+	s->store_schema = st->schema != NULL;
+	s->have = st->view ? st->view->config->version : 0;
+	s->hosts_ranks = st->view && st->view->layout.node_nranks[st->node] > 0;
+	s->reconf = st->reconf;
+	s->target = st->target_version;
+	snprintf(r->prepared_id, sizeof(r->prepared_id), "%s", st->attempt_id);
+	s->prepare_rev = st->attempt_rev;
+	pthread_mutex_unlock(&st->lock);
+	s->lost = atomic_load(&st->lost);
+	s->prepare_id = r->prepared_id;
+
+	pthread_mutex_lock(&c->lock);
+	s->coordinating = c->mine && k->attempt && strcmp(c->mine, k->attempt->value) == 0;
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+/* PREPARE: starts preparing the attempt of @k in the store, once (the
+ * coordinator's propose may be starting it: started_id says so). */
+static void act_prepare(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const char *aid,
+			int64_t to)
 {
 	struct ptc_error err = {.text = ""};
 
@@ -240,164 +302,189 @@ static bool start_once(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int
 		snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
 	pthread_mutex_unlock(&c->lock);
 	if (!start)
-		return true;
+		return;
 	const char *config = json_string_value(json_object_get(k->attempt_j, "config"));
 	struct mlfs_reconf_down dn;
 	int rc = mlfs_attempt_down(c->st, k->attempt_j, &dn);
 	if (rc == 0)
-		rc = mlfs_attempt_prepare(c, k->nodes, aid, config, config ? strlen(config) : 0,
-					  &dn, &err);
+		rc = mlfs_attempt_prepare(c, k->nodes, aid, k->attempt->mod_revision, config,
+					  config ? strlen(config) : 0, &dn, &err);
 	mlfs_attempt_down_free(&dn);
-	if (rc) {
+	if (rc)
 		mlfs_attempt_vote_failed(c, to, aid, err.text[0] ? err.text : strerror(-rc));
-		return false;
-	}
-	return true;
 }
 
-/* Once the store prepared attempt @aid (to @to): stages the attempt's job/
- * and votes ready, or votes failed with the reason. */
-static void vote_prepared(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
-			  const char *aid)
+/* VOTE_READY: the prepared attempt's job/ staged, then the vote. */
+static void act_vote_ready(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const char *aid,
+			   int64_t to)
 {
-	struct ptc_error error;
-	int64_t target;
-	enum mlfs_reconf_state s = reconf_state(c->st, &target, &error);
-
-	if (target != to)
-		return;
-	if (s == MLFS_RECONF_PREPARED &&
-	    mlfs_cluster_ids_has(json_object_get(k->attempt_j, "job_missing"), c->me)) {
+	if (strcmp(c->voted_id, aid) == 0)
+		return; /* voted; etcd's copy of it not seen yet */
+	if (mlfs_cluster_ids_has(json_object_get(k->attempt_j, "job_missing"), c->me)) {
 		mlfs_attempt_vote_failed(c, to, aid,
 					 "the coordinator could not read this node's job/");
 		return;
 	}
-	if (s == MLFS_RECONF_PREPARED) {
-		const char *co = json_string_value(json_object_get(k->attempt_j, "coordinator"));
-		if (co && (c->job_to != to || !c->job)) {
-			struct ptc_error why;
-			struct mlfs_job *j;
-			if (mlfs_jobsync_stage(c->st, json_object_get(k->attempt_j, "job"), co, &j,
-					       &why)) {
-				mlfs_attempt_vote_failed(c, to, aid, why.text);
-				return;
-			}
-			mlfs_job_free(c->job);
-			c->job = j;
-			c->job_to = to;
+	const char *co = json_string_value(json_object_get(k->attempt_j, "coordinator"));
+	if (co && (c->job_to != to || !c->job)) {
+		struct ptc_error why;
+		struct mlfs_job *j;
+		if (mlfs_jobsync_stage(c->st, json_object_get(k->attempt_j, "job"), co, &j, &why)) {
+			mlfs_attempt_vote_failed(c, to, aid, why.text);
+			return;
 		}
-		vote(c, to, aid, "ready");
-	} else if (s == MLFS_RECONF_FAILED) {
-		mlfs_attempt_vote_failed(c, to, aid, error.text);
+		mlfs_job_free(c->job);
+		c->job = j;
+		c->job_to = to;
 	}
+	vote(c, to, aid, "ready");
 }
 
-void mlfs_attempt_participate(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t from,
-			      int64_t to)
-{
-	const char *aid = json_string_value(json_object_get(k->attempt_j, "id"));
-
-	if (!mlfs_cluster_ids_has(json_object_get(k->attempt_j, "participants"), c->me) || !aid ||
-	    mlfs_cluster_version(c->st) != from)
-		return;
-	if (!start_once(c, k, to, aid))
-		return;
-	pthread_mutex_lock(&c->lock);
-	bool ours = strcmp(c->prepared_id, aid) == 0;
-	pthread_mutex_unlock(&c->lock);
-	if (!ours || strcmp(c->voted_id, aid) == 0)
-		return; /* (the coordinator's propose may still be starting it) */
-	vote_prepared(c, k, to, aid);
-}
-
-/* ------------------------------------------------------ committed config */
-
-void mlfs_attempt_follow(struct mlfs_cluster *c, const struct mlfs_jobkeys *k)
+/* COMMIT: the prepared layout, which etcd committed, becomes current; the
+ * coordinator's job/ with it. */
+static void act_commit(struct mlfs_cluster *c, int64_t version)
 {
 	struct mlfs_store *st = c->st;
 	struct ptc_error err = {.text = ""};
-	int64_t have = mlfs_cluster_version(st);
-	int64_t committed = k->committed;
 
-	if (k->schema && !st->schema)
-		mlfs_store_install_schema(st, k->schema->value, k->schema->len, &err);
-	if (k->config && have == 0 && st->schema) {
-		/* A job that already saved state (the config changed since the
-		 * first, or a rank saved a step): this node restarted, and its
-		 * partitions, zeros now, are not the job's. */
-		bool saved = k->config->version > 1;
-		const char *id;
-		json_t *e;
-		json_object_foreach(k->nodes, id, e)
-		{
-			const char *rk;
-			json_t *step;
-			json_object_foreach(json_object_get(e, "steps"), rk, step)
-			{
-				saved |= json_integer_value(step) > 0;
-			}
-		}
-		if (mlfs_store_install_config(st, k->config->value, k->config->len, &err) == 0 &&
-		    saved) {
-			struct mlfs_view *v = mlfs_store_view(st);
-			atomic_store(&st->lost, v && v->layout.node_nranks[st->node] > 0);
-			mlfs_view_put(v);
-			if (atomic_load(&st->lost))
-				mlfs_store_note_error(st,
-						      "this node restarted: its partitions are "
-						      "empty, not the job's; a config that "
-						      "drops it is served from the other nodes");
-		}
-		return;
-	}
-	int64_t target;
-	enum mlfs_reconf_state s = reconf_state(st, &target, NULL);
-	bool active = s == MLFS_RECONF_PREPARING || s == MLFS_RECONF_PREPARED;
-	if (have && committed > have && !active && !atomic_load(&st->lost)) {
-		/* Cut off from etcd while the job moved on: what this node holds
-		 * is an old layout's, not the job's. */
-		char msg[256];
-		snprintf(msg, sizeof(msg),
-			 "this node missed the commit of version %" PRId64
-			 " (it holds version %" PRId64 "): restart it to rejoin the job",
-			 committed, have);
-		atomic_store(&st->lost, true);
-		mlfs_store_note_error(st, msg);
-	}
-	if (atomic_load(&st->lost) && have >= committed) { /* lost until it has no ranks */
-		struct mlfs_view *v = mlfs_store_view(st);
-		if (v && v->layout.node_nranks[st->node] == 0)
-			atomic_store(&st->lost, false);
-		mlfs_view_put(v);
-	}
-	if (active && committed == target) {
-		if (s == MLFS_RECONF_PREPARED && mlfs_reconf_commit(st, target, &err) == 0 &&
-		    c->job && c->job_to == target) {
-			pthread_mutex_lock(&st->lock); /* the coordinator's job/, as committed */
-			struct mlfs_job *old = st->job;
-			st->job = c->job;
-			pthread_mutex_unlock(&st->lock);
-			mlfs_job_free(old);
-			c->job = NULL;
-			c->job_to = 0;
-		}
-		return; /* still building: committed once prepared */
-	}
-	int64_t att = k->attempt_j ? json_integer_value(json_object_get(k->attempt_j, "to")) : 0;
-	if (active && att != target && committed != target) {
-		char kr[512], reason[700] = "the attempt vanished (its coordinator is "
-					    "down or lost etcd)";
-		struct ptc_error why;
-		struct net_etcd_kv r;
-		mlfs_jobkeys_name(c, kr, sizeof(kr), "result/%" PRId64, target);
-		if (net_etcd_get(c->etcd, kr, &r, NULL, &why) == 0) {
-			snprintf(reason, sizeof(reason), "%s", r.value);
-			free(r.key);
-			free(r.value);
-		}
-		mlfs_reconf_abort(st, target, reason, &err);
-		mlfs_job_free(c->job);
+	if (mlfs_reconf_commit(st, version, &err) == 0 && c->job && c->job_to == version) {
+		pthread_mutex_lock(&st->lock);
+		struct mlfs_job *old = st->job;
+		st->job = c->job;
+		pthread_mutex_unlock(&st->lock);
+		mlfs_job_free(old);
 		c->job = NULL;
 		c->job_to = 0;
 	}
+}
+
+/* DISCARD: the store's attempt to @version, which etcd will never commit,
+ * aborted; the coordinator's result, when etcd has it, says why. */
+static void act_discard(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t version,
+			const char *why)
+{
+	struct ptc_error err = {.text = ""};
+	char kr[512];
+	const char *reason = why;
+
+	mlfs_jobkeys_name(c, kr, sizeof(kr), "result/%" PRId64, version);
+	for (size_t i = 0; i < k->n; i++)
+		if (strcmp(k->kvs[i].key, kr) == 0 && strncmp(k->kvs[i].value, "aborted", 7) == 0)
+			reason = k->kvs[i].value;
+	mlfs_reconf_abort(c->st, version, reason, &err);
+	mlfs_job_free(c->job);
+	c->job = NULL;
+	c->job_to = 0;
+}
+
+/* MARK_LOST: this node's partitions are not the job's, when its layout
+ * places ranks on it. */
+static void act_mark_lost(struct mlfs_cluster *c, const char *reason)
+{
+	struct mlfs_view *v = mlfs_store_view(c->st);
+	bool hosts = v && v->layout.node_nranks[c->st->node] > 0;
+
+	mlfs_view_put(v);
+	if (!hosts || atomic_load(&c->st->lost))
+		return;
+	atomic_store(&c->st->lost, true);
+	mlfs_store_note_error(c->st, reason);
+	mlfs_log(MLFS_LOG_WARNING, "cluster: %s", reason);
+}
+
+static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const struct round *r,
+		const struct mlfs_action *a)
+{
+	struct mlfs_store *st = c->st;
+	struct ptc_error err = {.text = ""};
+
+	switch (a->kind) {
+	case MLFS_ACT_REGISTER:
+		if (mlfs_nodeentry_register(c, &err))
+			mlfs_log(MLFS_LOG_WARNING, "cluster: cannot register again: %s", err.text);
+		else
+			mlfs_log(MLFS_LOG_WARNING, "cluster: this node's lease had expired (was it "
+						   "frozen or cut off?): registered again");
+		break;
+	case MLFS_ACT_INSTALL_SCHEMA:
+		mlfs_store_install_schema(st, k->schema->value, k->schema->len, &err);
+		break;
+	case MLFS_ACT_INSTALL_CONFIG:
+		mlfs_store_install_config(st, k->config->value, k->config->len, &err);
+		break;
+	case MLFS_ACT_MARK_LOST:
+		act_mark_lost(c, a->reason);
+		break;
+	case MLFS_ACT_CLEAR_LOST:
+		atomic_store(&st->lost, false);
+		break;
+	case MLFS_ACT_PREPARE:
+		act_prepare(c, k, r->aid, a->version);
+		break;
+	case MLFS_ACT_VOTE_READY:
+		act_vote_ready(c, k, r->aid, a->version);
+		break;
+	case MLFS_ACT_VOTE_FAILED:
+		if (strcmp(c->voted_id, r->aid) != 0) {
+			struct ptc_error store;
+			int64_t target;
+			reconf_state(st, &target, &store);
+			mlfs_attempt_vote_failed(c, a->version, r->aid,
+						 a->reason[0] ? a->reason : store.text);
+		}
+		break;
+	case MLFS_ACT_COMMIT:
+		act_commit(c, a->version);
+		break;
+	case MLFS_ACT_DISCARD:
+		act_discard(c, k, a->version, a->reason);
+		break;
+	case MLFS_ACT_FINISH_COMMIT:
+		finish(c, k, a->version, NULL);
+		break;
+	case MLFS_ACT_FINISH_ABORT:
+		finish(c, k, a->version, a->reason);
+		break;
+	case MLFS_ACT_RELEASE_RETAINED:
+		break; /* no layout is retained yet */
+	}
+}
+
+void mlfs_attempt_round(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool etcd_ok)
+{
+	struct round r;
+	struct mlfs_action acts[MLFS_DECIDE_MAX];
+
+	if (snapshot(c, k, etcd_ok, &r))
+		return;
+	int n = mlfs_decide(&r.s, acts);
+	for (int i = 0; i < n; i++) {
+		mlfs_log(MLFS_LOG_DEBUG, "cluster: %s(%" PRId64 ")%s%s",
+			 mlfs_act_name(acts[i].kind), acts[i].version,
+			 acts[i].reason[0] ? ": " : "", acts[i].reason);
+		act(c, k, &r, &acts[i]);
+	}
+	free(r.nodes);
+}
+
+void mlfs_attempt_waiting(struct mlfs_cluster *c, char *buf, size_t cap)
+{
+	struct mlfs_store *st = c->st;
+	int64_t target;
+	enum mlfs_reconf_state s = reconf_state(st, &target, NULL);
+
+	buf[0] = '\0';
+	if (s != MLFS_RECONF_PREPARED)
+		return;
+	char id[24];
+	pthread_mutex_lock(&st->lock);
+	snprintf(id, sizeof(id), "%s", st->attempt_id);
+	pthread_mutex_unlock(&st->lock);
+	pthread_mutex_lock(&c->lock);
+	bool voted = c->voted_id[0] && strcmp(c->voted_id, id) == 0;
+	const char *etcd = c->etcd_error;
+	if (voted)
+		snprintf(buf, cap, "etcd's decision on version %" PRId64 "%s%s%s", target,
+			 etcd[0] ? " (etcd unreachable: " : "", etcd, etcd[0] ? ")" : "");
+	pthread_mutex_unlock(&c->lock);
 }

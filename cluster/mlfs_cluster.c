@@ -14,7 +14,8 @@
  *   schema, cluster  the first writer wins (a transaction on "absent"); a
  *                    node whose own differ refuses to join, saying so
  *                    (mlfs_propose.c, mlfs_join.c).
- *   config           the committed config: written only by a transaction.
+ *   config           the committed config, and config_id the attempt that
+ *                    committed it: written only by the commit transaction.
  *   attempt          {"id","from","to","config","coordinator",
  *                    "participants","down","backups","deadline_ms","job",
  *                    "job_missing"}: created by the coordinator's
@@ -27,23 +28,28 @@
  *                    attempt left behind never count for a later one.
  *   result/<to>      "committed" or "aborted: <reason>" (for every node's
  *                    status.json and for mlfs reconfigure).
+ *   saved/<id>       the newest step the node ever saved, bound to no
+ *                    lease: a job whose nodes all restarted knows it had
+ *                    state (mlfs_nodeentry.c; removed by mlfs reset).
  *
  * The node where config.json is written is the coordinator (propose, on an
- * I/O worker). Every node runs one control thread that reads the job's keys
- * when they change (or every 250 ms), and (mlfs_attempt.c):
- *   - installs the schema and the first config it finds in etcd;
- *   - as a participant (it hosts ranks in the old or the new layout)
- *     prepares the attempt beside its current layout (mlfs_reconf_prepare:
- *     fetches from peers through the peer client) and votes;
- *   - as the coordinator, commits with one transaction (config := new,
- *     attempt and votes deleted, only while the attempt is still its own)
- *     once every participant voted ready; aborts (deletes the attempt) on a
- *     failed vote, a participant's key gone, or the deadline;
- *   - commits its prepared layout when it sees "config" at the attempt's
- *     version, whenever that is (also after a restart of the thread);
- *     aborts it when the attempt is gone and "config" did not move (the
- *     coordinator aborted, or its lease expired with it).
- * That transaction is the single commit point; nothing else decides.
+ * I/O worker). Every node follows the job's keys in memory (mlfs_mirror.c:
+ * one read, then a watch; an idle job costs etcd only the keep-alives) and
+ * runs one control thread that wakes when they change, when its store's
+ * reconfiguration state changes or its lease expired (and at least every
+ * second while an attempt is in progress, for deadlines). Each round is a
+ * snapshot handed to mlfs_decide (mlfs_decide.c, a pure function whose
+ * rules are written there and modelled in tests/model/protocol.pml) and
+ * its actions carried out (mlfs_attempt.c): install the schema and the
+ * first config; prepare an attempt beside the current layout and vote;
+ * as the coordinator, commit with one transaction (config and config_id
+ * := the attempt's, attempt and votes deleted, only while the attempt is
+ * still its own) or abort (delete it); commit a prepared layout only when
+ * etcd committed that very attempt; discard one etcd will never commit;
+ * a node that missed a commit, or started without the job's state, is
+ * lost. That transaction is the single commit point; nothing else decides.
+ * The lease is kept alive by a thread of its own (mlfs_nodeentry.c); one
+ * that expired is granted again by the control thread, never silently.
  *
  * job/ is the same on every node after a commit (mlfs_jobsync.c): the
  * coordinator asks every participant for its job/ manifest and puts their
@@ -65,12 +71,16 @@
  * the control thread copies the other nodes' into the store's step table,
  * so a reconfiguration checks the steps of every rank of the job.
  *
- * A node that cannot reach etcd goes on serving its current layout; a
- * config written on it is refused (nothing starts without the control
- * plane), and status.json says "etcd unreachable".
+ * A node that cannot reach etcd goes on serving its current layout and
+ * decides nothing: a config written on it is refused (nothing starts
+ * without the control plane); an attempt it prepared and voted on waits
+ * for etcd's decision, its partition writes refused; status.json says
+ * "etcd unreachable" and what it waits for ("waiting").
  *
  * Data: struct mlfs_cluster (cluster_i.h), one per daemon, says which lock
  * or thread owns each field. Threads: the control thread (cluster_main);
+ * the keep-alive thread; the mirror's watch thread (it only applies events
+ * and wakes the control thread);
  * I/O workers run propose (config.json and schema.json writes) and publish
  * the node's entry after a step write (steps_saved), as the backup thread
  * does after a backup; status.json readers run status_add. Lock order: c->lock and st->lock are
@@ -88,38 +98,31 @@
 
 #include "cluster/cluster_i.h"
 
-/* The store's hook when its reconfiguration state changes: wake up. */
+/* The store's hook when its reconfiguration state changes: wake up (a
+ * node whose prepare finished votes now). Store lock held: only signals. */
 static void reconf_changed(void *arg)
 {
-	struct mlfs_cluster *c = arg;
-	atomic_store(&c->wake, 1);
+	mlfs_cluster_wake(arg);
 }
 
 static void round_once(struct mlfs_cluster *c)
 {
 	struct mlfs_jobkeys k;
 	struct ptc_error why = {.text = ""};
-	int rc = mlfs_nodeentry_keep_registered(c, &why);
+	int rc = mlfs_mirror_sync(&c->mirror, &why);
 
 	if (rc == 0)
-		rc = mlfs_jobkeys_read(c, &k, &why);
+		rc = mlfs_jobkeys_mirrored(c, &k, &why);
 	pthread_mutex_lock(&c->lock);
 	snprintf(c->etcd_error, sizeof(c->etcd_error), "%s", rc ? why.text : "");
 	pthread_mutex_unlock(&c->lock);
-	if (rc)
+	if (rc) /* rule 1: without etcd nothing is decided */
 		return;
+	c->rounds++;
 	mlfs_join_sync(c, &k);
 	mlfs_nodeentry_sync_steps(c, k.nodes);
 	mlfs_backup_kick(mlfs_backup_of(c->st));
-	mlfs_attempt_follow(c, &k);
-	if (k.attempt_j) {
-		int64_t from = json_integer_value(json_object_get(k.attempt_j, "from"));
-		int64_t to = json_integer_value(json_object_get(k.attempt_j, "to"));
-		const char *co = json_string_value(json_object_get(k.attempt_j, "coordinator"));
-		mlfs_attempt_participate(c, &k, from, to);
-		if (co && strcmp(co, c->me) == 0)
-			mlfs_attempt_coordinate(c, &k, to);
-	}
+	mlfs_attempt_round(c, &k, true);
 	pthread_mutex_lock(&c->lock);
 	json_decref(c->nodes);
 	json_decref(c->attempt);
@@ -128,27 +131,62 @@ static void round_once(struct mlfs_cluster *c)
 	pthread_mutex_unlock(&c->lock);
 	mlfs_jobkeys_free(&k);
 	/* What this round changed (a commit: the version; a state) is the
-	 * job's at once, not at the next round: a config proposed right after
-	 * a commit waits for every node's version. */
+	 * job's at once: a config proposed right after a commit waits for
+	 * every node's version. */
 	mlfs_nodeentry_publish(c, &why);
+}
+
+/* How long the control thread may sleep without a wake-up: while etcd is
+ * unreachable it retries every 200 ms; while an attempt is in progress
+ * (a deadline may pass) every second; otherwise only a change wakes it
+ * (a long nap, as a safety net). */
+static int nap_ms(struct mlfs_cluster *c)
+{
+	pthread_mutex_lock(&c->lock);
+	bool etcd = c->etcd_error[0] != '\0', att = c->attempt != NULL;
+	pthread_mutex_unlock(&c->lock);
+	return etcd ? 200 : att ? 1000 : 30000;
 }
 
 static void *cluster_main(void *arg)
 {
 	struct mlfs_cluster *c = arg;
-	uint64_t state = 0;
-	struct ptc_error why;
 
 	while (!atomic_load(&c->stop)) {
-		atomic_store(&c->wake, 0);
 		round_once(c);
-		int rc = net_etcd_wait(c->etcd, c->prefix, &state, 250, &c->wake, &why);
-		if (rc && rc != -ETIMEDOUT && rc != -ECANCELED) {
-			struct timespec nap = {0, 200 * 1000000L}; /* etcd down: retry later */
-			nanosleep(&nap, NULL);
-		}
+		int ms = nap_ms(c);
+		struct timespec t;
+		clock_gettime(CLOCK_REALTIME, &t);
+		t.tv_sec += ms / 1000;
+		t.tv_nsec += (long)(ms % 1000) * 1000000L;
+		if (t.tv_nsec >= 1000000000L)
+			t.tv_sec++, t.tv_nsec -= 1000000000L;
+		pthread_mutex_lock(&c->wake_lock);
+		while (!c->wake && !atomic_load(&c->stop))
+			if (pthread_cond_timedwait(&c->cond, &c->wake_lock, &t))
+				break;
+		c->wake = false;
+		pthread_mutex_unlock(&c->wake_lock);
 	}
 	return NULL;
+}
+
+/* The store's status.json hook: the job's view (mlfs_nodeentry.c) and
+ * what this node waits for. */
+static void status_add(void *arg, json_t *o)
+{
+	char waiting[600];
+
+	mlfs_nodeentry_status_add(arg, o);
+	mlfs_attempt_waiting(arg, waiting, sizeof(waiting));
+	if (waiting[0])
+		json_object_set_new(o, "waiting", json_string(waiting));
+}
+
+/* The mirror's hook: the job's keys changed. */
+static void keys_changed(void *arg)
+{
+	mlfs_cluster_wake(arg);
 }
 
 int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct ptc_error *err)
@@ -164,41 +202,64 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 		return -ENOMEM;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->publock, NULL);
+	pthread_mutex_init(&c->wake_lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
+	pthread_cond_init(&c->keepalive_cond, NULL);
 	c->st = st;
 	c->me = mlfs_store_cluster(st)->nodes[st->node].id;
+	c->saved_put = -1;
 	snprintf(c->prefix, sizeof(c->prefix), "/mlfs/%s/", mlfs_store_cluster(st)->job);
 	struct net_http_opts o = {.retries = 2, .timeout_ms = 2000, .deadline_ms = 5000};
 	if ((rc = net_etcd_new(mlfs_store_cluster(st)->etcd, &o, &c->etcd, err)))
 		goto err_free;
-	if ((rc = mlfs_join_cluster(c, err)))
+	if ((rc = mlfs_mirror_init(&c->mirror, c->etcd, c->prefix, keys_changed, c))) {
+		ptc_error_set(err, rc, "cluster.json: the job's name is too long");
 		goto err_etcd;
+	}
+	if ((rc = mlfs_join_cluster(c, err)))
+		goto err_mirror;
 	/* Register and read the job once before serving: a restarted node
 	 * knows the current version as it mounts. */
 	struct ptc_error e;
-	if ((rc = mlfs_nodeentry_keep_registered(c, &e))) {
+	if ((rc = mlfs_nodeentry_register(c, &e))) {
 		ptc_error_set(err, rc, "etcd at %s: %s", mlfs_store_cluster(st)->etcd, e.text);
-		goto err_etcd;
+		goto err_mirror;
 	}
 	round_once(c);
 	st->cluster_arg = c;
 	st->multinode = true;
 	st->propose = mlfs_propose;
-	st->status_add = mlfs_nodeentry_status_add;
+	st->status_add = status_add;
 	st->steps_saved = mlfs_nodeentry_steps_saved;
 	st->reconf_changed = reconf_changed;
-	if ((rc = -pthread_create(&c->thread, NULL, cluster_main, c))) {
+	if ((rc = -pthread_create(&c->keepalive_thread, NULL, mlfs_nodeentry_keepalive_main, c)) ||
+	    (c->keepalive_running = true,
+	     rc = -pthread_create(&c->thread, NULL, cluster_main, c))) {
 		ptc_error_set(err, rc, "cannot start a thread");
 		st->propose = NULL, st->status_add = NULL, st->steps_saved = NULL;
 		st->reconf_changed = NULL, st->cluster_arg = NULL;
-		goto err_etcd;
+		goto err_threads;
 	}
 	c->running = true;
 	*out = c;
 	return 0;
 
+err_threads:
+	atomic_store(&c->stop, 1);
+	if (c->keepalive_running) {
+		pthread_mutex_lock(&c->wake_lock);
+		pthread_cond_signal(&c->keepalive_cond);
+		pthread_mutex_unlock(&c->wake_lock);
+		pthread_join(c->keepalive_thread, NULL);
+	}
+err_mirror:
+	mlfs_mirror_release(&c->mirror);
 err_etcd:
 	net_etcd_free(c->etcd);
 err_free:
+	pthread_cond_destroy(&c->keepalive_cond);
+	pthread_cond_destroy(&c->cond);
+	pthread_mutex_destroy(&c->wake_lock);
 	pthread_mutex_destroy(&c->publock);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -211,17 +272,27 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	if (!c)
 		return;
 	atomic_store(&c->stop, 1);
-	atomic_store(&c->wake, 1);
+	pthread_mutex_lock(&c->wake_lock);
+	pthread_cond_signal(&c->cond);
+	pthread_cond_signal(&c->keepalive_cond);
+	pthread_mutex_unlock(&c->wake_lock);
 	if (c->running)
 		pthread_join(c->thread, NULL);
-	if (c->lease) /* leave at once rather than when the lease expires */
-		net_etcd_lease_revoke(c->etcd, c->lease, NULL, &why);
+	if (c->keepalive_running)
+		pthread_join(c->keepalive_thread, NULL);
+	mlfs_mirror_release(&c->mirror); /* its watch's thread ends first */
+	int64_t lease = atomic_load(&c->lease);
+	if (lease) /* leave at once rather than when the lease expires */
+		net_etcd_lease_revoke(c->etcd, lease, NULL, &why);
 	net_etcd_free(c->etcd);
 	json_decref(c->nodes);
 	json_decref(c->attempt);
 	free(c->mine);
 	free(c->published);
 	mlfs_job_free(c->job);
+	pthread_cond_destroy(&c->keepalive_cond);
+	pthread_cond_destroy(&c->cond);
+	pthread_mutex_destroy(&c->wake_lock);
 	pthread_mutex_destroy(&c->publock);
 	pthread_mutex_destroy(&c->lock);
 	free(c);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -41,14 +42,19 @@ void mlfs_jobkeys_free(struct mlfs_jobkeys *k)
 	memset(k, 0, sizeof(*k));
 }
 
-int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err)
+/* Sorts the keys @kvs (@n of them, taken over) of a read at @revision
+ * into @k. */
+static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int64_t revision,
+		  struct mlfs_jobkeys *k)
 {
 	size_t plen = strlen(c->prefix);
-	int rc;
 
 	memset(k, 0, sizeof(*k));
-	if ((rc = net_etcd_range(c->etcd, c->prefix, true, &k->kvs, &k->n, NULL, NULL, err)))
-		return rc;
+	k->kvs = kvs;
+	k->n = n;
+	k->revision = revision;
+	k->saved_step = -1;
+	k->config_id = "";
 	k->nodes = json_object();
 	for (size_t i = 0; i < k->n; i++) {
 		const struct net_etcd_kv *kv = &k->kvs[i];
@@ -59,15 +65,47 @@ int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc
 			k->cluster = kv;
 		else if (strcmp(name, "config") == 0)
 			k->config = kv, k->config_mod = kv->mod_revision;
+		else if (strcmp(name, "config_id") == 0)
+			k->config_id = kv->value;
 		else if (strcmp(name, "attempt") == 0)
 			k->attempt = kv;
 		else if (strncmp(name, "nodes/", 6) == 0)
 			json_object_set_new(k->nodes, name + 6,
 					    json_loadb(kv->value, kv->len, 0, NULL)
 						?: json_object());
+		else if (strncmp(name, "saved/", 6) == 0) {
+			int64_t s = strtoll(kv->value, NULL, 10);
+			if (s > k->saved_step)
+				k->saved_step = s;
+		}
 	}
 	if (k->attempt)
 		k->attempt_j = json_loadb(k->attempt->value, k->attempt->len, 0, NULL);
 	k->committed = k->config ? config_version(k->config->value, k->config->len) : 0;
-	return 0;
+}
+
+int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err)
+{
+	struct net_etcd_kv *kvs;
+	size_t n;
+	int64_t rev = 0;
+	int rc = net_etcd_range(c->etcd, c->prefix, true, &kvs, &n, &rev, NULL, err);
+
+	memset(k, 0, sizeof(*k));
+	if (rc == 0)
+		parse(c, kvs, n, rev, k);
+	return rc;
+}
+
+int mlfs_jobkeys_mirrored(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err)
+{
+	struct net_etcd_kv *kvs;
+	size_t n;
+	int64_t rev = 0;
+	int rc = mlfs_mirror_copy(&c->mirror, &kvs, &n, &rev, err);
+
+	memset(k, 0, sizeof(*k));
+	if (rc == 0)
+		parse(c, kvs, n, rev, k);
+	return rc;
 }

@@ -6,6 +6,7 @@
  * version, for status.json.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,18 +52,35 @@ static char *node_entry(struct mlfs_cluster *c)
 	return s;
 }
 
+/* The newest step this node's ranks saved (-1: none). */
+static int64_t newest_step(struct mlfs_store *st)
+{
+	int64_t s = -1;
+	pthread_mutex_lock(&st->lock);
+	if (st->view) {
+		const struct ptc_layout *l = &st->view->layout;
+		int r0 = l->node_first_rank[st->node];
+		for (int r = r0; r >= 0 && r < r0 + l->node_nranks[st->node]; r++)
+			if (st->steps[r] > s)
+				s = st->steps[r];
+	}
+	pthread_mutex_unlock(&st->lock);
+	return s;
+}
+
 int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err)
 {
 	char k[512];
 	int rc = 0;
 	char *e = node_entry(c);
+	int64_t lease = atomic_load(&c->lease);
 
 	if (!e)
 		return -ENOMEM;
 	pthread_mutex_lock(&c->publock);
-	if (c->lease && (!c->published || strcmp(c->published, e) != 0)) {
+	if (lease && (!c->published || strcmp(c->published, e) != 0)) {
 		mlfs_jobkeys_name(c, k, sizeof(k), "nodes/%s", c->me);
-		if ((rc = net_etcd_put(c->etcd, k, e, strlen(e), c->lease, NULL, err)) == 0) {
+		if ((rc = net_etcd_put(c->etcd, k, e, strlen(e), lease, NULL, err)) == 0) {
 			free(c->published);
 			c->published = e;
 			e = NULL;
@@ -75,35 +93,81 @@ int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err)
 
 void mlfs_nodeentry_steps_saved(void *arg)
 {
+	struct mlfs_cluster *c = arg;
 	struct ptc_error why;
-	mlfs_nodeentry_publish(arg, &why);
+	char k[512], v[32];
+
+	if (mlfs_nodeentry_publish(c, &why))
+		return;
+	/* saved/<id>: the newest step this node saved (a step write, an
+	 * import), bound to no lease, so that a job whose nodes all restarted
+	 * knows it had state: zeros are not the job's then (mlfs_decide's
+	 * rule 5). */
+	int64_t step = newest_step(c->st);
+	pthread_mutex_lock(&c->publock);
+	if (step >= 0 && step > c->saved_put) {
+		snprintf(v, sizeof(v), "%" PRId64, step);
+		mlfs_jobkeys_name(c, k, sizeof(k), "saved/%s", c->me);
+		if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why) == 0)
+			c->saved_put = step;
+	}
+	pthread_mutex_unlock(&c->publock);
 }
 
-int mlfs_nodeentry_keep_registered(struct mlfs_cluster *c, struct ptc_error *err)
+int mlfs_nodeentry_register(struct mlfs_cluster *c, struct ptc_error *err)
 {
-	int rc;
-	int64_t now = mlfs_cluster_now_ms(), ttl;
+	int64_t lease;
+	int rc = net_etcd_lease_grant(c->etcd, MLFS_LEASE_TTL, &lease, NULL, err);
 
-	if (c->lease && now - c->last_keepalive_ms >= 1000) {
-		rc = net_etcd_lease_keepalive(c->etcd, c->lease, &ttl, NULL, err);
-		if (rc == -ENOENT) { /* expired: we were down as far as the job knows */
-			c->lease = 0;
-		} else if (rc) {
-			return rc;
-		} else {
-			c->last_keepalive_ms = now;
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&c->publock);
+	free(c->published); /* the entry went with the old lease */
+	c->published = NULL;
+	pthread_mutex_unlock(&c->publock);
+	atomic_store(&c->lease, lease);
+	atomic_store(&c->lease_expired, false);
+	return mlfs_nodeentry_publish(c, err);
+}
+
+void *mlfs_nodeentry_keepalive_main(void *arg)
+{
+	struct mlfs_cluster *c = arg;
+	struct ptc_error why;
+	int64_t ttl;
+
+	pthread_mutex_lock(&c->wake_lock);
+	while (!atomic_load(&c->stop)) {
+		struct timespec t;
+		clock_gettime(CLOCK_REALTIME, &t);
+		t.tv_sec += 1;
+		pthread_cond_timedwait(&c->keepalive_cond, &c->wake_lock, &t);
+		if (atomic_load(&c->stop))
+			break;
+		int64_t lease = atomic_load(&c->lease);
+		if (!lease)
+			continue;
+		pthread_mutex_unlock(&c->wake_lock);
+		int rc = net_etcd_lease_keepalive(c->etcd, lease, &ttl, NULL, &why);
+		pthread_mutex_lock(&c->wake_lock);
+		if (rc == -ENOENT && atomic_load(&c->lease) == lease) {
+			/* Expired: the job counts this node as down since then. */
+			atomic_store(&c->lease, 0);
+			atomic_store(&c->lease_expired, true);
+			c->wake = true;
+			pthread_cond_signal(&c->cond);
 		}
 	}
-	if (!c->lease) {
-		if ((rc = net_etcd_lease_grant(c->etcd, MLFS_LEASE_TTL, &c->lease, NULL, err)))
-			return rc;
-		c->last_keepalive_ms = now;
-		pthread_mutex_lock(&c->publock);
-		free(c->published);
-		c->published = NULL;
-		pthread_mutex_unlock(&c->publock);
-	}
-	return mlfs_nodeentry_publish(c, err);
+	pthread_mutex_unlock(&c->wake_lock);
+	return NULL;
+}
+
+void mlfs_cluster_wake(struct mlfs_cluster *c)
+{
+	pthread_mutex_lock(&c->wake_lock);
+	c->wake = true;
+	pthread_cond_signal(&c->cond);
+	pthread_mutex_unlock(&c->wake_lock);
 }
 
 void mlfs_nodeentry_sync_steps(struct mlfs_cluster *c, const json_t *nodes)

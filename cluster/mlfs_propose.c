@@ -390,12 +390,14 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
  * -EIO (etcd, or not registered yet), with @err.
  */
 static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
-			  char *att, const char *aid, bool me_in, struct ptc_error *err)
+			  char *att, const char *aid, bool me_in, int64_t *rev,
+			  struct ptc_error *err)
 {
 	char ka[512], kc[512], kv[512];
 	struct ptc_error why;
 	bool ok = false;
 	int rc = 0;
+	int64_t lease = atomic_load(&c->lease);
 
 	mlfs_jobkeys_name(c, ka, sizeof(ka), "attempt");
 	mlfs_jobkeys_name(c, kc, sizeof(kc), "config");
@@ -404,7 +406,7 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 	    {.key = ka, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL},
 	    {.key = kc, .target = NET_ETCD_MOD, .result = NET_ETCD_EQUAL, .num = k->config_mod}};
 	struct net_etcd_op put[] = {
-	    {.kind = NET_ETCD_PUT, .key = ka, .value = att, .len = strlen(att), .lease = c->lease},
+	    {.kind = NET_ETCD_PUT, .key = ka, .value = att, .len = strlen(att), .lease = lease},
 	    /* what an earlier attempt to this version left behind */
 	    {.kind = NET_ETCD_DELETE, .key = kv, .prefix = true}};
 	pthread_mutex_lock(&c->lock);
@@ -415,10 +417,10 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 	if (me_in)
 		snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
 	pthread_mutex_unlock(&c->lock);
-	if (!c->lease)
+	if (!lease)
 		rc = ptc_error_set(err, -EIO,
 				   "config.json: this node is not registered with etcd (yet)");
-	else if (net_etcd_txn(c->etcd, cmps, 2, put, 2, NULL, 0, &ok, NULL, NULL, &why))
+	else if (net_etcd_txn(c->etcd, cmps, 2, put, 2, NULL, 0, &ok, rev, NULL, &why))
 		rc = ptc_error_set(err, -EIO, "config.json: etcd: %s", why.text);
 	else if (!ok)
 		rc = ptc_error_set(err, -EBUSY,
@@ -444,16 +446,18 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	char aid[24], *att;
 	bool me_in;
 
+	int64_t rev = 0;
+
 	attempt_id(aid);
 	int rc = propose_build(c, k, cfg, agreed, text, aid, &att, &dn, &me_in, err);
 	if (rc == 0)
-		rc = propose_create(c, k, cfg->version, att, aid, me_in, err);
+		rc = propose_create(c, k, cfg->version, att, aid, me_in, &rev, err);
 	/* The coordinator prepares at once when it takes part: its
 	 * status.json (which mlfs reconfigure reads) shows the attempt from
 	 * now on. */
 	if (rc == 0 && me_in) {
 		struct ptc_error perr = {.text = ""};
-		if ((rc = mlfs_attempt_prepare(c, k->nodes, aid, text, len, &dn, &perr))) {
+		if ((rc = mlfs_attempt_prepare(c, k->nodes, aid, rev, text, len, &dn, &perr))) {
 			/* the coordinator aborts the attempt at its next round */
 			mlfs_attempt_vote_failed(c, cfg->version, aid, perr.text);
 			ptc_error_set(err, rc, "%s", perr.text);

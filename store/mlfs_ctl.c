@@ -192,7 +192,16 @@ char *mlfs_store_status_json(struct mlfs_store *st)
 	json_object_set_new(o, "node", json_string(mlfs_store_cluster(st)->nodes[st->node].id));
 	json_object_set_new(o, "version",
 			    st->view ? json_integer(st->view->config->version) : json_null());
-	json_object_set_new(o, "state", json_string(mlfs_reconf_state_name(st->reconf)));
+	/* "lost": this node's partitions are not the job's (a job of many
+	 * nodes: it restarted without its memory, or missed a commit), shown
+	 * while no reconfiguration runs here. */
+	bool lost = atomic_load(&st->lost);
+	json_object_set_new(o, "state",
+			    json_string(lost && st->state == MLFS_IDLE
+					    ? "lost"
+					    : mlfs_reconf_state_name(st->reconf)));
+	if (lost)
+		json_object_set_new(o, "lost", json_true());
 	json_object_set_new(o, "step", st->view ? json_integer(st->steps[0]) : json_null());
 	if (st->state == MLFS_TRANSFORMING)
 		json_object_set_new(o, "target_version", json_integer(st->target_version));

@@ -75,6 +75,8 @@ struct mlfs_attempt {
 	bool autocommit; /* commit as soon as prepared */
 	struct xf_stats stats;
 	char what[16]; /* names the request in messages: "config.json", "prepare" */
+	char id[24];   /* the control plane's id of it ("": none), and its revision */
+	int64_t rev;
 };
 
 static void attempt_free(struct mlfs_attempt *a)
@@ -318,6 +320,10 @@ static int reconf_plan(struct mlfs_store *st, struct ptc_config *c, struct mlfs_
 		goto err_free_config;
 	a->st = st;
 	snprintf(a->what, sizeof(a->what), "%s", what);
+	if (dn && dn->id) {
+		snprintf(a->id, sizeof(a->id), "%s", dn->id);
+		a->rev = dn->rev;
+	}
 	if ((rc = plan_snapshot(st, a, c->version, err)) ||
 	    (rc = ptc_dataset_change_ok(a->from->config, c, what, err)))
 		goto err_free_config;
@@ -556,6 +562,8 @@ static int reconf_publish(struct mlfs_store *st, struct mlfs_attempt *a, struct 
 	}
 	prev = st->xf_thread;
 	join_prev = st->xf_joinable;
+	snprintf(st->attempt_id, sizeof(st->attempt_id), "%s", a->id);
+	st->attempt_rev = a->rev;
 	set_state(st, MLFS_RECONF_PREPARING);
 	st->attempt = a;
 	st->target_version = a->to->config->version;

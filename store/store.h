@@ -145,7 +145,12 @@ struct mlfs_store {
 	int64_t *steps;		   /* per rank of view->layout, -1 = never saved */
 
 	enum mlfs_reconf_state reconf;
-	enum mlfs_state state;	      /* follows reconf, see above */
+	enum mlfs_state state; /* follows reconf, see above */
+	/* The control plane's id of the last attempt (mlfs_reconf_down.id;
+	 * "" without one) and the revision that created it: set with its
+	 * state "preparing", so that reconf speaks for that attempt only. */
+	char attempt_id[24];
+	int64_t attempt_rev;
 	struct mlfs_attempt *attempt; /* from preparing until aborting or committing ends */
 	char error[PTC_ERROR_MAX];
 	int64_t target_version; /* of the last attempt */
@@ -385,6 +390,12 @@ struct mlfs_reconf_down {
 	int ndown;
 	const int *backup_of;
 	int nbackup;
+	/* The control plane's name for the attempt (its id, and the etcd
+	 * revision that created it): the store shows it beside its state
+	 * (st->attempt_id), so that the state is never read as another
+	 * attempt's. NULL: none. */
+	const char *id;
+	int64_t rev;
 };
 /* The same, for a job whose nodes @dn->down cannot serve: the plan takes
  * their partitions from other copies (DP replicas, backups), or refuses

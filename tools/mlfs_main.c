@@ -20,6 +20,7 @@ static const struct {
     {"reconfigure", cmd_reconfigure, "reconfigure <mnt> new.json [--no-wait]"},
     {"import", cmd_import, "import <mnt> --from DIR [--step N] [--state NAME]"},
     {"export", cmd_export, "export <mnt> --to DIR"},
+    {"reset", cmd_reset, "reset --cluster cluster.json      (every node down: the job afresh)"},
     {"plan", cmd_plan,
      "plan --schema S --from A.json --to B.json [--cluster C] [--down ID,...] [--json]"},
     {"dataset", cmd_dataset, "dataset index DIR --dtype D --shape N[,N...] [--out FILE]"},

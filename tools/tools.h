@@ -18,6 +18,7 @@ int cmd_reconfigure(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_dataset(int argc, char **argv);
+int cmd_reset(int argc, char **argv);
 
 /* Reads a whole file into a new NUL-terminated buffer; NULL and a message
  * on stderr on failure. *len gets the size. */

@@ -692,7 +692,10 @@ def test_restarted_daemon_reads_the_committed_config(cluster_factory):
 
     cl.kill("n2")
     n2 = cl.restart("n2")  # at once: the killed daemon's lease still holds nodes/n2
-    cl.wait_version(2, nodes=["n2"], timeout=10)
+    # It knows the job's layout at once, and that its partitions (zeros) are not
+    # the job's state: "lost" (issue 17, item 4).
+    st = cl.wait_version(2, nodes=["n2"], state="lost", timeout=10)["n2"]
+    assert st["lost"] is True and "started without the job's state" in st["error"], st
     assert json.loads(n2.read("schema.json")) == MIXED
     assert json.loads(n2.read("config.json")) == V2
     assert sorted(os.listdir(n2.p("ranks")), key=int) == [str(r) for r in cl.hosted(V2, "n2")]

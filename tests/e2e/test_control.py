@@ -1,0 +1,224 @@
+"""The control plane keeps the atomic promise through freezes, deaths and restarts
+(issue 17), on four daemons and one etcd (cluster.py), every partition checked against
+NumPy slices of the checkpoint:
+
+1. a node frozen through an aborted attempt never commits its stale layout under the
+   job's version: it missed the commit, says so ("lost"), and a config that places
+   ranks on it is refused;
+2. an abort behind a frozen peer cancels every transfer in flight: every node is idle
+   again within seconds of the decision, and a config without the frozen node commits;
+4. a whole-job restart never makes zero-filled partitions the state: every node is
+   "lost", configs are refused, and `mlfs reset` (with every daemon stopped) starts the
+   job afresh;
+5. etcd down after every vote: the nodes stay "prepared", refuse partition writes and
+   say in status.json what they wait for, and commit once etcd is back.
+"""
+import errno
+import json
+import os
+import subprocess
+import time
+
+import numpy as np
+
+from cluster import cluster_factory, etcd, expect_oserror  # noqa: F401
+from conftest import MLFS
+from test_cluster import full_of, wait_attempt
+from test_store import MIXED, make_full, write_full
+
+ALL = ["n0", "n1", "n2", "n3"]
+
+
+def vote_of(cl, to, nid):
+    kv = cl.keys().get(f"votes/{to}/{nid}")
+    return kv.value.decode() if kv else ""
+
+
+def import_step(cl, nodes, full, step):
+    """Imports @full on @nodes as the saved state of @step."""
+    ckpt = os.path.join(cl.tmp, f"ckpt-{step}")
+    if not os.path.isdir(ckpt):
+        write_full(ckpt, full)
+    for nid in nodes:
+        p = cl[nid].mlfs("import", "--from", ckpt, "--step", str(step), check=False)
+        assert p.returncode == 0, f"import on {nid}: {p.stderr}\n{cl.describe()}"
+
+
+def test_frozen_node_never_commits_a_stale_layout(cluster_factory):
+    cl = cluster_factory(nnodes=4, devices=1)
+    full = full_of(30)
+    v1 = {"version": 1, "tp": 1, "pp": 1, "dp": 4, "nodes": ALL}  # a replica on each node
+    cl.start_job(MIXED, v1, "n0", full, step=7)
+
+    # X = version 2 on all four nodes; n1 frozen never votes, so X cannot commit.
+    x = {"version": 2, "tp": 2, "pp": 1, "dp": 2, "nodes": ALL}
+    cl.freeze("n1")
+    proc = cl.reconfigure("n0", x, wait=False)
+    aid = json.loads(wait_attempt(cl, proc).value)["id"]
+    cl.wait(lambda: vote_of(cl, 2, "n3").startswith(aid + " ready"), "n3's ready vote on X",
+            timeout=30)
+    # n3 is frozen with X prepared; X dies with its frozen coordinator's lease.
+    cl.freeze("n3")
+    cl.freeze("n0")
+    proc.kill()  # it reads n0's status.json, which a frozen daemon does not answer
+    proc.wait(timeout=30)
+    cl.wait(lambda: "attempt" not in cl.keys(), "X gone with n0's lease", timeout=30)
+    cl.thaw("n1")
+    cl.wait(lambda: "nodes/n1" in cl.keys() and all(
+        cl[n].status()["state"] in ("idle", "failed") for n in ("n1", "n2")),
+        "n1 and n2 settled", timeout=30)
+
+    # Y = version 2 without n0 and n3 commits; its ranks save step 8.
+    y = {"version": 2, "tp": 1, "pp": 1, "dp": 2, "nodes": ["n1", "n2"]}
+    p = cl.reconfigure("n2", y)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(2, nodes=["n1", "n2"])
+    full8 = full_of(31)
+    import_step(cl, ["n1", "n2"], full8, 8)
+
+    # n3 and n0 thaw: they missed the commit of Y; n3 never serves X as version 2.
+    cl.thaw("n3")
+    cl.thaw("n0")
+    cl.wait(lambda: all(cl[n].status()["state"] == "lost" for n in ("n0", "n3")),
+            "n0 and n3 lost", timeout=30)
+    for nid in ("n0", "n3"):
+        st = cl[nid].status()
+        assert st["version"] == 1, (nid, st)
+        assert "missed the commit of version 2" in st["error"], (nid, st)
+    # A config that places ranks on n3 is refused, naming it; the job is Y at step 8.
+    z = {"version": 3, "tp": 1, "pp": 1, "dp": 3, "nodes": ["n1", "n2", "n3"]}
+    p = cl.reconfigure("n1", z)
+    assert p.returncode != 0 and "n3" in p.stderr, (p.returncode, p.stderr)
+    cl.check_layout(MIXED, y, full8, step=8, nodes=["n1", "n2"])
+    # ... and one without them goes on from Y, bit-exact.
+    w = {"version": 3, "tp": 2, "pp": 1, "dp": 1, "nodes": ["n1", "n2"]}
+    p = cl.reconfigure("n1", w)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(3, nodes=["n1", "n2"])
+    cl.check_layout(MIXED, w, full8, step=8, nodes=["n1", "n2"])
+
+
+def test_abort_behind_a_frozen_peer_is_quick(cluster_factory):
+    cl = cluster_factory(nnodes=4, devices=2)
+    full = full_of(32)
+    v1 = {"version": 1, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n0", "n1"]}
+    cl.start_job(MIXED, v1, "n0", full, step=5)
+    before = cl.snapshot(["n0", "n2", "n3"])
+
+    # Everything moves to n2 and n3, fetched from n0 and n1; n1 is frozen.
+    v2 = {"version": 2, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n2", "n3"]}
+    cl.freeze("n1")
+    proc = cl.reconfigure("n0", v2, wait=False)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "n1" in err, (proc.returncode, out, err)
+    decided = time.monotonic()
+    cl.wait(lambda: all(s["state"] in ("idle", "failed")
+                        for s in cl.statuses(["n0", "n2", "n3"]).values()),
+            "every live node idle after the abort", timeout=30)
+    idle_after = time.monotonic() - decided
+    assert idle_after < 3, f"{idle_after:.1f} s from the abort to idle\n{cl.describe()}"
+    assert cl.snapshot(["n0", "n2", "n3"]) == before
+    # A config without n1 commits, served from n0's replica.
+    v3 = {"version": 2, "tp": 1, "pp": 1, "dp": 2, "nodes": ["n2", "n3"]}
+    p = cl.reconfigure("n2", v3)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(2, nodes=["n0", "n2", "n3"])
+    cl.check_layout(MIXED, v3, full, step=5, nodes=["n2", "n3"])
+    cl.thaw("n1")
+
+
+def reset(cl):
+    return subprocess.run([str(MLFS), "reset", "--cluster", cl.cluster_path],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_whole_job_restart_is_lost_until_reset(cluster_factory):
+    cl = cluster_factory(nnodes=2, devices=2)
+    full = full_of(33)
+    v1 = {"version": 1, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n0", "n1"]}
+    cl.start_job(MIXED, v1, "n0", full, step=8)
+
+    # Every daemon killed and restarted, etcd kept: zeros are not the job's state.
+    for nid in ("n0", "n1"):
+        cl.kill(nid)
+    for nid in ("n0", "n1"):
+        cl.restart(nid)
+    cl.wait(lambda: all(s["state"] == "lost" for s in cl.statuses().values()),
+            "every restarted node lost", timeout=30)
+    for nid, st in cl.statuses().items():
+        assert st["version"] == 1, (nid, st)
+        assert "started without the job's state" in st["error"], (nid, st)
+    v2 = {"version": 2, "tp": 1, "pp": 1, "dp": 4, "nodes": ["n0", "n1"]}
+    p = cl.reconfigure("n0", v2)
+    assert p.returncode != 0 and "lost" in p.stderr, (p.returncode, p.stderr)
+    assert all(s["version"] == 1 for s in cl.statuses().values())
+
+    # mlfs reset refuses while a node of the job is up ...
+    r = reset(cl)
+    assert r.returncode != 0 and "n0" in r.stderr and "up" in r.stderr, (r.returncode, r.stderr)
+    assert "config" in cl.keys()
+    # ... and, with every daemon stopped, starts the job afresh: no config, no saved
+    # state; the schema and cluster stay.
+    for nid in ("n0", "n1"):
+        cl.kill(nid)
+    for nid in ("n0", "n1"):
+        cl.wait_down(nid)
+    r = reset(cl)
+    assert r.returncode == 0, r.stderr
+    keys = cl.keys()
+    assert "config" not in keys and "schema" in keys and "cluster" in keys, sorted(keys)
+    assert not any(k.startswith(("saved/", "votes/", "attempt")) for k in keys), sorted(keys)
+    for nid in ("n0", "n1"):
+        cl.restart(nid)
+    cl.wait(lambda: all(s["state"] == "idle" and not s.get("version")
+                        for s in cl.statuses().values()), "a fresh job", timeout=30)
+    cl["n0"].write("config.json", json.dumps(v1))
+    cl.wait_version(1)
+    import_step(cl, ["n0", "n1"], full, 8)
+    cl.check_layout(MIXED, v1, full, step=8)
+    p = cl.reconfigure("n1", v2)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(2)
+    cl.check_layout(MIXED, v2, full, step=8)
+
+
+# 64 MiB of float32 a replica: fetching one takes long enough to freeze its fetcher
+# before it votes (a tiny model's attempt ends within the harness's polling).
+BIG = {"model": "big", "num_layers": 2, "states": {"model": {}},
+       "tensors": [{"name": "layers/{L}/w", "dtype": "float32", "shape": [4096, 2048],
+                    "split": {"dim": 0}}]}
+
+
+def test_etcd_down_after_every_vote_waits_for_the_decision(cluster_factory):
+    # n0, the coordinator, hosts no rank; n3 none of v1's (no one fetches from it).
+    cl = cluster_factory(nnodes=4, devices=2)
+    full = make_full(BIG, np.random.default_rng(34))
+    v1 = {"version": 1, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n1", "n2"]}
+    cl.start_job(BIG, v1, "n1", full, step=5)
+    v2 = {"version": 2, "tp": 2, "pp": 1, "dp": 3, "nodes": ["n1", "n2", "n3"]}
+
+    proc = cl.reconfigure("n0", v2, wait=False)
+    aid = json.loads(wait_attempt(cl, proc).value)["id"]
+    cl.freeze("n3")  # fetching its replica: it votes last
+    assert not vote_of(cl, 2, "n3"), cl.describe()
+    cl.wait(lambda: all(vote_of(cl, 2, n).startswith(aid + " ready") for n in ALL[:3]),
+            "n0-n2 voted ready", timeout=30)
+    cl.freeze("n0")  # the coordinator cannot commit ...
+    proc.kill()  # (it reads n0's status.json)
+    proc.wait(timeout=30)
+    cl.thaw("n3")
+    cl.wait(lambda: vote_of(cl, 2, "n3").startswith(aid + " ready"), "n3's vote", timeout=30)
+    cl.kill_etcd()  # ... before etcd is gone
+    cl.thaw("n0")
+    time.sleep(2)
+    sts = cl.statuses()
+    for nid, st in sts.items():
+        assert st["version"] == 1 and st["state"] == "prepared", (nid, st)
+        assert "etcd's decision on version 2" in st.get("waiting", ""), (nid, st)
+        assert "etcd unreachable" in st["waiting"], (nid, st)
+    expect_oserror(errno.EBUSY, cl["n1"].write, "ranks/0/step", "6\n")
+    # etcd back: the commit point was its; every node commits.
+    cl.etcd.restart()
+    cl.wait_version(2, timeout=60)
+    cl.check_layout(BIG, v2, full, step=5)
+    assert all("waiting" not in s for s in cl.statuses().values())

@@ -1,0 +1,61 @@
+/*
+ * mlfs_reset.c - `mlfs reset --cluster cluster.json`: a job of many nodes
+ * started afresh, once every node is down (cluster/mlfs_reset.c says what
+ * goes). For a job whose nodes all restarted without their memory: they
+ * are "lost", and no config may make their zero-filled partitions the
+ * job's state; after a reset the operator mounts them again, writes a
+ * config and imports a checkpoint.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cluster/cluster.h"
+#include "ptc/ptc.h"
+#include "tools/tools.h"
+
+int cmd_reset(int argc, char **argv)
+{
+	static const struct option opts[] = {{"cluster", required_argument, NULL, 'c'},
+					     {NULL, 0, NULL, 0}};
+	const char *path = NULL;
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "c:", opts, NULL)) != -1) {
+		if (c != 'c')
+			return 2;
+		path = optarg;
+	}
+	if (!path || optind != argc) {
+		fprintf(stderr, "usage: mlfs reset --cluster cluster.json\n");
+		return 2;
+	}
+	size_t len;
+	char *text = tools_read_file(path, &len);
+	if (!text)
+		return 1;
+	struct ptc_cluster *cl;
+	struct ptc_error err = {.text = ""};
+	int rc = ptc_cluster_parse_text(text, len, path, &cl, &err);
+	free(text);
+	if (rc) {
+		fprintf(stderr, "mlfs reset: %s\n", err.text);
+		return 1;
+	}
+	json_t *removed = json_array();
+	rc = mlfs_cluster_reset(cl, removed, &err);
+	if (rc) {
+		fprintf(stderr, "mlfs reset: %s\n", err.text);
+	} else {
+		size_t i;
+		json_t *k;
+		printf("job \"%s\" reset: its schema and nodes stay; mount them, write "
+		       "config.json and import a checkpoint\n",
+		       cl->job);
+		json_array_foreach(removed, i, k) printf("  removed %s\n", json_string_value(k));
+	}
+	json_decref(removed);
+	ptc_cluster_free(cl);
+	return rc ? 1 : 0;
+}
