@@ -59,8 +59,8 @@ int mlfs_cluster_reset(const struct ptc_cluster *cl, json_t *removed, struct ptc
 						.target = NET_ETCD_VERSION,
 						.result = NET_ETCD_EQUAL};
 	}
-	static const char *const names[] = {"config", "config_id", "attempt", "votes/", "result/",
-					    "saved/"};
+	static const char *const names[] = {"config", "config_id", "attempt",
+					    "votes/", "result/",   "saved/"};
 	struct net_etcd_op ops[6];
 	for (int i = 0; i < 6; i++) {
 		snprintf(keys[i], sizeof(keys[i]), "%s%s", prefix, names[i]);
@@ -71,8 +71,9 @@ int mlfs_cluster_reset(const struct ptc_cluster *cl, json_t *removed, struct ptc
 	rc = net_etcd_txn(etcd, cmps, (size_t)cl->nnodes, ops, 6, NULL, 0, &ok, NULL, NULL, err);
 	free(cmps);
 	if (rc == 0 && !ok)
-		rc = ptc_error_set(err, -EBUSY, "a node of the job came up meanwhile: unmount "
-						"every node before a reset");
+		rc = ptc_error_set(err, -EBUSY,
+				   "a node of the job came up meanwhile: unmount "
+				   "every node before a reset");
 	for (size_t i = 0; rc == 0 && removed && i < n; i++) {
 		const char *name = kvs[i].key + plen;
 		for (int j = 0; j < 6; j++)
