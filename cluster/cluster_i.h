@@ -197,7 +197,7 @@ struct mlfs_jobkeys {
 	int64_t config_mod;
 	int64_t committed;     /* @config's version: 0 without one, -1 unreadable */
 	const char *config_id; /* the attempt that committed it ("": a first config) */
-	int64_t saved_step;    /* the newest step any node ever saved (saved/<id>); -1 */
+	int64_t saved_step;    /* the newest step this node ever saved (saved/<me>); -1 */
 	int64_t revision;      /* etcd's revision of the read */
 };
 

@@ -22,8 +22,11 @@
  *     the attempt it is about to commit, missed a commit: its partitions
  *     are not the job's (lost) until a layout without ranks on it commits.
  *  5. A node that starts without a layout installs the committed config;
- *     when the job ever saved state (the "saved" key, which outlives every
- *     node) its zero-filled partitions are not the job's: lost.
+ *     when the job is past its first config, or this node saved state
+ *     before (its saved/<id> key outlives the daemon: a step written, a
+ *     checkpoint imported), its zero-filled partitions are not the job's:
+ *     lost. (A node merely slow to install the first config, while others
+ *     import theirs, saved nothing yet: its zeros are its state.)
  *  6. A participant prepares an attempt from its version, votes ready once
  *     prepared, failed when its prepare failed or it is at another version.
  *  7. The coordinator commits when every participant voted ready for its
@@ -174,9 +177,11 @@ int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts)
 			add(&o, MLFS_ACT_INSTALL_CONFIG, s->committed, NULL);
 			if (s->saved_step >= 0 || s->committed > 1)
 				add(&o, MLFS_ACT_MARK_LOST, s->committed,
-				    "this node started without the job's state (the job saved "
-				    "step %lld at version %lld): its partitions are empty, not the "
-				    "job's; a config that drops it is served from the other nodes",
+				    "this node started without the job's state (it saved step "
+				    "%lld, the job is at version %lld): its partitions are empty, "
+				    "not the job's; a config that drops it is served from the "
+				    "other "
+				    "nodes",
 				    (long long)s->saved_step, (long long)s->committed);
 		}
 		return o.n;

@@ -73,11 +73,8 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 			json_object_set_new(k->nodes, name + 6,
 					    json_loadb(kv->value, kv->len, 0, NULL)
 						?: json_object());
-		else if (strncmp(name, "saved/", 6) == 0) {
-			int64_t s = strtoll(kv->value, NULL, 10);
-			if (s > k->saved_step)
-				k->saved_step = s;
-		}
+		else if (strcmp(name + 6, c->me) == 0 && strncmp(name, "saved/", 6) == 0)
+			k->saved_step = strtoll(kv->value, NULL, 10);
 	}
 	if (k->attempt)
 		k->attempt_j = json_loadb(k->attempt->value, k->attempt->len, 0, NULL);

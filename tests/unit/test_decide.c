@@ -258,15 +258,16 @@ static void test_restarts(void **state)
 	struct job j;
 	char why[1024];
 
-	/* At the first config, the job saved step 8: zeros are not state. */
+	/* At the first config, this node had saved step 8: zeros are not state. */
 	job_init(&j, 0, 2);
 	j.s.have = 0;
 	j.s.saved_step = 8;
 	j.s.store_schema = false;
 	assert_string_equal(decide(&j, why, sizeof(why)),
 			    "install-schema(0) install-config(1) mark-lost(1)");
-	assert_non_null(strstr(why, "saved step 8"));
-	/* Nothing saved yet at version 1: zeros are the state. */
+	assert_non_null(strstr(why, "it saved step 8"));
+	/* Nothing saved here yet at version 1 (a node slow to install the first
+	 * config while others import): zeros are its state. */
 	j.s.saved_step = -1;
 	assert_string_equal(decide(&j, NULL, 0), "install-schema(0) install-config(1)");
 	/* Later versions hold state whatever the steps say. */

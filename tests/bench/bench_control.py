@@ -1,0 +1,114 @@
+"""The control plane at scale (issue 17, item 6): N daemons and one etcd on this
+machine, a tiny model, nothing happening; then one reconfiguration.
+
+For each N: the CPU the daemons and etcd use together over an idle window (from
+/proc/<pid>/stat, in cores), the etcd requests that window cost (etcd's own
+counter of gRPC/gateway requests from its /metrics), and the wall-clock time of
+one reconfiguration of a tiny model (`mlfs reconfigure`, from writing the config
+until every node swapped), first run. Ratios are against N = 4 in the same run.
+
+    BUILD=build /usr/bin/python3 tests/bench/bench_control.py [--nodes 4,16,32,64]
+        [--idle-seconds 10] [--json OUT]
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import local_cluster  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+SCHEMA = {"model": "tiny", "num_layers": 2, "states": {"model": {}},
+          "tensors": [{"name": "layers/{L}/w", "dtype": "float32", "shape": [64, 64],
+                       "split": {"dim": 0}},
+                      {"name": "emb", "dtype": "float32", "shape": [128, 64],
+                       "split": {"dim": 0}, "place": "first"}]}
+
+
+def cpu_seconds(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except OSError:
+            pass
+    return total / TICK
+
+
+def etcd_requests(url):
+    """etcd's count of handled requests (gRPC, which the JSON gateway calls)."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    return sum(float(m.group(1)) for m in
+               re.finditer(r'^grpc_server_handled_total\{[^}]*\} ([0-9.e+]+)$', text, re.M))
+
+
+def one(n, idle_s):
+    with local_cluster.start(nnodes=n, devices=1, job=f"ctl{n}") as cl:
+        n0 = cl.mounts["n0"]
+        with open(os.path.join(n0, "schema.json"), "w") as f:
+            f.write(json.dumps(SCHEMA))
+        v1 = {"version": 1, "tp": 1, "pp": 1, "dp": n, "nodes": cl.ids}
+        with open(os.path.join(n0, "config.json"), "w") as f:
+            f.write(json.dumps(v1))
+        cl.wait_version(1, timeout=120)
+        time.sleep(2)  # the last entries published
+        pids = [p.pid for p in cl.procs.values()]
+        r0, d0, e0 = etcd_requests(cl.etcd_url), cpu_seconds(pids), cpu_seconds([cl.etcd.pid])
+        t0 = time.monotonic()
+        time.sleep(idle_s)
+        dt = time.monotonic() - t0
+        r1, d1, e1 = etcd_requests(cl.etcd_url), cpu_seconds(pids), cpu_seconds([cl.etcd.pid])
+        # One reconfiguration: the job onto half of the nodes (every node takes part).
+        v2 = {"version": 2, "tp": 1, "pp": 1, "dp": max(1, n // 2), "nodes": cl.ids[:max(1, n // 2)]}
+        path = os.path.join(cl.tmp, "v2.json")
+        with open(path, "w") as f:
+            json.dump(v2, f)
+        r2 = etcd_requests(cl.etcd_url)
+        t = time.monotonic()
+        p = subprocess.run([local_cluster.MLFS, "reconfigure", n0, path], capture_output=True,
+                           text=True, timeout=300)
+        reconf = time.monotonic() - t
+        if p.returncode:
+            raise SystemExit(f"N={n}: mlfs reconfigure: {p.stderr}")
+        cl.wait_version(2, timeout=120)
+        r3 = etcd_requests(cl.etcd_url)
+        return {"nodes": n, "idle_seconds": round(dt, 2),
+                "daemons_cores": round((d1 - d0) / dt, 4),
+                "etcd_cores": round((e1 - e0) / dt, 4),
+                "cores": round((d1 - d0 + e1 - e0) / dt, 4),
+                "etcd_requests_per_s_idle": round((r1 - r0) / dt, 1),
+                "reconfigure_s": round(reconf, 3),
+                "etcd_requests_reconfigure": int(r3 - r2)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", default="4,16,32,64")
+    ap.add_argument("--idle-seconds", type=float, default=10)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    rows = []
+    for n in [int(x) for x in a.nodes.split(",")]:
+        rows.append(one(n, a.idle_seconds))
+        r = rows[-1]
+        base = rows[0]
+        print(f"N={n:3d}: idle {r['cores']:.4f} cores (daemons {r['daemons_cores']:.4f}, "
+              f"etcd {r['etcd_cores']:.4f}), {r['etcd_requests_per_s_idle']:.1f} etcd "
+              f"requests/s; reconfigure {r['reconfigure_s']:.3f} s "
+              f"({r['reconfigure_s'] / base['reconfigure_s']:.2f}x N={base['nodes']}), "
+              f"{r['etcd_requests_reconfigure']} etcd requests", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
