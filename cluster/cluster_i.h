@@ -54,7 +54,7 @@
 struct mlfs_mirror {
 	struct net_etcd *etcd;
 	char prefix[300];
-	void (*changed)(void *arg); /* a change (or the watch's end): wake up */
+	void (*changed)(void *arg, int urgent); /* a change (or the watch's end) */
 	void *arg;
 	struct net_etcd_watch *watch; /* the control thread's */
 	pthread_mutex_t lock;	      /* the fields below; a leaf */
@@ -66,10 +66,14 @@ struct mlfs_mirror {
 	int64_t ranges, events; /* figures: reads of every key, events applied */
 };
 
-/* Sets up @m for the keys under @prefix (not read yet: mlfs_mirror_sync).
- * 0 or -EINVAL (a prefix too long). */
+/* Sets up @m for the keys under @prefix (not read yet: mlfs_mirror_sync);
+ * @changed is called on the watch's thread after every change, with the
+ * MLFS_MIRROR_* flags of what changed (0: only nodes' entries or saved
+ * marks). 0 or -EINVAL (a prefix too long). */
+#define MLFS_MIRROR_URGENT 1 /* a change any node may act on, or the watch's end */
+#define MLFS_MIRROR_VOTES  2 /* a vote, or a node come or gone: the coordinator's */
 int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *prefix,
-		     void (*changed)(void *arg), void *arg);
+		     void (*changed)(void *arg, int urgent), void *arg);
 /* Stops the watch and frees the keys. */
 void mlfs_mirror_release(struct mlfs_mirror *m);
 /* When the mirror is not live (first use, or its watch ended), reads every

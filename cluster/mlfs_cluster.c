@@ -183,10 +183,22 @@ static void status_add(void *arg, json_t *o)
 		json_object_set_new(o, "waiting", json_string(waiting));
 }
 
-/* The mirror's hook: the job's keys changed. */
-static void keys_changed(void *arg)
+/* The mirror's hook: the job's keys changed. Votes and nodes coming or
+ * going wake the coordinator only, and a node's entry changing its state
+ * or steps wakes no one (every node's publish would otherwise make every
+ * node run a round: rounds grew as the square of the nodes). */
+static void keys_changed(void *arg, int urgent)
 {
-	mlfs_cluster_wake(arg);
+	struct mlfs_cluster *c = arg;
+	bool wake = urgent & MLFS_MIRROR_URGENT;
+
+	if (!wake && (urgent & MLFS_MIRROR_VOTES)) {
+		pthread_mutex_lock(&c->lock);
+		wake = c->mine != NULL;
+		pthread_mutex_unlock(&c->lock);
+	}
+	if (wake)
+		mlfs_cluster_wake(c);
 }
 
 int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct ptc_error *err)

@@ -9,10 +9,11 @@
  * once (a range at revision R) and then follows a watch from R + 1, so
  * nothing between the two is missed and an idle job costs etcd nothing
  * (the lease keep-alives aside). A change wakes the control thread
- * (@changed). When the watch's stream ends (etcd restarted or gone, a
- * compaction) the mirror is no longer live: the next mlfs_mirror_sync
- * reads the keys again and starts a new watch; until then the control
- * thread treats etcd as unreachable and decides nothing.
+ * (@changed), at once when it may need a decision (anything but another
+ * node's entry, vote or saved mark: those matter to a coordinator only). When the watch's stream
+ * ends (etcd restarted or gone, a compaction) the mirror is no longer live: the next
+ * mlfs_mirror_sync reads the keys again and starts a new watch; until then the control thread
+ * treats etcd as unreachable and decides nothing.
  *
  * Threads: the watch's thread applies events; the control thread syncs
  * and copies. m->lock guards the keys, the revision and the state; it is
@@ -102,6 +103,21 @@ static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64
 {
 	struct mlfs_mirror *m = arg;
 	int rc = 0;
+	/* Whether a round must run now: for any node, a change to anything
+	 * but the nodes' entries, votes and saved marks, and the stream's end
+	 * (MLFS_MIRROR_URGENT); for a coordinator, also a vote and a node
+	 * coming or going (MLFS_MIRROR_VOTES). A node's entry changing its
+	 * state or steps needs no decision at once. */
+	int urgent = n == 0 && revision < 0 ? MLFS_MIRROR_URGENT : 0;
+	size_t plen = strlen(m->prefix);
+	for (size_t i = 0; i < n; i++) {
+		const char *name = ev[i].kv.key + (strlen(ev[i].kv.key) >= plen ? plen : 0);
+		if (strncmp(name, "votes/", 6) == 0 ||
+		    (strncmp(name, "nodes/", 6) == 0 && (ev[i].deleted || ev[i].kv.version == 1)))
+			urgent |= MLFS_MIRROR_VOTES;
+		else if (strncmp(name, "nodes/", 6) && strncmp(name, "saved/", 6))
+			urgent |= MLFS_MIRROR_URGENT;
+	}
 
 	pthread_mutex_lock(&m->lock);
 	if (n == 0 && revision < 0) {
@@ -120,11 +136,11 @@ static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64
 	m->events += n;
 	pthread_mutex_unlock(&m->lock);
 	if (m->changed)
-		m->changed(m->arg);
+		m->changed(m->arg, urgent);
 }
 
 int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *prefix,
-		     void (*changed)(void *arg), void *arg)
+		     void (*changed)(void *arg, int urgent), void *arg)
 {
 	memset(m, 0, sizeof(*m));
 	if (strlen(prefix) >= sizeof(m->prefix))

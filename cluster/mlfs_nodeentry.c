@@ -204,11 +204,17 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o)
 	struct mlfs_cluster *c = arg;
 	json_t *nodes = json_array(), *job = json_object();
 	struct mlfs_store *st = c->st;
+	struct mlfs_jobkeys k;
+	struct ptc_error why;
+	/* The job's nodes as the mirror has them now (a node's control thread
+	 * runs no round for other nodes' entries), else as last read. */
+	bool fresh = mlfs_jobkeys_mirrored(c, &k, &why) == 0;
 
 	pthread_mutex_lock(&c->lock);
+	json_t *seen = fresh ? k.nodes : c->nodes, *att = fresh ? k.attempt_j : c->attempt;
 	for (int n = 0; n < mlfs_store_cluster(st)->nnodes; n++) {
 		const char *id = mlfs_store_cluster(st)->nodes[n].id;
-		json_t *e = json_object_get(c->nodes, id);
+		json_t *e = json_object_get(seen, id);
 		json_array_append_new(
 		    nodes, json_pack("{sssbsOsO}", "id", id, "up", e != NULL, "version",
 				     e ? json_object_get(e, "version") : json_null(), "state",
@@ -221,10 +227,12 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o)
 	json_object_set_new(job, "nodes", nodes);
 	json_t *bk = mlfs_backup_describe(mlfs_backup_of(st));
 	json_object_set_new(job, "backup", bk ? bk : json_null());
-	json_t *a = c->attempt ? json_deep_copy(c->attempt) : json_null();
+	json_t *a = att ? json_deep_copy(att) : json_null();
 	json_object_del(a, "config");
 	json_object_del(a, "job");
 	json_object_set_new(job, "attempt", a);
 	pthread_mutex_unlock(&c->lock);
+	if (fresh)
+		mlfs_jobkeys_free(&k);
 	json_object_set_new(o, "cluster", job);
 }
