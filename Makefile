@@ -139,6 +139,7 @@ bench: deps
 	$(PY) tests/bench/bench_data.py --size-mib 512
 	$(PY) tests/bench/bench_data.py --size-mib 1024 --global-batch 2048 --steps 16
 	$(PY) tests/bench/bench_cluster.py --size-mib 1500
+	$(PY) tests/bench/bench_control.py --nodes 4,16,32,64
 
 $(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
 	@mkdir -p $(dir $@)
