@@ -201,6 +201,32 @@ static void keys_changed(void *arg, int urgent)
 		mlfs_cluster_wake(c);
 }
 
+/* Ends the control and keep-alive threads that run. */
+static void stop_threads(struct mlfs_cluster *c)
+{
+	atomic_store(&c->stop, 1);
+	pthread_mutex_lock(&c->wake_lock);
+	pthread_cond_signal(&c->cond);
+	pthread_cond_signal(&c->keepalive_cond);
+	pthread_mutex_unlock(&c->wake_lock);
+	if (c->running)
+		pthread_join(c->thread, NULL);
+	if (c->keepalive_running)
+		pthread_join(c->keepalive_thread, NULL);
+	c->running = c->keepalive_running = false;
+}
+
+/* Frees @c's locks and @c. */
+static void cluster_free(struct mlfs_cluster *c)
+{
+	pthread_cond_destroy(&c->keepalive_cond);
+	pthread_cond_destroy(&c->cond);
+	pthread_mutex_destroy(&c->wake_lock);
+	pthread_mutex_destroy(&c->publock);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}
+
 int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct ptc_error *err)
 {
 	struct mlfs_cluster *c;
@@ -257,24 +283,13 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	return 0;
 
 err_threads:
-	atomic_store(&c->stop, 1);
-	if (c->keepalive_running) {
-		pthread_mutex_lock(&c->wake_lock);
-		pthread_cond_signal(&c->keepalive_cond);
-		pthread_mutex_unlock(&c->wake_lock);
-		pthread_join(c->keepalive_thread, NULL);
-	}
+	stop_threads(c);
 err_mirror:
 	mlfs_mirror_release(&c->mirror);
 err_etcd:
 	net_etcd_free(c->etcd);
 err_free:
-	pthread_cond_destroy(&c->keepalive_cond);
-	pthread_cond_destroy(&c->cond);
-	pthread_mutex_destroy(&c->wake_lock);
-	pthread_mutex_destroy(&c->publock);
-	pthread_mutex_destroy(&c->lock);
-	free(c);
+	cluster_free(c);
 	return rc;
 }
 
@@ -283,15 +298,7 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	struct ptc_error why;
 	if (!c)
 		return;
-	atomic_store(&c->stop, 1);
-	pthread_mutex_lock(&c->wake_lock);
-	pthread_cond_signal(&c->cond);
-	pthread_cond_signal(&c->keepalive_cond);
-	pthread_mutex_unlock(&c->wake_lock);
-	if (c->running)
-		pthread_join(c->thread, NULL);
-	if (c->keepalive_running)
-		pthread_join(c->keepalive_thread, NULL);
+	stop_threads(c);
 	mlfs_mirror_release(&c->mirror); /* its watch's thread ends first */
 	int64_t lease = atomic_load(&c->lease);
 	if (lease) /* leave at once rather than when the lease expires */
@@ -302,10 +309,5 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	free(c->mine);
 	free(c->published);
 	mlfs_job_free(c->job);
-	pthread_cond_destroy(&c->keepalive_cond);
-	pthread_cond_destroy(&c->cond);
-	pthread_mutex_destroy(&c->wake_lock);
-	pthread_mutex_destroy(&c->publock);
-	pthread_mutex_destroy(&c->lock);
-	free(c);
+	cluster_free(c);
 }

@@ -334,9 +334,11 @@ static int write_fh(struct mlfs_fh *f, fuse_ino_t ino, pid_t pid, const char *bu
  * config.json may name a dataset index to fetch, .mlfs-ctl runs imports. */
 static bool may_block(const struct mlfs_fh *f)
 {
-	/* a step is published to etcd at once in a job of many nodes */
+	/* a step is published to etcd at once, and schema.json proposed to
+	 * it, in a job of many nodes: never on a FUSE worker */
 	return f->kind == MLFS_K_CONFIG || f->kind == MLFS_K_CTL ||
-	       (f->kind == MLFS_K_STEP && f->d->st->steps_saved);
+	       (f->kind == MLFS_K_STEP && f->d->st->steps_saved) ||
+	       (f->kind == MLFS_K_SCHEMA && f->d->st->propose);
 }
 
 /* A write or a flush run by an I/O worker (may_block). */

@@ -4,31 +4,18 @@ reconfiguration of a tiny model across all of them commits. The figures at 4, 16
 32 and 64 daemons are tests/bench/bench_control.py's (BENCHMARKS.md)."""
 import json
 import os
-import re
+import sys
 import time
-import urllib.request
 
 from cluster import cluster_factory, etcd  # noqa: F401
 
-TICK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "bench"))
+from bench_control import cpu_seconds, etcd_requests  # noqa: E402
+
 TINY = {"model": "tiny", "num_layers": 2, "states": {"model": {}},
         "tensors": [{"name": "layers/{L}/w", "dtype": "float32", "shape": [64, 64],
                      "split": {"dim": 0}}]}
-
-
-def cpu_seconds(pids):
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / TICK
-
-
-def etcd_requests(url):
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
-    return sum(float(m.group(1)) for m in
-               re.finditer(r'^grpc_server_handled_total\{[^}]*\} ([0-9.e+]+)$', text, re.M))
 
 
 def test_32_idle_daemons_cost_only_keepalives(cluster_factory):
