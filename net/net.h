@@ -321,16 +321,6 @@ int net_etcd_lease_keepalive(struct net_etcd *e, int64_t id, int64_t *ttl_s,
 int net_etcd_lease_revoke(struct net_etcd *e, int64_t id, const struct net_http_call *budget,
 			  struct ptc_error *err);
 
-/*
- * Waits until the keys under @prefix (their names and modification
- * revisions: a put, a new key, a deletion) differ from what *@state
- * describes, polling every few ms; *@state is updated. A *@state of 0
- * returns at once with the current state. 0, -ETIMEDOUT after @timeout_ms,
- * -ECANCELED once *@stop is set, or a call's error.
- */
-int net_etcd_wait(struct net_etcd *e, const char *prefix, uint64_t *state, int timeout_ms,
-		  atomic_int *stop, struct ptc_error *err);
-
 /* ------------------------------------------------------------ etcd watch */
 
 /* One change under a watched prefix: a put (the key's new value and

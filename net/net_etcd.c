@@ -1,8 +1,7 @@
 /*
  * net_etcd.c - an etcd v3 client over its JSON gateway (POST /v3/...),
  * on top of net_http: keys and values, one-transaction compare-and-swap,
- * leases, and waiting for a prefix to change by polling (net_etcd_watch.c
- * follows changes as they happen).
+ * leases (net_etcd_watch.c follows changes as they happen).
  *
  * DESIGN
  * mlfs decides nothing by itself that needs consensus: which config is
@@ -12,9 +11,8 @@
  * as the gateway wants them, the reply parsed and bounded (NET_ETCD_MAX_REPLY).
  * Reads and puts of a known value are idempotent and retried by net_http;
  * a transaction is not (it could have applied), and is retried only when it
- * cannot have reached etcd. Waiting for a change polls the prefix's highest
- * modification revision (the gateway's watch is a never-ending stream,
- * which a bounded request/reply client does not hold): a few ms a round.
+ * cannot have reached etcd. Changes are followed by a watch, a stream on
+ * a transfer of its own (net_etcd_watch.c), not by polling.
  *
  * Threads: any number at once on one client (net_http's rule).
  */
@@ -26,8 +24,6 @@
 #include <time.h>
 
 #include <jansson.h>
-
-#include <xxhash.h>
 
 #include "net/net.h"
 #include "net/net_i.h"
@@ -460,42 +456,4 @@ int net_etcd_lease_revoke(struct net_etcd *e, int64_t id, const struct net_http_
 		      &reply, err);
 	json_decref(reply);
 	return rc;
-}
-
-/* ---------------------------------------------------------------- waiting */
-
-int net_etcd_wait(struct net_etcd *e, const char *prefix, uint64_t *state, int timeout_ms,
-		  atomic_int *stop, struct ptc_error *err)
-{
-	struct timespec t0, now;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	for (int round = 0;; round++) {
-		struct net_etcd_kv *kvs;
-		size_t n;
-		int rc = net_etcd_range(e, prefix, true, &kvs, &n, NULL, NULL, err);
-		if (rc)
-			return rc;
-		/* The keys and their modification revisions: a put, a new key
-		 * and a deletion all change it. Never 0 (0 means "unknown"). */
-		uint64_t h = XXH3_64bits(&n, sizeof(n));
-		for (size_t i = 0; i < n; i++) {
-			int64_t rev = kvs[i].mod_revision;
-			h = XXH3_64bits_withSeed(kvs[i].key, strlen(kvs[i].key), h);
-			h = XXH3_64bits_withSeed(&rev, sizeof(rev), h);
-		}
-		h |= 1;
-		net_etcd_kvs_free(kvs, n);
-		if (h != *state) {
-			*state = h;
-			return 0;
-		}
-		if (stop && atomic_load(stop))
-			return -ECANCELED;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		int64_t ms = (now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
-		if (ms >= timeout_ms)
-			return -ETIMEDOUT;
-		struct timespec nap = {0, (round < 10 ? 5 : 25) * 1000000L};
-		nanosleep(&nap, NULL);
-	}
 }

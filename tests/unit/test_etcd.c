@@ -3,7 +3,7 @@
  * `make deps` installs), started here on free ports in a temporary
  * directory and stopped at the end: keys and values (binary, every base64
  * tail length), prefixes, transactions as compare-and-swap, leases and
- * their keys, waiting for changes (puts, new keys, deletions), and the
+ * their keys, a watch (puts and deletes in order, from a revision), and the
  * errors when etcd is gone.
  */
 #include <errno.h>
@@ -247,59 +247,11 @@ static void test_leases(void **state)
 	assert_int_equal(why.code, -EIO);
 }
 
-struct putter {
-	int delay_ms;
-	const char *key;
-	bool del;
-};
-
-static void *put_later(void *arg)
-{
-	struct putter *p = arg;
-	struct ptc_error w;
-	usleep((useconds_t)p->delay_ms * 1000);
-	if (p->del)
-		net_etcd_delete(E, p->key, false, NULL, NULL, &w);
-	else
-		net_etcd_put(E, p->key, "v", 1, 0, NULL, &w);
-	return NULL;
-}
-
 static int64_t now_ms(void)
 {
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-static void test_wait(void **state)
-{
-	(void)state;
-	uint64_t st = 0;
-	pthread_t th;
-
-	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 1000, NULL, &why), 0); /* now */
-	assert_true(st != 0);
-	int64_t t0 = now_ms();
-	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 150, NULL, &why), -ETIMEDOUT);
-	assert_true(now_ms() - t0 >= 150);
-	/* A new key, a changed key and a deletion each wake it; a key outside
-	 * the prefix does not. */
-	struct putter steps[] = {
-	    {100, "/t4/a", false}, {100, "/t4/a", false}, {100, "/t4/a", true}};
-	for (int i = 0; i < 3; i++) {
-		struct putter outside = {10, "/t5/a", false};
-		pthread_create(&th, NULL, put_later, &outside);
-		pthread_join(th, NULL);
-		pthread_create(&th, NULL, put_later, &steps[i]);
-		t0 = now_ms();
-		assert_int_equal(net_etcd_wait(E, "/t4/", &st, 5000, NULL, &why), 0);
-		int64_t took = now_ms() - t0;
-		pthread_join(th, NULL);
-		assert_true(took >= 50 && took < 2000);
-	}
-	atomic_int stop = 1;
-	assert_int_equal(net_etcd_wait(E, "/t4/", &st, 5000, &stop, &why), -ECANCELED);
 }
 
 /* What a watch reported: its events as "P key=value@rev" / "D key@rev". */
@@ -434,11 +386,8 @@ static void test_etcd_gone(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_put_get_delete),
-	    cmocka_unit_test(test_txn),
-	    cmocka_unit_test(test_leases),
-	    cmocka_unit_test(test_wait),
-	    cmocka_unit_test(test_watch),
+	    cmocka_unit_test(test_put_get_delete), cmocka_unit_test(test_txn),
+	    cmocka_unit_test(test_leases),	   cmocka_unit_test(test_watch),
 	    cmocka_unit_test(test_etcd_gone), /* last: stops etcd */
 	};
 	signal(SIGPIPE, SIG_IGN);
