@@ -53,6 +53,23 @@ static void kv_release(struct net_etcd_kv *kv)
 	memset(kv, 0, sizeof(*kv));
 }
 
+/* A copy of @src into *@dst (key and value new buffers, the value
+ * NUL-terminated): 0 or -ENOMEM (nothing to free then). */
+static int kv_copy(struct net_etcd_kv *dst, const struct net_etcd_kv *src)
+{
+	*dst = *src;
+	dst->key = strdup(src->key);
+	dst->value = malloc(src->len + 1);
+	if (!dst->key || !dst->value) {
+		free(dst->key);
+		free(dst->value);
+		return -ENOMEM;
+	}
+	memcpy(dst->value, src->value, src->len);
+	dst->value[src->len] = '\0';
+	return 0;
+}
+
 /* Applies one event. Lock held. 0 or -ENOMEM (the mirror is then stale:
  * the caller ends it, and the next sync reads every key again). */
 static int apply(struct mlfs_mirror *m, const struct net_etcd_event *ev)
@@ -68,16 +85,9 @@ static int apply(struct mlfs_mirror *m, const struct net_etcd_event *ev)
 		}
 		return 0;
 	}
-	struct net_etcd_kv kv = ev->kv;
-	kv.key = strdup(ev->kv.key);
-	kv.value = malloc(ev->kv.len + 1);
-	if (!kv.key || !kv.value) {
-		free(kv.key);
-		free(kv.value);
+	struct net_etcd_kv kv;
+	if (kv_copy(&kv, &ev->kv))
 		return -ENOMEM;
-	}
-	memcpy(kv.value, ev->kv.value, ev->kv.len);
-	kv.value[ev->kv.len] = '\0';
 	if (found) {
 		kv_release(&m->kvs[i]);
 		m->kvs[i] = kv;
@@ -217,15 +227,11 @@ int mlfs_mirror_copy(struct mlfs_mirror *m, struct net_etcd_kv **out, size_t *no
 		goto out;
 	}
 	for (size_t i = 0; i < m->n; i++) {
-		a[i] = m->kvs[i];
-		a[i].key = strdup(m->kvs[i].key);
-		a[i].value = malloc(m->kvs[i].len + 1);
-		if (!a[i].key || !a[i].value) {
-			net_etcd_kvs_free(a, i + 1);
+		if (kv_copy(&a[i], &m->kvs[i])) {
+			net_etcd_kvs_free(a, i);
 			rc = -ENOMEM;
 			goto out;
 		}
-		memcpy(a[i].value, m->kvs[i].value, m->kvs[i].len + 1);
 	}
 	*out = a;
 	*nout = m->n;
