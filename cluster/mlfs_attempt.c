@@ -410,7 +410,7 @@ static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const stru
 		mlfs_store_install_schema(st, k->schema->value, k->schema->len, &err);
 		break;
 	case MLFS_ACT_INSTALL_CONFIG:
-		mlfs_store_install_config(st, k->config->value, k->config->len, &err);
+		mlfs_store_install_first_config(st, k->config->value, k->config->len, &err);
 		break;
 	case MLFS_ACT_MARK_LOST:
 		act_mark_lost(c, a->reason);

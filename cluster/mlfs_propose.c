@@ -192,13 +192,8 @@ static int propose_first(struct mlfs_cluster *c, const struct ptc_config *cfg, c
 	else if (!ok)
 		rc = ptc_errorf(err,
 				"config.json: another node set the job's first config meanwhile");
-	else if (mlfs_cluster_version(st) == cfg->version)
-		rc = 0; /* the control thread installed it first */
-	else if ((rc = mlfs_store_install_config(st, text, len, err)) &&
-		 mlfs_cluster_version(st) == cfg->version) {
-		rc = 0; /* ... while we tried */
-		mlfs_store_note_error(st, "");
-	}
+	else /* nothing when the control thread installed it first */
+		rc = mlfs_store_install_first_config(st, text, len, err);
 	return rc;
 }
 

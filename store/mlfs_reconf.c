@@ -627,8 +627,11 @@ int mlfs_reconf_prepare_down(struct mlfs_store *st, const char *text, size_t len
 	return rc ? rc : reconf_start(st, c, ds, text, len, what, autocommit, dn, err);
 }
 
-int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t len,
-			      struct ptc_error *err)
+/* @first_only: a config that only a node without a layout installs (the
+ * control thread's copy of the job's first config, which may race with the
+ * node that proposed it): nothing when a layout is already set. */
+static int install_config(struct mlfs_store *st, const char *text, size_t len, bool first_only,
+			  struct ptc_error *err)
 {
 	struct ptc_config *c;
 	struct mlfs_dataset *ds;
@@ -645,6 +648,11 @@ int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t le
 			first = true;
 			if ((rc = set_first_config(st, c, ds, text, len, err)) == 0)
 				st->error[0] = '\0';
+		} else if (first_only) {
+			ptc_config_free(c);
+			mlfs_dataset_put(ds);
+			pthread_mutex_unlock(&st->lock);
+			return 0;
 		}
 		pthread_mutex_unlock(&st->lock);
 		/* A view, once set, stays set: the rest is a reconfiguration. */
@@ -660,6 +668,18 @@ int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t le
 		mlfs_view_put(v);
 	}
 	return rc;
+}
+
+int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t len,
+			      struct ptc_error *err)
+{
+	return install_config(st, text, len, false, err);
+}
+
+int mlfs_store_install_first_config(struct mlfs_store *st, const char *text, size_t len,
+				    struct ptc_error *err)
+{
+	return install_config(st, text, len, true, err);
 }
 
 /* ---------------------------------------------------------------- shutdown */

@@ -289,6 +289,11 @@ int mlfs_store_install_schema(struct mlfs_store *st, const char *text, size_t le
  * autocommit): 0 once it runs. */
 int mlfs_store_install_config(struct mlfs_store *st, const char *text, size_t len,
 			      struct ptc_error *err);
+/* The job's first config on a node without a layout (the control thread):
+ * 0 and nothing done when one is set already (the node that proposed it
+ * installed it first). */
+int mlfs_store_install_first_config(struct mlfs_store *st, const char *text, size_t len,
+				    struct ptc_error *err);
 int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_t len,
 			struct ptc_error *err);
 /*
