@@ -72,6 +72,7 @@ struct mlfs_mirror {
  * marks). 0 or -EINVAL (a prefix too long). */
 #define MLFS_MIRROR_URGENT 1 /* a change any node may act on, or the watch's end */
 #define MLFS_MIRROR_VOTES  2 /* a vote, or a node come or gone: the coordinator's */
+#define MLFS_MIRROR_ENTRY  4 /* a node's entry: a swap a retained layout waits for */
 int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *prefix,
 		     void (*changed)(void *arg, int urgent), void *arg);
 /* Stops the watch and frees the keys. */
@@ -102,7 +103,10 @@ struct mlfs_cluster {
 	struct mlfs_store *st;
 	struct net_etcd *etcd;
 	char prefix[300]; /* "/mlfs/<job>/" */
-	const char *me;	  /* this node's id */
+	/* MLFS_FAILPOINT, for fault tests (docs/internals/README.md): a named
+	 * phase where the control thread stalls ("" none). */
+	char failpoint[32];
+	const char *me; /* this node's id */
 	pthread_t thread;
 	bool running;
 
@@ -135,8 +139,8 @@ struct mlfs_cluster {
 	/* The attempts (their random ids: a version may be tried again after
 	 * an abort) this node started preparing and voted on. */
 	char started_id[24]; /* lock */
-	/* No lock: written by vote (the control thread, and propose's failed
-	 * vote), read by the control thread. */
+	/* lock: written by vote (the control thread, and propose's failed
+	 * vote on an I/O worker), read by the control thread. */
 	char voted_id[24];
 	char *mine;	     /* lock: the text of the attempt this node created */
 	int64_t cluster_mod; /* lock: the "cluster" key's revision last taken */
@@ -146,8 +150,15 @@ struct mlfs_cluster {
 	 * control thread touches these. */
 	struct mlfs_job *job;
 	int64_t job_to;
+	/* lock: the participants (ids) of the attempt this node prepared
+	 * (prep_aid), and of the last one it committed: the nodes whose swap
+	 * the retained layout waits for (mlfs_decide's rule 8; NULL: none). */
+	json_t *prep_parts;
+	char prep_aid[24];
+	json_t *swap_wait;
 	pthread_mutex_t publock; /* published, and the put of the node's key */
 	char *published;	 /* the node entry last put */
+	char entry_state[16];	 /* publock: the settled state it says */
 };
 
 /* Wall-clock milliseconds (an attempt's deadline is one: every node
@@ -271,14 +282,16 @@ void mlfs_attempt_down_free(struct mlfs_reconf_down *dn);
  * Starts preparing attempt @aid in the store: the other nodes' steps
  * (@nodes) copied in, the down nodes' ranks given the step the live ranks
  * agree on, then mlfs_reconf_prepare_down of config text @config (@len
- * bytes; NULL: -EINVAL) with @dn. 0 once the store runs it (and the
+ * bytes; NULL: -EINVAL) with @dn; its participants @parts (ids) are the
+ * nodes whose swap the layout it is planned from waits for once it
+ * commits (retained: mlfs_store_release_retained). 0 once the store runs it (and the
  * attempt, created at etcd revision @rev, is marked prepared: the store's
  * state speaks for it from now on), or its error with @err. Control
  * thread and I/O workers (propose).
  */
 int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char *aid, int64_t rev,
 			 const char *config, size_t len, const struct mlfs_reconf_down *dn,
-			 struct ptc_error *err);
+			 const json_t *parts, struct ptc_error *err);
 /* Votes "<@aid> failed: <@reason>" on attempt @to (an etcd error is
  * ignored: the coordinator's deadline ends the attempt then). */
 void mlfs_attempt_vote_failed(struct mlfs_cluster *c, int64_t to, const char *aid,

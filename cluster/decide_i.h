@@ -29,6 +29,7 @@ struct mlfs_snap_node {
 	bool swap_waited;    /* took part in the last commit: the previous layout is
 				kept until it serves the committed version */
 	const char *reason;  /* of a failed vote */
+	int64_t retained;    /* the layout version it retains (0: none) */
 };
 
 /* The attempt in etcd ("attempt" key), when there is one. */
@@ -99,6 +100,24 @@ struct mlfs_action {
  * the same actions; any thread.
  */
 int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts);
+
+/*
+ * Rule 9, the coordinator's: the layout a new attempt to @to is planned
+ * from. @cur is the current layout with its down nodes (@down, @ndown
+ * cluster indices) and their backup holders (@backup_of: NULL or one per
+ * node of @to's cluster); @ret is the retained layout of version @rv
+ * (NULL: none); @nodes (@nnodes, in the cluster's order) say who is up,
+ * lost and retains which version. Returns 0 for the current layout; 1 for
+ * the retained one, when the plan from @cur has no copy of a partition
+ * while the plan from @ret does with its own down nodes (those hosting
+ * ranks in it that are down, lost or do not retain it), written to @rdown
+ * (room for @ret's nodes) and *@nrdown; or -ENOMEM. Pure: it computes
+ * plans (ptc_plan_compute_backups) and nothing else.
+ */
+int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
+		       const int *backup_of, const struct ptc_layout *ret, int64_t rv,
+		       const struct ptc_layout *to, const struct mlfs_snap_node *nodes, int nnodes,
+		       int *rdown, int *nrdown);
 
 /* The name of @a ("commit", "vote-ready", ...), for logs and tests. */
 const char *mlfs_act_name(enum mlfs_act a);

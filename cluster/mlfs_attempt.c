@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -26,8 +27,20 @@ static void vote(struct mlfs_cluster *c, int64_t to, const char *attempt_id, con
 	struct ptc_error why;
 	mlfs_jobkeys_name(c, k, sizeof(k), "votes/%" PRId64 "/%s", to, c->me);
 	snprintf(v, sizeof(v), "%s %s", attempt_id ? attempt_id : "-", what);
-	if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why) == 0)
+	if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why) == 0) {
+		pthread_mutex_lock(&c->lock);
 		snprintf(c->voted_id, sizeof(c->voted_id), "%s", attempt_id ? attempt_id : "");
+		pthread_mutex_unlock(&c->lock);
+	}
+}
+
+/* Whether this node's last vote was on attempt @aid. */
+static bool voted_on(struct mlfs_cluster *c, const char *aid)
+{
+	pthread_mutex_lock(&c->lock);
+	bool yes = strcmp(c->voted_id, aid) == 0;
+	pthread_mutex_unlock(&c->lock);
+	return yes;
 }
 
 void mlfs_attempt_vote_failed(struct mlfs_cluster *c, int64_t to, const char *aid,
@@ -111,7 +124,11 @@ int mlfs_attempt_down(struct mlfs_store *st, const json_t *att, struct mlfs_reco
 	const char *id;
 	json_t *e;
 
-	*dn = (struct mlfs_reconf_down){.down = d, .backup_of = b, .nbackup = cl->nnodes};
+	*dn =
+	    (struct mlfs_reconf_down){.down = d,
+				      .backup_of = b,
+				      .nbackup = cl->nnodes,
+				      .source = json_integer_value(json_object_get(att, "source"))};
 	if (!d || !b)
 		return -ENOMEM;
 	json_array_foreach(down, i, e)
@@ -165,7 +182,7 @@ static void fill_down_steps(struct mlfs_cluster *c, const int *down, int ndown)
 
 int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char *aid, int64_t rev,
 			 const char *config, size_t len, const struct mlfs_reconf_down *dn,
-			 struct ptc_error *err)
+			 const json_t *parts, struct ptc_error *err)
 {
 	int rc;
 
@@ -173,6 +190,11 @@ int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char
 
 	named.id = aid;
 	named.rev = rev;
+	pthread_mutex_lock(&c->lock);
+	json_decref(c->prep_parts);
+	c->prep_parts = json_deep_copy(parts);
+	snprintf(c->prep_aid, sizeof(c->prep_aid), "%s", aid);
+	pthread_mutex_unlock(&c->lock);
 	mlfs_nodeentry_sync_steps(c, nodes);
 	fill_down_steps(c, dn->down, dn->ndown);
 	rc = config ? mlfs_reconf_prepare_down(c->st, config, len, "attempt", false, &named, err)
@@ -235,6 +257,9 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 	memset(r, 0, sizeof(*r));
 	if (!(r->nodes = calloc((size_t)cl->nnodes, sizeof(*r->nodes))))
 		return -ENOMEM;
+	pthread_mutex_lock(&c->lock);
+	json_t *swap_wait = json_incref(c->swap_wait); /* replaced, never changed */
+	pthread_mutex_unlock(&c->lock);
 	r->aid = k->attempt_j ? json_string_value(json_object_get(k->attempt_j, "id")) : NULL;
 	if (r->aid) {
 		r->att = (struct mlfs_snap_attempt){
@@ -255,6 +280,7 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 		sn->version = json_integer_value(json_object_get(e, "version"));
 		sn->lost = state && strcmp(state, "lost") == 0;
 		sn->participant = r->aid && mlfs_cluster_ids_has(parts, sn->id);
+		sn->swap_waited = mlfs_cluster_ids_has(swap_wait, sn->id);
 		if (sn->participant)
 			sn->vote = vote_on(c, k, r->att.to, r->aid, sn->id, &sn->reason);
 	}
@@ -282,6 +308,8 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 	pthread_mutex_unlock(&st->lock);
 	s->lost = atomic_load(&st->lost);
 	s->prepare_id = r->prepared_id;
+	s->retained = mlfs_store_retained(st, NULL);
+	json_decref(swap_wait);
 
 	pthread_mutex_lock(&c->lock);
 	s->coordinating = c->mine && k->attempt && strcmp(c->mine, k->attempt->value) == 0;
@@ -308,7 +336,8 @@ static void act_prepare(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, co
 	int rc = mlfs_attempt_down(c->st, k->attempt_j, &dn);
 	if (rc == 0)
 		rc = mlfs_attempt_prepare(c, k->nodes, aid, k->attempt->mod_revision, config,
-					  config ? strlen(config) : 0, &dn, &err);
+					  config ? strlen(config) : 0, &dn,
+					  json_object_get(k->attempt_j, "participants"), &err);
 	mlfs_attempt_down_free(&dn);
 	if (rc)
 		mlfs_attempt_vote_failed(c, to, aid, err.text[0] ? err.text : strerror(-rc));
@@ -318,7 +347,7 @@ static void act_prepare(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, co
 static void act_vote_ready(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const char *aid,
 			   int64_t to)
 {
-	if (strcmp(c->voted_id, aid) == 0)
+	if (voted_on(c, aid))
 		return; /* voted; etcd's copy of it not seen yet */
 	if (mlfs_cluster_ids_has(json_object_get(k->attempt_j, "job_missing"), c->me)) {
 		mlfs_attempt_vote_failed(c, to, aid,
@@ -347,7 +376,21 @@ static void act_commit(struct mlfs_cluster *c, int64_t version)
 	struct mlfs_store *st = c->st;
 	struct ptc_error err = {.text = ""};
 
-	if (mlfs_reconf_commit(st, version, &err) == 0 && c->job && c->job_to == version) {
+	if (strcmp(c->failpoint, "stall-before-swap") == 0) {
+		/* a node that dies between its vote and its swap, its lease alive */
+		mlfs_log(MLFS_LOG_WARNING, "cluster: failpoint stall-before-swap: stalled");
+		while (!atomic_load(&c->stop))
+			usleep(100 * 1000);
+		return;
+	}
+	if (mlfs_reconf_commit(st, version, &err) != 0)
+		return;
+	pthread_mutex_lock(&c->lock); /* the retained layout waits for these */
+	json_decref(c->swap_wait);
+	c->swap_wait = c->prep_parts;
+	c->prep_parts = NULL;
+	pthread_mutex_unlock(&c->lock);
+	if (c->job && c->job_to == version) {
 		pthread_mutex_lock(&st->lock);
 		struct mlfs_job *old = st->job;
 		st->job = c->job;
@@ -375,6 +418,25 @@ static void act_discard(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, in
 	mlfs_job_free(c->job);
 	c->job = NULL;
 	c->job_to = 0;
+}
+
+/* RELEASE_RETAINED: every node of the last commit swapped; the layout
+ * planned from goes, and the entry says so. */
+static void act_release(struct mlfs_cluster *c, int64_t version)
+{
+	struct ptc_error why;
+
+	if (mlfs_store_release_retained(c->st, version) != 1)
+		return;
+	pthread_mutex_lock(&c->lock);
+	json_decref(c->swap_wait);
+	c->swap_wait = NULL;
+	pthread_mutex_unlock(&c->lock);
+	mlfs_log(MLFS_LOG_INFO,
+		 "cluster: every node of the last commit swapped: layout version %" PRId64
+		 " released",
+		 version);
+	mlfs_nodeentry_publish(c, &why);
 }
 
 /* MARK_LOST: this node's partitions are not the job's, when its layout
@@ -425,7 +487,7 @@ static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const stru
 		act_vote_ready(c, k, r->aid, a->version);
 		break;
 	case MLFS_ACT_VOTE_FAILED:
-		if (strcmp(c->voted_id, r->aid) != 0) {
+		if (!voted_on(c, r->aid)) {
 			struct ptc_error store;
 			int64_t target;
 			reconf_state(st, &target, &store);
@@ -446,7 +508,8 @@ static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const stru
 		finish(c, k, a->version, a->reason);
 		break;
 	case MLFS_ACT_RELEASE_RETAINED:
-		break; /* no layout is retained yet */
+		act_release(c, a->version);
+		break;
 	}
 }
 

@@ -8,9 +8,12 @@
  * DESIGN
  * Keys under /mlfs/<job>/ (net_etcd; mlfs_jobkeys.c reads them):
  *   nodes/<id>       {"addr","devices","pid","version","state","steps",
- *                    "backup"}, bound to this node's lease (TTL
+ *                    "retained","backup"}, bound to this node's lease (TTL
  *                    MLFS_LEASE_TTL s, kept alive every second): gone = the
- *                    node is down (mlfs_nodeentry.c).
+ *                    node is down (mlfs_nodeentry.c). "state" is the last
+ *                    settled one (idle, failed, lost); "retained" the
+ *                    version of the layout kept until every node of the
+ *                    last commit swapped (0: none).
  *   schema, cluster  the first writer wins (a transaction on "absent"); a
  *                    node whose own differ refuses to join, saying so
  *                    (mlfs_propose.c, mlfs_join.c).
@@ -184,17 +187,20 @@ static void status_add(void *arg, json_t *o)
 }
 
 /* The mirror's hook: the job's keys changed. Votes and nodes coming or
- * going wake the coordinator only, and a node's entry changing its state
- * or steps wakes no one (every node's publish would otherwise make every
- * node run a round: rounds grew as the square of the nodes). */
+ * going wake the coordinator only, a node's entry changing its version
+ * wakes only a node whose retained layout waits for that swap, and
+ * otherwise a node's entry changing its state or steps wakes no one (every node's publish would
+ * otherwise make every node run a round: rounds grew as the square of the nodes). */
 static void keys_changed(void *arg, int urgent)
 {
 	struct mlfs_cluster *c = arg;
 	bool wake = urgent & MLFS_MIRROR_URGENT;
 
-	if (!wake && (urgent & MLFS_MIRROR_VOTES)) {
+	if (!wake && (urgent & (MLFS_MIRROR_VOTES | MLFS_MIRROR_ENTRY))) {
 		pthread_mutex_lock(&c->lock);
-		wake = c->mine != NULL;
+		/* a coordinator counts votes; a retained layout waits for swaps */
+		wake = ((urgent & MLFS_MIRROR_VOTES) && c->mine) ||
+		       ((urgent & MLFS_MIRROR_ENTRY) && c->swap_wait);
 		pthread_mutex_unlock(&c->lock);
 	}
 	if (wake)
@@ -246,6 +252,8 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	c->st = st;
 	c->me = mlfs_store_cluster(st)->nodes[st->node].id;
 	c->saved_put = -1;
+	const char *fp = getenv("MLFS_FAILPOINT");
+	snprintf(c->failpoint, sizeof(c->failpoint), "%s", fp ? fp : "");
 	snprintf(c->prefix, sizeof(c->prefix), "/mlfs/%s/", mlfs_store_cluster(st)->job);
 	struct net_http_opts o = {.retries = 2, .timeout_ms = 2000, .deadline_ms = 5000};
 	if ((rc = net_etcd_new(mlfs_store_cluster(st)->etcd, &o, &c->etcd, err)))
@@ -308,6 +316,8 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	json_decref(c->attempt);
 	free(c->mine);
 	free(c->published);
+	json_decref(c->prep_parts);
+	json_decref(c->swap_wait);
 	mlfs_job_free(c->job);
 	cluster_free(c);
 }

@@ -35,8 +35,15 @@
  *     serves the committed version, up and not lost (a node dying before
  *     its swap, or restarting without its memory after it, leaves the
  *     survivors' copies of the previous layout in place).
- * tests/model/protocol.pml models these rules for spin.
+
+ *  9. The coordinator plans an attempt from the current layout, unless
+ *     nodes are down and it has no copy of some partition while the
+ *     retained layout (rule 8 kept it: a node died before its swap) has a
+ *     copy of everything on live nodes that still retain it: then from
+ *     that (mlfs_decide_source), at the step it holds.
+ * tests/model/protocol.pml models rules 1-8 for spin.
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -208,6 +215,41 @@ int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts)
 			add(&o, MLFS_ACT_RELEASE_RETAINED, s->retained, NULL);
 	}
 	return o.n;
+}
+
+/* -1: no plan (a partition without a copy), 0: a plan, or -ENOMEM. */
+static int plan_ok(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
+		   int ndown, const int *backup_of)
+{
+	struct ptc_plan *p = NULL;
+	struct ptc_error why;
+	int rc = ptc_plan_compute_backups(from, to, down, ndown, backup_of, &p, &why);
+	ptc_plan_free(p);
+	return rc == -ENOMEM ? rc : rc ? -1 : 0;
+}
+
+int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
+		       const int *backup_of, const struct ptc_layout *ret, int64_t rv,
+		       const struct ptc_layout *to, const struct mlfs_snap_node *nodes, int nnodes,
+		       int *rdown, int *nrdown)
+{
+	int rc;
+
+	*nrdown = 0;
+	if (!ndown || !ret || ret == cur || (rc = plan_ok(cur, to, down, ndown, backup_of)) == 0)
+		return 0;
+	if (rc == -ENOMEM)
+		return rc;
+	for (int n = 0; n < ret->cluster->nnodes; n++) {
+		const struct mlfs_snap_node *e = n < nnodes ? &nodes[n] : NULL;
+		if (ret->node_nranks[n] > 0 && (!e || !e->up || e->lost || e->retained != rv))
+			rdown[(*nrdown)++] = n;
+	}
+	if ((rc = plan_ok(ret, to, rdown, *nrdown, NULL)) == -ENOMEM)
+		return rc;
+	if (rc)
+		*nrdown = 0;
+	return rc == 0;
 }
 
 const char *mlfs_act_name(enum mlfs_act a)

@@ -5,8 +5,15 @@
  * it in at the commit). The other nodes' trees and files come through the
  * peer client (mlfs_peer_job_manifest, mlfs_peer_job_get). See
  * cluster_i.h.
+ *
+ * Threads: the control thread. Under the store lock it only lists job/
+ * (the hashes are those cached when each file was written) and, for a
+ * staged file this node already holds alike, shares that file's buffer:
+ * no byte is copied or hashed under it. A fetched file is hashed once,
+ * outside the lock, as the staged tree (this thread's alone) takes it.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,10 +67,12 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 			continue;
 		uint64_t want = strtoull(json_string_value(json_object_get(e, "h")), NULL, 16);
 		size_t size = (size_t)json_integer_value(json_object_get(e, "n"));
-		pthread_mutex_lock(&st->lock); /* alike here? */
+		/* Alike here (by the hash cached when it was written): the staged
+		 * file shares its buffer, no copy. */
+		pthread_mutex_lock(&st->lock);
 		struct mlfs_job *mine = mlfs_jobsync_find(st->job, path);
 		if (mine && !mine->dir && mine->size == size && mlfs_job_hash(mine) == want)
-			rc = mlfs_job_set(f, mine->data, size);
+			rc = mlfs_job_share(f, mine->buf);
 		else
 			mine = NULL;
 		pthread_mutex_unlock(&st->lock);
@@ -78,13 +87,12 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 			rc = ptc_errorf(err, "job/%s: no node \"%s\"", path, src);
 			break;
 		}
-		if ((rc = mlfs_peer_job_get(st, from, path, &data, &len, err)) == 0) {
-			if (len != size || mlfs_hash(data, len) != want)
-				rc = ptc_error_set(err, -EIO,
-						   "job/%s: the coordinator's copy changed", path);
-			else
-				rc = mlfs_job_set(f, data, len);
-		}
+		rc = mlfs_peer_job_get(st, from, path, &data, &len, err);
+		if (rc == 0 && len == size) /* hashed once, here (the staged tree is ours) */
+			rc = mlfs_job_set(f, data, len);
+		if (rc == 0 && (len != size || mlfs_job_hash(f) != want))
+			rc = ptc_error_set(err, -EIO, "job/%s: the coordinator's copy changed",
+					   path);
 		free(data);
 	}
 	if (rc) {
@@ -101,23 +109,60 @@ static int cmp_paths(const void *a, const void *b)
 	return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* The participants' manifests, read at once (a job of N nodes would
+ * otherwise wait N round trips before its attempt exists). */
+struct manifests {
+	struct mlfs_store *st;
+	const json_t *parts;
+	const char *me;
+	json_t **m; /* per participant; NULL: it did not answer */
+	atomic_size_t next;
+};
+
+static void *manifest_worker(void *arg)
+{
+	struct manifests *w = arg;
+	size_t i;
+	while ((i = atomic_fetch_add(&w->next, 1)) < json_array_size(w->parts)) {
+		const char *id = json_string_value(json_array_get(w->parts, i));
+		struct ptc_error why;
+		if (!id)
+			continue;
+		if (strcmp(id, w->me) == 0) {
+			pthread_mutex_lock(&w->st->lock);
+			w->m[i] = mlfs_job_manifest(w->st->job);
+			pthread_mutex_unlock(&w->st->lock);
+		} else if (mlfs_peer_job_manifest(w->st,
+						  ptc_cluster_find(mlfs_store_cluster(w->st), id),
+						  &w->m[i], &why)) {
+			w->m[i] = NULL;
+		}
+	}
+	return NULL;
+}
+
 json_t *mlfs_jobsync_merge(struct mlfs_store *st, const char *me, const json_t *parts,
 			   json_t *missing, int *rc)
 {
 	json_t *by = json_object(), *out = json_array(), *p;
-	size_t i;
+	size_t i, np = json_array_size(parts);
+	struct manifests w = {
+	    .st = st, .parts = parts, .me = me, .m = calloc(np ? np : 1, sizeof(json_t *))};
 
-	json_array_foreach(parts, i, p)
+	if (!by || !out || !w.m) {
+		json_decref(by);
+		json_decref(out);
+		free(w.m);
+		*rc = -ENOMEM;
+		return NULL;
+	}
+	atomic_init(&w.next, 0);
+	mlfs_par_run(np < 32 ? (int)np : 32, manifest_worker, &w);
+	json_array_foreach(parts, i, p) /* merged in the participants' order */
 	{
 		const char *id = json_string_value(p);
-		int node = ptc_cluster_find(mlfs_store_cluster(st), id);
-		json_t *m = NULL;
-		struct ptc_error why;
-		if (strcmp(id, me) == 0) {
-			pthread_mutex_lock(&st->lock);
-			m = mlfs_job_manifest(st->job);
-			pthread_mutex_unlock(&st->lock);
-		} else if (mlfs_peer_job_manifest(st, node, &m, &why)) {
+		json_t *m = w.m[i];
+		if (!m) {
 			/* Frozen or slow: the attempt goes on, and that node's vote
 			 * fails (its job/ would be lost otherwise). */
 			json_array_append_new(missing, json_string(id));
@@ -137,6 +182,7 @@ json_t *mlfs_jobsync_merge(struct mlfs_store *st, const char *me, const json_t *
 		}
 		json_decref(m);
 	}
+	free(w.m);
 	/* Sorted by path: a directory before what it holds. */
 	size_t n = json_object_size(by), k = 0;
 	const char **paths = malloc((n ? n : 1) * sizeof(*paths));

@@ -116,16 +116,19 @@ static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64
 	/* Whether a round must run now: for any node, a change to anything
 	 * but the nodes' entries, votes and saved marks, and the stream's end
 	 * (MLFS_MIRROR_URGENT); for a coordinator, also a vote and a node
-	 * coming or going (MLFS_MIRROR_VOTES). A node's entry changing its
-	 * state or steps needs no decision at once. */
+	 * coming or going (MLFS_MIRROR_VOTES); for a node with a retained
+	 * layout, any node's entry (MLFS_MIRROR_ENTRY: a swap). Otherwise a
+	 * node's entry changing its state or steps needs no decision at once. */
 	int urgent = n == 0 && revision < 0 ? MLFS_MIRROR_URGENT : 0;
 	size_t plen = strlen(m->prefix);
 	for (size_t i = 0; i < n; i++) {
 		const char *name = ev[i].kv.key + (strlen(ev[i].kv.key) >= plen ? plen : 0);
 		if (strncmp(name, "votes/", 6) == 0 ||
 		    (strncmp(name, "nodes/", 6) == 0 && (ev[i].deleted || ev[i].kv.version == 1)))
-			urgent |= MLFS_MIRROR_VOTES;
-		else if (strncmp(name, "nodes/", 6) && strncmp(name, "saved/", 6))
+			urgent |= MLFS_MIRROR_VOTES | MLFS_MIRROR_ENTRY;
+		else if (strncmp(name, "nodes/", 6) == 0)
+			urgent |= MLFS_MIRROR_ENTRY;
+		else if (strncmp(name, "saved/", 6))
 			urgent |= MLFS_MIRROR_URGENT;
 	}
 

@@ -18,8 +18,10 @@
 
 #define MLFS_LEASE_TTL 5 /* seconds */
 
-/* This node's entry: what it serves and its ranks' saved steps. */
-static char *node_entry(struct mlfs_cluster *c)
+/* This node's entry, but its state: what it serves (the current layout's
+ * version and the retained one's, 0: none) and its ranks' saved steps;
+ * its state into *@lost and *@reconf. NULL: out of memory. */
+static json_t *node_entry(struct mlfs_cluster *c, bool *lost, enum mlfs_reconf_state *reconf)
 {
 	struct mlfs_store *st = c->st;
 	const struct ptc_node *n = &mlfs_store_cluster(st)->nodes[st->node];
@@ -28,7 +30,9 @@ static char *node_entry(struct mlfs_cluster *c)
 
 	pthread_mutex_lock(&st->lock);
 	int64_t version = st->view ? st->view->config->version : 0;
-	const char *state = atomic_load(&st->lost) ? "lost" : mlfs_reconf_state_name(st->reconf);
+	int64_t retained = st->retained ? st->retained->config->version : 0;
+	*lost = atomic_load(&st->lost);
+	*reconf = st->reconf;
 	if (st->view) {
 		const struct ptc_layout *l = &st->view->layout;
 		int r0 = l->node_first_rank[st->node];
@@ -38,18 +42,16 @@ static char *node_entry(struct mlfs_cluster *c)
 		}
 	}
 	pthread_mutex_unlock(&st->lock);
-	json_t *o = json_pack("{sssisisIsssO}", "addr", n->addr ? n->addr : "", "devices",
+	json_t *o = json_pack("{sssisisIsOsI}", "addr", n->addr ? n->addr : "", "devices",
 			      n->devices, "pid", (int)getpid(), "version", (json_int_t)version,
-			      "state", state, "steps", steps);
+			      "steps", steps, "retained", (json_int_t)retained);
 	json_t *bk = mlfs_backup_describe(mlfs_backup_of(st));
 	if (o && bk)
 		json_object_set_new(o, "backup", bk);
 	else
 		json_decref(bk);
 	json_decref(steps);
-	char *s = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-	json_decref(o);
-	return s;
+	return o;
 }
 
 /* The newest step this node's ranks saved (-1: none). */
@@ -72,13 +74,31 @@ int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err)
 {
 	char k[512];
 	int rc = 0;
-	char *e = node_entry(c);
+	bool lost;
+	enum mlfs_reconf_state reconf;
+	json_t *o = node_entry(c, &lost, &reconf);
 	int64_t lease = atomic_load(&c->lease);
+	char *e = NULL;
 
-	if (!e)
+	if (!o)
 		return -ENOMEM;
 	pthread_mutex_lock(&c->publock);
-	if (lease && (!c->published || strcmp(c->published, e) != 0)) {
+	/* Its last settled state (idle, failed, lost): a reconfiguration's
+	 * passing ones (preparing, prepared, committing, aborting) would put
+	 * the entry four more times per node, and every put reaches every
+	 * node's watch. */
+	bool settled = reconf == MLFS_RECONF_IDLE || reconf == MLFS_RECONF_FAILED;
+	if (lost)
+		snprintf(c->entry_state, sizeof(c->entry_state), "lost");
+	else if (settled || !c->entry_state[0])
+		snprintf(c->entry_state, sizeof(c->entry_state), "%s",
+			 mlfs_reconf_state_name(settled ? reconf : MLFS_RECONF_IDLE));
+	if (json_object_set_new(o, "state", json_string(c->entry_state)) == 0)
+		e = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+	json_decref(o);
+	if (!e)
+		rc = -ENOMEM;
+	else if (lease && (!c->published || strcmp(c->published, e) != 0)) {
 		mlfs_jobkeys_name(c, k, sizeof(k), "nodes/%s", c->me);
 		if ((rc = net_etcd_put(c->etcd, k, e, strlen(e), lease, NULL, err)) == 0) {
 			free(c->published);

@@ -111,8 +111,9 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 		}
 	}
 	int rc = fetch_from(cl, src, op->src_rank, version, op, iov, outer, len, &first);
-	struct mlfs_view *v = rc && !op->backup ? mlfs_store_view(cl->st) : NULL;
-	if (v && v->config->version == version) {
+	/* the layout fetched from: the current one or the retained one */
+	struct mlfs_view *v = rc && !op->backup ? mlfs_store_view_of(cl->st, version) : NULL;
+	if (v) {
 		const struct ptc_layout *l = &v->layout;
 		for (int r = 0; r < l->world && rc && rc != -ECANCELED; r++) {
 			int node = l->ranks[r].node;

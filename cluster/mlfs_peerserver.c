@@ -21,13 +21,19 @@
  *       &full=1: not counted in the reconfiguration's bytes served.
  *   /v1/job?path=P               a job/ file's bytes
  *   /v1/jobmanifest              the job/ tree: paths, sizes, hashes, mtimes
- * Only the current layout is served: during an attempt that is the old
- * one (the one peers fetch from), until the commit. Every parameter is
- * checked before use; a bad one is a 400 naming it, an unknown partition a
- * 404, a version that is not (or no longer) current a 409.
+ * The current layout is served (during an attempt that is the old one,
+ * the one peers fetch from, until the commit), and the retained one (the
+ * layout the last commit was planned from, until every node of that
+ * commit swapped: mlfs_reconf.c). Every parameter is checked before use;
+ * a bad one is a 400 naming it, an unknown partition a 404, a version
+ * that is neither current nor retained a 409.
  *
  * Threads: server threads run the handlers. Nothing here holds a lock but
- * the store's, briefly, to pin a buffer or copy a job/ file.
+ * the store's, briefly, to pin a buffer (a partition's or a job/ file's)
+ * or to list job/ for the manifest (paths, sizes and the hashes cached when
+ * each file was written): no job/ file's bytes are copied or hashed under
+ * it. A job/ file is sent from its pinned buffer (net_reply_pinned), put
+ * when the reply ends.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -96,11 +102,21 @@ static void part_done(void *arg)
 static void serve_part(struct mlfs_peer *pe, struct net_request *r)
 {
 	struct mlfs_store *st = pe->st;
-	struct mlfs_view *v = mlfs_store_view(st);
 	int64_t version, rank, state, tensor, row, rows;
 
+	if (!arg_int(r, "version", INT64_MAX, &version)) {
+		net_reply_error(r, 400, "expected version, a layout version (a decimal number)");
+		return;
+	}
+	/* the current layout, or the retained one (mlfs_store_release_retained) */
+	struct mlfs_view *v = mlfs_store_view_of(st, version);
 	if (!v) {
-		net_reply_error(r, 409, "no layout yet");
+		struct mlfs_view *cur = mlfs_store_view(st);
+		net_reply_error(r, 409,
+				"layout version %" PRId64 " is neither current (%" PRId64
+				") nor retained on this node",
+				version, cur ? cur->config->version : (int64_t)0);
+		mlfs_view_put(cur);
 		return;
 	}
 	const struct ptc_layout *l = &v->layout;
@@ -110,20 +126,14 @@ static void serve_part(struct mlfs_peer *pe, struct net_request *r)
 				mlfs_store_cluster(st)->nodes[st->node].id);
 		goto out;
 	}
-	if (!arg_int(r, "version", INT64_MAX, &version) || !arg_int(r, "rank", l->world, &rank) ||
-	    !arg_int(r, "state", s->nstates, &state) ||
+	if (!arg_int(r, "rank", l->world, &rank) || !arg_int(r, "state", s->nstates, &state) ||
 	    !arg_int(r, "tensor", s->ntensors, &tensor) ||
 	    !arg_int(r, "row", INT64_MAX / 2, &row) || !arg_int(r, "rows", INT64_MAX / 2, &rows) ||
 	    rows == 0) {
 		net_reply_error(r, 400,
-				"expected version, rank < %d, state < %d, tensor < %d, "
+				"expected rank < %d, state < %d, tensor < %d, "
 				"row and rows > 0, each a decimal number",
 				l->world, s->nstates, s->ntensors);
-		goto out;
-	}
-	if (version != v->config->version) {
-		net_reply_error(r, 409, "layout version %" PRId64 " is not current (%" PRId64 ")",
-				version, v->config->version);
 		goto out;
 	}
 	const struct ptc_tensor *T = &s->tensors[tensor];
@@ -191,6 +201,15 @@ out:
 
 /* ------------------------------------------------------------------ job/ */
 
+/* The reply's end (or its failure to start): the pin goes. */
+static void job_done(void *arg)
+{
+	mlfs_jbuf_put(arg);
+}
+
+/* Pins the file's buffer under the store lock and sends from it after:
+ * no copy and no hash under the lock, and a write meanwhile gives the file
+ * a new buffer, leaving this one as it was. */
 static void serve_job(struct mlfs_peer *pe, struct net_request *r)
 {
 	struct mlfs_store *st = pe->st;
@@ -202,21 +221,20 @@ static void serve_job(struct mlfs_peer *pe, struct net_request *r)
 	const char *rel = path + strspn(path, "/");
 	pthread_mutex_lock(&st->lock);
 	struct mlfs_job *j = mlfs_jobsync_find(st->job, rel);
-	uint8_t *copy = j && !j->dir ? malloc(j->size ? j->size : 1) : NULL;
-	size_t size = copy ? j->size : 0;
-	if (copy)
-		memcpy(copy, j->data, size);
 	bool found = j && !j->dir;
+	struct mlfs_jbuf *b = found ? mlfs_jbuf_get(j->buf) : NULL;
 	pthread_mutex_unlock(&st->lock);
 	if (!found)
 		net_reply_error(r, 404, "job/%s: no such file", path);
-	else if (!copy)
-		net_reply_error(r, 503, "out of memory");
-	else
-		net_reply_buf(r, 200, copy, size, "application/octet-stream");
-	free(copy);
+	else if (!b) /* empty */
+		net_reply_buf(r, 200, "", 0, "application/octet-stream");
+	else /* puts b when the reply is over, or at once when it fails */
+		net_reply_pinned(r, 200, b->bytes, b->size, job_done, b,
+				 "application/octet-stream");
 }
 
+/* The manifest under the store lock: O(files), from the hashes cached
+ * when the files were written; its text is made after. */
 static void serve_manifest(struct mlfs_peer *pe, struct net_request *r)
 {
 	pthread_mutex_lock(&pe->st->lock);

@@ -318,6 +318,66 @@ done:
 	return out;
 }
 
+/*
+ * The layout attempt @a (JSON, its "down" and "backups" parsed into @dn)
+ * is planned from (mlfs_decide_source, rule 9): the current one, or the
+ * retained one when only it has a copy of everything on live nodes; then
+ * @a gets "source" (its version), its own "down" and no backups, and @dn
+ * says the same. 0, or -ENOMEM.
+ */
+static int choose_source(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
+			 const struct ptc_config *cfg, json_t *a, struct mlfs_reconf_down *dn)
+{
+	struct mlfs_store *st = c->st;
+	const struct ptc_cluster *cl = mlfs_store_cluster(st);
+	int64_t rv = mlfs_store_retained(st, NULL);
+	struct mlfs_view *cur = mlfs_store_view(st), *ret = rv ? mlfs_store_view_of(st, rv) : NULL;
+	struct mlfs_snap_node *nodes = calloc((size_t)cl->nnodes, sizeof(*nodes));
+	int *rdown = malloc((size_t)cl->nnodes * sizeof(int)), nrdown = 0, rc = -ENOMEM;
+	struct ptc_layout to;
+	struct ptc_error why;
+
+	if (!nodes || !rdown)
+		goto out;
+	rc = 0;
+	if (!dn->ndown || !ret || !cur ||
+	    ptc_layout_init(&to, st->schema, cfg, cl, "config.json", &why))
+		goto out;
+	for (int n = 0; n < cl->nnodes; n++) {
+		const json_t *e = json_object_get(k->nodes, cl->nodes[n].id);
+		nodes[n] = (struct mlfs_snap_node){
+		    .id = cl->nodes[n].id,
+		    .up = e != NULL,
+		    .lost = entry_lost(e),
+		    .retained = json_integer_value(json_object_get(e, "retained"))};
+	}
+	rc = mlfs_decide_source(&cur->layout, dn->down, dn->ndown, dn->backup_of, &ret->layout, rv,
+				&to, nodes, cl->nnodes, rdown, &nrdown);
+	ptc_layout_release(&to);
+	if (rc != 1)
+		goto out;
+	mlfs_log(MLFS_LOG_WARNING,
+		 "cluster: version %" PRId64 " lost partitions with its down nodes; version "
+		 "%" PRId64 " is planned from the retained version %" PRId64,
+		 cur->config->version, cfg->version, rv);
+	json_t *down = json_array();
+	for (int i = 0; i < nrdown && down; i++)
+		json_array_append_new(down, json_string(cl->nodes[rdown[i]].id));
+	mlfs_attempt_down_free(dn);
+	rc = -ENOMEM;
+	if (down && json_object_set_new(a, "down", down) == 0 &&
+	    json_object_set_new(a, "backups", json_object()) == 0 &&
+	    json_object_set_new(a, "source", json_integer(rv)) == 0 &&
+	    (rc = mlfs_attempt_down(st, a, dn)) == 0)
+		dn->source = rv;
+out:
+	free(nodes);
+	free(rdown);
+	mlfs_view_put(ret);
+	mlfs_view_put(cur);
+	return rc < 0 ? rc : 0;
+}
+
 /* A new attempt's random id into @aid. */
 static void attempt_id(char aid[24])
 {
@@ -338,7 +398,7 @@ static void attempt_id(char aid[24])
 static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 			 const struct ptc_config *cfg, int64_t agreed, const char *text,
 			 const char *aid, char **att, struct mlfs_reconf_down *dn, bool *me_in,
-			 struct ptc_error *err)
+			 json_t **parts_out, struct ptc_error *err)
 {
 	struct mlfs_store *st = c->st;
 	json_t *parts, *down, *a = NULL;
@@ -360,12 +420,12 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 			      job ? job : json_array(), "job_missing", missing);
 	}
 	json_decref(missing);
-	if (rc == 0 && a)
-		rc = mlfs_attempt_down(st, a, dn);
+	if (rc == 0 && a && (rc = mlfs_attempt_down(st, a, dn)) == 0)
+		rc = choose_source(c, k, cfg, a, dn);
 	json_decref(down);
 	*att = a ? json_dumps(a, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
 	json_decref(a);
-	json_decref(parts);
+	*parts_out = parts;
 	if (rc == 0 && !*att)
 		rc = -ENOMEM;
 	if (rc) {
@@ -444,7 +504,8 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	int64_t rev = 0;
 
 	attempt_id(aid);
-	int rc = propose_build(c, k, cfg, agreed, text, aid, &att, &dn, &me_in, err);
+	json_t *parts = NULL;
+	int rc = propose_build(c, k, cfg, agreed, text, aid, &att, &dn, &me_in, &parts, err);
 	if (rc == 0)
 		rc = propose_create(c, k, cfg->version, att, aid, me_in, &rev, err);
 	/* The coordinator prepares at once when it takes part: its
@@ -452,13 +513,15 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	 * now on. */
 	if (rc == 0 && me_in) {
 		struct ptc_error perr = {.text = ""};
-		if ((rc = mlfs_attempt_prepare(c, k->nodes, aid, rev, text, len, &dn, &perr))) {
+		if ((rc = mlfs_attempt_prepare(c, k->nodes, aid, rev, text, len, &dn, parts,
+					       &perr))) {
 			/* the coordinator aborts the attempt at its next round */
 			mlfs_attempt_vote_failed(c, cfg->version, aid, perr.text);
 			ptc_error_set(err, rc, "%s", perr.text);
 		}
 	}
 	mlfs_attempt_down_free(&dn);
+	json_decref(parts);
 	return rc;
 }
 

@@ -436,18 +436,15 @@ static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 			fuse_reply_err(req, -rc);
 			return;
 		}
+		/* Pinned, replied from without a copy: a write meanwhile gives
+		 * the file a new buffer. */
 		size_t n = t.e.job->size, o = (size_t)off;
 		size_t len = o < n ? (size < n - o ? size : n - o) : 0;
-		char *copy = len ? malloc(len) : NULL;
-		if (copy)
-			memcpy(copy, t.e.job->data + o, len);
+		struct mlfs_jbuf *b = len ? mlfs_jbuf_get(t.e.job->buf) : NULL;
 		mlfs_target_done(&t);
 		mlfs_target_put(&t);
-		if (len && !copy)
-			fuse_reply_err(req, ENOMEM);
-		else
-			fuse_reply_buf(req, copy, len);
-		free(copy);
+		fuse_reply_buf(req, b ? (const char *)b->bytes + o : NULL, len);
+		mlfs_jbuf_put(b);
 		return;
 	}
 	/* A text: the open's snapshot, or .mlfs-ctl's last reply, which a write

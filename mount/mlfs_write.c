@@ -269,12 +269,8 @@ static int job_write(struct mlfs_daemon *d, fuse_ino_t ino, const char *buf, siz
 	size_t end = (size_t)off + size;
 	if (end > MLFS_JOB_FILE_MAX)
 		rc = -EFBIG;
-	else if (end > t.e.job->size)
-		rc = mlfs_job_truncate(t.e.job, end);
-	if (rc == 0) {
-		memcpy(t.e.job->data + off, buf, size);
-		clock_gettime(CLOCK_REALTIME, &t.e.job->mtime);
-	}
+	else /* in place, or into a new buffer when a reader pinned it */
+		rc = mlfs_job_write(t.e.job, (size_t)off, (const uint8_t *)buf, size);
 	mlfs_target_done(&t);
 	mlfs_target_put(&t);
 	return rc;

@@ -2,9 +2,29 @@
  * mlfs_job.c - the job/ directory: an in-memory tree of files and
  * directories shared by every rank of the job, with tmpfs semantics.
  *
- * Every node and every byte of file data is counted in the store's
+ * DESIGN
+ * A file's content is a reference-counted buffer (struct mlfs_jbuf,
+ * store.h) holding its bytes and their hash, computed when the content is
+ * set: an append continues the buffer's streaming XXH3 state (its cost is
+ * the bytes appended), any other change hashes the new content whole. So
+ * nothing hashes when reading: the manifest is O(files) and copies no
+ * bytes. A buffer someone else pinned (the peer server sending it, a FUSE
+ * read, a staged tree sharing it) never changes: a change to its file
+ * makes a new buffer, copying the bytes kept; a buffer the file alone
+ * holds is changed in place, so that a file written sequentially grows in
+ * amortised linear time.
+ *
+ * Every node and every byte of buffer capacity is counted in the store's
  * --max-memory (struct xf_mem): past it, creating or growing a file fails
- * with ENOSPC. Callers hold the store lock (the tree has no lock of its own).
+ * with ENOSPC. A buffer shared by two trees (the live one and one staged
+ * for a commit) is counted once, until its last put; a pinned buffer its
+ * file replaced stays counted until its pin is put.
+ *
+ * Threads: callers hold the store lock for st->job (the tree has no lock of
+ * its own; a staged tree is its builder's alone). References are taken
+ * only under that lock and put from any thread (atomic counts): a count of
+ * 1 seen under the lock cannot grow before it is released, which is what
+ * makes a change in place safe.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -56,8 +76,8 @@ void mlfs_job_free(struct mlfs_job *j)
 		mlfs_job_free(c);
 	}
 	if (j) {
-		xf_mem_release(j->mem, (int64_t)j->cap + node_bytes(strlen(j->name)));
-		free(j->data);
+		xf_mem_release(j->mem, node_bytes(strlen(j->name)));
+		mlfs_jbuf_put(j->buf);
 		free(j->name);
 		free(j);
 	}
@@ -172,48 +192,206 @@ int mlfs_job_rename(struct mlfs_job *from, const char *name, struct mlfs_job *to
 	return 0;
 }
 
-int mlfs_job_truncate(struct mlfs_job *f, size_t size)
+/* ------------------------------------------------------------ buffers */
+
+struct mlfs_jbuf *mlfs_jbuf_get(struct mlfs_jbuf *b)
 {
-	if (f->dir)
-		return -EISDIR;
-	if (size > f->cap) { /* grows geometrically: appends cost linear time */
-		size_t cap = f->cap < 4096 ? 4096 : f->cap;
-		while (cap < size)
-			cap = cap > SIZE_MAX / 2 ? size : cap * 2;
-		if (xf_mem_reserve(f->mem, (int64_t)(cap - f->cap)))
-			return -ENOSPC;
-		uint8_t *d = realloc(f->data, cap);
-		if (!d) {
-			xf_mem_release(f->mem, (int64_t)(cap - f->cap));
-			return -ENOMEM;
-		}
-		f->data = d;
-		f->cap = cap;
-	} else if (size == 0 && f->cap) { /* emptied: give the memory back */
-		xf_mem_release(f->mem, (int64_t)f->cap);
-		free(f->data);
-		f->data = NULL;
-		f->cap = 0;
+	if (b)
+		atomic_fetch_add(&b->refs, 1);
+	return b;
+}
+
+void mlfs_jbuf_put(struct mlfs_jbuf *b)
+{
+	if (!b || atomic_fetch_sub(&b->refs, 1) != 1)
+		return;
+	xf_mem_release(b->mem, (int64_t)b->cap);
+	XXH3_freeState(b->xs);
+	free(b->bytes);
+	free(b);
+}
+
+/* A buffer of @cap bytes (> 0), empty, held once; NULL with *@rc set. */
+static struct mlfs_jbuf *jbuf_new(struct xf_mem *mem, size_t cap, int *rc)
+{
+	if ((*rc = xf_mem_reserve(mem, (int64_t)cap)))
+		return NULL;
+	struct mlfs_jbuf *b = calloc(1, sizeof(*b));
+	if (!b || !(b->bytes = malloc(cap))) {
+		free(b);
+		xf_mem_release(mem, (int64_t)cap);
+		*rc = -ENOMEM;
+		return NULL;
 	}
-	if (size > f->size)
-		memset(f->data + f->size, 0, size - f->size);
-	f->size = size;
+	atomic_init(&b->refs, 1);
+	b->cap = cap;
+	b->mem = mem;
+	return b;
+}
+
+/* The capacity for @size bytes growing from @cap: geometric, so that
+ * appends cost linear time. */
+static size_t grown(size_t cap, size_t size)
+{
+	cap = cap < 4096 ? 4096 : cap;
+	while (cap < size)
+		cap = cap > SIZE_MAX / 2 ? size : cap * 2;
+	return cap;
+}
+
+/* @b->hash after its bytes [0, @from) kept their hashed value and
+ * [@from, size) are new: the streaming state goes on when it covers the
+ * kept bytes (made here when @b has none, hashing them once); otherwise,
+ * or without memory for a state, the whole content is hashed again. */
+static void jbuf_rehash(struct mlfs_jbuf *b, size_t from, bool kept)
+{
+	if (kept && !b->xs && (b->xs = XXH3_createState()) &&
+	    (XXH3_64bits_reset(b->xs) != XXH_OK ||
+	     XXH3_64bits_update(b->xs, b->bytes, from) != XXH_OK)) {
+		XXH3_freeState(b->xs);
+		b->xs = NULL;
+	}
+	if (!b->xs) {
+		b->hash = mlfs_hash(b->bytes, b->size);
+		return;
+	}
+	if (!kept) {
+		from = 0;
+		if (XXH3_64bits_reset(b->xs) != XXH_OK)
+			goto whole;
+	}
+	if (XXH3_64bits_update(b->xs, b->bytes + from, b->size - from) != XXH_OK)
+		goto whole;
+	b->hash = XXH3_64bits_digest(b->xs);
+	return;
+whole: /* cannot fail with valid arguments; never trust a state that did */
+	XXH3_freeState(b->xs);
+	b->xs = NULL;
+	b->hash = mlfs_hash(b->bytes, b->size);
+}
+
+/* ---------------------------------------------------------- file content */
+
+static void touch(struct mlfs_job *f)
+{
 	f->id = job_ids++;
 	clock_gettime(CLOCK_REALTIME, &f->mtime);
+}
+
+/* Replaces @f's buffer with @b (the file's reference) and puts the old:
+ * not the last reference when someone pinned it. */
+static void job_swap(struct mlfs_job *f, struct mlfs_jbuf *b)
+{
+	struct mlfs_jbuf *old = f->buf;
+	f->buf = b;
+	f->size = b ? b->size : 0;
+	mlfs_jbuf_put(old);
+}
+
+/*
+ * @f's content becomes its first min(size, @size) bytes, zeros up to
+ * @size, and the @n bytes at @data written at @off (@off + @n <= @size).
+ * In place when @f alone holds its buffer, else into a new one.
+ */
+static int job_change(struct mlfs_job *f, size_t size, size_t off, const uint8_t *data, size_t n)
+{
+	struct mlfs_jbuf *b = f->buf;
+	size_t old = f->size, keep = old < size ? old : size;
+	/* bytes [0, old) unchanged: the hash may go on from old */
+	bool extends = size >= old && (n == 0 || off >= old);
+	int rc;
+
+	if (f->dir)
+		return -EISDIR;
+	if (size == 0) { /* emptied: give the memory back */
+		job_swap(f, NULL);
+		touch(f);
+		return 0;
+	}
+	if (size == old && n == 0) { /* same bytes */
+		touch(f);
+		return 0;
+	}
+	if (b && atomic_load(&b->refs) == 1) { /* the file's alone: in place */
+		if (size > b->cap) {
+			size_t cap = grown(b->cap, size);
+			if (xf_mem_reserve(b->mem, (int64_t)(cap - b->cap)))
+				return -ENOSPC;
+			uint8_t *d = realloc(b->bytes, cap);
+			if (!d) {
+				xf_mem_release(b->mem, (int64_t)(cap - b->cap));
+				return -ENOMEM;
+			}
+			b->bytes = d;
+			b->cap = cap;
+		}
+	} else { /* empty, or pinned by others: a new buffer */
+		struct mlfs_jbuf *nb = jbuf_new(f->mem, grown(0, size), &rc);
+		if (!nb)
+			return rc;
+		if (keep)
+			memcpy(nb->bytes, b->bytes, keep);
+		/* the hash goes on from a copy of the old state */
+		if (extends && b && b->xs && (nb->xs = XXH3_createState()))
+			XXH3_copyState(nb->xs, b->xs);
+		job_swap(f, nb);
+		b = nb;
+	}
+	memset(b->bytes + keep, 0, size - keep);
+	if (n)
+		memcpy(b->bytes + off, data, n);
+	b->size = f->size = size;
+	jbuf_rehash(b, old, extends);
+	touch(f);
 	return 0;
+}
+
+int mlfs_job_truncate(struct mlfs_job *f, size_t size)
+{
+	return job_change(f, size, 0, NULL, 0);
+}
+
+int mlfs_job_write(struct mlfs_job *f, size_t off, const uint8_t *data, size_t n)
+{
+	if (off > SIZE_MAX - n)
+		return -EFBIG;
+	size_t end = off + n;
+	return job_change(f, end > f->size ? end : f->size, off, data, n);
 }
 
 int mlfs_job_set(struct mlfs_job *f, const uint8_t *data, size_t size)
 {
-	int rc = mlfs_job_truncate(f, 0);
-	if (rc == 0 && (rc = mlfs_job_truncate(f, size)) == 0 && size)
-		memcpy(f->data, data, size);
-	return rc;
+	struct mlfs_jbuf *b = NULL;
+	int rc;
+
+	if (f->dir)
+		return -EISDIR;
+	if (size) {
+		if (!(b = jbuf_new(f->mem, size, &rc)))
+			return rc;
+		memcpy(b->bytes, data, size);
+		b->size = size;
+		b->hash = mlfs_hash(b->bytes, size);
+	}
+	job_swap(f, b);
+	touch(f);
+	return 0;
+}
+
+int mlfs_job_share(struct mlfs_job *f, struct mlfs_jbuf *b)
+{
+	if (f->dir)
+		return -EISDIR;
+	job_swap(f, mlfs_jbuf_get(b && b->size ? b : NULL));
+	touch(f);
+	return 0;
 }
 
 uint64_t mlfs_job_hash(const struct mlfs_job *f)
 {
-	return f->dir ? 0 : mlfs_hash(f->data, f->size);
+	if (f->dir)
+		return 0;
+	return f->buf ? f->buf->hash : mlfs_hash("", 0);
 }
 
 static void manifest_walk(const struct mlfs_job *dir, const char *prefix, json_t *out)

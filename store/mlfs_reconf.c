@@ -29,7 +29,12 @@
  *              node) the thread commits at once.
  *  commit      swaps the view pointer and the step table under the lock;
  *              then, without it, tells the FUSE layer, queues the dataset
- *              prefetch and lets the old view go; then idle.
+ *              prefetch and lets the old view go; then idle. In a job of
+ *              many nodes the view planned from is retained instead
+ *              (st->retained, with its step) until the control plane
+ *              releases it: every node of the commit swapped
+ *              (mlfs_store_release_retained); an attempt may be planned
+ *              from it (mlfs_reconf_down.source).
  *  abort       from preparing (the build is discarded when it ends) or
  *              prepared (at once); a build error aborts likewise. The new
  *              partitions are freed without the lock, then failed, with the
@@ -43,7 +48,8 @@
  * step writes and imports get EBUSY, so the old partitions the build reads
  * cannot change, and the old view, pinned by the attempt, stays current,
  * readable and servable. An attempt's memory is back in st->mem before its
- * state leaves aborting, and the old view's (unless open files pin it)
+ * state leaves aborting, and the old view's (unless open files pin it or
+ * it is retained)
  * before committing ends. st->attempt belongs to the transformer thread
  * while preparing, and to whoever detaches it under the lock afterwards.
  *
@@ -77,6 +83,8 @@ struct mlfs_attempt {
 	char what[16]; /* names the request in messages: "config.json", "prepare" */
 	char id[24];   /* the control plane's id of it ("": none), and its revision */
 	int64_t rev;
+	bool from_retained;	   /* @from is st->retained, not the current view */
+	struct mlfs_view *drop[2]; /* views the commit let go, put with the attempt */
 };
 
 static void attempt_free(struct mlfs_attempt *a)
@@ -85,6 +93,8 @@ static void attempt_free(struct mlfs_attempt *a)
 		return;
 	mlfs_view_put(a->to);
 	mlfs_view_put(a->from);
+	mlfs_view_put(a->drop[0]);
+	mlfs_view_put(a->drop[1]);
 	ptc_plan_free(a->plan);
 	free(a->steps);
 	free(a);
@@ -260,11 +270,12 @@ static int cursor_carry(const struct mlfs_view *old, struct mlfs_view *v, int64_
 	return rc;
 }
 
-/* What the plan starts from: the current view pinned into a->from and the
- * saved step, after the checks that need only the lock (no attempt, a
- * layout to change, a newer version, equal steps). */
+/* What the plan starts from: the current view (or, when @source names
+ * another version, the retained one) pinned into a->from and the step it
+ * holds, after the checks that need only the lock (no attempt, a layout to
+ * change, a newer version, equal steps). */
 static int plan_snapshot(struct mlfs_store *st, struct mlfs_attempt *a, int64_t version,
-			 struct ptc_error *err)
+			 int64_t source, struct ptc_error *err)
 {
 	int rc;
 
@@ -278,7 +289,20 @@ static int plan_snapshot(struct mlfs_store *st, struct mlfs_attempt *a, int64_t 
 		rc = ptc_errorf(
 		    err, "%s: \"version\" = %" PRId64 " is not greater than the current %" PRId64,
 		    a->what, version, st->view->config->version);
-	else if ((rc = saved_step(st, a->what, &a->step, err)) == 0)
+	else if (source && source != st->view->config->version) {
+		if (!st->retained || st->retained->config->version != source)
+			rc = ptc_errorf(err,
+					"%s: the attempt is planned from layout version %" PRId64
+					", which this node does not retain (it holds version "
+					"%" PRId64 "%s)",
+					a->what, source, st->view->config->version,
+					st->retained ? " and a retained older one" : "");
+		else {
+			a->from = mlfs_view_get(st->retained);
+			a->from_retained = true;
+			a->step = st->retained_step;
+		}
+	} else if ((rc = saved_step(st, a->what, &a->step, err)) == 0)
 		a->from = mlfs_view_get(st->view);
 out:
 	pthread_mutex_unlock(&st->lock);
@@ -324,7 +348,7 @@ static int reconf_plan(struct mlfs_store *st, struct ptc_config *c, struct mlfs_
 		snprintf(a->id, sizeof(a->id), "%s", dn->id);
 		a->rev = dn->rev;
 	}
-	if ((rc = plan_snapshot(st, a, c->version, err)) ||
+	if ((rc = plan_snapshot(st, a, c->version, dn ? dn->source : 0, err)) ||
 	    (rc = ptc_dataset_change_ok(a->from->config, c, what, err)))
 		goto err_free_config;
 	rc = mlfs_view_new(st, c, ds, text, len, what, &a->to, err); /* takes c and ds */
@@ -367,11 +391,19 @@ static void commit_begin(struct mlfs_store *st, struct mlfs_attempt *a)
 {
 	struct mlfs_view *old = st->view;
 
-	assert(st->reconf == MLFS_RECONF_PREPARED && old == a->from);
+	assert(st->reconf == MLFS_RECONF_PREPARED &&
+	       (a->from_retained ? st->retained : old) == a->from);
 	set_state(st, MLFS_RECONF_COMMITTING);
 	st->view = a->to; /* takes over the attempt's reference */
 	a->to = NULL;
-	mlfs_view_put(old); /* the store's; a->from still pins it: no free under the lock */
+	/* The store's references are put with the attempt, without the lock
+	 * (a->from pins the view planned from; the others may be the last). */
+	a->drop[0] = old;
+	if (a->id[0]) { /* many nodes: the layout planned from is retained */
+		a->drop[1] = st->retained;
+		st->retained = mlfs_view_get(a->from);
+		st->retained_step = a->step;
+	}
 	free(st->steps);
 	st->steps = a->steps;
 	a->steps = NULL;
@@ -382,7 +414,7 @@ static void commit_begin(struct mlfs_store *st, struct mlfs_attempt *a)
 	st->last_served = atomic_load(&st->served) - st->served_base;
 	st->served_base = atomic_load(&st->served);
 	st->last_peak = atomic_load(&st->mem.peak) - st->mem_base;
-	st->last_from = old->config->version;
+	st->last_from = a->from->config->version;
 	st->last_to = st->view->config->version;
 	st->has_last = true;
 	st->error[0] = '\0';
@@ -534,7 +566,7 @@ static int reconf_publish(struct mlfs_store *st, struct mlfs_attempt *a, struct 
 	pthread_mutex_lock(&st->lock);
 	if ((rc = mlfs_reconf_busy(st, a->what, err)))
 		goto err_unlock;
-	if (st->view != a->from) {
+	if ((a->from_retained ? st->retained : st->view) != a->from) {
 		rc = ptc_error_set(err, -EBUSY,
 				   "%s: the layout changed to version %" PRId64
 				   " while this reconfiguration was planned from version %" PRId64
@@ -542,7 +574,9 @@ static int reconf_publish(struct mlfs_store *st, struct mlfs_attempt *a, struct 
 				   a->what, st->view->config->version, a->from->config->version);
 		goto err_unlock;
 	}
-	if ((rc = saved_step(st, a->what, &step, err)))
+	if (a->from_retained)
+		step = a->step; /* the retained layout's, fixed */
+	else if ((rc = saved_step(st, a->what, &step, err)))
 		goto err_unlock;
 	if (step != a->step) {
 		rc = ptc_error_set(err, -EBUSY,
@@ -680,6 +714,24 @@ int mlfs_store_install_first_config(struct mlfs_store *st, const char *text, siz
 				    struct ptc_error *err)
 {
 	return install_config(st, text, len, true, err);
+}
+
+int mlfs_store_release_retained(struct mlfs_store *st, int64_t version)
+{
+	struct mlfs_view *v = NULL;
+	int rc = 0;
+
+	pthread_mutex_lock(&st->lock);
+	if (st->state == MLFS_TRANSFORMING)
+		rc = -EBUSY;
+	else if (st->retained && st->retained->config->version == version) {
+		v = st->retained;
+		st->retained = NULL;
+		rc = 1;
+	}
+	pthread_mutex_unlock(&st->lock);
+	mlfs_view_put(v); /* freed here unless a reader or a reply pins it */
+	return rc;
 }
 
 /* ---------------------------------------------------------------- shutdown */

@@ -90,6 +90,7 @@ out:
 void mlfs_store_release(struct mlfs_store *st)
 {
 	mlfs_view_put(st->view);
+	mlfs_view_put(st->retained);
 	ptc_schema_free(st->schema);
 	while (st->retired) {
 		struct mlfs_retired_cluster *r = st->retired;

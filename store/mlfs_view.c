@@ -107,6 +107,28 @@ struct mlfs_view *mlfs_store_view(struct mlfs_store *st)
 	return v;
 }
 
+struct mlfs_view *mlfs_store_view_of(struct mlfs_store *st, int64_t version)
+{
+	struct mlfs_view *v = NULL;
+	pthread_mutex_lock(&st->lock);
+	if (st->view && st->view->config->version == version)
+		v = mlfs_view_get(st->view);
+	else if (st->retained && st->retained->config->version == version)
+		v = mlfs_view_get(st->retained);
+	pthread_mutex_unlock(&st->lock);
+	return v;
+}
+
+int64_t mlfs_store_retained(struct mlfs_store *st, int64_t *step)
+{
+	pthread_mutex_lock(&st->lock);
+	int64_t v = st->retained ? st->retained->config->version : 0;
+	if (step)
+		*step = st->retained_step;
+	pthread_mutex_unlock(&st->lock);
+	return v;
+}
+
 struct xf_buf *mlfs_store_part_get(struct mlfs_store *st, struct mlfs_view *v, int rank, int state,
 				   int tensor)
 {

@@ -87,15 +87,38 @@ void mlfs_view_put(struct mlfs_view *v);
 
 /* ---------------------------------------------------------------- job tree */
 
+/*
+ * A job/ file's content: @size bytes at @bytes, and @hash, their mlfs_hash,
+ * computed when the content is set (appends continue the streaming state
+ * @xs; other changes hash the whole content again), so that the manifest
+ * and the peer server never hash. Reference-counted (mlfs_jbuf_get, _put;
+ * atomic, the last put frees and releases @cap bytes from @mem): the file
+ * holds one reference, and whoever pins the content under the store lock
+ * (the peer server sending it, a FUSE read replying from it, a staged tree
+ * sharing it) holds another. Immutable while shared: a change to a file
+ * whose buffer someone else holds gives the file a new buffer (copy on
+ * write); only a buffer the file alone holds is changed in place, under
+ * the store lock. Pinning happens only under the store lock, so a count
+ * of 1 read there stays 1 until the lock is released.
+ */
+struct mlfs_jbuf {
+	_Atomic int refs;
+	size_t size, cap;
+	uint64_t hash;
+	uint8_t *bytes;
+	XXH3_state_t *xs;   /* mlfs_hash's state after bytes[0, size), or NULL */
+	struct xf_mem *mem; /* where @cap is counted */
+};
+
 struct mlfs_job {
 	char *name;
 	bool dir;
 	struct mlfs_job *parent, *first, *next; /* children list (dirs) */
-	uint8_t *data;				/* file content */
-	size_t size, cap;
+	struct mlfs_jbuf *buf;			/* file content; NULL when empty */
+	size_t size;				/* buf ? buf->size : 0 */
 	struct timespec mtime;
 	uint64_t id;	    /* content identity */
-	struct xf_mem *mem; /* where its node and data are counted */
+	struct xf_mem *mem; /* where its node is counted */
 };
 
 /* ------------------------------------------------------------------ store */
@@ -143,6 +166,15 @@ struct mlfs_store {
 	int64_t schema_bytes;	   /* counted in mem: an estimate */
 	struct mlfs_view *view;	   /* NULL until schema and config are set; never NULL again */
 	int64_t *steps;		   /* per rank of view->layout, -1 = never saved */
+	/* In a job of many nodes, the layout planned from by the last commit
+	 * (the one current before it, or the one it recovered from), kept with
+	 * the step it holds until every node of that commit serves the new
+	 * version (mlfs_store_release_retained): a node that dies between its
+	 * vote and its swap then loses nothing that this node's copies held,
+	 * and the next plan may start from it (mlfs_reconf_down.source).
+	 * Served to peers like the current one. NULL: none. */
+	struct mlfs_view *retained;
+	int64_t retained_step;
 
 	enum mlfs_reconf_state reconf;
 	enum mlfs_state state; /* follows reconf, see above */
@@ -250,6 +282,17 @@ static inline int mlfs_config_supported(const struct ptc_config *c, bool multino
 
 /* The current view with a reference (NULL when unset). */
 struct mlfs_view *mlfs_store_view(struct mlfs_store *st);
+/* The view of layout @version with a reference: the current one or the
+ * retained one; NULL when neither is that version. */
+struct mlfs_view *mlfs_store_view_of(struct mlfs_store *st, int64_t version);
+/* The retained layout's version (0: none) and, into *@step unless NULL,
+ * the step it holds. */
+int64_t mlfs_store_retained(struct mlfs_store *st, int64_t *step);
+/* Lets the retained layout of @version go (freed once no reader or attempt
+ * pins it): every node of the commit that retained it swapped. 1 when it
+ * was released, 0 when none of that version is retained, -EBUSY while a
+ * reconfiguration is in progress (it may be planned from it). */
+int mlfs_store_release_retained(struct mlfs_store *st, int64_t version);
 
 /*
  * The buffer of partition (@rank, @state, @tensor) of view @v, with a new
@@ -401,6 +444,11 @@ struct mlfs_reconf_down {
 	 * attempt's. NULL: none. */
 	const char *id;
 	int64_t rev;
+	/* The version to plan from: 0 (or the current one's) for the current
+	 * layout; otherwise the retained one (st->retained), at the step it
+	 * holds: the coordinator's choice when the current layout lost
+	 * partitions that only a node which never swapped into it held. */
+	int64_t source;
 };
 /* The same, for a job whose nodes @dn->down cannot serve: the plan takes
  * their partitions from other copies (DP replicas, backups), or refuses
@@ -453,13 +501,37 @@ int mlfs_job_create(struct mlfs_job *dir, const char *name, bool isdir, struct m
 int mlfs_job_unlink(struct mlfs_job *dir, const char *name, bool isdir);
 int mlfs_job_rename(struct mlfs_job *from, const char *name, struct mlfs_job *to,
 		    const char *newname, unsigned flags);
+/*
+ * Changes to file @f's content (not a directory: -EISDIR), each setting its
+ * mtime: mlfs_job_set makes it a copy of the @size bytes at @data (hashed
+ * once); mlfs_job_share makes it @b (a new reference; NULL: empty), no
+ * copy and no hash; mlfs_job_truncate cuts it or extends it with zeros;
+ * mlfs_job_write writes @n bytes of @data at @off, extending it (with
+ * zeros up to @off) when it ends past the end. Each keeps a buffer others
+ * pin unchanged (a new one replaces it) and costs, besides the bytes
+ * written, hashing the new bytes when it only extends the file, the whole
+ * content when it changes bytes already there. 0, -ENOSPC (past
+ * --max-memory), -ENOMEM: then @f is unchanged. The caller holds the lock
+ * of the tree @f is in (the store lock for st->job; none for a tree only
+ * it sees).
+ */
 int mlfs_job_set(struct mlfs_job *f, const uint8_t *data, size_t size);
+int mlfs_job_share(struct mlfs_job *f, struct mlfs_jbuf *b);
 int mlfs_job_truncate(struct mlfs_job *f, size_t size);
-/* A file's content hash (mlfs_hash of its bytes; 0 for a directory). */
+int mlfs_job_write(struct mlfs_job *f, size_t off, const uint8_t *data, size_t n);
+/* A file's content hash (mlfs_hash of its bytes, cached: no hashing; 0 for
+ * a directory). Under the tree's lock. */
 uint64_t mlfs_job_hash(const struct mlfs_job *f);
+/* Adds a reference to @b (NULL-safe) and returns it. Pin a file's content
+ * with mlfs_jbuf_get(f->buf) under the tree's lock; use it after. */
+struct mlfs_jbuf *mlfs_jbuf_get(struct mlfs_jbuf *b);
+/* Drops a reference; the last frees @b. NULL-safe; any thread, no lock
+ * needed (hold none when it may be the last of a large buffer). */
+void mlfs_jbuf_put(struct mlfs_jbuf *b);
 /* The tree under @root as [{"p": path, "d": dir, "n": size, "h": hash in
  * hex, "m": mtime in ns}], parents before children; a new reference (NULL
- * on ENOMEM). Store lock held. */
+ * on ENOMEM). Store lock held: O(files), the hashes are the cached ones,
+ * no file's bytes are read. */
 json_t *mlfs_job_manifest(const struct mlfs_job *root);
 
 #endif

@@ -275,8 +275,9 @@ class Node(Mount):
 class Cluster:
     """A job of daemons started by cluster_factory; see the module's docstring."""
 
-    def __init__(self, tmp, etcd, nnodes, devices, job, extra_args):
+    def __init__(self, tmp, etcd, nnodes, devices, job, extra_args, node_env=None):
         self.tmp = tmp
+        self.node_env = node_env or {}  # {node id: {VAR: value}} for its daemon
         self.etcd = etcd
         self.job = job
         self.extra_args = [str(a) for a in extra_args]
@@ -328,8 +329,9 @@ class Cluster:
         errpath = self.tmp / f"{node_id}{tag}.stderr"
         args = [str(MLFS), "mount", str(mnt), "--node", node_id, "--cluster",
                 str(cluster_path), "-f", *self.extra_args]
+        env = dict(os.environ, **self.node_env.get(node_id, {}))
         with open(errpath, "wb") as err:
-            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
+            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, env=env)
         return proc, errpath
 
     def _wait_mounted(self, node, timeout=20):
@@ -674,8 +676,8 @@ class Cluster:
 def cluster_factory(tmp_path, etcd):
     made = []
 
-    def make(nnodes=4, devices=2, job="j", registered=True, extra_args=()):
-        cl = Cluster(tmp_path, etcd, nnodes, devices, job, extra_args)
+    def make(nnodes=4, devices=2, job="j", registered=True, extra_args=(), node_env=None):
+        cl = Cluster(tmp_path, etcd, nnodes, devices, job, extra_args, node_env)
         made.append(cl)
         for n in cl.spec["nodes"]:
             cl.mount(n["id"])

@@ -14,8 +14,8 @@ status.json of every node of a job of many nodes has a "cluster" object:
       "etcd": "ok" | "unreachable",
       "nodes": [{"id": "n0", "up": true, "version": 1, "state": "idle"}, ...],
           every node of cluster.json, in its order; "up" is whether its etcd key
-          (its lease) exists; "version" and "state" are what it published (state:
-          idle|preparing|prepared|committing|aborting|failed), both null when down
+          (its lease) exists; "version" and "state" are what it published (its
+          last settled state: idle|failed|lost), both null when down
       "attempt": null | {"from": 1, "to": 2, "coordinator": "n0", ...}
     }
 and "last" (the last reconfiguration on this node) has, besides from_version,

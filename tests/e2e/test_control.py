@@ -7,6 +7,8 @@ NumPy slices of the checkpoint:
    ranks on it is refused;
 2. an abort behind a frozen peer cancels every transfer in flight: every node is idle
    again within seconds of the decision, and a config without the frozen node commits;
+3. a node that dies between its ready vote and its swap loses nothing: the survivors
+   retain the layout the commit was planned from, and the next config is planned from it;
 4. a whole-job restart never makes zero-filled partitions the state: every node is
    "lost", configs are refused, and `mlfs reset` (with every daemon stopped) starts the
    job afresh;
@@ -130,6 +132,50 @@ def test_abort_behind_a_frozen_peer_is_quick(cluster_factory):
 def reset(cl):
     return subprocess.run([str(MLFS), "reset", "--cluster", cl.cluster_path],
                           capture_output=True, text=True, timeout=60)
+
+
+def entry(cl, nid):
+    kv = cl.keys().get(f"nodes/{nid}")
+    return json.loads(kv.value) if kv else None
+
+
+def test_death_between_vote_and_swap_loses_nothing(cluster_factory):
+    """3. Version 2 moves everything onto n3 alone; n3 votes ready and dies before it swaps
+    (a failpoint stalls its control thread at the commit while its lease stays alive, then
+    kill -9). The commit goes ahead, but every survivor retains version 1 until every node
+    of the commit swapped, so a config without n3 is planned from version 1 and commits
+    bit-exact; once every node of that commit swapped, the retained layout is let go."""
+    cl = cluster_factory(nnodes=4, devices=1,
+                         node_env={"n3": {"MLFS_FAILPOINT": "stall-before-swap"}})
+    full = full_of(34)
+    v1 = {"version": 1, "tp": 1, "pp": 1, "dp": 2, "nodes": ["n0", "n1"]}
+    cl.start_job(MIXED, v1, "n0", full, step=6)
+
+    v2 = {"version": 2, "tp": 1, "pp": 1, "dp": 1, "nodes": ["n3"]}
+    proc = cl.reconfigure("n0", v2, wait=False)
+    proc.communicate(timeout=60)
+    cl.wait(lambda: (cl.committed() or {}).get("version") == 2, "version 2 committed")
+    cl.wait_version(2, nodes=["n0", "n1", "n2"])
+    assert cl["n3"].status()["version"] == 1  # stalled before its swap
+    for nid in ("n0", "n1", "n2"):  # version 1 retained: n3 never showed its swap
+        cl.wait(lambda nid=nid: (entry(cl, nid) or {}).get("retained") == 1,
+                f"{nid} retains version 1")
+    cl.kill("n3")
+    cl.wait_down("n3")
+
+    # Version 2's only holder is gone; the survivors' version 1 has all of it.
+    v3 = {"version": 3, "tp": 1, "pp": 1, "dp": 2, "nodes": ["n0", "n1"]}
+    p = cl.reconfigure("n1", v3)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(3, nodes=["n0", "n1", "n2"])
+    cl.check_layout(MIXED, v3, full, step=6, nodes=["n0", "n1"])
+    for nid in ("n0", "n1", "n2"):
+        st = cl[nid].status()
+        assert st["state"] == "idle" and st["error"] is None, (nid, st)
+    # Every node of version 3's commit swapped: the retained layout goes.
+    for nid in ("n0", "n1", "n2"):
+        cl.wait(lambda nid=nid: (entry(cl, nid) or {}).get("retained") == 0,
+                f"{nid} released its retained layout")
 
 
 def test_whole_job_restart_is_lost_until_reset(cluster_factory):

@@ -17,6 +17,11 @@
 #include <cmocka.h>
 
 #include "cluster/decide_i.h"
+#include "unit.h"
+
+UNIT_PARSER(schema, struct ptc_schema, "schema.json", ptc_schema_parse_text, ptc_schema_free)
+UNIT_PARSER(config, struct ptc_config, "config.json", ptc_config_parse_text, ptc_config_free)
+UNIT_PARSER(cluster, struct ptc_cluster, "cluster.json", ptc_cluster_parse_text, ptc_cluster_free)
 
 /* A job of up to 4 nodes, n0..n3, as node @me sees it. */
 struct job {
@@ -356,6 +361,105 @@ static void test_wrong_version_votes_failed(void **state)
 	assert_string_equal(decide(&j, NULL, 0), "");
 }
 
+/* ------------------------------------------------- rule 9: the source */
+
+static const char src_schema[] =
+    "{'model': 'm', 'num_layers': 2, 'states': {'model': {}},"
+    " 'tensors': [{'name': 'emb', 'dtype': 'float32', 'shape': [8, 4], 'split': {'dim': 0},"
+    "              'place': 'first'},"
+    "             {'name': 'layers/{L}/w', 'dtype': 'float32', 'shape': [4, 4]}]}";
+static const char src_cluster[] =
+    "{'job': 'j', 'etcd': 'http://127.0.0.1:1', 'nodes': [{'id': 'n0', 'addr': 'h:1', "
+    "'devices': 1}, {'id': 'n1', 'addr': 'h:2', 'devices': 1}, {'id': 'n2', 'addr': 'h:3', "
+    "'devices': 1}, {'id': 'n3', 'addr': 'h:4', 'devices': 1}]}";
+
+/* The layout of config @text on the four nodes, its config and schema kept
+ * in @keep (freed by src_free). */
+struct src_layouts {
+	struct ptc_schema *s;
+	struct ptc_cluster *cl;
+	struct ptc_config *c[5];
+	struct ptc_layout l[5];
+	int n;
+};
+
+static struct ptc_layout *src_layout(struct src_layouts *k, const char *text)
+{
+	struct ptc_error err = {.text = ""};
+	int i = k->n++;
+	k->c[i] = config_ok(text);
+	int rc = ptc_layout_init(&k->l[i], k->s, k->c[i], k->cl, "config.json", &err);
+	if (rc)
+		print_error("layout: %s\n", err.text);
+	assert_int_equal(rc, 0);
+	return &k->l[i];
+}
+
+static void src_free(struct src_layouts *k)
+{
+	for (int i = 0; i < k->n; i++) {
+		ptc_layout_release(&k->l[i]);
+		ptc_config_free(k->c[i]);
+	}
+	ptc_cluster_free(k->cl);
+	ptc_schema_free(k->s);
+}
+
+static void test_source_after_a_death_before_the_swap(void **state)
+{
+	(void)state;
+	struct src_layouts k = {.s = schema_ok(src_schema), .cl = cluster_ok(src_cluster)};
+	/* v1: a replica on n0 and on n1 (retained); v2: everything on n3 alone,
+	 * which died before its swap; v3: back on n0 and n1. */
+	struct ptc_layout *v1 =
+	    src_layout(&k, "{'version': 1, 'tp': 1, 'pp': 1, 'dp': 2, 'nodes': ['n0', 'n1']}");
+	struct ptc_layout *v2 =
+	    src_layout(&k, "{'version': 2, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n3']}");
+	struct ptc_layout *v3 =
+	    src_layout(&k, "{'version': 3, 'tp': 1, 'pp': 1, 'dp': 2, 'nodes': ['n0', 'n1']}");
+	struct ptc_layout *v3c =
+	    src_layout(&k, "{'version': 3, 'tp': 1, 'pp': 1, 'dp': 2, 'nodes': ['n0', 'n2']}");
+	struct ptc_layout *v2b =
+	    src_layout(&k, "{'version': 2, 'tp': 1, 'pp': 1, 'dp': 2, 'nodes': ['n2', 'n3']}");
+	struct mlfs_snap_node nodes[4] = {{.id = "n0", .up = true, .retained = 1},
+					  {.id = "n1", .up = true, .retained = 1},
+					  {.id = "n2", .up = true, .retained = 1},
+					  {.id = "n3", .up = false}};
+	int down[] = {3}, rdown[4], nr = -1;
+
+	/* Every survivor retains version 1: planned from it, nobody down. */
+	assert_int_equal(mlfs_decide_source(v2, down, 1, NULL, v1, 1, v3, nodes, 4, rdown, &nr), 1);
+	assert_int_equal(nr, 0);
+	/* n1 restarted (it retains nothing): down for version 1, and n0's
+	 * replica is enough for a layout on n0 and n2 (a down node hosts
+	 * nothing new, so not for one on n1). */
+	nodes[1].retained = 0;
+	assert_int_equal(mlfs_decide_source(v2, down, 1, NULL, v1, 1, v3c, nodes, 4, rdown, &nr),
+			 1);
+	assert_int_equal(nr, 1);
+	assert_int_equal(rdown[0], 1);
+	assert_int_equal(mlfs_decide_source(v2, down, 1, NULL, v1, 1, v3, nodes, 4, rdown, &nr), 0);
+	assert_int_equal(nr, 0);
+	/* n0 lost too: no copy anywhere; the current layout, and its plan says why. */
+	nodes[0].lost = true;
+	assert_int_equal(mlfs_decide_source(v2, down, 1, NULL, v1, 1, v3, nodes, 4, rdown, &nr), 0);
+	assert_int_equal(nr, 0);
+	nodes[0].lost = false;
+	nodes[1].retained = 1;
+	/* A retained layout of another version is no copy. */
+	nodes[0].retained = nodes[1].retained = 4;
+	assert_int_equal(mlfs_decide_source(v2, down, 1, NULL, v1, 1, v3, nodes, 4, rdown, &nr), 0);
+	nodes[0].retained = nodes[1].retained = 1;
+	/* Nobody down, or no retained layout: the current one. */
+	assert_int_equal(mlfs_decide_source(v2, down, 0, NULL, v1, 1, v3, nodes, 4, rdown, &nr), 0);
+	assert_int_equal(mlfs_decide_source(v2, down, 1, NULL, NULL, 0, v3, nodes, 4, rdown, &nr),
+			 0);
+	/* The current layout has a replica of n3's on n2: planned from it. */
+	assert_int_equal(mlfs_decide_source(v2b, down, 1, NULL, v1, 1, v3, nodes, 4, rdown, &nr),
+			 0);
+	src_free(&k);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -368,6 +472,7 @@ int main(void)
 	    cmocka_unit_test(test_etcd_gone),
 	    cmocka_unit_test(test_lease_lost_and_regained),
 	    cmocka_unit_test(test_wrong_version_votes_failed),
+	    cmocka_unit_test(test_source_after_a_death_before_the_swap),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,358 @@
+/*
+ * test_job.c - job/ files' content buffers (store/mlfs_job.c): the hash
+ * cached with the content, copy on write of pinned buffers, reference
+ * counts and the memory they count.
+ *
+ * A property test drives one file with random writes, truncations, sets
+ * and pins against a plain byte array: after every change the file's bytes
+ * equal the model's and its cached hash equals mlfs_hash of them, and
+ * every buffer pinned earlier still holds the bytes and hash it had when
+ * pinned. Memory counts return to the tree's nodes alone once the file and
+ * the pins are gone, which a double release would make negative (an
+ * assert) and a double free would show under ASan.
+ */
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "store/store.h"
+#include "tests/unit/unit.h"
+
+/* A directory "job" with one empty file "f". */
+struct tree {
+	struct xf_mem mem;
+	struct mlfs_job *root, *f;
+	int64_t nodes; /* mem.used by the two nodes */
+};
+
+static void tree_init(struct tree *t, int64_t limit)
+{
+	memset(t, 0, sizeof(*t));
+	t->mem.limit = limit;
+	assert_non_null(t->root = mlfs_job_new_dir("job", &t->mem));
+	assert_int_equal(mlfs_job_create(t->root, "f", false, &t->f), 0);
+	t->nodes = atomic_load(&t->mem.used);
+	assert_true(t->nodes > 0);
+}
+
+static void tree_release(struct tree *t)
+{
+	mlfs_job_free(t->root);
+	assert_int_equal(atomic_load(&t->mem.used), 0);
+}
+
+/* @f holds exactly @n bytes @want, and its cached hash is theirs. */
+static void check_file(const struct mlfs_job *f, const uint8_t *want, size_t n)
+{
+	assert_int_equal(f->size, n);
+	assert_true(mlfs_job_hash(f) == mlfs_hash(want, n));
+	if (n == 0) {
+		assert_null(f->buf);
+		return;
+	}
+	assert_non_null(f->buf);
+	assert_int_equal(f->buf->size, n);
+	assert_true(f->buf->cap >= n);
+	assert_memory_equal(f->buf->bytes, want, n);
+	assert_true(f->buf->hash == mlfs_hash(f->buf->bytes, n));
+}
+
+static void test_hash_cached(void **state)
+{
+	(void)state;
+	struct tree t;
+	const uint8_t hello[] = "hello, job/";
+	tree_init(&t, 0);
+
+	check_file(t.f, NULL, 0);
+	assert_true(mlfs_job_hash(t.f) == mlfs_hash("", 0));
+	assert_int_equal(mlfs_job_hash(t.root), 0);
+	assert_int_equal(mlfs_job_set(t.f, hello, 11), 0);
+	check_file(t.f, hello, 11);
+	assert_int_equal(atomic_load(&t.f->buf->refs), 1);
+
+	/* The manifest reports the cached hash, not one of the bytes: a
+	 * tampered cache shows through. */
+	json_t *m = mlfs_job_manifest(t.root);
+	char want[20];
+	snprintf(want, sizeof(want), "%016" PRIx64, mlfs_hash(hello, 11));
+	assert_int_equal(json_array_size(m), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "h")), want);
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(m, 0), "n")), 11);
+	json_decref(m);
+	uint64_t real = t.f->buf->hash;
+	t.f->buf->hash = 0x1234;
+	m = mlfs_job_manifest(t.root);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "h")),
+			    "0000000000001234");
+	json_decref(m);
+	t.f->buf->hash = real;
+
+	assert_int_equal(mlfs_job_set(t.root, hello, 11), -EISDIR);
+	assert_int_equal(mlfs_job_write(t.root, 0, hello, 11), -EISDIR);
+	assert_int_equal(mlfs_job_truncate(t.root, 1), -EISDIR);
+	assert_int_equal(mlfs_job_share(t.root, t.f->buf), -EISDIR);
+	tree_release(&t);
+}
+
+/* Appends continue the streaming hash; it must equal the one-shot hash at
+ * every length, across XXH3's internal block and stripe sizes. */
+static void test_append_hash(void **state)
+{
+	(void)state;
+	struct tree t;
+	static uint8_t model[300000];
+	size_t n = 0, step = 1;
+	tree_init(&t, 0);
+
+	for (size_t i = 0; i < sizeof(model); i++)
+		model[i] = (uint8_t)(i * 131 + (i >> 9));
+	while (n < sizeof(model)) {
+		size_t k = step < sizeof(model) - n ? step : sizeof(model) - n;
+		struct mlfs_jbuf *before = t.f->buf;
+		assert_int_equal(mlfs_job_write(t.f, n, model + n, k), 0);
+		n += k;
+		check_file(t.f, model, n);
+		/* held by the file alone: changed in place, never copied */
+		assert_true(!before || t.f->buf == before);
+		step = step * 3 % 5003 + 1;
+	}
+	assert_non_null(t.f->buf->xs);
+	tree_release(&t);
+}
+
+static void test_pinned_survives_rewrite(void **state)
+{
+	(void)state;
+	struct tree t;
+	tree_init(&t, 0);
+
+	assert_int_equal(mlfs_job_write(t.f, 0, (const uint8_t *)"hello", 5), 0);
+	struct mlfs_jbuf *b = mlfs_jbuf_get(t.f->buf);
+	assert_int_equal(atomic_load(&b->refs), 2);
+	int64_t one = atomic_load(&t.mem.used) - t.nodes;
+
+	/* Overwritten while pinned: the file gets a new buffer. */
+	assert_int_equal(mlfs_job_write(t.f, 0, (const uint8_t *)"HE", 2), 0);
+	assert_ptr_not_equal(t.f->buf, b);
+	check_file(t.f, (const uint8_t *)"HEllo", 5);
+	assert_int_equal(atomic_load(&b->refs), 1);
+	assert_int_equal(b->size, 5);
+	assert_memory_equal(b->bytes, "hello", 5);
+	assert_true(b->hash == mlfs_hash("hello", 5));
+	assert_int_equal(atomic_load(&t.mem.used) - t.nodes, 2 * one);
+
+	/* Appended, truncated, emptied, removed: the pin still reads. */
+	struct mlfs_jbuf *c = mlfs_jbuf_get(t.f->buf);
+	assert_int_equal(mlfs_job_write(t.f, 5, (const uint8_t *)" world", 6), 0);
+	check_file(t.f, (const uint8_t *)"HEllo world", 11);
+	assert_memory_equal(c->bytes, "HEllo", 5);
+	assert_int_equal(c->size, 5);
+	assert_true(c->hash == mlfs_hash("HEllo", 5));
+	assert_int_equal(mlfs_job_truncate(t.f, 2), 0);
+	check_file(t.f, (const uint8_t *)"HE", 2);
+	assert_int_equal(mlfs_job_truncate(t.f, 0), 0);
+	check_file(t.f, NULL, 0);
+	assert_int_equal(atomic_load(&t.mem.used), t.nodes + 2 * one);
+	assert_int_equal(mlfs_job_unlink(t.root, "f", false), 0);
+	mlfs_job_free(t.root);
+	assert_memory_equal(b->bytes, "hello", 5);
+	assert_memory_equal(c->bytes, "HEllo", 5);
+	assert_int_equal(atomic_load(&b->refs), 1);
+	assert_int_equal(atomic_load(&c->refs), 1);
+	/* counted until the pins go, each once */
+	assert_int_equal(atomic_load(&t.mem.used), 2 * one);
+	mlfs_jbuf_put(b);
+	mlfs_jbuf_put(c);
+	assert_int_equal(atomic_load(&t.mem.used), 0);
+}
+
+/* One buffer shared by two trees (the live one and one staged for a
+ * commit) is counted once and freed by the last of them. */
+static void test_share_counts_once(void **state)
+{
+	(void)state;
+	struct tree a, s;
+	uint8_t bytes[10000];
+	tree_init(&a, 0);
+	tree_init(&s, 0);
+	for (size_t i = 0; i < sizeof(bytes); i++)
+		bytes[i] = (uint8_t)(i ^ (i >> 8));
+
+	assert_int_equal(mlfs_job_set(a.f, bytes, sizeof(bytes)), 0);
+	struct mlfs_jbuf *b = a.f->buf;
+	assert_int_equal(mlfs_job_share(s.f, b), 0);
+	assert_ptr_equal(s.f->buf, b);
+	assert_int_equal(s.f->size, sizeof(bytes));
+	assert_true(mlfs_job_hash(s.f) == mlfs_hash(bytes, sizeof(bytes)));
+	assert_int_equal(atomic_load(&b->refs), 2);
+	assert_int_equal(atomic_load(&a.mem.used), a.nodes + (int64_t)sizeof(bytes));
+	assert_int_equal(atomic_load(&s.mem.used), s.nodes);
+
+	/* A write to either copies; the other keeps the bytes. */
+	assert_int_equal(mlfs_job_write(s.f, 3, (const uint8_t *)"x", 1), 0);
+	assert_ptr_not_equal(s.f->buf, b);
+	assert_ptr_equal(a.f->buf, b);
+	check_file(a.f, bytes, sizeof(bytes));
+	bytes[3] = 'x';
+	check_file(s.f, bytes, sizeof(bytes));
+	assert_int_equal(atomic_load(&b->refs), 1);
+
+	/* Shared again, then the first tree goes: the second still reads. */
+	assert_int_equal(mlfs_job_share(s.f, b), 0);
+	assert_int_equal(atomic_load(&s.mem.used), s.nodes);
+	mlfs_job_free(a.root);
+	assert_int_equal(atomic_load(&b->refs), 1);
+	assert_int_equal(atomic_load(&a.mem.used), (int64_t)sizeof(bytes));
+	bytes[3] = 3; /* as before the write */
+	check_file(s.f, bytes, sizeof(bytes));
+	tree_release(&s);
+	assert_int_equal(atomic_load(&a.mem.used), 0);
+
+	/* Sharing nothing, or an empty buffer, empties the file. */
+	tree_init(&s, 0);
+	assert_int_equal(mlfs_job_set(s.f, bytes, 5), 0);
+	assert_int_equal(mlfs_job_share(s.f, NULL), 0);
+	check_file(s.f, NULL, 0);
+	tree_release(&s);
+}
+
+/* Past --max-memory a change fails with ENOSPC and leaves the file, and a
+ * pinned copy, as they were. */
+static void test_enospc_unchanged(void **state)
+{
+	(void)state;
+	struct tree t;
+	uint8_t big[9000];
+	memset(big, 7, sizeof(big));
+	tree_init(&t, 0);
+	t.mem.limit = t.nodes + 4096 + 100;
+
+	assert_int_equal(mlfs_job_write(t.f, 0, big, 4000), 0);
+	struct mlfs_jbuf *b = t.f->buf;
+	assert_int_equal(mlfs_job_write(t.f, 4000, big, 5000), -ENOSPC);
+	check_file(t.f, big, 4000);
+	assert_ptr_equal(t.f->buf, b);
+	assert_int_equal(mlfs_job_set(t.f, big, 9000), -ENOSPC);
+	check_file(t.f, big, 4000);
+
+	/* Pinned: even a one-byte change needs a second buffer. */
+	struct mlfs_jbuf *pin = mlfs_jbuf_get(t.f->buf);
+	assert_int_equal(mlfs_job_write(t.f, 0, (const uint8_t *)"z", 1), -ENOSPC);
+	assert_ptr_equal(t.f->buf, pin);
+	check_file(t.f, big, 4000);
+	mlfs_jbuf_put(pin);
+	assert_int_equal(mlfs_job_write(t.f, 0, (const uint8_t *)"z", 1), 0);
+	assert_ptr_equal(t.f->buf, b);
+	big[0] = 'z';
+	check_file(t.f, big, 4000);
+	tree_release(&t);
+}
+
+/* A pinned buffer and what it held when pinned. */
+struct pin {
+	struct mlfs_jbuf *b;
+	uint8_t *bytes;
+	size_t n;
+	uint64_t hash;
+};
+
+static uint64_t rnd(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+static void test_random_against_model(void **state)
+{
+	(void)state;
+	enum { MAX = 70000, PINS = 8 };
+	static uint8_t model[MAX], data[MAX];
+	struct pin pins[PINS] = {0};
+	struct tree t;
+	size_t n = 0;
+	uint64_t s = 0x9e3779b97f4a7c15ull;
+	tree_init(&t, 0);
+
+	for (int it = 0; it < 4000; it++) {
+		uint64_t r = rnd(&s);
+		size_t a = (size_t)(rnd(&s) % MAX), k = (size_t)(rnd(&s) % 3000);
+		if (r % 4 == 0)
+			k = (size_t)(rnd(&s) % 20); /* small writes */
+		for (size_t i = 0; i < k; i++)
+			data[i] = (uint8_t)rnd(&s);
+		switch (r % 9) {
+		case 0:
+		case 1:
+		case 2: /* append */
+			a = n;
+			/* fall through */
+		case 3:
+		case 4: /* anywhere, maybe past the end */
+			if (a + k > MAX)
+				k = MAX - a;
+			assert_int_equal(mlfs_job_write(t.f, a, data, k), 0);
+			if (a > n)
+				memset(model + n, 0, a - n);
+			memcpy(model + a, data, k);
+			if (a + k > n)
+				n = a + k;
+			break;
+		case 5: /* truncate */
+			a = r % 16 == 5 ? 0 : a;
+			assert_int_equal(mlfs_job_truncate(t.f, a), 0);
+			if (a > n)
+				memset(model + n, 0, a - n);
+			n = a;
+			break;
+		case 6: /* set */
+			assert_int_equal(mlfs_job_set(t.f, data, k), 0);
+			memcpy(model, data, k);
+			n = k;
+			break;
+		default: { /* pin, or drop a pin */
+			struct pin *p = &pins[r / 9 % PINS];
+			if (p->b) {
+				mlfs_jbuf_put(p->b);
+				free(p->bytes);
+				*p = (struct pin){0};
+			} else if (t.f->buf) {
+				p->b = mlfs_jbuf_get(t.f->buf);
+				p->n = p->b->size;
+				p->hash = p->b->hash;
+				assert_non_null(p->bytes = malloc(p->n));
+				memcpy(p->bytes, p->b->bytes, p->n);
+			}
+		}
+		}
+		check_file(t.f, model, n);
+		for (int i = 0; i < PINS; i++) {
+			if (!pins[i].b)
+				continue;
+			assert_int_equal(pins[i].b->size, pins[i].n);
+			assert_true(pins[i].b->hash == pins[i].hash);
+			assert_memory_equal(pins[i].b->bytes, pins[i].bytes, pins[i].n);
+		}
+	}
+	mlfs_job_free(t.root);
+	for (int i = 0; i < PINS; i++) {
+		mlfs_jbuf_put(pins[i].b);
+		free(pins[i].bytes);
+	}
+	assert_int_equal(atomic_load(&t.mem.used), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_hash_cached),
+	    cmocka_unit_test(test_append_hash),
+	    cmocka_unit_test(test_pinned_survives_rewrite),
+	    cmocka_unit_test(test_share_counts_once),
+	    cmocka_unit_test(test_enospc_unchanged),
+	    cmocka_unit_test(test_random_against_model),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
