@@ -77,6 +77,9 @@ int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *p
 		     void (*changed)(void *arg, int urgent), void *arg);
 /* Stops the watch and frees the keys. */
 void mlfs_mirror_release(struct mlfs_mirror *m);
+/* Stops the watch and forgets the keys: not live until the next sync.
+ * Control thread only. */
+void mlfs_mirror_stop(struct mlfs_mirror *m);
 /* When the mirror is not live (first use, or its watch ended), reads every
  * key and starts a watch from the revision after that read: 0, or etcd's
  * error with @err. Control thread only. */
@@ -102,7 +105,8 @@ struct mlfs_cluster {
 	/* Set by mlfs_cluster_start, fixed afterwards. */
 	struct mlfs_store *st;
 	struct net_etcd *etcd;
-	char prefix[300]; /* "/mlfs/<job>/" */
+	char prefix[300];  /* "/mlfs/<job>/" */
+	char vprefix[300]; /* "/mlfs-votes/<job>/": votes, outside every node's watch */
 	/* MLFS_FAILPOINT, for fault tests (docs/internals/README.md): a named
 	 * phase where the control thread stalls ("" none). */
 	char failpoint[32];
@@ -121,8 +125,11 @@ struct mlfs_cluster {
 	_Atomic int64_t lease;
 	atomic_bool lease_expired;
 	atomic_int stop;
-	/* The job's keys, followed by a watch (mlfs_mirror.c). */
+	/* The job's keys, followed by a watch (mlfs_mirror.c); and the votes,
+	 * followed only while this node coordinates an attempt (no other
+	 * node reads them: a vote put reaches one watch, not every node's). */
 	struct mlfs_mirror mirror;
+	struct mlfs_mirror votes;
 	/* The control thread sleeps on @cond until @wake: a change of the
 	 * job's keys, of the store's reconfiguration state (reconf_changed),
 	 * of the lease, or stop. */
@@ -140,8 +147,10 @@ struct mlfs_cluster {
 	 * an abort) this node started preparing and voted on. */
 	char started_id[24]; /* lock */
 	/* lock: written by vote (the control thread, and propose's failed
-	 * vote on an I/O worker), read by the control thread. */
+	 * vote on an I/O worker), read by the control thread: this node's
+	 * last vote, on attempt @voted_id, ready or not. */
 	char voted_id[24];
+	bool voted_ready;
 	char *mine;	     /* lock: the text of the attempt this node created */
 	int64_t cluster_mod; /* lock: the "cluster" key's revision last taken */
 	int64_t saved_put;   /* publock: the step last put in saved/<id> (-1: none) */
@@ -214,12 +223,18 @@ struct mlfs_jobkeys {
 	const char *config_id; /* the attempt that committed it ("": a first config) */
 	int64_t saved_step;    /* the newest step this node ever saved (saved/<me>); -1 */
 	int64_t revision;      /* etcd's revision of the read */
+	/* The votes (c->votes' keys) when this node coordinates; else none. */
+	struct net_etcd_kv *votes;
+	size_t nvotes;
 };
 
 /* The etcd key "<prefix><@fmt ...>" of @c's job into @buf (@cap bytes,
  * truncated to fit). Any thread. */
 void mlfs_jobkeys_name(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The etcd key "<vprefix><@fmt ...>" of a vote of @c's job. Any thread. */
+void mlfs_jobkeys_vote_name(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt,
+			    ...) __attribute__((format(printf, 4, 5)));
 /* Reads every key of @c's job from etcd into @k (the caller's:
  * mlfs_jobkeys_free). 0, or net_etcd_range's error with @err and @k empty.
  * I/O workers (propose: a fresh read). */

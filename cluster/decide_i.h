@@ -25,7 +25,8 @@ struct mlfs_snap_node {
 	int64_t version;     /* the layout version it serves (0: none) */
 	bool lost;	     /* it says its partitions are not the job's */
 	bool participant;    /* named in the attempt in progress */
-	enum mlfs_vote vote; /* on the attempt in progress */
+	enum mlfs_vote vote; /* on the attempt in progress (a coordinator knows every
+				participant's; another node only its own) */
 	bool swap_waited;    /* took part in the last commit: the previous layout is
 				kept until it serves the committed version */
 	const char *reason;  /* of a failed vote */

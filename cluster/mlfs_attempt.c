@@ -25,11 +25,12 @@ static void vote(struct mlfs_cluster *c, int64_t to, const char *attempt_id, con
 {
 	char k[512], v[1024];
 	struct ptc_error why;
-	mlfs_jobkeys_name(c, k, sizeof(k), "votes/%" PRId64 "/%s", to, c->me);
+	mlfs_jobkeys_vote_name(c, k, sizeof(k), "%" PRId64 "/%s", to, c->me);
 	snprintf(v, sizeof(v), "%s %s", attempt_id ? attempt_id : "-", what);
 	if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why) == 0) {
 		pthread_mutex_lock(&c->lock);
 		snprintf(c->voted_id, sizeof(c->voted_id), "%s", attempt_id ? attempt_id : "");
+		c->voted_ready = strcmp(what, "ready") == 0;
 		pthread_mutex_unlock(&c->lock);
 	}
 }
@@ -51,15 +52,16 @@ void mlfs_attempt_vote_failed(struct mlfs_cluster *c, int64_t to, const char *ai
 	vote(c, to, aid, v);
 }
 
-/* The vote of @id on attempt @to: NULL when none. */
+/* The vote of @id on attempt @to (the votes mirror's: a coordinator's
+ * @k): NULL when none. */
 static const struct net_etcd_kv *vote_of(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 					 int64_t to, const char *id)
 {
 	char want[512];
-	mlfs_jobkeys_name(c, want, sizeof(want), "votes/%" PRId64 "/%s", to, id);
-	for (size_t i = 0; i < k->n; i++)
-		if (strcmp(k->kvs[i].key, want) == 0)
-			return &k->kvs[i];
+	mlfs_jobkeys_vote_name(c, want, sizeof(want), "%" PRId64 "/%s", to, id);
+	for (size_t i = 0; i < k->nvotes; i++)
+		if (strcmp(k->votes[i].key, want) == 0)
+			return &k->votes[i];
 	return NULL;
 }
 
@@ -79,7 +81,7 @@ static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t
 	mlfs_jobkeys_name(c, ka, sizeof(ka), "attempt");
 	mlfs_jobkeys_name(c, kc, sizeof(kc), "config");
 	mlfs_jobkeys_name(c, ki, sizeof(ki), "config_id");
-	mlfs_jobkeys_name(c, kv, sizeof(kv), "votes/%" PRId64 "/", to);
+	mlfs_jobkeys_vote_name(c, kv, sizeof(kv), "%" PRId64 "/", to);
 	mlfs_jobkeys_name(c, kr, sizeof(kr), "result/%" PRId64, to);
 	snprintf(res, sizeof(res), reason ? "aborted: %s" : "committed", reason);
 	pthread_mutex_lock(&c->lock);
@@ -245,6 +247,17 @@ static enum mlfs_vote vote_on(struct mlfs_cluster *c, const struct mlfs_jobkeys 
 	return MLFS_VOTE_FAILED;
 }
 
+/* This node's vote on attempt @aid, as it put it. */
+static enum mlfs_vote own_vote(struct mlfs_cluster *c, const char *aid)
+{
+	pthread_mutex_lock(&c->lock);
+	enum mlfs_vote v = strcmp(c->voted_id, aid) != 0 ? MLFS_VOTE_NONE
+			   : c->voted_ready		 ? MLFS_VOTE_READY
+							 : MLFS_VOTE_FAILED;
+	pthread_mutex_unlock(&c->lock);
+	return v;
+}
+
 /* Fills @r from @k and this node's store: 0 or -ENOMEM. */
 static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool etcd_ok,
 		    struct round *r)
@@ -281,8 +294,12 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 		sn->lost = state && strcmp(state, "lost") == 0;
 		sn->participant = r->aid && mlfs_cluster_ids_has(parts, sn->id);
 		sn->swap_waited = mlfs_cluster_ids_has(swap_wait, sn->id);
-		if (sn->participant)
+		/* Every participant's vote as etcd has it, for the coordinator;
+		 * this node's own as it put it (the others read no votes). */
+		if (sn->participant && k->votes)
 			sn->vote = vote_on(c, k, r->att.to, r->aid, sn->id, &sn->reason);
+		else if (sn->participant && n == st->node)
+			sn->vote = own_vote(c, r->aid);
 	}
 	s->etcd_ok = etcd_ok;
 	s->revision = k->revision;

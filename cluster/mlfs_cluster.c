@@ -25,10 +25,13 @@
  *                    transaction that requires no attempt and "config"
  *                    unchanged since it was read; bound to the
  *                    coordinator's lease (mlfs_propose.c).
- *   votes/<to>/<id>  "<attempt id> ready", or "<attempt id> failed: <reason>":
- *                    a vote counts only for the attempt it names (the
- *                    attempt's random "id"), so votes a dead coordinator's
- *                    attempt left behind never count for a later one.
+ *   votes/<to>/<id>  "<attempt id> ready", or "<attempt id> failed: <reason>",
+ *                    under /mlfs-votes/<job>/ (not /mlfs/<job>/, which every
+ *                    node watches: only the coordinator reads votes, with a
+ *                    watch of its own while it coordinates): a vote counts
+ *                    only for the attempt it names (the attempt's random
+ *                    "id"), so votes a dead coordinator's attempt left
+ *                    behind never count for a later one.
  *   result/<to>      "committed" or "aborted: <reason>" (for every node's
  *                    status.json and for mlfs reconfigure).
  *   saved/<id>       the newest step the node ever saved, bound to no
@@ -116,6 +119,15 @@ static void round_once(struct mlfs_cluster *c)
 
 	if (rc == 0)
 		rc = mlfs_jobkeys_mirrored(c, &k, &why);
+	/* The votes, followed while this node coordinates an attempt. */
+	pthread_mutex_lock(&c->lock);
+	bool coordinating = c->mine != NULL;
+	pthread_mutex_unlock(&c->lock);
+	if (!coordinating && c->votes.watch)
+		mlfs_mirror_stop(&c->votes);
+	if (rc == 0 && coordinating && (rc = mlfs_mirror_sync(&c->votes, &why)) == 0 &&
+	    (rc = mlfs_mirror_copy(&c->votes, &k.votes, &k.nvotes, &(int64_t){0}, &why)))
+		mlfs_jobkeys_free(&k);
 	pthread_mutex_lock(&c->lock);
 	snprintf(c->etcd_error, sizeof(c->etcd_error), "%s", rc ? why.text : "");
 	pthread_mutex_unlock(&c->lock);
@@ -207,6 +219,13 @@ static void keys_changed(void *arg, int urgent)
 		mlfs_cluster_wake(c);
 }
 
+/* The votes mirror's hook (live only while this node coordinates). */
+static void votes_changed(void *arg, int urgent)
+{
+	(void)urgent;
+	mlfs_cluster_wake(arg);
+}
+
 /* Ends the control and keep-alive threads that run. */
 static void stop_threads(struct mlfs_cluster *c)
 {
@@ -255,10 +274,12 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	const char *fp = getenv("MLFS_FAILPOINT");
 	snprintf(c->failpoint, sizeof(c->failpoint), "%s", fp ? fp : "");
 	snprintf(c->prefix, sizeof(c->prefix), "/mlfs/%s/", mlfs_store_cluster(st)->job);
+	snprintf(c->vprefix, sizeof(c->vprefix), "/mlfs-votes/%s/", mlfs_store_cluster(st)->job);
 	struct net_http_opts o = {.retries = 2, .timeout_ms = 2000, .deadline_ms = 5000};
 	if ((rc = net_etcd_new(mlfs_store_cluster(st)->etcd, &o, &c->etcd, err)))
 		goto err_free;
-	if ((rc = mlfs_mirror_init(&c->mirror, c->etcd, c->prefix, keys_changed, c))) {
+	if ((rc = mlfs_mirror_init(&c->mirror, c->etcd, c->prefix, keys_changed, c)) ||
+	    (rc = mlfs_mirror_init(&c->votes, c->etcd, c->vprefix, votes_changed, c))) {
 		ptc_error_set(err, rc, "cluster.json: the job's name is too long");
 		goto err_etcd;
 	}
@@ -294,6 +315,7 @@ err_threads:
 	stop_threads(c);
 err_mirror:
 	mlfs_mirror_release(&c->mirror);
+	mlfs_mirror_release(&c->votes);
 err_etcd:
 	net_etcd_free(c->etcd);
 err_free:
@@ -308,6 +330,7 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 		return;
 	stop_threads(c);
 	mlfs_mirror_release(&c->mirror); /* its watch's thread ends first */
+	mlfs_mirror_release(&c->votes);
 	int64_t lease = atomic_load(&c->lease);
 	if (lease) /* leave at once rather than when the lease expires */
 		net_etcd_lease_revoke(c->etcd, lease, NULL, &why);

@@ -23,6 +23,16 @@ void mlfs_jobkeys_name(const struct mlfs_cluster *c, char *buf, size_t cap, cons
 	va_end(ap);
 }
 
+void mlfs_jobkeys_vote_name(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt,
+			    ...)
+{
+	va_list ap;
+	size_t n = (size_t)snprintf(buf, cap, "%s", c->vprefix);
+	va_start(ap, fmt);
+	vsnprintf(buf + n, cap - n, fmt, ap);
+	va_end(ap);
+}
+
 /* The version of a config text, or -1. */
 static int64_t config_version(const char *text, size_t len)
 {
@@ -37,6 +47,7 @@ static int64_t config_version(const char *text, size_t len)
 void mlfs_jobkeys_free(struct mlfs_jobkeys *k)
 {
 	net_etcd_kvs_free(k->kvs, k->n);
+	net_etcd_kvs_free(k->votes, k->nvotes);
 	json_decref(k->nodes);
 	json_decref(k->attempt_j);
 	memset(k, 0, sizeof(*k));

@@ -114,17 +114,16 @@ static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64
 	struct mlfs_mirror *m = arg;
 	int rc = 0;
 	/* Whether a round must run now: for any node, a change to anything
-	 * but the nodes' entries, votes and saved marks, and the stream's end
-	 * (MLFS_MIRROR_URGENT); for a coordinator, also a vote and a node
-	 * coming or going (MLFS_MIRROR_VOTES); for a node with a retained
+	 * but the nodes' entries and saved marks, and the stream's end
+	 * (MLFS_MIRROR_URGENT); for a coordinator, also a node coming or going
+	 * (MLFS_MIRROR_VOTES; the votes themselves are in c->votes); for a node with a retained
 	 * layout, any node's entry (MLFS_MIRROR_ENTRY: a swap). Otherwise a
 	 * node's entry changing its state or steps needs no decision at once. */
 	int urgent = n == 0 && revision < 0 ? MLFS_MIRROR_URGENT : 0;
 	size_t plen = strlen(m->prefix);
 	for (size_t i = 0; i < n; i++) {
 		const char *name = ev[i].kv.key + (strlen(ev[i].kv.key) >= plen ? plen : 0);
-		if (strncmp(name, "votes/", 6) == 0 ||
-		    (strncmp(name, "nodes/", 6) == 0 && (ev[i].deleted || ev[i].kv.version == 1)))
+		if (strncmp(name, "nodes/", 6) == 0 && (ev[i].deleted || ev[i].kv.version == 1))
 			urgent |= MLFS_MIRROR_VOTES | MLFS_MIRROR_ENTRY;
 		else if (strncmp(name, "nodes/", 6) == 0)
 			urgent |= MLFS_MIRROR_ENTRY;
@@ -173,6 +172,19 @@ void mlfs_mirror_release(struct mlfs_mirror *m)
 		kv_release(&m->kvs[i]);
 	free(m->kvs);
 	pthread_mutex_destroy(&m->lock);
+}
+
+void mlfs_mirror_stop(struct mlfs_mirror *m)
+{
+	net_etcd_watch_stop(m->watch); /* its thread ends first */
+	m->watch = NULL;
+	pthread_mutex_lock(&m->lock);
+	for (size_t i = 0; i < m->n; i++)
+		kv_release(&m->kvs[i]);
+	m->n = 0;
+	m->live = false;
+	snprintf(m->error, sizeof(m->error), "stopped");
+	pthread_mutex_unlock(&m->lock);
 }
 
 int mlfs_mirror_sync(struct mlfs_mirror *m, struct ptc_error *err)

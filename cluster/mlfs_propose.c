@@ -456,7 +456,7 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 
 	mlfs_jobkeys_name(c, ka, sizeof(ka), "attempt");
 	mlfs_jobkeys_name(c, kc, sizeof(kc), "config");
-	mlfs_jobkeys_name(c, kv, sizeof(kv), "votes/%" PRId64 "/", to);
+	mlfs_jobkeys_vote_name(c, kv, sizeof(kv), "%" PRId64 "/", to);
 	struct net_etcd_cmp cmps[] = {
 	    {.key = ka, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL},
 	    {.key = kc, .target = NET_ETCD_MOD, .result = NET_ETCD_EQUAL, .num = k->config_mod}};

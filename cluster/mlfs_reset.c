@@ -7,7 +7,7 @@
  * What it removes from etcd, in one transaction that requires every node
  * of cluster.json to be down (no nodes/<id> key: its lease is gone): the
  * committed config and the attempt that committed it, an attempt in
- * progress, votes, results, and the saved/ marks that say the job had
+ * progress, votes (/mlfs-votes/<job>/), results, and the saved/ marks that say the job had
  * state. The schema and the job's cluster stay. The daemons mounted
  * afterwards find no config: the operator writes one and imports a
  * checkpoint (or, once snapshots exist, restores the newest).
@@ -59,11 +59,14 @@ int mlfs_cluster_reset(const struct ptc_cluster *cl, json_t *removed, struct ptc
 						.target = NET_ETCD_VERSION,
 						.result = NET_ETCD_EQUAL};
 	}
-	static const char *const names[] = {"config", "config_id", "attempt",
-					    "votes/", "result/",   "saved/"};
+	static const char *const names[] = {"config",  "config_id", "attempt",
+					    "result/", "saved/",    "/"};
 	struct net_etcd_op ops[6];
 	for (int i = 0; i < 6; i++) {
-		snprintf(keys[i], sizeof(keys[i]), "%s%s", prefix, names[i]);
+		if (i < 5)
+			snprintf(keys[i], sizeof(keys[i]), "%s%s", prefix, names[i]);
+		else /* the votes, under their own prefix */
+			snprintf(keys[i], sizeof(keys[i]), "/mlfs-votes/%s/", cl->job);
 		ops[i] = (struct net_etcd_op){.kind = NET_ETCD_DELETE,
 					      .key = keys[i],
 					      .prefix = names[i][strlen(names[i]) - 1] == '/'};
@@ -76,7 +79,7 @@ int mlfs_cluster_reset(const struct ptc_cluster *cl, json_t *removed, struct ptc
 				   "every node before a reset");
 	for (size_t i = 0; rc == 0 && removed && i < n; i++) {
 		const char *name = kvs[i].key + plen;
-		for (int j = 0; j < 6; j++)
+		for (int j = 0; j < 5; j++)
 			if (strncmp(name, names[j], strlen(names[j])) == 0 &&
 			    (ops[j].prefix || strcmp(name, names[j]) == 0))
 				json_array_append_new(removed, json_string(name));

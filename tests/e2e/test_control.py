@@ -32,7 +32,9 @@ ALL = ["n0", "n1", "n2", "n3"]
 
 
 def vote_of(cl, to, nid):
-    kv = cl.keys().get(f"votes/{to}/{nid}")
+    """Node @nid's vote on version @to (under /mlfs-votes/<job>/, outside the job's keys
+    that every node watches)."""
+    kv = cl.etcd.kv(f"/mlfs-votes/{cl.job}/{to}/{nid}")
     return kv.value.decode() if kv else ""
 
 
@@ -213,7 +215,8 @@ def test_whole_job_restart_is_lost_until_reset(cluster_factory):
     assert r.returncode == 0, r.stderr
     keys = cl.keys()
     assert "config" not in keys and "schema" in keys and "cluster" in keys, sorted(keys)
-    assert not any(k.startswith(("saved/", "votes/", "attempt")) for k in keys), sorted(keys)
+    assert not any(k.startswith(("saved/", "attempt")) for k in keys), sorted(keys)
+    assert not cl.etcd.range(f"/mlfs-votes/{cl.job}/")
     for nid in ("n0", "n1"):
         cl.restart(nid)
     cl.wait(lambda: all(s["state"] == "idle" and not s.get("version")
