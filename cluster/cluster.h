@@ -44,13 +44,15 @@ struct mlfs_peer;
 
 /*
  * Serves @st's partitions, job/ files and health on this node's "addr"
- * (cluster.json) to requests carrying @token (16 to 256 characters), and
+ * (cluster.json), or on @listen when not NULL (mlfs mount --peer-listen:
+ * a proxy or a port forward in front of the node, at the addr its peers
+ * connect to), to requests carrying @token (16 to 256 characters), and
  * sets st->fetch so that a reconfiguration fetches rows from peers with
  * it. 0, or -EINVAL (no addr, a bad token), -EADDRINUSE, -ENOMEM with the
  * reason in @err. Call before the mount serves; stop after it stopped.
  */
-int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out,
-		    struct ptc_error *err);
+int mlfs_peer_start(struct mlfs_store *st, const char *listen, const char *token,
+		    struct mlfs_peer **out, struct ptc_error *err);
 /* Stops serving (waits for replies in flight; NULL: fine). Its client
  * still fetches: the backup thread may use it until mlfs_backup_stop. */
 void mlfs_peer_stop(struct mlfs_peer *pe);

@@ -429,8 +429,8 @@ static void act_discard(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, in
 
 	mlfs_jobkeys_name(c, kr, sizeof(kr), "result/%" PRId64, version);
 	for (size_t i = 0; i < k->n; i++)
-		if (strcmp(k->kvs[i].key, kr) == 0 && strncmp(k->kvs[i].value, "aborted", 7) == 0)
-			reason = k->kvs[i].value;
+		if (strcmp(k->kvs[i].key, kr) == 0 && strncmp(k->kvs[i].value, "aborted: ", 9) == 0)
+			reason = k->kvs[i].value + 9; /* the store says "aborted: " */
 	mlfs_reconf_abort(c->st, version, reason, &err);
 	mlfs_job_free(c->job);
 	c->job = NULL;

@@ -8,8 +8,8 @@
  * The fetch (mlfs_store.fetch) runs on transformer workers, one piece of
  * about 1 MiB rows per call (xf_execute cuts them): one ranged GET whose
  * reply is written straight into the destination partition, one iovec per
- * outer block. net_http retries it (another attempt on the same node);
- * its deadline bounds it. When the source node cannot serve, every other
+ * outer block. net_http retries it twice on the same node (a connection
+ * cut mid-reply); its deadline bounds it. When the source node cannot serve, every other
  * node holding the same rows (a DP replica) is tried, in rank order; rows
  * of a down node come from its backup holder, and from nowhere else.
  *
@@ -127,7 +127,7 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 	mlfs_view_put(v);
 	if (iov != stack)
 		free(iov);
-	if (rc) {
+	if (rc && rc != -ECANCELED) { /* cancelled: the abort says why */
 		char msg[700];
 		snprintf(msg, sizeof(msg), "fetch from node %s%s: %s",
 			 mlfs_store_cluster(cl->st)->nodes[src].id, op->backup ? " (a backup)" : "",
@@ -228,7 +228,12 @@ int mlfs_peerclient_new(struct mlfs_store *st, const char *token, struct mlfs_pe
 	cl->st = st;
 	snprintf(hdr, sizeof(hdr), "Authorization: Bearer %s", token);
 	const char *headers[] = {hdr, NULL};
-	struct net_http_opts ho = {.timeout_ms = 10000, .deadline_ms = 120000, .headers = headers};
+	/* Two more tries on the same node after a failed one (a connection
+	 * cut mid-reply), then the other holders: a peer whose replies stall
+	 * gives up after 3 x 10 s unless its lease expires first (an abort
+	 * then cancels the fetch at once). */
+	struct net_http_opts ho = {
+	    .retries = 2, .timeout_ms = 10000, .deadline_ms = 120000, .headers = headers};
 	if ((rc = net_http_new(&ho, &cl->http, err))) {
 		free(cl);
 		return rc;

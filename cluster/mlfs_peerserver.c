@@ -285,15 +285,15 @@ static void handle(void *arg, struct net_request *r)
 
 /* ------------------------------------------------------------- lifecycle */
 
-int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer **out,
-		    struct ptc_error *err)
+int mlfs_peer_start(struct mlfs_store *st, const char *listen, const char *token,
+		    struct mlfs_peer **out, struct ptc_error *err)
 {
 	const struct ptc_node *me = &mlfs_store_cluster(st)->nodes[st->node];
 	struct mlfs_peer *pe;
 	int rc;
 
 	*out = NULL;
-	if (!me->addr)
+	if (!listen && !me->addr)
 		return ptc_errorf(
 		    err, "cluster.json: node \"%s\" has no \"addr\" to serve its peers", me->id);
 	if (!token || strlen(token) < 16 || strlen(token) > 256 || strpbrk(token, "\r\n "))
@@ -304,7 +304,8 @@ int mlfs_peer_start(struct mlfs_store *st, const char *token, struct mlfs_peer *
 	pe->st = st;
 	if ((rc = mlfs_peerclient_new(st, token, &pe->client, err)))
 		goto err_free;
-	struct net_server_opts so = {.addr = me->addr, .token = token, .threads = 4};
+	struct net_server_opts so = {
+	    .addr = listen ? listen : me->addr, .token = token, .threads = 4};
 	if ((rc = net_server_start(&so, handle, pe, &pe->server, err)))
 		goto err_client;
 	mlfs_peerclient_attach(pe->client);

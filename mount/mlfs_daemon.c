@@ -262,7 +262,9 @@ static int join_job(struct mlfs_store *st, const struct mlfs_options *o, struct 
 	}
 	if (!(token = read_token(tf)))
 		return 1;
-	int rc = mlfs_peer_start(st, token, peer, &why);
+	/* --peer-listen: the server binds there while peers still connect to
+	 * this node's addr (a proxy in front of it). */
+	int rc = mlfs_peer_start(st, o->peer_listen, token, peer, &why);
 	free(token);
 	if (rc) {
 		fprintf(stderr, "mlfs mount: %s\n", why.text);

@@ -22,6 +22,7 @@ struct mlfs_options {
 	int http_deadline_ms; /* one read of a dataset source, retries included; 0 = 60 s */
 	enum mlfs_log_level log_level; /* least severe level logged; 0 = info (common.h) */
 	const char *token_file;	       /* the cluster token; NULL: cluster.json's token_file */
+	const char *peer_listen;       /* serve peers here; NULL: this node's cluster.json addr */
 };
 
 /*

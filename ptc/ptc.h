@@ -130,6 +130,13 @@ struct ptc_schema {
 	struct ptc_state *states;
 	int ntensors;
 	struct ptc_tensor *tensors; /* template order, layers expanded in order */
+	/* Indexes built by ptc_schema_parse, so that the planner finds a tie
+	 * group or the tensors of a stage in the size of the answer: */
+	int *tie_first; /* per tensor: the first tensor tied to it, or -1 */
+	int *tie_next;	/* per tensor: the next tensor tied to the same one, or -1 */
+	int *by_layer;	/* ntensors indices: {L} tensors by layer, then the others */
+	int *layer_off; /* num_layers + 1 offsets into by_layer: layer l's tensors are
+			 * [layer_off[l], layer_off[l + 1]); the rest are not {L} */
 };
 
 /*
@@ -449,6 +456,29 @@ int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to,
 int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_layout *to,
 			     const int *down, int ndown, const int *backup_of,
 			     struct ptc_plan **out, struct ptc_error *err);
+/*
+ * The plan of cluster node @node alone (index in to->cluster), from the
+ * same inputs as ptc_plan_compute_backups, in time and memory that follow
+ * the node's own partitions (and the sources and destinations of each), not
+ * the job's: the ops node @node executes, exactly those of the whole job's
+ * plan but for the source of each FETCH, and the figures of what it serves.
+ * A FETCH reads from the candidate a rule picks that every node evaluates
+ * alone (round robin by destination node, rotated by a hash of the tensor,
+ * state and old TP rank), not from the least loaded one: the network bytes
+ * stay the lower bound; the load spreads over the holders but is not the
+ * greedy balance of the whole job's plan.
+ * per_node[@node] is exact: what it builds (bytes_total, _reused, _local,
+ * _in, _zero) and in bytes_out what it serves to every node, itself
+ * included when it keeps a backup it reads, as the other nodes' plans ask.
+ * For every other node x only per_node[x].bytes_out is set: the bytes node
+ * @node fetches from x (as x's server, for a backup). The plan's totals are
+ * @node's (bytes_network = its bytes_in = lower_bound_network); nops and
+ * node_first_op cover @node's ops only. Fails as ptc_plan_compute_backups
+ * does, but only for rows @node needs; -EINVAL also for a bad @node.
+ */
+int ptc_plan_compute_node(const struct ptc_layout *from, const struct ptc_layout *to,
+			  const int *down, int ndown, const int *backup_of, int node,
+			  struct ptc_plan **out, struct ptc_error *err);
 void ptc_plan_free(struct ptc_plan *p);
 const char *ptc_op_kind_name(enum ptc_op_kind k);
 /* The plan as JSON: figures, per_node and (when @with_ops) operations; an

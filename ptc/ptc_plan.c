@@ -31,9 +31,26 @@
  * down node hosts no new rank, so its partitions are never REUSEd or
  * COPYed; a backup holder that needs the rows FETCHes them from itself.
  *
+ * A plan per node (ptc_plan_compute_node) runs the same steps for one
+ * destination node N, on the groups its new ranks hold (found through the
+ * schema's layer and tie indexes, so in the size of N's partitions), and
+ * picks each remote source by pick_source, a function of (N, tensor, state,
+ * old TP rank) every node evaluates alone, instead of by the load, which
+ * needs every node's fetches in order. Its ops are N's ops of the whole
+ * plan but for FETCH sources. What N serves is computed the same way from
+ * the other side: for each group N's old ranks (or the down nodes whose
+ * backup it keeps) hold, for each node D whose new ranks hold it, D's
+ * missing rows (exactly what D fetches) charged to pick_source's choice.
+ *
+ * Every lookup over the schema is an index (struct ptc_schema's tie_first,
+ * tie_next, by_layer, layer_off): no pass over all tensors inside a loop
+ * over tensors.
+ *
  * Invariants checked by the tests: applying the ops reproduces the new
  * layout exactly; per node, total = reused + local + network + zero;
- * network bytes equal the lower bound (missing logical rows per node).
+ * network bytes equal the lower bound (missing logical rows per node); the
+ * union of the plans per node is such a plan, with the whole plan's bytes,
+ * and each node's bytes_out is what the others' plans fetch from it.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -91,6 +108,7 @@ struct ctx {
 	struct rowseg *rmap;
 	int nrmap;
 	struct cand *cand;
+	size_t capcand;
 	int *cand_off;
 	struct fetched *fet;
 	size_t nfet, capfet;
@@ -100,6 +118,15 @@ struct ctx {
 	bool *failed; /* per tensor */
 	int nfailed;
 	struct ptc_error *err;
+
+	/* A plan per node (ptc_plan_compute_node): the node, or -1 for the
+	 * whole job; remote sources then follow pick_source, not the load. */
+	int only;
+	struct ivl *miss; /* missing rows of one node for the current group */
+	size_t nmiss, capmiss;
+	int *list; /* group roots, destination nodes */
+	size_t caplist;
+	int64_t served; /* bytes @only serves, all destinations together */
 };
 
 const char *ptc_op_kind_name(enum ptc_op_kind k)
@@ -133,8 +160,32 @@ static int grow(void **buf, size_t *cap, size_t need, size_t elem)
 	return 0;
 }
 
-/* Appends one op per state with @rows rows; FETCH picks a source per state. */
-static int emit(struct ctx *c, const struct ptc_op *tmpl, const struct cand *cands, int ncand)
+/*
+ * The source a plan per node reads rows of old TP rank @t of the group of
+ * logical tensor @logical in @state from, among @ncand candidates (sorted by
+ * node), for destination node @dst: round robin by destination node, rotated
+ * by a hash of the piece. Every node evaluates it alone from the layouts, so
+ * a server knows what it will be asked without a global pass; the rows
+ * cut do not enter it, so a node fetches all its rows of one old TP rank
+ * (per state) from one source.
+ */
+static int pick_source(int dst, int logical, int state, int t, int ncand)
+{
+	uint64_t h =
+	    (uint64_t)logical * 0x9E3779B97F4A7C15ull ^ (uint64_t)state << 40 ^ (uint64_t)t << 20;
+
+	h ^= h >> 31; /* splitmix64's finaliser */
+	h *= 0xBF58476D1CE4E5B9ull;
+	h ^= h >> 27;
+	h *= 0x94D049BB133111EBull;
+	h ^= h >> 31;
+	return (int)(((uint64_t)dst + h % (uint64_t)ncand) % (uint64_t)ncand);
+}
+
+/* Appends one op per state with @rows rows; FETCH picks a source per state
+ * among @cands, those of old TP rank @t. */
+static int emit(struct ctx *c, const struct ptc_op *tmpl, const struct cand *cands, int ncand,
+		int t)
 {
 	int nst = c->s->nstates;
 
@@ -159,7 +210,9 @@ static int emit(struct ctx *c, const struct ptc_op *tmpl, const struct cand *can
 			break;
 		case PTC_OP_FETCH: {
 			const struct cand *best = &cands[0];
-			for (int i = 1; i < ncand; i++)
+			if (c->only >= 0)
+				best = &cands[pick_source(op->dst_node, c->group[0], st, t, ncand)];
+			for (int i = 1; i < ncand && c->only < 0; i++)
 				if (c->stats[cands[i].serve].bytes_out <
 				    c->stats[best->serve].bytes_out)
 					best = &cands[i];
@@ -238,6 +291,8 @@ static int index_group(struct ctx *c)
 						    replicated ? 0 : f->ranks[r].t, c->group[g]};
 		}
 	qsort(c->hold, c->nhold, sizeof(*c->hold), cmp_holder);
+	if (grow((void **)&c->cand, &c->capcand, c->nhold + 1, sizeof(*c->cand)))
+		return -ENOMEM;
 
 	/* Candidates per old TP rank: the first holder on each surviving node;
 	 * when there is none, the first holder on each down node whose backup
@@ -336,7 +391,7 @@ static int fetch(struct ctx *c, int node, int rank, int tensor, int64_t lo, int6
 					    .dst_row = row + (x - lo),
 					    .src_row = rs->local + (x - rs->global),
 					    .rows = end - x};
-			if (emit(c, &op, &c->cand[c->cand_off[rs->t]], nc))
+			if (emit(c, &op, &c->cand[c->cand_off[rs->t]], nc, rs->t))
 				return -ENOMEM;
 		}
 		x = end;
@@ -374,7 +429,7 @@ static int missing(struct ctx *c, int node, int rank, int tensor, int64_t lo, in
 					    .dst_row = row + (x - lo),
 					    .src_row = hit->row + (x - hit->lo),
 					    .rows = end - x};
-			if (emit(c, &op, NULL, 0))
+			if (emit(c, &op, NULL, 0, 0))
 				return -ENOMEM;
 			x = end;
 		} else {
@@ -424,7 +479,7 @@ static int build_rows(struct ctx *c, int node, size_t hlo, size_t hhi, int rank,
 					    .dst_row = row + (x - g),
 					    .src_row = bseg->local + (x - bseg->global),
 					    .rows = end - x};
-			if (emit(c, &op, NULL, 0))
+			if (emit(c, &op, NULL, 0, 0))
 				return -ENOMEM;
 			x = end;
 		} else {
@@ -451,7 +506,7 @@ static int build_partition(struct ctx *c, int node, size_t hlo, size_t hhi, int 
 					    .src_node = node,
 					    .src_tensor = c->hold[h].tensor,
 					    .rows = ns->rows};
-			return emit(c, &op, NULL, 0);
+			return emit(c, &op, NULL, 0, 0);
 		}
 	}
 	for (int i = 0; i < ns->nsegs; i++) {
@@ -466,7 +521,7 @@ static int build_partition(struct ctx *c, int node, size_t hlo, size_t hhi, int 
 					    .src_tensor = -1,
 					    .dst_row = sg->local,
 					    .rows = sg->len};
-			if (emit(c, &op, NULL, 0))
+			if (emit(c, &op, NULL, 0, 0))
 				return -ENOMEM;
 		} else if (build_rows(c, node, hlo, hhi, rank, tensor, sg->global, sg->len,
 				      sg->local)) {
@@ -498,9 +553,10 @@ static size_t ivl_union(struct ivl *v, size_t n)
 	return m;
 }
 
-/* Adds to c->lower_bound the logical rows new ranks [r0, r1) of @node need
- * for the group that no old partition on the node holds. */
-static int lower_bound(struct ctx *c, int r0, int r1, size_t hlo, size_t hhi)
+/* The logical rows new ranks [r0, r1) of a node need for the group that no
+ * old partition on the node (holders [hlo, hhi)) holds: c->miss[0, nmiss),
+ * sorted and disjoint. */
+static int missing_rows(struct ctx *c, int r0, int r1, size_t hlo, size_t hhi)
 {
 	size_t nn = 0, nh = 0,
 	       need = ((size_t)(r1 - r0) * (size_t)c->ngroup + (hhi - hlo)) * PTC_MAX_SEGS;
@@ -527,41 +583,65 @@ static int lower_bound(struct ctx *c, int r0, int r1, size_t hlo, size_t hhi)
 	}
 	nn = ivl_union(c->need, nn);
 	nh = ivl_union(c->have, nh);
-	int64_t rows = 0;
+	/* Each have interval cuts a need interval at most once more. */
+	if (grow((void **)&c->miss, &c->capmiss, nn + nh + 1, sizeof(struct ivl)))
+		return -ENOMEM;
+	c->nmiss = 0;
 	for (size_t i = 0, j = 0; i < nn; i++) {
 		int64_t lo = c->need[i].lo;
 		for (; j < nh && c->have[j].hi <= lo; j++)
 			;
 		for (size_t k = j; k < nh && c->have[k].lo < c->need[i].hi; k++) {
 			if (c->have[k].lo > lo)
-				rows += c->have[k].lo - lo;
+				c->miss[c->nmiss++] = (struct ivl){lo, c->have[k].lo};
 			if (c->have[k].hi > lo)
 				lo = c->have[k].hi;
 		}
 		if (lo < c->need[i].hi)
-			rows += c->need[i].hi - lo;
+			c->miss[c->nmiss++] = (struct ivl){lo, c->need[i].hi};
 	}
+	return 0;
+}
+
+/* Adds to c->lower_bound the group's missing rows of new ranks [r0, r1) of
+ * a node (missing_rows), in bytes over every state. */
+static int lower_bound(struct ctx *c, int r0, int r1, size_t hlo, size_t hhi)
+{
+	int64_t rows = 0;
+	int rc = missing_rows(c, r0, r1, hlo, hhi);
+
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < c->nmiss; i++)
+		rows += c->miss[i].hi - c->miss[i].lo;
 	for (int st = 0; st < c->s->nstates; st++)
 		c->lower_bound += rows * c->row_bytes[st];
 	return 0;
 }
 
-/* Plans one tie group: every new partition of its tensors, node by node. */
-static int plan_group(struct ctx *c)
+/* The row bytes of the current group per state, and its old-layout index. */
+static int start_group(struct ctx *c)
 {
-	const struct ptc_layout *to = c->to;
 	const struct ptc_tensor *t0 = &c->s->tensors[c->group[0]];
 	int64_t outer, row_elems;
-	int rc;
 
 	ptc_tensor_geometry(t0, &outer, &row_elems);
 	for (int st = 0; st < c->s->nstates; st++)
 		c->row_bytes[st] = outer * row_elems *
 				   (int64_t)ptc_dtype_size(ptc_schema_dtype(c->s, st, c->group[0]));
-	if ((rc = index_group(c)))
-		return rc;
+	return index_group(c);
+}
 
-	for (int node = 0; node < to->cluster->nnodes; node++) {
+/* Plans one tie group: every new partition of its tensors on nodes
+ * [n0, n1), node by node. */
+static int plan_group(struct ctx *c, int n0, int n1)
+{
+	const struct ptc_layout *to = c->to;
+	int rc;
+
+	if ((rc = start_group(c)))
+		return rc;
+	for (int node = n0; node < n1; node++) {
 		int r0 = to->node_first_rank[node], r1 = r0 + to->node_nranks[node];
 		size_t hlo, hhi;
 		if (r0 < 0)
@@ -613,36 +693,204 @@ static int check_inputs(const struct ptc_layout *from, const struct ptc_layout *
 	return 0;
 }
 
-static int plan_all(struct ctx *c)
+/* The group of untied tensor @i: @i, then the tensors tied to it. */
+static void set_group(struct ctx *c, int i)
+{
+	c->ngroup = 0;
+	c->group[c->ngroup++] = i;
+	for (int j = c->s->tie_first[i]; j >= 0; j = c->s->tie_next[j])
+		c->group[c->ngroup++] = j;
+}
+
+/* The buffers every group uses, sized by the layouts' TP degrees. */
+static int ctx_alloc(struct ctx *c)
 {
 	const struct ptc_schema *s = c->s;
 	int maxtp = c->from->tp > c->to->tp ? c->from->tp : c->to->tp;
 	size_t segs = (size_t)c->from->tp * PTC_MAX_SEGS;
-	int rc;
 
 	c->old_sl = malloc((size_t)c->from->tp * sizeof(*c->old_sl));
 	c->new_sl = malloc((size_t)c->to->tp * sizeof(*c->new_sl));
 	c->rmap = malloc(segs * sizeof(*c->rmap));
 	c->cand_off = malloc(((size_t)maxtp + 1) * sizeof(int));
-	c->cand = malloc((size_t)c->from->world * sizeof(*c->cand));
 	c->failed = calloc((size_t)s->ntensors, sizeof(bool));
 	c->group = malloc((size_t)s->ntensors * sizeof(int));
-	if (!c->group || !c->old_sl || !c->new_sl || !c->rmap || !c->cand_off || !c->cand ||
-	    !c->failed)
+	if (!c->group || !c->old_sl || !c->new_sl || !c->rmap || !c->cand_off || !c->failed)
 		return -ENOMEM;
+	return 0;
+}
 
+static int plan_all(struct ctx *c)
+{
+	const struct ptc_schema *s = c->s;
+	int rc;
+
+	if ((rc = ctx_alloc(c)))
+		return rc;
 	for (int i = 0; i < s->ntensors; i++) {
 		if (s->tensors[i].tied >= 0)
 			continue;
-		c->ngroup = 0;
-		c->group[c->ngroup++] = i;
-		for (int j = 0; j < s->ntensors; j++)
-			if (s->tensors[j].tied == i)
-				c->group[c->ngroup++] = j;
-		if ((rc = plan_group(c)))
+		set_group(c, i);
+		if ((rc = plan_group(c, 0, c->to->cluster->nnodes)))
 			return rc;
 	}
 	return 0;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	return (x > y) - (x < y);
+}
+
+/* Appends to c->list, from index *@n, the roots of the groups of the
+ * tensors stages [p0, p1] of @l hold: found through the schema's layer
+ * index, so in the size of the answer (plus the tensors that are not
+ * {L}, a handful). */
+static int stage_roots(struct ctx *c, const struct ptc_layout *l, int p0, int p1, size_t *n)
+{
+	const struct ptc_schema *s = c->s;
+	int L = s->num_layers;
+
+	for (int p = p0; p <= p1; p++) {
+		int lb = (int)((int64_t)p * L / l->pp), le = (int)((int64_t)(p + 1) * L / l->pp);
+		int a = s->layer_off[lb], b = s->layer_off[le], e = s->ntensors;
+		if (grow((void **)&c->list, &c->caplist, *n + (size_t)(b - a + e - s->layer_off[L]),
+			 sizeof(int)))
+			return -ENOMEM;
+		for (int i = a; i < b; i++)
+			c->list[(*n)++] = ptc_schema_logical(s, s->by_layer[i]);
+		for (int i = s->layer_off[L]; i < e; i++)
+			if (ptc_layout_stage_holds(l, p, s->by_layer[i]))
+				c->list[(*n)++] = ptc_schema_logical(s, s->by_layer[i]);
+	}
+	return 0;
+}
+
+/* Sorts c->list[0, n) and drops repeats; returns the new count. */
+static size_t list_unique(struct ctx *c, size_t n)
+{
+	size_t m = 0;
+
+	if (n == 0)
+		return 0; /* c->list may be NULL */
+	qsort(c->list, n, sizeof(int), cmp_int);
+	for (size_t i = 0; i < n; i++)
+		if (!m || c->list[m - 1] != c->list[i])
+			c->list[m++] = c->list[i];
+	return m;
+}
+
+/* Bytes that @c->only serves node @dst of the current group: @dst's missing
+ * rows (the rows it FETCHes: its plan fetches each exactly once, cut at the
+ * old segments), charged to the source pick_source gives it. */
+static int serve_dst(struct ctx *c, int dst)
+{
+	const struct ptc_layout *to = c->to;
+	int r0 = to->node_first_rank[dst], r1 = r0 + to->node_nranks[dst];
+	size_t hlo, hhi;
+	int rc;
+
+	local_holders(c, dst, &hlo, &hhi);
+	if ((rc = missing_rows(c, r0, r1, hlo, hhi)))
+		return rc;
+	for (size_t i = 0; i < c->nmiss; i++)
+		for (int64_t x = c->miss[i].lo; x < c->miss[i].hi;) {
+			const struct rowseg *rs = &c->rmap[rmap_find(c, x)];
+			int64_t end = rs->global + rs->len;
+			end = end < c->miss[i].hi ? end : c->miss[i].hi;
+			int nc = c->cand_off[rs->t + 1] - c->cand_off[rs->t];
+			const struct cand *cands = &c->cand[c->cand_off[rs->t]];
+			for (int st = 0; nc && st < c->s->nstates; st++)
+				if (cands[pick_source(dst, c->group[0], st, rs->t, nc)].serve ==
+				    c->only)
+					c->served += (end - x) * c->row_bytes[st];
+			x = end;
+		}
+	return 0;
+}
+
+/* What @c->only serves of the current group: to every node whose new ranks
+ * hold the group (the nodes of the stages holding it, found rank range by
+ * rank range), when it is a candidate at all. */
+static int serve_group(struct ctx *c)
+{
+	const struct ptc_layout *to = c->to;
+	size_t n = 0;
+	bool candidate = false;
+	int rc;
+
+	if ((rc = start_group(c)))
+		return rc;
+	for (int i = 0; i < c->cand_off[c->from->tp] && !candidate; i++)
+		candidate = c->cand[i].serve == c->only;
+	if (!candidate)
+		return 0;
+	for (int p = 0; p < to->pp; p++) {
+		bool holds = false;
+		for (int g = 0; g < c->ngroup && !holds; g++)
+			holds = ptc_layout_stage_holds(to, p, c->group[g]);
+		for (int r = p * to->tp * to->dp; holds && r < (p + 1) * to->tp * to->dp;) {
+			int node = to->ranks[r].node;
+			if (grow((void **)&c->list, &c->caplist, n + 1, sizeof(int)))
+				return -ENOMEM;
+			c->list[n++] = node;
+			r = to->node_first_rank[node] + to->node_nranks[node];
+		}
+	}
+	n = list_unique(c, n);
+	for (size_t i = 0; i < n; i++)
+		if ((rc = serve_dst(c, c->list[i])))
+			return rc;
+	return 0;
+}
+
+/*
+ * The plan of node c->only: the groups its new ranks hold, planned for it
+ * alone; then what it serves: the groups its old ranks hold, and those of
+ * the down nodes whose backup it keeps, for every node that needs them.
+ */
+static int plan_node(struct ctx *c)
+{
+	const struct ptc_layout *f = c->from, *to = c->to;
+	int node = c->only, nnodes = to->cluster->nnodes;
+	size_t n = 0, *roots = NULL;
+	int rc;
+
+	if ((rc = ctx_alloc(c)))
+		return rc;
+	if (to->node_first_rank[node] >= 0) {
+		int r0 = to->node_first_rank[node], r1 = r0 + to->node_nranks[node] - 1;
+		if ((rc = stage_roots(c, to, to->ranks[r0].p, to->ranks[r1].p, &n)))
+			return rc;
+	}
+	n = list_unique(c, n);
+	for (size_t i = 0; i < n; i++) {
+		set_group(c, c->list[i]);
+		if ((rc = plan_group(c, node, node + 1)))
+			return rc;
+	}
+
+	/* The groups it may serve: its old ranks', and its down wards'. */
+	n = 0;
+	for (int x = 0; x < nnodes && x < f->cluster->nnodes; x++) {
+		bool mine = x == node || (c->backup_of && c->down[x] && c->backup_of[x] == node);
+		int r0 = f->node_first_rank[x], r1 = r0 + f->node_nranks[x] - 1;
+		if (mine && r0 >= 0 && (rc = stage_roots(c, f, f->ranks[r0].p, f->ranks[r1].p, &n)))
+			return rc;
+	}
+	n = list_unique(c, n);
+	if (n && !(roots = malloc(n * sizeof(*roots))))
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		roots[i] = (size_t)c->list[i];
+	for (size_t i = 0; i < n; i++) {
+		set_group(c, (int)roots[i]);
+		if ((rc = serve_group(c)))
+			break;
+	}
+	free(roots);
+	return rc;
 }
 
 int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
@@ -651,15 +899,17 @@ int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to,
 	return ptc_plan_compute_backups(from, to, down, ndown, NULL, out, err);
 }
 
-int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_layout *to,
-			     const int *down, int ndown, const int *backup_of,
-			     struct ptc_plan **out, struct ptc_error *err)
+/* The plan of the whole job (@node -1) or of @node alone. */
+static int plan_compute(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
+			int ndown, const int *backup_of, int node, struct ptc_plan **out,
+			struct ptc_error *err)
 {
 	struct ptc_error scratch;
 	struct ctx c = {.from = from,
 			.to = to,
 			.s = from->schema,
 			.backup_of = backup_of,
+			.only = node,
 			.err = err ? err : &scratch};
 	int nnodes = to->cluster->nnodes; /* from's nodes come first */
 	bool *isdown = calloc((size_t)nnodes, sizeof(bool));
@@ -689,8 +939,14 @@ int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_lay
 	c.down = isdown;
 	if ((rc = check_inputs(from, to, isdown, c.err)))
 		goto out;
-	if ((rc = plan_all(&c)))
+	if (node >= nnodes) {
+		rc = ptc_errorf(c.err, "plan: node index %d is out of range", node);
 		goto out;
+	}
+	if ((rc = node < 0 ? plan_all(&c) : plan_node(&c)))
+		goto out;
+	if (node >= 0) /* what it serves, itself included (a backup it keeps) */
+		c.stats[node].bytes_out = c.served;
 	if (c.nfailed) {
 		size_t n = strlen(c.err->text);
 		if (c.nfailed > 8)
@@ -701,8 +957,12 @@ int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_lay
 		goto out;
 	}
 
-	qsort(c.ops, c.nops, sizeof(*c.ops), cmp_op);
 	rc = -ENOMEM;
+	/* A node may have nothing to build: ops is never NULL, for the executor's
+	 * ops + node_first_op[node]. */
+	if (!c.ops && !(c.ops = malloc(sizeof(*c.ops))))
+		goto out;
+	qsort(c.ops, c.nops, sizeof(*c.ops), cmp_op);
 	if (!(p->node_first_op = calloc((size_t)nnodes + 1, sizeof(size_t))))
 		goto out;
 	for (size_t i = 0; i < c.nops; i++)
@@ -738,11 +998,31 @@ out:
 	free(c.have);
 	free(c.failed);
 	free(c.group);
+	free(c.miss);
+	free(c.list);
 	free(c.ops);
 	free(c.stats);
 	free(isdown);
 	ptc_plan_free(p);
 	return rc;
+}
+
+int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_layout *to,
+			     const int *down, int ndown, const int *backup_of,
+			     struct ptc_plan **out, struct ptc_error *err)
+{
+	return plan_compute(from, to, down, ndown, backup_of, -1, out, err);
+}
+
+int ptc_plan_compute_node(const struct ptc_layout *from, const struct ptc_layout *to,
+			  const int *down, int ndown, const int *backup_of, int node,
+			  struct ptc_plan **out, struct ptc_error *err)
+{
+	if (node < 0) {
+		*out = NULL;
+		return ptc_errorf(err, "plan: node index %d is out of range", node);
+	}
+	return plan_compute(from, to, down, ndown, backup_of, node, out, err);
 }
 
 json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from,

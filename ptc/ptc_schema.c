@@ -37,6 +37,10 @@ void ptc_schema_free(struct ptc_schema *s)
 	for (int i = 0; i < s->nstates; i++)
 		free(s->states[i].name);
 	free(s->tensors);
+	free(s->tie_first);
+	free(s->tie_next);
+	free(s->by_layer);
+	free(s->layer_off);
 	free(s->states);
 	free(s->model);
 	free(s);
@@ -497,6 +501,52 @@ static int link_tensors(struct ptc_schema *s, const json_t *arr, const char *fil
 	return 0;
 }
 
+/* Builds the tie and layer indexes of the schema (struct ptc_schema), in
+ * time and memory linear in the tensors. 0 or -ENOMEM. */
+static int index_tensors(struct ptc_schema *s)
+{
+	size_t n = (size_t)s->ntensors ? (size_t)s->ntensors : 1;
+	int *last = malloc(n * sizeof(int));
+
+	s->tie_first = malloc(n * sizeof(int));
+	s->tie_next = malloc(n * sizeof(int));
+	s->by_layer = malloc(n * sizeof(int));
+	s->layer_off = calloc((size_t)s->num_layers + 2, sizeof(int));
+	if (!last || !s->tie_first || !s->tie_next || !s->by_layer || !s->layer_off) {
+		free(last);
+		return -ENOMEM;
+	}
+	for (int i = 0; i < s->ntensors; i++)
+		s->tie_first[i] = s->tie_next[i] = last[i] = -1;
+	for (int j = 0; j < s->ntensors; j++) {
+		int i = s->tensors[j].tied;
+		if (i < 0)
+			continue;
+		if (last[i] < 0)
+			s->tie_first[i] = j;
+		else
+			s->tie_next[last[i]] = j;
+		last[i] = j;
+	}
+	free(last);
+	/* A counting sort by layer; the tensors that are not {L} go last. */
+	int *off = s->layer_off, L = s->num_layers;
+	for (int i = 0; i < s->ntensors; i++) {
+		const struct ptc_tensor *t = &s->tensors[i];
+		off[(t->place == PTC_PLACE_LAYER ? t->layer : L) + 1]++;
+	}
+	for (int l = 0; l <= L; l++)
+		off[l + 1] += off[l];
+	for (int i = 0; i < s->ntensors; i++) {
+		const struct ptc_tensor *t = &s->tensors[i];
+		s->by_layer[off[t->place == PTC_PLACE_LAYER ? t->layer : L]++] = i;
+	}
+	for (int l = L; l > 0; l--) /* back to the starts */
+		off[l] = off[l - 1];
+	off[0] = 0;
+	return 0;
+}
+
 int ptc_schema_parse(const json_t *root, const char *file, struct ptc_schema **out,
 		     struct ptc_error *err)
 {
@@ -614,7 +664,7 @@ int ptc_schema_parse(const json_t *root, const char *file, struct ptc_schema **o
 		free(tmpl.name);
 		free(tmpl.chunks);
 	}
-	if ((rc = link_tensors(s, arr, file, err)))
+	if ((rc = link_tensors(s, arr, file, err)) || (rc = index_tensors(s)))
 		goto err_free;
 	*out = s;
 	return 0;

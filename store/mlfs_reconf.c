@@ -309,7 +309,11 @@ out:
 	return rc;
 }
 
-/* The plan of @a past the nodes of @dn (NULL: none down). */
+/* The plan of this node's part of @a past the nodes of @dn (NULL: none
+ * down): ptc_plan_compute_node, in the size of this node's partitions, not
+ * the job's. Its per_node[st->node] is exact (what the executor builds,
+ * progress_total, xf_plan_new_bytes); for the other nodes it holds only
+ * what this node fetches from them. */
 static int plan_down(struct mlfs_attempt *a, const struct mlfs_reconf_down *dn,
 		     struct ptc_error *err)
 {
@@ -320,8 +324,8 @@ static int plan_down(struct mlfs_attempt *a, const struct mlfs_reconf_down *dn,
 		for (int i = 0; i < n; i++)
 			backup_of[i] = i < dn->nbackup ? dn->backup_of[i] : -1;
 	}
-	int rc = ptc_plan_compute_backups(&a->from->layout, &a->to->layout, dn ? dn->down : NULL,
-					  dn ? dn->ndown : 0, backup_of, &a->plan, err);
+	int rc = ptc_plan_compute_node(&a->from->layout, &a->to->layout, dn ? dn->down : NULL,
+				       dn ? dn->ndown : 0, backup_of, a->st->node, &a->plan, err);
 	free(backup_of);
 	return rc;
 }
@@ -507,9 +511,15 @@ static void reconf_prepared(struct mlfs_store *st, struct mlfs_attempt *a, int r
 {
 	pthread_mutex_lock(&st->lock);
 	assert(st->attempt == a);
-	if (st->reconf == MLFS_RECONF_PREPARING && rc)
-		abort_begin(st, "failed",
-			    rc == -ENOSPC ? "out of memory (--max-memory)" : strerror(-rc));
+	if (st->reconf == MLFS_RECONF_PREPARING && rc) {
+		/* what the build noted (a fetch names its peer), else the errno */
+		char why[PTC_ERROR_MAX];
+		snprintf(why, sizeof(why), "%s",
+			 st->error[0]	 ? st->error
+			 : rc == -ENOSPC ? "out of memory (--max-memory)"
+					 : strerror(-rc));
+		abort_begin(st, "failed", why);
+	}
 	if (st->reconf == MLFS_RECONF_ABORTING) {
 		st->attempt = NULL;
 		pthread_mutex_unlock(&st->lock);

@@ -14,7 +14,8 @@ static const struct {
     {"mount", cmd_mount,
      "mount <mnt> --node ID --cluster cluster.json [-f] [--max-memory BYTES] [--threads N]\n"
      "               [--data-cache BYTES] [--prefetch N] [--http-timeout SECONDS]\n"
-     "               [--http-deadline SECONDS] [--log-level LEVEL] [--token-file F]"},
+     "               [--http-deadline SECONDS] [--log-level LEVEL] [--token-file F]\n"
+     "               [--peer-listen HOST:PORT]"},
     {"umount", cmd_umount, "umount <mnt>"},
     {"status", cmd_status, "status <mnt> [--json]"},
     {"reconfigure", cmd_reconfigure, "reconfigure <mnt> new.json [--no-wait]"},

@@ -89,6 +89,7 @@ int cmd_mount(int argc, char **argv)
 					     {"http-deadline", required_argument, NULL, 'L'},
 					     {"log-level", required_argument, NULL, 'l'},
 					     {"token-file", required_argument, NULL, 'K'},
+					     {"peer-listen", required_argument, NULL, 'A'},
 					     {NULL, 0, NULL, 0}};
 	struct mlfs_options o = {.prefetch = -1};
 	char *end;
@@ -102,6 +103,9 @@ int cmd_mount(int argc, char **argv)
 			break;
 		case 'K':
 			o.token_file = optarg;
+			break;
+		case 'A':
+			o.peer_listen = optarg;
 			break;
 		case 'c':
 			o.cluster_path = optarg;
@@ -173,7 +177,8 @@ int cmd_mount(int argc, char **argv)
 			"usage: mlfs mount <mnt> --node ID --cluster cluster.json [-f] "
 			"[--max-memory BYTES] [--threads N] [--data-cache BYTES] [--prefetch N] "
 			"[--http-timeout SECONDS] [--http-deadline SECONDS] "
-			"[--log-level error|warning|info|debug]\n");
+			"[--log-level error|warning|info|debug] [--token-file F] "
+			"[--peer-listen HOST:PORT]\n");
 		return 2;
 	}
 	o.mountpoint = argv[optind];

@@ -181,8 +181,9 @@ static int parse_down(const struct ptc_cluster *cl, char *list, int *down, int *
 	return 0;
 }
 
+/* @node: the plan is that node's part (ptc_plan_compute_node), or -1. */
 static void print_summary(const struct ptc_plan *p, const struct ptc_layout *a,
-			  const struct ptc_layout *b)
+			  const struct ptc_layout *b, int node)
 {
 	const struct ptc_schema *s = a->schema;
 	size_t kinds[5] = {0}, nbackup = 0;
@@ -191,7 +192,12 @@ static void print_summary(const struct ptc_plan *p, const struct ptc_layout *a,
 
 	printf("plan v%" PRId64 " -> v%" PRId64 ": tp%d pp%d dp%d -> tp%d pp%d dp%d\n",
 	       a->config->version, b->config->version, a->tp, a->pp, a->dp, b->tp, b->pp, b->dp);
-	printf("schema \"%s\": %d tensors x %d states\n\n", s->model, s->ntensors, s->nstates);
+	printf("schema \"%s\": %d tensors x %d states\n", s->model, s->ntensors, s->nstates);
+	if (node >= 0)
+		printf("node \"%s\" alone: what it builds, and serves to every node; other "
+		       "nodes: what they serve it\n",
+		       a->cluster->nodes[node].id);
+	printf("\n");
 	printf("%-12s %12s %12s %12s %12s %12s %12s\n", "node", "total", "reused", "local",
 	       "fetched", "served", "zero");
 	for (int n = 0; n < p->nnodes; n++) {
@@ -203,10 +209,12 @@ static void print_summary(const struct ptc_plan *p, const struct ptc_layout *a,
 		       human(st->bytes_local, h[2], 32), human(st->bytes_in, h[3], 32),
 		       human(st->bytes_out, h[4], 32), human(st->bytes_zero, h[5], 32));
 	}
-	printf("%-12s %12s %12s %12s %12s %12s %12s\n\n", "all", human(p->bytes_total, h[0], 32),
-	       human(p->bytes_reused, h[1], 32), human(p->bytes_local, h[2], 32),
-	       human(p->bytes_network, h[3], 32), human(p->bytes_network, h[4], 32),
-	       human(p->bytes_zero, h[5], 32));
+	if (node < 0)
+		printf("%-12s %12s %12s %12s %12s %12s %12s\n", "all",
+		       human(p->bytes_total, h[0], 32), human(p->bytes_reused, h[1], 32),
+		       human(p->bytes_local, h[2], 32), human(p->bytes_network, h[3], 32),
+		       human(p->bytes_network, h[4], 32), human(p->bytes_zero, h[5], 32));
+	printf("\n");
 	for (size_t i = 0; i < p->nops; i++) {
 		kinds[p->ops[i].kind]++;
 		if (p->ops[i].backup) {
@@ -226,14 +234,12 @@ static void print_summary(const struct ptc_plan *p, const struct ptc_layout *a,
 
 int cmd_plan(int argc, char **argv)
 {
-	static const struct option opts[] = {{"schema", required_argument, NULL, 's'},
-					     {"from", required_argument, NULL, 'f'},
-					     {"to", required_argument, NULL, 't'},
-					     {"cluster", required_argument, NULL, 'c'},
-					     {"down", required_argument, NULL, 'd'},
-					     {"json", no_argument, NULL, 'j'},
-					     {NULL, 0, NULL, 0}};
-	const char *schema = NULL, *from = NULL, *to = NULL, *cluster = NULL;
+	static const struct option opts[] = {
+	    {"schema", required_argument, NULL, 's'}, {"from", required_argument, NULL, 'f'},
+	    {"to", required_argument, NULL, 't'},     {"cluster", required_argument, NULL, 'c'},
+	    {"down", required_argument, NULL, 'd'},   {"json", no_argument, NULL, 'j'},
+	    {"node", required_argument, NULL, 'n'},   {NULL, 0, NULL, 0}};
+	const char *schema = NULL, *from = NULL, *to = NULL, *cluster = NULL, *nodeid = NULL;
 	char *downlist = NULL;
 	bool json = false;
 	int c, rc = 1;
@@ -259,6 +265,9 @@ int cmd_plan(int argc, char **argv)
 		case 'j':
 			json = true;
 			break;
+		case 'n':
+			nodeid = optarg;
+			break;
 		default:
 			return 2;
 		}
@@ -266,11 +275,12 @@ int cmd_plan(int argc, char **argv)
 	if (!schema || !from || !to || optind != argc) {
 		fprintf(stderr,
 			"usage: mlfs plan --schema S --from A.json --to B.json "
-			"[--cluster C] [--down ID,...] [--json]\n"
+			"[--cluster C] [--down ID,...] [--node ID] [--json]\n"
 			"  --down ID,...  nodes that cannot serve; when A.json has\n"
 			"                 \"replicas\": 1, what only they held is read from\n"
 			"                 their backups (each node's is kept by the next node\n"
-			"                 of A.json's \"nodes\")\n");
+			"                 of A.json's \"nodes\")\n"
+			"  --node ID      only that node's part: what it builds and serves\n");
 		return 2;
 	}
 
@@ -278,7 +288,7 @@ int cmd_plan(int argc, char **argv)
 	struct ptc_layout la, lb;
 	struct ptc_error err = {.text = ""};
 	struct ptc_plan *plan = NULL;
-	int *down = NULL, ndown = 0, *backup_of = NULL;
+	int *down = NULL, ndown = 0, *backup_of = NULL, node = -1;
 
 	if (load_inputs(&in, schema, from, to, cluster))
 		goto out;
@@ -302,13 +312,21 @@ int cmd_plan(int argc, char **argv)
 		for (int n = 0; n < in.cluster->nnodes; n++)
 			backup_of[n] = ptc_layout_backup_holder(&la, n);
 	}
-	int prc = ptc_plan_compute_backups(&la, &lb, down, ndown, backup_of, &plan, &err);
+	if (nodeid && (node = ptc_cluster_find(in.cluster, nodeid)) < 0) {
+		fprintf(stderr, "mlfs plan: --node: node \"%s\" is not in the cluster\n", nodeid);
+		goto out_lb;
+	}
+	int prc = node < 0
+		      ? ptc_plan_compute_backups(&la, &lb, down, ndown, backup_of, &plan, &err)
+		      : ptc_plan_compute_node(&la, &lb, down, ndown, backup_of, node, &plan, &err);
 	if (prc) {
 		fprintf(stderr, "mlfs plan: %s\n", prc == -ENOMEM ? "out of memory" : err.text);
 		goto out_lb;
 	}
 	if (json) {
 		json_t *j = ptc_plan_to_json(plan, &la, &lb, true);
+		if (j && node >= 0) /* per_node of the others: what they serve it */
+			json_object_set_new(j, "node", json_string(in.cluster->nodes[node].id));
 		if (!j || json_dumpf(j, stdout, JSON_INDENT(1) | JSON_COMPACT) != 0) {
 			fprintf(stderr, "mlfs plan: cannot write JSON\n");
 			json_decref(j);
@@ -317,7 +335,7 @@ int cmd_plan(int argc, char **argv)
 		printf("\n");
 		json_decref(j);
 	} else {
-		print_summary(plan, &la, &lb);
+		print_summary(plan, &la, &lb, node);
 	}
 	rc = 0;
 out_lb:

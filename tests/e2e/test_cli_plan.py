@@ -45,6 +45,37 @@ def test_readme_example_figures():
             assert op["src_node"] == op["node"]
 
 
+def test_node_part_is_the_whole_plans_share():
+    """--node ID: that node's ops and figures; what it serves is what the
+    other nodes' parts fetch from it."""
+    whole = plan_json()
+    parts = {n: plan_json("--node", n) for n in ("n0", "n1")}
+    for n, j in parts.items():
+        assert j["node"] == n
+        mine, all_ = j["per_node"][n], whole["per_node"][n]
+        for k in ("bytes_in", "bytes_local", "bytes_reused", "bytes_zero", "bytes_total"):
+            assert mine[k] == all_[k], (n, k)
+        assert j["bytes_network"] == j["lower_bound_network"] == mine["bytes_in"]
+        ops = [op for op in whole["operations"] if op["node"] == n]
+        assert len(j["operations"]) == len(ops)
+        assert all(op["node"] == n for op in j["operations"])
+    for n, j in parts.items():
+        asked = sum(op["bytes"] for m, q in parts.items() for op in q["operations"]
+                    if op["op"] == "fetch" and op["src_node"] == n)
+        assert j["per_node"][n]["bytes_out"] == asked
+    p = run_mlfs("plan", "--schema", EXAMPLE / "schema.json",
+                 "--from", EXAMPLE / "config-tp2pp2dp2.json",
+                 "--to", EXAMPLE / "config-tp4pp1dp2.json",
+                 "--cluster", EXAMPLE / "cluster.json", "--node", "n1")
+    assert 'node "n1" alone' in p.stdout and "\nall " not in p.stdout
+    p = run_mlfs("plan", "--schema", EXAMPLE / "schema.json",
+                 "--from", EXAMPLE / "config-tp2pp2dp2.json",
+                 "--to", EXAMPLE / "config-tp4pp1dp2.json",
+                 "--cluster", EXAMPLE / "cluster.json", "--node", "nx", check=False)
+    assert p.returncode == 1
+    assert 'mlfs plan: --node: node "nx" is not in the cluster' in p.stderr
+
+
 def test_summary_is_readable():
     p = run_mlfs("plan", "--schema", EXAMPLE / "schema.json",
                  "--from", EXAMPLE / "config-tp2pp2dp2.json",

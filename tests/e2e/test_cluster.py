@@ -78,6 +78,7 @@ import numpy as np
 
 from cluster import (cluster_factory, etcd, expect_oserror, free_port,  # noqa: F401
                      timed)
+from conftest import run_mlfs
 from test_store import MIXED, expand, expected_layout, make_full, write_full
 
 ALL = ["n0", "n1", "n2", "n3"]
@@ -114,6 +115,17 @@ def partition_bytes(cl, cfg, node_id):
     return sum(a.nbytes for r in cl.hosted(cfg, node_id) for a in want[r].values())
 
 
+def node_plan(cl, a, b, nid, down=()):
+    """`mlfs plan --node nid`: the part of the plan that node computes and runs, and
+    what it serves (the daemons pick sources by a rule each evaluates alone)."""
+    args = ["plan", "--schema", cl.file("plan-schema.json", MIXED),
+            "--from", cl.file("plan-a.json", a), "--to", cl.file("plan-b.json", b),
+            "--cluster", cl.cluster_path, "--json", "--node", nid]
+    if down:
+        args += ["--down", ",".join(down)]
+    return json.loads(run_mlfs(*args).stdout)
+
+
 def check_traffic(cl, a, b, down=(), later=None):
     """The cluster moved what `mlfs plan` says, node by node: bytes fetched (and, into
     @later when given, served and peak memory), every new byte accounted for, and the
@@ -135,9 +147,12 @@ def check_traffic(cl, a, b, down=(), later=None):
                 + last["bytes_zeroed"]) == partition_bytes(cl, b, nid), (nid, last)
         fetched += last["bytes_fetched"]
         problems = later if later is not None else []
-        if last.get("bytes_served") != mine.get("bytes_out", 0):
+        part = node_plan(cl, a, b, nid, down)["per_node"].get(nid, {})
+        assert part.get("bytes_in", 0) == last["bytes_fetched"], (nid, last, part)
+        if last.get("bytes_served") != part.get("bytes_out", 0):
             problems.append(f"v{b['version']} {nid}: last.bytes_served = "
-                            f"{last.get('bytes_served')}, plan bytes_out {mine.get('bytes_out')}")
+                            f"{last.get('bytes_served')}, plan --node bytes_out "
+                            f"{part.get('bytes_out')}")
         if not isinstance(last.get("peak_extra_memory"), int) or \
                 last["peak_extra_memory"] < last["bytes_fetched"]:
             problems.append(f"v{b['version']} {nid}: last.peak_extra_memory = "
