@@ -12,7 +12,10 @@
  * as /v1/part?...&snap=<step>. This thread follows the steps that node
  * publishes in etcd (mlfs_nodeentry.c copies them into st->steps) and, for
  * each of its ranks whose step moved, fetches the rank's partitions at that
- * step into new buffers, each checksummed (XXH3), and swaps them in at
+ * step into new buffers, each verified against the XXH3 its source stored
+ * when the partition was committed and sent with it (X-Mlfs-XXH3; a reply
+ * that does not match is retried, then the backup is not taken and
+ * status.json's backup error says why), and swaps them in at
  * once: a rank's backup is one step, whole, never a mix. A fetch that
  * races a newer save gets a 409 and is tried again at the newer step.
  * The table is dropped when the layout version changes (the new layout's
@@ -152,7 +155,9 @@ static int take(struct mlfs_backup *b, const struct mlfs_view *v, int of, int r,
 			if ((rc = mlfs_peer_get_part(st, of, l, r, s, t, step, got[i], &b->stop,
 						     &why)))
 				break;
-			sum[i] = XXH3_64bits(got[i]->data, (size_t)size);
+			/* the source's published checksum, verified over the bytes
+			 * received by mlfs_peer_get_part (never one of our own) */
+			sum[i] = xf_buf_sum(got[i]);
 			bytes += size;
 		}
 	pthread_mutex_lock(&b->lock);

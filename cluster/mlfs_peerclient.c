@@ -8,10 +8,16 @@
  * The fetch (mlfs_store.fetch) runs on transformer workers, one piece of
  * about 1 MiB rows per call (xf_execute cuts them): one ranged GET whose
  * reply is written straight into the destination partition, one iovec per
- * outer block. net_http retries it twice on the same node (a connection
- * cut mid-reply); its deadline bounds it. When the source node cannot serve, every other
+ * outer block, and hashed as it arrives: it must match the X-Mlfs-XXH3 the
+ * sender computed over exactly those bytes from its committed buffer
+ * (net_http_range.verify), or it is not used. net_http retries it twice on
+ * the same node (a connection cut mid-reply, a checksum mismatch); its
+ * deadline bounds it. When the source node cannot serve, every other
  * node holding the same rows (a DP replica) is tried, in rank order; rows
- * of a down node come from its backup holder, and from nowhere else.
+ * of a down node come from its backup holder, and from nowhere else. When
+ * every copy failed, the error names the partition, its rows and every
+ * node tried. A whole saved partition (a backup, mlfs_peer_get_part) keeps
+ * the checksum its source published, verified over the bytes received.
  *
  * Threads: transformer workers (the fetch), the backup thread
  * (mlfs_peer_get_part), the control thread and I/O workers (job/ files),
@@ -49,16 +55,20 @@ void mlfs_peer_part_geometry(const struct ptc_layout *l, int rank, int state, in
 
 /* ----------------------------------------------------------------- fetch */
 
-/* One GET of @url's @len bytes into @iov, exactly; no new try once *@stop. */
+/* One GET of @url's @len bytes into @iov, exactly, verified against the
+ * sender's checksum (its value into *@sum); no new try once *@stop. */
 static int get_rows(struct mlfs_peerclient *cl, const char *url, struct iovec *iov, int iovcnt,
-		    int64_t len, atomic_int *stop, struct ptc_error *err)
+		    int64_t len, atomic_int *stop, uint64_t *sum, struct ptc_error *err)
 {
-	struct net_http_range rg = {.off = 0, .len = len, .iov = iov, .iovcnt = iovcnt};
+	struct net_http_range rg = {
+	    .off = 0, .len = len, .iov = iov, .iovcnt = iovcnt, .verify = !xf_sums_off()};
 	struct net_http_call call = {.stop = stop};
 	int rc = net_http_get_range(cl->http, url, &rg, &call, err);
 	if (rc == 0 && rg.got != rg.len)
 		rc = ptc_error_set(err, -EIO, "%.300s: %" PRId64 " bytes, expected %" PRId64, url,
 				   rg.got, rg.len);
+	if (sum)
+		*sum = rg.sum;
 	return rc;
 }
 
@@ -75,7 +85,8 @@ static int fetch_from(struct mlfs_peerclient *cl, int node, int rank, int64_t ve
 		 "&rows=%" PRId64 "%s%s",
 		 n->addr, version, rank, op->state, op->src_tensor, op->src_row, op->rows,
 		 op->dst_node < 0 ? "&full=1" : "", op->backup ? "&backup=1" : "");
-	return get_rows(cl, url, iov, (int)outer, len, &cl->st->cancel /* an abort ends it */, err);
+	return get_rows(cl, url, iov, (int)outer, len, &cl->st->cancel /* an abort ends it */, NULL,
+			err);
 }
 
 /*
@@ -110,9 +121,19 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 			return -ESTALE;
 		}
 	}
+	const struct ptc_cluster *cc = mlfs_store_cluster(cl->st);
+	char tried[300] = "";
 	int rc = fetch_from(cl, src, op->src_rank, version, op, iov, outer, len, &first);
+	snprintf(tried, sizeof(tried), "%s", cc->nodes[src].id);
 	/* the layout fetched from: the current one or the retained one */
 	struct mlfs_view *v = rc && !op->backup ? mlfs_store_view_of(cl->st, version) : NULL;
+	const struct ptc_schema *sch = v ? v->layout.schema : NULL;
+	char part[300] = "";
+	if (sch)
+		snprintf(part, sizeof(part),
+			 "partition (rank %d, %s, %s) rows [%" PRId64 ", %" PRId64 ")",
+			 op->src_rank, sch->states[op->state].name,
+			 sch->tensors[op->src_tensor].name, op->src_row, op->src_row + op->rows);
 	if (v) {
 		const struct ptc_layout *l = &v->layout;
 		for (int r = 0; r < l->world && rc && rc != -ECANCELED; r++) {
@@ -122,18 +143,24 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 			    !ptc_layout_holds(l, r, op->src_tensor))
 				continue;
 			rc = fetch_from(cl, node, r, version, op, iov, outer, len, &why);
+			size_t n = strlen(tried);
+			snprintf(tried + n, sizeof(tried) - n, ", %s", cc->nodes[node].id);
 		}
+	}
+	if (rc && rc != -ECANCELED) { /* cancelled: the abort says why */
+		char msg[1200];
+		if (part[0])
+			snprintf(msg, sizeof(msg), "fetch of %s from node%s %s%s: %s", part,
+				 strchr(tried, ',') ? "s" : "", tried,
+				 op->backup ? " (a backup)" : "", first.text);
+		else
+			snprintf(msg, sizeof(msg), "fetch from node %s%s: %s", tried,
+				 op->backup ? " (a backup)" : "", first.text);
+		mlfs_store_note_error(cl->st, msg);
 	}
 	mlfs_view_put(v);
 	if (iov != stack)
 		free(iov);
-	if (rc && rc != -ECANCELED) { /* cancelled: the abort says why */
-		char msg[700];
-		snprintf(msg, sizeof(msg), "fetch from node %s%s: %s",
-			 mlfs_store_cluster(cl->st)->nodes[src].id, op->backup ? " (a backup)" : "",
-			 first.text);
-		mlfs_store_note_error(cl->st, msg);
-	}
 	return rc;
 }
 
@@ -166,7 +193,11 @@ int mlfs_peer_get_part(struct mlfs_store *st, int node, const struct ptc_layout 
 		 mlfs_store_cluster(st)->nodes[node].addr, l->config->version, rank, state, tensor,
 		 prows, snap);
 	struct iovec iov = {dst->data, (size_t)dst->size};
-	return get_rows(cl, url, &iov, 1, dst->size, stop, err);
+	uint64_t sum = 0;
+	int rc = get_rows(cl, url, &iov, 1, dst->size, stop, &sum, err);
+	if (rc == 0 && !xf_sums_off())
+		xf_buf_set_sum(dst, sum); /* the source's, verified over these bytes */
+	return rc;
 }
 
 int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t **data,

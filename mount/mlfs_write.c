@@ -434,6 +434,8 @@ static int part_commit(struct mlfs_fh *f)
 	}
 	if ((rc = mlfs_fh_stage_data(f))) /* none when only the header was rewritten */
 		return rc;
+	/* the bytes are final: their checksum goes with them (xf_buf.c) */
+	xf_buf_seal(f->wdata);
 	rc = mlfs_store_commit_part(d->st, f->v, f->rank, f->state, f->tensor, f->wdata);
 	if (rc == -ESTALE)
 		part_refuse(f, "the layout changed while the file was open");

@@ -125,8 +125,19 @@ struct net_http_call {
  * than @len bytes; a 416 whose Content-Range gives only the object's size
  * when the object ends at or before @off.
  */
+/* The header carrying the XXH3 64 of a reply's body (16 hex digits),
+ * "X-Mlfs-XXH3: 0123456789abcdef": set by the sender (net_reply_add_header),
+ * checked by a ranged GET with @verify. */
+#define NET_SUM_HEADER "x-mlfs-xxh3"
+
 struct net_http_range {
-	int64_t off, len;	 /* in: off >= 0, len > 0 */
+	int64_t off, len; /* in: off >= 0, len > 0 */
+	/* in: the reply must carry NET_SUM_HEADER and its body's XXH3 must
+	 * equal it: hashed as the bytes arrive; a mismatch fails the attempt
+	 * ("checksum mismatch ...") and is retried like a short reply, a
+	 * missing header fails the call at once. */
+	bool verify;
+	uint64_t sum;		 /* out, with @verify: the checksum verified */
 	const struct iovec *iov; /* in: borrowed for the call */
 	int iovcnt;		 /* in: > 0 */
 	int64_t got;		 /* out: bytes written to iov: len, or fewer when the
@@ -210,6 +221,11 @@ const char *net_request_method(const struct net_request *r);
 const char *net_request_path(const struct net_request *r);
 const char *net_request_arg(const struct net_request *r, const char *name);
 const char *net_request_body(const struct net_request *r, size_t *len);
+
+/* Adds header "@name: @value" to the reply the handler is about to make
+ * (before its net_reply_* call; at most 4, each under 200 bytes): 0, or
+ * -E2BIG / -EINVAL (a CR, LF or ':' in @name, a CR or LF in @value). */
+int net_reply_add_header(struct net_request *r, const char *name, const char *value);
 
 /* Replies @len bytes at @data (copied). 0, -ENOMEM, -EALREADY. */
 int net_reply_buf(struct net_request *r, int status, const void *data, size_t len,

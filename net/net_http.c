@@ -23,6 +23,11 @@
  * bytes are written only into memory sized from the request: a range's
  * iovecs, or a buffer of at most max bytes; never sized from the reply.
  *
+ * Checksums: a ranged GET with verify hashes its body (XXH3) as it arrives,
+ * while the bytes are in the cache, and compares it with the reply's
+ * X-Mlfs-XXH3 (parsed by net_http_parse.c) once the reply is whole; a
+ * mismatch is a failed attempt, retried like a short reply.
+ *
  * Retry and deadline policy: an attempt fails when nothing arrives for
  * timeout_ms (the stamp of the last header or body bytes, checked by curl's
  * progress callback about once a second while idle), not after a fixed
@@ -51,6 +56,7 @@
 #include <time.h>
 
 #include <curl/curl.h>
+#include <xxhash.h>
 
 #include "net/net.h"
 #include "net/net_i.h"
@@ -101,6 +107,7 @@ struct xfer {
 	int64_t stall_ns; /* an attempt that receives nothing this long fails */
 	int64_t size;	  /* the object's size from a successful reply, or -1 */
 	atomic_int *stop; /* the call's stop flag: ends the attempt in flight too */
+	XXH3_state_t *xs; /* X_RANGE with verify: the body's hash so far */
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -392,6 +399,8 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
 	}
 	if (x->kind == X_RANGE) {
 		scatter(x, pos, data, n);
+		if (x->xs) /* hashed as it arrives, while in the cache */
+			XXH3_64bits_update(x->xs, data, n);
 	} else if (!keep(x, pos, data, n)) {
 		x->fail_rc = ptc_error_set(&x->fail, -ENOMEM, "out of memory");
 		return 0;
@@ -620,6 +629,8 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 		x->last_ns = now_ns();
 		x->stall_ns = (int64_t)c->o.timeout_ms * 1000000;
 		x->stop = stop;
+		if (x->xs)
+			XXH3_64bits_reset(x->xs);
 		errbuf[0] = 0;
 		setup(c, h, url, x, hdrs, x->kind == X_RANGE ? range : NULL, errbuf, left_ms);
 		stat_add(&c->requests, 1);
@@ -630,6 +641,21 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 		}
 		prev = msg;
 		res = judge(x, cres, errbuf, idempotent, &rc, &msg);
+		if (res == NET_OK && x->xs) {
+			uint64_t got = XXH3_64bits_digest(x->xs);
+			if (!x->rep.have_sum) {
+				res = NET_FATAL;
+				rc = ptc_error_set(&msg, -EIO,
+						   "no checksum (X-Mlfs-XXH3) in the reply");
+			} else if (got != x->rep.sum) {
+				res = NET_RETRY; /* corrupted on the way: asked again */
+				rc = ptc_error_set(&msg, -EIO,
+						   "checksum mismatch: the %" PRId64
+						   " bytes received hash to %016" PRIx64
+						   ", the sender's XXH3 is %016" PRIx64,
+						   x->rep.got, got, x->rep.sum);
+			}
+		}
 		if (res == NET_RETRY && cres == CURLE_OPERATION_TIMEDOUT &&
 		    deadline - now_ns() < 10 * 1000000) {
 			/* Cut by the deadline: the reason is the attempts before. */
@@ -690,7 +716,13 @@ int net_http_get_range(struct net_http *c, const char *url, struct net_http_rang
 		return fail_url(err, -EINVAL, url,
 				"buffers do not hold the %" PRId64 " bytes asked", r->len);
 	net_reply_init(&x.rep, r->off, r->off + r->len - 1, r->len);
-	if ((rc = run(c, url, &x, call, err)))
+	if (r->verify && !(x.xs = XXH3_createState()))
+		return fail_url(err, -ENOMEM, url, "out of memory");
+	rc = run(c, url, &x, call, err);
+	if (rc == 0 && x.xs)
+		r->sum = x.rep.sum;
+	XXH3_freeState(x.xs);
+	if (rc)
 		return rc;
 	r->got = x.rep.got;
 	r->size = x.size;

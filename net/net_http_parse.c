@@ -9,6 +9,7 @@
  * The caller writes body bytes only after NET_BODY_KEEP, so its buffers
  * are sized from the request alone.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -91,6 +92,8 @@ static void reply_reset(struct net_reply *r)
 	r->have_clen = r->have_cr = r->cr_unsat = false;
 	r->clen = r->cr_first = r->cr_last = r->cr_total = -1;
 	r->got = 0;
+	r->have_sum = false;
+	r->sum = 0;
 }
 
 void net_reply_init(struct net_reply *r, int64_t a, int64_t b, int64_t max)
@@ -128,6 +131,17 @@ int net_reply_header(struct net_reply *r, const char *line, size_t len, struct p
 					     r->max);
 	} else if ((v = header_value(p, end, "content-range"))) {
 		parse_content_range(r, v, end);
+	} else if ((v = header_value(p, end, NET_SUM_HEADER))) {
+		uint64_t h = 0;
+		const char *q = v;
+		for (; q < end && q - v < 16 && isxdigit((unsigned char)*q); q++)
+			h = h << 4 | (uint64_t)(isdigit((unsigned char)*q)
+						    ? *q - '0'
+						    : (tolower((unsigned char)*q) - 'a' + 10));
+		if (q - v == 16 && skip_ws(q, end) == end) {
+			r->have_sum = true;
+			r->sum = h;
+		}
 	}
 	return 0;
 }

@@ -54,6 +54,8 @@ struct net_request {
 	size_t body_len;
 	bool replied;
 	enum MHD_Result result;
+	int nhdr; /* headers added to the reply (net_reply_header) */
+	char hname[4][64], hvalue[4][200];
 };
 
 /* A POST body being received. */
@@ -153,8 +155,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		return send_text(conn, MHD_HTTP_BAD_REQUEST, "too many arguments\n");
 	if (b->too_big)
 		return send_text(conn, MHD_HTTP_CONTENT_TOO_LARGE, "body too large\n");
-	struct net_request r = {s,	conn,  method, url, b->data ? b->data : "",
-				b->len, false, MHD_NO};
+	struct net_request r = {.s = s,
+				.conn = conn,
+				.method = method,
+				.path = url,
+				.body = b->data ? b->data : "",
+				.body_len = b->len,
+				.result = MHD_NO};
 	s->handler(s->arg, &r);
 	if (!r.replied)
 		return send_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "no reply\n");
@@ -289,9 +296,24 @@ static int queue_reply(struct net_request *r, int status, struct MHD_Response *r
 {
 	if (content_type)
 		MHD_add_response_header(rs, "Content-Type", content_type);
+	for (int i = 0; i < r->nhdr && status < 300; i++)
+		MHD_add_response_header(rs, r->hname[i], r->hvalue[i]);
 	r->result = MHD_queue_response(r->conn, (unsigned)status, rs);
 	MHD_destroy_response(rs);
 	r->replied = true;
+	return 0;
+}
+
+int net_reply_add_header(struct net_request *r, const char *name, const char *value)
+{
+	if (r->nhdr >= 4 || strlen(name) >= sizeof(r->hname[0]) ||
+	    strlen(value) >= sizeof(r->hvalue[0]))
+		return -E2BIG;
+	if (!*name || strpbrk(name, "\r\n: ") || strpbrk(value, "\r\n"))
+		return -EINVAL;
+	snprintf(r->hname[r->nhdr], sizeof(r->hname[0]), "%s", name);
+	snprintf(r->hvalue[r->nhdr], sizeof(r->hvalue[0]), "%s", value);
+	r->nhdr++;
 	return 0;
 }
 

@@ -1,7 +1,8 @@
 /*
  * mlfs_ctl.c - the control files: schema.json and config.json writes
  * (installed here, or proposed to the control plane), .mlfs-ctl requests
- * (import, prepare, commit, abort), status.json and rank.json.
+ * (import, verify, prepare, commit, abort; the test hook flip with
+ * MLFS_TEST_HOOKS=1), status.json and rank.json.
  *
  * DESIGN
  * The dispatcher above both the store (mlfs_store.c, mlfs_view.c,
@@ -140,6 +141,7 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 	json_t *req = json_loadb(text, len, 0, &je);
 	int rc = -EINVAL;
 	bool reconf = false;
+	json_t *extra = NULL; /* fields of a verify's reply */
 
 	const char *op = json_string_value(json_object_get(req, "op"));
 	if (!req || !op) {
@@ -161,6 +163,15 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 			rc = mlfs_store_import(st, dir, only, jstep ? json_integer_value(jstep) : 0,
 					       &err);
 		}
+	} else if (strcmp(op, "verify") == 0) {
+		rc = (extra = json_object()) ? mlfs_store_verify(st, extra, &err)
+					     : ptc_error_set(&err, -ENOMEM, "out of memory");
+	} else if (strcmp(op, "flip") == 0 && mlfs_test_hooks()) {
+		json_t *jr = json_object_get(req, "rank"), *jb = json_object_get(req, "byte");
+		rc = mlfs_store_flip(st, json_is_integer(jr) ? (int)json_integer_value(jr) : -1,
+				     json_string_value(json_object_get(req, "state")),
+				     json_string_value(json_object_get(req, "tensor")),
+				     json_is_integer(jb) ? json_integer_value(jb) : -1, &err);
 	} else if (strcmp(op, "prepare") == 0 || strcmp(op, "commit") == 0 ||
 		   strcmp(op, "abort") == 0) {
 		rc = control_reconf(st, op, req, &err);
@@ -170,6 +181,9 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 	}
 	json_decref(req);
 	json_t *r = json_pack("{sbss}", "ok", rc == 0, "error", err.text);
+	if (r && extra)
+		json_object_update(r, extra);
+	json_decref(extra);
 	if (r && reconf) {
 		pthread_mutex_lock(&st->lock);
 		json_object_set_new(r, "state", json_string(mlfs_reconf_state_name(st->reconf)));
@@ -221,6 +235,9 @@ char *mlfs_store_status_json(struct mlfs_store *st)
 	if (st->has_last) {
 		json_t *l = json_object_get(o, "last");
 		json_object_set_new(l, "bytes_served", json_integer(st->last_served));
+		/* the checksums of the new partitions (xf_execute's last step) */
+		json_object_set_new(l, "bytes_summed", json_integer(st->last.bytes_summed));
+		json_object_set_new(l, "seconds_sum", json_real(st->last.seconds_sum));
 		json_object_set_new(l, "peak_extra_memory",
 				    json_integer(st->last_peak > 0 ? st->last_peak : 0));
 	}

@@ -182,6 +182,7 @@ int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t 
 					    s->tensors[ptc_schema_logical(s, ti)].name);
 					goto out_parts;
 				}
+				xf_buf_seal(np.bufs[i]); /* committed below; hashed while hot */
 			}
 	/* the snapshots replaced (with "replicas"): put after unlocking */
 	size_t nold = (size_t)l->node_nranks[st->node] * (size_t)s->nstates * (size_t)s->ntensors;

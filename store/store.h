@@ -361,6 +361,22 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
  */
 int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t step,
 		      struct ptc_error *err);
+/*
+ * The "verify" request of .mlfs-ctl (mlfs_verify.c, `mlfs verify`): every
+ * partition of this node's current view hashed again and compared with the
+ * checksum kept since its commit; adds "version", "partitions", "bytes",
+ * "unsealed" and "mismatches" (an array of {rank, state, tensor, bytes,
+ * stored, now}) to @out. 0 (mismatches are not an error of the request),
+ * -EINVAL without a layout, -ENOMEM. I/O workers; takes st->lock briefly.
+ */
+int mlfs_store_verify(struct mlfs_store *st, json_t *out, struct ptc_error *err);
+/* Whether the daemon runs with MLFS_TEST_HOOKS=1 (test hooks on). */
+bool mlfs_test_hooks(void);
+/* Test hook ("flip", only with mlfs_test_hooks()): flips the low bit of
+ * byte @byte of partition (@rank, @state, @tensor) of the current view in
+ * memory, its kept checksum unchanged. 0 or -EINVAL with @err. */
+int mlfs_store_flip(struct mlfs_store *st, int rank, const char *state, const char *tensor,
+		    int64_t byte, struct ptc_error *err);
 
 /* New malloc'd texts of the generated files. */
 char *mlfs_store_status_json(struct mlfs_store *st);

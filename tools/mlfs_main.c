@@ -21,6 +21,7 @@ static const struct {
     {"reconfigure", cmd_reconfigure, "reconfigure <mnt> new.json [--no-wait]"},
     {"import", cmd_import, "import <mnt> --from DIR [--step N] [--state NAME]"},
     {"export", cmd_export, "export <mnt> --to DIR"},
+    {"verify", cmd_verify, "verify <mnt>      (every partition of the node against its checksum)"},
     {"reset", cmd_reset, "reset --cluster cluster.json      (every node down: the job afresh)"},
     {"plan", cmd_plan,
      "plan --schema S --from A.json --to B.json [--cluster C] [--down ID,...] [--json]"},

@@ -43,6 +43,12 @@ struct xf_buf {
 	struct xf_mem *mem; /* may be NULL: not accounted */
 	bool mapped;
 	uint64_t id; /* unique per buffer for the life of the process (cache identity) */
+	/* The checksum of the committed bytes (mlfs_hash, XXH3 64): set once
+	 * when the buffer is committed (xf_buf_seal, xf_buf_set_sum), before it
+	 * is published; the bytes never change after. 0 in @summed: none yet
+	 * (a layout's zero buffers: computed at first use, xf_buf_sum). */
+	_Atomic uint64_t sum;
+	atomic_bool summed;
 };
 
 /* New zeroed buffer of @size bytes (size 0 allowed), refs = 1. Returns NULL
@@ -52,6 +58,24 @@ struct xf_buf *xf_buf_new(struct xf_mem *mem, int64_t size, int *rc);
 struct xf_buf *xf_buf_get(struct xf_buf *b);
 /* Drops a reference; frees on the last. NULL-safe. */
 void xf_buf_put(struct xf_buf *b);
+
+/*
+ * Checksums (DESIGN of xf_buf.c). xf_buf_seal computes @b's XXH3 now and
+ * keeps it: call it when the buffer is committed, its bytes final, before
+ * anyone else sees it. xf_buf_set_sum keeps a checksum the caller verified
+ * (a copy checked against its source's). xf_buf_sum is the kept checksum,
+ * or, for a buffer never sealed (zero buffers), one computed now and kept.
+ * xf_buf_sealed says whether @b has one. Any thread.
+ */
+void xf_buf_seal(struct xf_buf *b);
+void xf_buf_set_sum(struct xf_buf *b, uint64_t sum);
+uint64_t xf_buf_sum(struct xf_buf *b);
+bool xf_buf_sealed(const struct xf_buf *b);
+/* The XXH3 of rows [row, row + rows) of every outer block of a partition of
+ * @prows rows of @row_bytes bytes at @data, back to back: the checksum of
+ * exactly the bytes a /v1/part reply of that range carries. Any thread. */
+uint64_t xf_rows_sum(const uint8_t *data, int64_t prows, int64_t row, int64_t rows, int64_t outer,
+		     int64_t row_bytes);
 
 /* ---------------------------------------------------------------- box copy */
 
@@ -159,14 +183,23 @@ typedef int (*xf_fetch_fn)(void *arg, const struct ptc_op *op, uint8_t *dst, int
 
 struct xf_stats {
 	int64_t bytes_reused, bytes_copied, bytes_fetched, bytes_zeroed;
+	int64_t bytes_summed; /* new partitions checksummed (xf_buf_seal) */
 	double seconds;
+	double seconds_sum; /* of @seconds, the checksum phase's */
 };
+
+/* Whether checksums are skipped (MLFS_BENCH_NOSUM=1 in the environment:
+ * the checksum benchmark's baseline only; read once). Then xf_execute seals
+ * nothing and the peer client verifies nothing. Any thread. */
+bool xf_sums_off(void);
 
 /*
  * Builds @to's partitions for @node from @from's, following @plan: REUSE
  * shares the old buffer (no copy), every other new partition is a new
  * buffer from @mem, then phase 0 ops and phase 1 ops run on @nthreads
- * threads, large ops split into pieces of about 1 MiB. @progress (may be
+ * threads, large ops split into pieces of about 1 MiB, then every new
+ * partition is sealed (xf_buf_seal), one item per partition, on the same
+ * threads. @progress (may be
  * NULL) is advanced by bytes done, for status readers.
  * @to must be initialised (xf_parts_init) and empty. On failure every entry
  * of @to is released and @from is untouched. Returns 0, -ENOSPC past the

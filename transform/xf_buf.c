@@ -8,6 +8,15 @@
  * private mappings: the kernel hands out zero pages lazily, so a large
  * partition that is mostly padding, or that is about to be overwritten,
  * costs nothing until it is written. Smaller ones come from calloc.
+ *
+ * Checksums: a buffer is written by one owner until it is committed
+ * (a write's close, an import, a reconfiguration's build, a backup), then
+ * never again: a later write swaps in a new buffer. Its XXH3 is computed
+ * (xf_buf_seal) or set from a verified source (xf_buf_set_sum) at that
+ * point, before the buffer is published, and kept with it; the peer server
+ * sends it with a whole partition, and `mlfs verify` recomputes it. A
+ * buffer never sealed (the zero partitions of a fresh layout) gets its
+ * checksum at first use; two threads racing there store the same value.
  */
 #include <assert.h>
 #include <errno.h>
@@ -16,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "common/common.h"
 #include "transform/xf.h"
 
 /* Buffers at least this large are anonymous mappings. */
@@ -173,4 +183,59 @@ void xf_copy_rows(uint8_t *dst, int64_t dst_rows, int64_t dst_row, const uint8_t
 {
 	xf_copy_rows_with(dst, dst_rows, dst_row, src, src_rows, src_row, rows, outer, row_bytes,
 			  NULL);
+}
+
+/* ------------------------------------------------------------- checksums */
+
+void xf_buf_set_sum(struct xf_buf *b, uint64_t sum)
+{
+	atomic_store_explicit(&b->sum, sum, memory_order_relaxed);
+	atomic_store_explicit(&b->summed, true, memory_order_release);
+}
+
+void xf_buf_seal(struct xf_buf *b)
+{
+	xf_buf_set_sum(b, mlfs_hash(b->data, (size_t)b->size));
+}
+
+bool xf_buf_sealed(const struct xf_buf *b)
+{
+	return atomic_load_explicit(&b->summed, memory_order_acquire);
+}
+
+uint64_t xf_buf_sum(struct xf_buf *b)
+{
+	if (!xf_buf_sealed(b))
+		xf_buf_seal(b);
+	return atomic_load_explicit(&b->sum, memory_order_relaxed);
+}
+
+uint64_t xf_rows_sum(const uint8_t *data, int64_t prows, int64_t row, int64_t rows, int64_t outer,
+		     int64_t row_bytes)
+{
+	int64_t seg = rows * row_bytes;
+	if (outer == 1 || rows == prows) /* one contiguous range */
+		return mlfs_hash(data + row * row_bytes, (size_t)(outer * seg));
+	XXH3_state_t *s = XXH3_createState();
+	uint64_t h = 0;
+	if (!s || XXH3_64bits_reset(s) != XXH_OK)
+		goto out; /* 0: a checksum the receiver refuses, never a wrong pass */
+	for (int64_t o = 0; o < outer; o++)
+		XXH3_64bits_update(s, data + (o * prows + row) * row_bytes, (size_t)seg);
+	h = XXH3_64bits_digest(s);
+out:
+	XXH3_freeState(s);
+	return h;
+}
+
+bool xf_sums_off(void)
+{
+	static atomic_int off = -1;
+	int v = atomic_load(&off);
+	if (v < 0) {
+		const char *e = getenv("MLFS_BENCH_NOSUM");
+		v = e && strcmp(e, "1") == 0;
+		atomic_store(&off, v);
+	}
+	return v;
 }

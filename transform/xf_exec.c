@@ -29,6 +29,12 @@
  *     that phase 0 filled), each phase on @nthreads transformer workers: the
  *     calling thread plus nthreads - 1 pthreads, all taking the next item
  *     from one atomic index. The first error stops every worker.
+ *  5. seal every new partition (xf_buf_seal: its XXH3, kept with the
+ *     buffer, which is committed as it is), one item per partition, largest
+ *     first, on the same workers; a REUSEd buffer keeps the checksum it has.
+ *     The bytes were just written by this node's workers, so a partition
+ *     that fits in the caches is hashed from them; a larger one is read
+ *     back once more (BENCHMARKS.md, "Checksums", has the cost).
  *
  * Threads and invariants: transformer workers share no lock. They read
  * `from` buffers, which may be shared with FUSE readers and HTTP senders and
@@ -520,6 +526,53 @@ static int run_phase(struct run *r, const struct items *it, int nthreads)
 	return atomic_load(&r->err);
 }
 
+/* ------------------------------------------------------------------ seals */
+
+struct seals {
+	struct xf_buf **v;
+	size_t n;
+	atomic_size_t next;
+};
+
+static void *seal_main(void *arg)
+{
+	struct seals *s = arg;
+	for (;;) {
+		size_t i = atomic_fetch_add_explicit(&s->next, 1, memory_order_relaxed);
+		if (i >= s->n)
+			return NULL;
+		xf_buf_seal(s->v[i]);
+	}
+}
+
+static int cmp_size_desc(const void *a, const void *b)
+{
+	const struct xf_buf *x = *(struct xf_buf *const *)a, *y = *(struct xf_buf *const *)b;
+	return (x->size < y->size) - (x->size > y->size);
+}
+
+/* Step 5: seals every buffer of @to that @c did not reuse; its bytes into
+ * *@bytes. 0 or -ENOMEM. */
+static int seal_parts(const struct check *c, struct xf_parts *to, int nthreads, int64_t *bytes)
+{
+	size_t n = parts_count(to);
+	struct seals s = {.v = malloc((n ? n : 1) * sizeof(*s.v))};
+
+	*bytes = 0;
+	if (!s.v)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		if (to->bufs[i] && c->reuse[i] == SIZE_MAX) {
+			s.v[s.n++] = to->bufs[i];
+			*bytes += to->bufs[i]->size;
+		}
+	qsort(s.v, s.n, sizeof(*s.v), cmp_size_desc);
+	atomic_init(&s.next, 0);
+	mlfs_par_run((size_t)nthreads > s.n ? (int)(s.n ? s.n : 1) : nthreads, seal_main, &s);
+	free(s.v);
+	return 0;
+}
+
 /* --------------------------------------------------------------- executor */
 
 /* The tables describe @node of two layouts of one schema; @to is empty. */
@@ -588,10 +641,16 @@ int xf_execute(const struct ptc_plan *plan, int node, const struct xf_parts *fro
 		atomic_fetch_add_explicit(progress, c.bytes.bytes_reused, memory_order_relaxed);
 	if ((rc = run_phase(&r, &phase[0], nthreads)) || (rc = run_phase(&r, &phase[1], nthreads)))
 		goto err_free_items;
+	double t1 = now_seconds();
+	int64_t summed = 0;
+	if (!xf_sums_off() && (rc = seal_parts(&c, to, nthreads, &summed)))
+		goto err_free_items;
 
 	if (stats) {
 		*stats = c.bytes;
+		stats->bytes_summed = summed;
 		stats->seconds = now_seconds() - t0;
+		stats->seconds_sum = now_seconds() - t1;
 	}
 	free(phase[0].v);
 	free(phase[1].v);

@@ -13,6 +13,10 @@ and delays, holds or cuts that node's replies, switched at run time.
                                     headers included): the proxy closes both sockets
                                     (FIN; reset=True: RST); count=K: only the next K
                                     replies, then it passes through again
+    p.flip(at=N, count=None)        the lowest bit of byte N of a reply's body (counted
+                                    after its headers' blank line) is flipped, the rest
+                                    passes as it is; count=K: only the next K replies
+                                    (each reply at most once), then it passes through
     match=b"/v1/part"               (any mode) only replies to requests whose request
                                     line contains these bytes; others pass through
     p.close()                       closes every socket and joins every thread
@@ -21,7 +25,7 @@ Requests (client to daemon) always pass through untouched; the proxy notes each 
 request line (curl reuses connections but never pipelines, so a reply follows the last
 request line seen on its connection). Counters, all under p.lock: bytes_up, bytes_down,
 connections (accepted), open (now), held (replies held right now), holds (replies
-ever held), delayed (chunks delayed), cuts (replies cut), requests (request lines, in
+ever held), delayed (chunks delayed), cuts (replies cut), flips (replies with a bit flipped), requests (request lines, in
 order), hangups ((time.monotonic(), request line) of each held reply whose connection
 closed, the client giving up); p.held_requests(): the request lines of the replies held
 now.
@@ -45,6 +49,9 @@ class _Conn:
         self.closed_at = None  # time.monotonic() of the first close, by either side
         self.reset = False  # close the client's socket with RST
         self.reply_cut = False  # the current chunk ends the connection
+        self.head = b""  # the current reply's bytes before its body, while incomplete
+        self.body = -1  # body bytes of the current reply passed so far; -1: in headers
+        self.flipped = False  # the current reply had its bit flipped
         self.threads = []
         self.left = 2  # pump threads still running; the last one closes the sockets
 
@@ -57,6 +64,7 @@ class Proxy:
         self.mode, self.seconds, self.after, self.count, self.match = "pass", 0.0, 0, None, None
         self.bytes_up = self.bytes_down = 0
         self.connections = self.open = self.held = self.holds = self.delayed = self.cuts = 0
+        self.flips = 0
         self.requests = []
         self.hangups = []  # (time.monotonic(), request line): held replies closed on
         self._conns = set()
@@ -102,11 +110,14 @@ class Proxy:
     def drop(self, after, count=None, match=None, reset=False):
         self._set("drop", after=after, count=count, match=match, reset=reset)
 
+    def flip(self, at, count=None, match=None):
+        self._set("flip", after=at, count=count, match=match)
+
     def stats(self):
         with self.lock:
             return {k: getattr(self, k) for k in ("mode", "connections", "open", "held",
                                                   "holds", "bytes_up", "bytes_down",
-                                                  "delayed", "cuts")}
+                                                  "delayed", "cuts", "flips")}
 
     def held_requests(self):
         """The request lines of the replies held now."""
@@ -188,6 +199,7 @@ class Proxy:
                     with self.lock:
                         conn.request = data.split(b"\r\n", 1)[0]
                         conn.reply = 0
+                        conn.head, conn.body, conn.flipped = b"", -1, False
                         self.requests.append(conn.request.decode("latin-1"))
                 conn.server.sendall(data)
                 with self.lock:
@@ -242,6 +254,8 @@ class Proxy:
                 return None
             if not self._applies(conn):
                 return data
+            if self.mode == "flip":
+                return self._flip(conn, data)
             if self.mode == "delay":
                 seconds = self.seconds
                 self.delayed += 1
@@ -262,6 +276,32 @@ class Proxy:
         if self._closing.wait(seconds):
             return None
         return data
+
+    def _flip(self, conn, data):
+        """@data with the bit of flip mode flipped when it holds that body byte (under
+        the lock)."""
+        start = 0
+        if conn.body < 0:  # still in the headers: find their end
+            conn.head += data
+            end = conn.head.find(b"\r\n\r\n")
+            if end < 0:
+                return data
+            start = len(data) - (len(conn.head) - (end + 4))
+            conn.body, conn.head = 0, b""
+        at = self.after - conn.body  # the byte's offset in this chunk's body part
+        n = len(data) - start
+        conn.body += n
+        if conn.flipped or not 0 <= at < n:
+            return data
+        conn.flipped = True
+        self.flips += 1
+        if self.count is not None:
+            self.count -= 1
+            if self.count <= 0:
+                self.mode = "pass"
+        b = bytearray(data)
+        b[start + at] ^= 1
+        return bytes(b)
 
     # ------------------------------------------------------------- teardown
 

@@ -15,7 +15,14 @@ to; the daemon itself listens on its real port (`mlfs mount --peer-listen`).
    every reply cut (FIN or RST): the attempt aborts, naming the node, the old layout
    intact; with a DP replica elsewhere, the rows come from the replica and it commits;
 3. every reply chunk delayed 50 ms: the config commits, bit-exact, and the node served
-   what the plan says through the proxy.
+   what the plan says through the proxy;
+4. checksums (issue 18): one bit flipped in every /v1/part reply body of a node: with a
+   DP replica elsewhere the rows come from the replica and the config commits,
+   bit-exact; without one the attempt aborts naming the partition and the node, the old
+   layout intact. One bit flipped in every backup fetch (&snap=): the backup is not
+   taken (status.json says "checksum mismatch") and a config dropping the dead node is
+   refused; once replies pass, the backup is taken and serves the dead node bit-exact.
+   `mlfs verify` finds a byte flipped in memory (the MLFS_TEST_HOOKS=1 hook "flip").
 
 These tests found three bugs, fixed with them: a peer fetch was never retried on the
 same node (the peer client's net_http had no retries), an attempt aborted by a failed
@@ -59,8 +66,8 @@ class ProxiedCluster(Cluster):
     cluster.json gives them the proxy's address, and their daemons listen on the port
     the harness chose (--peer-listen)."""
 
-    def __init__(self, tmp, etcd, nnodes, devices, behind):
-        super().__init__(tmp, etcd, nnodes, devices, "j", ())
+    def __init__(self, tmp, etcd, nnodes, devices, behind, node_env=None):
+        super().__init__(tmp, etcd, nnodes, devices, "j", (), node_env)
         taken = {int(n["addr"].rsplit(":", 1)[1]) for n in self.spec["nodes"]}
         taken |= {etcd.client_port, etcd.peer_port}
         self.proxies, self.listen = {}, {}
@@ -104,8 +111,8 @@ def proxied(tmp_path, etcd):  # noqa: F811 - the fixture imported from cluster.p
     every proxy closes with all its threads and sockets."""
     made = []
 
-    def make(nnodes=3, devices=2, behind=("n1",)):
-        cl = ProxiedCluster(tmp_path, etcd, nnodes, devices, behind)
+    def make(nnodes=3, devices=2, behind=("n1",), node_env=None):
+        cl = ProxiedCluster(tmp_path, etcd, nnodes, devices, behind, node_env)
         made.append(cl)
         for n in cl.spec["nodes"]:
             cl.mount(n["id"])
@@ -332,3 +339,109 @@ def test_delayed_replies_commit(proxied):
     assert st["bytes_down"] - down0 >= out > 0, (st, out)
     assert st["delayed"] >= out // 16384, (st, out)
     assert cl["n1"].status()["last"]["bytes_served"] == out
+
+
+# ------------------------------------------------------------------ 4. checksums
+
+def test_bit_flipped_in_every_fetch_is_served_by_a_dp_replica(proxied):
+    cl = proxied()
+    p1 = cl.proxies["n1"]
+    v1 = {"version": 1, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n0", "n1"]}
+    v2 = {"version": 2, "tp": 1, "pp": 1, "dp": 2, "nodes": ["n2"]}
+    full = start(cl, v1, 46)
+    plan = cl.plan(SCHEMA, v1, v2)["per_node"]
+    assert plan.get("n1", {}).get("bytes_out", 0) > 0, plan  # the plan reads from n1
+    cl.faults = True
+    p1.flip(at=1000, match=PART)  # every reply longer than 1000 bytes
+    commit(cl, v2, "n0", full, 5)  # NumPy-exact: no flipped byte was used
+    assert p1.stats()["flips"] >= 1, p1.stats()
+    # n0 served what the plan gave it and the rows of every corrupted reply
+    assert cl["n0"].status()["last"]["bytes_served"] > plan["n0"]["bytes_out"], plan
+
+
+def test_bit_flipped_in_every_fetch_aborts_naming_the_partition(proxied):
+    cl = proxied()
+    p1 = cl.proxies["n1"]
+    full = start(cl, V1, 47)
+    before = cl.snapshot()
+    cl.faults = True
+    p1.flip(at=1000, match=PART)
+    p = cl.reconfigure("n0", V2)
+    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+    assert cl.wait_settled() == 1
+    result = cl.keys()["result/2"].value.decode()
+    assert result.startswith("aborted: node n2: failed:"), result
+    assert p1.stats()["flips"] >= 1, p1.stats()
+    err = cl["n2"].status()["error"]
+    # the partition (rank, state, tensor), the node it came from, and why
+    assert "partition (rank " in err and "from node n1" in err and \
+        "checksum mismatch" in err, err
+    check_unchanged(cl, before, V1, full, 5)
+    assert not check_abort_names(cl, p.stderr, "n1", "n2")
+
+    p1.passthrough()
+    commit(cl, V2, "n0", full, 5)
+
+
+def backup_entry(cl, holder):
+    kv = cl.keys().get(f"nodes/{holder}")
+    return json.loads(kv.value).get("backup") if kv else None
+
+
+def test_bit_flipped_in_a_backup_fetch_is_refused(proxied):
+    """n0 backs up n1's saved state, fetched through n1's proxy (&snap=): a flipped bit
+    there is caught against the checksum n1 stored with its partition, the backup is not
+    taken, and a config that drops a dead n1 is refused; once replies pass, the backup
+    is taken, and it serves n1's rows bit-exact."""
+    cl = proxied()
+    p1 = cl.proxies["n1"]
+    a = {"version": 1, "tp": 2, "pp": 2, "dp": 1, "nodes": ["n0", "n1"], "replicas": 1}
+    cl.faults = True
+    p1.flip(at=1000, match=b"&snap=")
+    full = start(cl, a, 48, step=3)
+    want = {str(r): 3 for r in cl.hosted(a, "n1")}
+
+    def refused():
+        bk = cl["n0"].status().get("cluster", {}).get("backup") or {}
+        return bk if "checksum mismatch" in bk.get("error", "") else None
+    bk = cl.wait(refused, "n0's backup of n1 refused for its checksum", timeout=30)
+    assert bk["of"] == "n1" and bk["steps"] != want, bk
+    assert p1.stats()["flips"] >= 1, p1.stats()
+    time.sleep(1.5)  # the backup thread tries again: never taken while bits flip
+    entry = backup_entry(cl, "n0")
+    assert not entry or entry["steps"] != want, entry
+
+    p1.passthrough()
+    cl.wait(lambda: (backup_entry(cl, "n0") or {}).get("steps") == want,
+            "n0's backup of n1 at step 3", timeout=30)
+    cl.kill("n1")
+    cl.wait_down("n1")
+    b = {"version": 2, "tp": 2, "pp": 2, "dp": 1, "nodes": ["n0", "n2"], "replicas": 1}
+    p = cl.reconfigure("n2", b)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(2)
+    cl.check_layout(SCHEMA, b, full, step=3)
+
+
+def test_verify_finds_a_flipped_byte(proxied):
+    cl = proxied(nnodes=2, behind=(), node_env={"n1": {"MLFS_TEST_HOOKS": "1"}})
+    start(cl, V1, 49)
+    for nid in ("n0", "n1"):
+        p = cl[nid].mlfs("verify", check=False)
+        assert p.returncode == 0 and " 0 mismatches" in p.stdout, (p.returncode, p.stdout,
+                                                                    p.stderr)
+    cl.faults = True
+    # without MLFS_TEST_HOOKS=1 there is no such op
+    with pytest.raises(OSError):
+        cl["n0"].write(".mlfs-ctl", json.dumps({"op": "flip", "rank": 0, "state": "model",
+                                                 "tensor": "embedding/weight", "byte": 7}))
+    rank = cl.hosted(V1, "n1")[0]
+    cl["n1"].write(".mlfs-ctl", json.dumps({"op": "flip", "rank": rank,
+                                            "state": "optim/exp_avg",
+                                            "tensor": "layers/1/proj/weight", "byte": 12345}))
+    p = cl["n1"].mlfs("verify", check=False)
+    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+    assert f"MISMATCH rank {rank} optim/exp_avg/layers/1/proj/weight" in p.stdout, p.stdout
+    assert " 1 mismatch\n" in p.stdout, p.stdout
+    p = cl["n0"].mlfs("verify", check=False)
+    assert p.returncode == 0, p.stdout
