@@ -17,6 +17,8 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,8 +129,21 @@ int mlfs_fh_stage_data(struct mlfs_fh *f)
 
 	if (f->wdata)
 		return 0;
-	if (!(f->wdata = xf_buf_new(&f->d->st->mem, dlen, &rc)))
+	if (!(f->wdata = xf_buf_new(&f->d->st->mem, dlen, &rc))) {
+		if (rc == -ENOSPC) { /* refused: status.json says why, as for other refusals */
+			struct mlfs_store *st = f->d->st;
+			char msg[PTC_ERROR_MAX];
+			snprintf(msg, sizeof(msg),
+				 "%.300s: staging its %" PRId64
+				 " bytes does not fit in --max-memory "
+				 "(%" PRId64 " bytes in use of %" PRId64 "); previous content kept",
+				 f->path ? f->path : "partition", dlen, (int64_t)st->mem.used,
+				 st->mem.limit);
+			mlfs_store_note_error(st, msg);
+			mlfs_log(MLFS_LOG_WARNING, "write refused: %s", msg);
+		}
 		return rc;
+	}
 	if (f->wbase)
 		memcpy(f->wdata->data, f->buf->data, (size_t)dlen);
 	return 0;

@@ -31,9 +31,10 @@
 
 /*
  * Limits on what a schema and a config describe (docs/single-node.md, "Limits"). The
- * daemon's metadata (names, trees, the partition table) grows with them and
- * is not counted against --max-memory, so each is bounded here and refused
- * at parse with a message naming the field and the limit. Paths stay within
+ * daemon's metadata (names, trees, the partition table) grows with them; it
+ * is counted against --max-memory (store/mlfs_memsize.c), and each is also
+ * bounded here and refused at parse with a message naming the field and the
+ * limit. Paths stay within
  * the kernel's NAME_MAX and, with a mount point of up to 1000 bytes, its
  * PATH_MAX.
  */

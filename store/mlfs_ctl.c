@@ -30,14 +30,10 @@ static int refuse(struct mlfs_store *st, int rc, const struct ptc_error *err)
 	return rc;
 }
 
-/* The schema's own memory (tensors, names, text), estimated likewise. */
+/* The schema's own memory (tensors, names, indexes) and its text's copy. */
 static int64_t schema_bytes(const struct ptc_schema *s, size_t textlen)
 {
-	int64_t n = (int64_t)textlen;
-	for (int t = 0; t < s->ntensors; t++)
-		n += (int64_t)sizeof(s->tensors[t]) + 32 + (int64_t)strlen(s->tensors[t].name) +
-		     s->tensors[t].nchunks * 8;
-	return n;
+	return mlfs_mem_schema(s) + mlfs_mem_alloc(textlen + 1);
 }
 
 int mlfs_store_set_control(struct mlfs_store *st, bool config, const char *text, size_t len,
@@ -79,7 +75,7 @@ int mlfs_store_install_schema(struct mlfs_store *st, const char *text, size_t le
 	int64_t bytes = schema_bytes(s, len);
 	if (xf_mem_reserve(&st->mem, bytes)) {
 		ptc_error_set(err, -ENOSPC,
-			      "schema.json: its %d tensors (about %" PRId64 " bytes) do not fit "
+			      "schema.json: its %d tensors (%" PRId64 " bytes) do not fit "
 			      "in --max-memory",
 			      s->ntensors, bytes);
 		ptc_schema_free(s);

@@ -64,6 +64,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,9 +77,10 @@ struct mlfs_attempt {
 	struct mlfs_view *from; /* the view planned from, pinned */
 	struct mlfs_view *to;	/* the new view; the build fills its partitions */
 	struct ptc_plan *plan;
-	int64_t step;	 /* the step every rank of @from saved */
-	int64_t *steps;	 /* @to's step table (all @step), the store's at commit */
-	bool autocommit; /* commit as soon as prepared */
+	int64_t plan_bytes; /* the plan's blocks, counted in st->mem while it lives */
+	int64_t step;	    /* the step every rank of @from saved */
+	int64_t *steps;	    /* @to's step table (all @step), the store's at commit */
+	bool autocommit;    /* commit as soon as prepared */
 	struct xf_stats stats;
 	char what[16]; /* names the request in messages: "config.json", "prepare" */
 	char id[24];   /* the control plane's id of it ("": none), and its revision */
@@ -97,6 +99,10 @@ static void attempt_free(struct mlfs_attempt *a)
 	mlfs_view_put(a->drop[1]);
 	ptc_plan_free(a->plan);
 	free(a->steps);
+	if (a->plan_bytes >= (1 << 20))
+		malloc_trim(0); /* its pages back: RSS follows memory_used */
+	if (a->plan_bytes)
+		xf_mem_release(&a->st->mem, a->plan_bytes);
 	free(a);
 }
 
@@ -371,6 +377,15 @@ static int reconf_plan(struct mlfs_store *st, struct ptc_config *c, struct mlfs_
 	}
 	if ((rc = plan_down(a, dn, err)))
 		goto err_free_attempt;
+	int64_t pb = mlfs_mem_plan(a->plan);
+	if ((rc = xf_mem_reserve(&st->mem, pb))) {
+		ptc_error_set(err, rc,
+			      "%s: the plan (%zu operations, %" PRId64 " bytes) does not fit in "
+			      "--max-memory (%" PRId64 " bytes in use of %" PRId64 ")",
+			      what, a->plan->nops, pb, (int64_t)st->mem.used, st->mem.limit);
+		goto err_free_attempt;
+	}
+	a->plan_bytes = pb;
 	rc = -ENOMEM;
 	if (!(a->steps = malloc((size_t)a->to->layout.world * sizeof(int64_t))))
 		goto err_free_attempt;

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,8 @@ void mlfs_view_put(struct mlfs_view *v)
 {
 	if (!v || atomic_fetch_sub(&v->refs, 1) != 1)
 		return;
-	xf_mem_release(v->mem, v->meta_bytes);
+	int64_t meta = v->meta_bytes;
+	struct xf_mem *mem = v->mem;
 	xf_parts_release(&v->parts);
 	if (v->snap)
 		mlfs_bufs_put(v->snap, (size_t)v->layout.world * (size_t)v->parts.nstates *
@@ -45,6 +47,12 @@ void mlfs_view_put(struct mlfs_view *v)
 	mlfs_dataset_put(v->ds);
 	free(v->cursor.segs);
 	free(v);
+	/* Give the freed metadata's pages back, so that RSS follows memory_used
+	 * (freed blocks amid the heap stay resident otherwise); uncounted only
+	 * then, so that memory_used never drops before RSS can. */
+	if (meta >= (1 << 20))
+		malloc_trim(0);
+	xf_mem_release(mem, meta);
 }
 
 void mlfs_bufs_put(struct xf_buf **bufs, size_t n)
@@ -144,20 +152,6 @@ struct xf_buf *mlfs_store_part_get(struct mlfs_store *st, struct mlfs_view *v, i
 	return b;
 }
 
-/*
- * What a schema's tensors cost in a name tree (a node, its name and the
- * parent's pointer to it, with allocator overhead), per state: an estimate
- * counted in --max-memory, so that metadata that grows with the input is
- * bounded by it too (within the PTC_MAX_* limits).
- */
-static int64_t tree_bytes(const struct ptc_schema *s)
-{
-	int64_t n = 0;
-	for (int t = 0; t < s->ntensors; t++)
-		n += 96 + (int64_t)strlen(s->tensors[t].name);
-	return n * s->nstates;
-}
-
 int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_dataset *ds,
 		  const char *text, size_t len, const char *what, struct mlfs_view **out,
 		  struct ptc_error *err)
@@ -180,16 +174,21 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 	    (rc = ptc_layout_init(&v->layout, st->schema, config, mlfs_store_cluster(st), what,
 				  err)))
 		goto err_put;
-	/* The partition table, the local stages' name trees and the full tree. */
+	/* Counted in two steps, so that what can be known before allocating is
+	 * refused before: the partition table (and snapshots), the step table,
+	 * the layout and the local buffers' own allocations first; then, once
+	 * built, the trees and everything else, measured (mlfs_memsize.c). */
 	size_t nparts =
 	    (size_t)v->layout.world * (size_t)st->schema->nstates * (size_t)st->schema->ntensors;
-	int64_t meta = (int64_t)nparts * (int64_t)sizeof(void *) * (config->replicas ? 2 : 1) +
-		       tree_bytes(st->schema) * (1 + v->layout.pp);
+	int64_t meta = mlfs_mem_alloc(nparts * sizeof(void *)) * (config->replicas ? 2 : 1) +
+		       mlfs_mem_alloc((size_t)v->layout.world * sizeof(int64_t)) +
+		       mlfs_mem_layout(&v->layout) + mlfs_mem_parts(&v->layout, st->node);
 	if ((rc = xf_mem_reserve(&st->mem, meta))) {
 		ptc_error_set(err, rc,
-			      "%s: the metadata of this layout (about %" PRId64
-			      " bytes) does not fit in --max-memory",
-			      what, meta);
+			      "%s: the metadata of this layout (%" PRId64
+			      " bytes: its partition table and buffers) does not fit in "
+			      "--max-memory (%" PRId64 " bytes in use of %" PRId64 ")",
+			      what, meta, (int64_t)st->mem.used, st->mem.limit);
 		goto err_put;
 	}
 	v->mem = &st->mem;
@@ -214,6 +213,22 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 	}
 	if (!(v->full_tree = mlfs_tree_build_full(st->schema)))
 		goto err_put;
+	/* The rest, measured: the trees, the texts, the config; the table's
+	 * and the layout's blocks replace their figures computed above. */
+	int64_t all = mlfs_mem_view(v) - mlfs_mem_layout(&v->layout) - mlfs_mem_of(v->parts.bufs) -
+		      mlfs_mem_of(v->snap) + meta;
+	if (all > meta) {
+		if ((rc = xf_mem_reserve(&st->mem, all - meta))) {
+			ptc_error_set(err, rc,
+				      "%s: the metadata of this layout (%" PRId64
+				      " bytes: partition table, buffers and name trees) does not "
+				      "fit in --max-memory (%" PRId64 " bytes in use of %" PRId64
+				      ")",
+				      what, all, (int64_t)st->mem.used, st->mem.limit);
+			goto err_put;
+		}
+		v->meta_bytes = all;
+	}
 	*out = v;
 	return 0;
 

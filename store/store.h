@@ -47,9 +47,12 @@ struct mlfs_view {
 	struct mlfs_tnode **stage_tree; /* per stage; NULL if no local rank has it */
 	struct mlfs_tnode *full_tree;	/* every state and untied tensor */
 	struct timespec time;
-	struct mlfs_dataset *ds;  /* NULL when the config names none */
-	struct xf_mem *mem;	  /* where meta_bytes are counted */
-	int64_t meta_bytes;	  /* estimate of the table and trees */
+	struct mlfs_dataset *ds; /* NULL when the config names none */
+	struct xf_mem *mem;	 /* where meta_bytes are counted */
+	/* What the view's metadata costs (mlfs_mem_view), its partition buffers'
+	 * own allocations (mlfs_mem_parts) and the step table that goes with it
+	 * (st->steps): counted in @mem while the view lives. */
+	int64_t meta_bytes;
 	struct ptc_cursor cursor; /* with ds: the samples each step consumes */
 	/* With "replicas": 1, each local rank's partitions as they were when
 	 * its step was last written (or the layout installed or imported):
@@ -163,7 +166,7 @@ struct mlfs_store {
 
 	char *schema_text;
 	struct ptc_schema *schema; /* fixed once view is set */
-	int64_t schema_bytes;	   /* counted in mem: an estimate */
+	int64_t schema_bytes;	   /* counted in mem: the schema's and its text's blocks */
 	struct mlfs_view *view;	   /* NULL until schema and config are set; never NULL again */
 	int64_t *steps;		   /* per rank of view->layout, -1 = never saved */
 	/* In a job of many nodes, the layout planned from by the last commit
@@ -495,6 +498,31 @@ int mlfs_reconf_abort(struct mlfs_store *st, int64_t version, const char *reason
 /* At unmount: waits for the transformer thread and discards a prepared
  * attempt. Only when no other thread uses the store. */
 void mlfs_reconf_shutdown(struct mlfs_store *st);
+
+/* ------------------------------------------------------- memory counted */
+
+/*
+ * What metadata really costs (mlfs_memsize.c), counted in st->mem so that
+ * memory_used follows the daemon's RSS: the usable size of each heap
+ * block of the structure plus the allocator's header. mlfs_mem_of: one
+ * block (NULL: 0); mlfs_mem_alloc: a block of @n bytes not yet allocated;
+ * the others walk a whole structure: a schema (not its text), a name
+ * tree, a config, a layout's tables, a plan, a view (its config, text,
+ * layout, partition table, snapshots and trees; not its partitions), and
+ * mlfs_mem_parts what node @node's partition buffers of @l cost beyond
+ * the bytes xf_buf_new counts (their struct and a small buffer's rounding),
+ * computed before they exist. Any thread; the structure must not change
+ * meanwhile.
+ */
+int64_t mlfs_mem_of(const void *p);
+int64_t mlfs_mem_alloc(size_t n);
+int64_t mlfs_mem_schema(const struct ptc_schema *s);
+int64_t mlfs_mem_tree(const struct mlfs_tnode *t);
+int64_t mlfs_mem_config(const struct ptc_config *c);
+int64_t mlfs_mem_layout(const struct ptc_layout *l);
+int64_t mlfs_mem_plan(const struct ptc_plan *p);
+int64_t mlfs_mem_parts(const struct ptc_layout *l, int node);
+int64_t mlfs_mem_view(const struct mlfs_view *v);
 
 /* ---------------------------------------------------------------- trees */
 
