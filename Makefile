@@ -6,7 +6,7 @@ PY      ?= /usr/bin/python3
 CC      ?= cc
 BUILD   ?= build
 export BUILD
-PKGS    := jansson fuse3 libcurl libmicrohttpd libxxhash
+PKGS    := jansson fuse3 libcurl libmicrohttpd libxxhash libzstd
 CFLAGS  ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-declarations -Werror
 CPPFLAGS += -D_GNU_SOURCE -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -58,6 +58,7 @@ UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
 .PHONY: all test unit demo deps bench fuzz format format-check clean check-deps soak model
 
+.DEFAULT_GOAL := all
 all: $(BUILD)/mlfs
 
 $(BUILD)/obj/%.o: %.c $(wildcard */*.h)
@@ -133,8 +134,11 @@ demo: deps
 	./examples/demo.sh
 
 bench: deps
-	$(MAKE) all $(BUILD)/tests/bench_plan
+	$(MAKE) all $(BUILD)/tests/bench_plan $(BUILD)/tests/bench_plan_scale $(BUILD)/tests/bench_sum
 	./$(BUILD)/tests/bench_plan
+	./$(BUILD)/tests/bench_plan_scale
+	./$(BUILD)/tests/bench_sum
+	BUILD=$(BUILD) $(PY) tests/bench/bench_sum.py --size-mib 1500
 	$(PY) tests/bench/bench_store.py --size-mib 1024
 	$(PY) tests/bench/bench_data.py --size-mib 512
 	$(PY) tests/bench/bench_data.py --size-mib 1024 --global-batch 2048 --steps 16

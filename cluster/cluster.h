@@ -69,6 +69,10 @@ int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t
  * manifest), -EHOSTUNREACH without a data plane, with @err. Not from a
  * FUSE worker. */
 int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, struct ptc_error *err);
+/* Cluster node @node's /v1/health ({"node", "version", "state",
+ * "retained"}) into *@out (the caller's), within 2 s. Errors of
+ * net_http_get; -EIO for a reply that is not a JSON object. */
+int mlfs_peer_health(struct mlfs_store *st, int node, json_t **out, struct ptc_error *err);
 /* The whole partition (@rank, @state, @tensor) of layout @l, as saved at
  * step @snap, from cluster node @node into @dst (its size); no new try
  * starts once *@stop is set. 0, -EINVAL (@dst's size), -EHOSTUNREACH

@@ -72,7 +72,6 @@ struct mlfs_mirror {
  * marks). 0 or -EINVAL (a prefix too long). */
 #define MLFS_MIRROR_URGENT 1 /* a change any node may act on, or the watch's end */
 #define MLFS_MIRROR_VOTES  2 /* a vote, or a node come or gone: the coordinator's */
-#define MLFS_MIRROR_ENTRY  4 /* a node's entry: a swap a retained layout waits for */
 int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *prefix,
 		     void (*changed)(void *arg, int urgent), void *arg);
 /* Stops the watch and frees the keys. */
@@ -165,6 +164,7 @@ struct mlfs_cluster {
 	json_t *prep_parts;
 	char prep_aid[24];
 	json_t *swap_wait;
+	int64_t swap_since_ms;	 /* lock: when swap_wait was set */
 	pthread_mutex_t publock; /* published, and the put of the node's key */
 	char *published;	 /* the node entry last put */
 	char entry_state[16];	 /* publock: the settled state it says */

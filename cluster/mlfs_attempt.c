@@ -405,6 +405,7 @@ static void act_commit(struct mlfs_cluster *c, int64_t version)
 	pthread_mutex_lock(&c->lock); /* the retained layout waits for these */
 	json_decref(c->swap_wait);
 	c->swap_wait = c->prep_parts;
+	c->swap_since_ms = mlfs_cluster_now_ms();
 	c->prep_parts = NULL;
 	pthread_mutex_unlock(&c->lock);
 	if (c->job && c->job_to == version) {
@@ -438,11 +439,9 @@ static void act_discard(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, in
 }
 
 /* RELEASE_RETAINED: every node of the last commit swapped; the layout
- * planned from goes, and the entry says so. */
+ * planned from goes (/v1/health says so). */
 static void act_release(struct mlfs_cluster *c, int64_t version)
 {
-	struct ptc_error why;
-
 	if (mlfs_store_release_retained(c->st, version) != 1)
 		return;
 	pthread_mutex_lock(&c->lock);
@@ -453,7 +452,6 @@ static void act_release(struct mlfs_cluster *c, int64_t version)
 		 "cluster: every node of the last commit swapped: layout version %" PRId64
 		 " released",
 		 version);
-	mlfs_nodeentry_publish(c, &why);
 }
 
 /* MARK_LOST: this node's partitions are not the job's, when its layout

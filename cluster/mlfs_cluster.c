@@ -8,12 +8,12 @@
  * DESIGN
  * Keys under /mlfs/<job>/ (net_etcd; mlfs_jobkeys.c reads them):
  *   nodes/<id>       {"addr","devices","pid","version","state","steps",
- *                    "retained","backup"}, bound to this node's lease (TTL
+ *                    "backup"}, bound to this node's lease (TTL
  *                    MLFS_LEASE_TTL s, kept alive every second): gone = the
  *                    node is down (mlfs_nodeentry.c). "state" is the last
- *                    settled one (idle, failed, lost); "retained" the
- *                    version of the layout kept until every node of the
- *                    last commit swapped (0: none).
+ *                    settled one (idle, failed, lost). A node's retained
+ *                    layout (kept until every node of the last commit
+ *                    swapped) is in its /v1/health, not here.
  *   schema, cluster  the first writer wins (a transaction on "absent"); a
  *                    node whose own differ refuses to join, saying so
  *                    (mlfs_propose.c, mlfs_join.c).
@@ -85,14 +85,14 @@
  *
  * Data: struct mlfs_cluster (cluster_i.h), one per daemon, says which lock
  * or thread owns each field. Threads: the control thread (cluster_main);
- * the keep-alive thread; the mirror's watch thread (it only applies events
- * and wakes the control thread);
- * I/O workers run propose (config.json and schema.json writes) and publish
- * the node's entry after a step write (steps_saved), as the backup thread
- * does after a backup; status.json readers run status_add. Lock order: c->lock and st->lock are
- * never held together (st->lock is taken only while c->lock is not, to read or set the store); the
- * backup's lock is taken under c->lock and is a leaf; c->publock is held across the put of the
- * node's entry only.
+ * the keep-alive thread; the mirrors' watch threads (they only apply
+ * events and wake the control thread); I/O workers run propose
+ * (config.json and schema.json writes) and publish the node's entry after
+ * a step write (steps_saved), as the backup thread does after a backup;
+ * status.json readers run status_add. Lock order: c->lock and st->lock
+ * are never held together (st->lock is taken only while c->lock is not,
+ * to read or set the store); the backup's lock is taken under c->lock and
+ * is a leaf; c->publock is held across the put of the node's entry only.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -159,8 +159,12 @@ static int nap_ms(struct mlfs_cluster *c)
 {
 	pthread_mutex_lock(&c->lock);
 	bool etcd = c->etcd_error[0] != '\0', att = c->attempt != NULL;
+	/* a retained layout waits for the swaps: every 50 ms for 2 s after
+	 * the commit (they come within milliseconds), then every second (a
+	 * node that died before its swap keeps it until the next commit) */
+	int64_t swap = c->swap_wait ? mlfs_cluster_now_ms() - c->swap_since_ms : -1;
 	pthread_mutex_unlock(&c->lock);
-	return etcd ? 200 : att ? 1000 : 30000;
+	return etcd ? 200 : swap >= 0 && swap < 2000 ? 50 : att || swap >= 0 ? 1000 : 30000;
 }
 
 static void *cluster_main(void *arg)
@@ -198,21 +202,21 @@ static void status_add(void *arg, json_t *o)
 		json_object_set_new(o, "waiting", json_string(waiting));
 }
 
-/* The mirror's hook: the job's keys changed. Votes and nodes coming or
- * going wake the coordinator only, a node's entry changing its version
- * wakes only a node whose retained layout waits for that swap, and
- * otherwise a node's entry changing its state or steps wakes no one (every node's publish would
+/* The mirror's hook: the job's keys changed. Nodes coming or going wake
+ * the coordinator only, and a node's entry changing (its version, state
+ * or steps) wakes no one: a retained layout waiting for the swaps looks
+ * at them on a short nap instead (nap_ms). Waking on every entry made
+ * every node run a round per swap, each reading every entry: the work
+ * grew as the cube of the nodes (every node's publish would
  * otherwise make every node run a round: rounds grew as the square of the nodes). */
 static void keys_changed(void *arg, int urgent)
 {
 	struct mlfs_cluster *c = arg;
 	bool wake = urgent & MLFS_MIRROR_URGENT;
 
-	if (!wake && (urgent & (MLFS_MIRROR_VOTES | MLFS_MIRROR_ENTRY))) {
+	if (!wake && (urgent & MLFS_MIRROR_VOTES)) {
 		pthread_mutex_lock(&c->lock);
-		/* a coordinator counts votes; a retained layout waits for swaps */
-		wake = ((urgent & MLFS_MIRROR_VOTES) && c->mine) ||
-		       ((urgent & MLFS_MIRROR_ENTRY) && c->swap_wait);
+		wake = c->mine != NULL; /* a coordinator sees nodes come and go */
 		pthread_mutex_unlock(&c->lock);
 	}
 	if (wake)

@@ -10,10 +10,14 @@
  * nothing between the two is missed and an idle job costs etcd nothing
  * (the lease keep-alives aside). A change wakes the control thread
  * (@changed), at once when it may need a decision (anything but another
- * node's entry, vote or saved mark: those matter to a coordinator only). When the watch's stream
- * ends (etcd restarted or gone, a compaction) the mirror is no longer live: the next
- * mlfs_mirror_sync reads the keys again and starts a new watch; until then the control thread
- * treats etcd as unreachable and decides nothing.
+ * node's entry or saved mark; a node coming or going matters to a
+ * coordinator only). When the watch's stream ends (etcd restarted or
+ * gone, a compaction) the mirror is no longer live: the next
+ * mlfs_mirror_sync reads the keys again and starts a new watch; until
+ * then the control thread treats etcd as unreachable and decides nothing.
+ * A coordinator follows the votes with a second mirror (c->votes, on
+ * their own prefix), started when it creates an attempt and stopped
+ * (mlfs_mirror_stop) when it no longer coordinates.
  *
  * Threads: the watch's thread applies events; the control thread syncs
  * and copies. m->lock guards the keys, the revision and the state; it is
@@ -116,18 +120,15 @@ static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64
 	/* Whether a round must run now: for any node, a change to anything
 	 * but the nodes' entries and saved marks, and the stream's end
 	 * (MLFS_MIRROR_URGENT); for a coordinator, also a node coming or going
-	 * (MLFS_MIRROR_VOTES; the votes themselves are in c->votes); for a node with a retained
-	 * layout, any node's entry (MLFS_MIRROR_ENTRY: a swap). Otherwise a
-	 * node's entry changing its state or steps needs no decision at once. */
+	 * (MLFS_MIRROR_VOTES; the votes themselves are in c->votes). A node's
+	 * entry changing its version, state or steps needs no decision at once. */
 	int urgent = n == 0 && revision < 0 ? MLFS_MIRROR_URGENT : 0;
 	size_t plen = strlen(m->prefix);
 	for (size_t i = 0; i < n; i++) {
 		const char *name = ev[i].kv.key + (strlen(ev[i].kv.key) >= plen ? plen : 0);
 		if (strncmp(name, "nodes/", 6) == 0 && (ev[i].deleted || ev[i].kv.version == 1))
-			urgent |= MLFS_MIRROR_VOTES | MLFS_MIRROR_ENTRY;
-		else if (strncmp(name, "nodes/", 6) == 0)
-			urgent |= MLFS_MIRROR_ENTRY;
-		else if (strncmp(name, "saved/", 6))
+			urgent |= MLFS_MIRROR_VOTES;
+		else if (strncmp(name, "nodes/", 6) && strncmp(name, "saved/", 6))
 			urgent |= MLFS_MIRROR_URGENT;
 	}
 

@@ -19,7 +19,9 @@
 #define MLFS_LEASE_TTL 5 /* seconds */
 
 /* This node's entry, but its state: what it serves (the current layout's
- * version and the retained one's, 0: none) and its ranks' saved steps;
+ * version) and its ranks' saved steps (not the retained layout's version:
+ * its release would put every entry once more, and only a coordinator
+ * recovering from it asks, through /v1/health);
  * its state into *@lost and *@reconf. NULL: out of memory. */
 static json_t *node_entry(struct mlfs_cluster *c, bool *lost, enum mlfs_reconf_state *reconf)
 {
@@ -30,7 +32,6 @@ static json_t *node_entry(struct mlfs_cluster *c, bool *lost, enum mlfs_reconf_s
 
 	pthread_mutex_lock(&st->lock);
 	int64_t version = st->view ? st->view->config->version : 0;
-	int64_t retained = st->retained ? st->retained->config->version : 0;
 	*lost = atomic_load(&st->lost);
 	*reconf = st->reconf;
 	if (st->view) {
@@ -42,9 +43,8 @@ static json_t *node_entry(struct mlfs_cluster *c, bool *lost, enum mlfs_reconf_s
 		}
 	}
 	pthread_mutex_unlock(&st->lock);
-	json_t *o = json_pack("{sssisisIsOsI}", "addr", n->addr ? n->addr : "", "devices",
-			      n->devices, "pid", (int)getpid(), "version", (json_int_t)version,
-			      "steps", steps, "retained", (json_int_t)retained);
+	json_t *o = json_pack("{sssisisIsO}", "addr", n->addr ? n->addr : "", "devices", n->devices,
+			      "pid", (int)getpid(), "version", (json_int_t)version, "steps", steps);
 	json_t *bk = mlfs_backup_describe(mlfs_backup_of(st));
 	if (o && bk)
 		json_object_set_new(o, "backup", bk);

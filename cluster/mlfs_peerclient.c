@@ -216,32 +216,42 @@ int mlfs_peer_job_get(struct mlfs_store *st, int node, const char *path, uint8_t
 	return net_http_get(cl->http, url, (int64_t)MLFS_JOB_FILE_MAX, data, len, NULL, err);
 }
 
-int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, struct ptc_error *err)
+/* GET http://<@node's addr>@path as JSON into *@out, within 2 s (a frozen
+ * node must not stall the caller); -EIO unless it is of @type. */
+static int get_json(struct mlfs_store *st, int node, const char *path, json_type type, json_t **out,
+		    struct ptc_error *err)
 {
 	struct mlfs_peerclient *cl = client_of(st);
 	char url[NET_MAX_URL];
 	uint8_t *data = NULL;
 	size_t len = 0;
-	json_error_t je;
 
 	*out = NULL;
 	if (!cl)
 		return -EHOSTUNREACH;
-	snprintf(url, sizeof(url), "http://%s/v1/jobmanifest",
-		 mlfs_store_cluster(st)->nodes[node].addr);
-	/* a frozen node must not stall a write */
+	snprintf(url, sizeof(url), "http://%s%s", mlfs_store_cluster(st)->nodes[node].addr, path);
 	struct net_http_call call = {.deadline_ms = 2000};
 	int rc = net_http_get(cl->http, url, (int64_t)64 << 20, &data, &len, &call, err);
 	if (rc)
 		return rc;
-	*out = json_loadb((const char *)data, len, 0, &je);
+	*out = json_loadb((const char *)data, len, 0, NULL);
 	free(data);
-	if (!json_is_array(*out)) {
+	if (!*out || json_typeof(*out) != type) {
 		json_decref(*out);
 		*out = NULL;
-		return ptc_error_set(err, -EIO, "%.300s: not a job/ manifest", url);
+		return ptc_error_set(err, -EIO, "%.300s: not the JSON expected", url);
 	}
 	return 0;
+}
+
+int mlfs_peer_health(struct mlfs_store *st, int node, json_t **out, struct ptc_error *err)
+{
+	return get_json(st, node, "/v1/health", JSON_OBJECT, out, err);
+}
+
+int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, struct ptc_error *err)
+{
+	return get_json(st, node, "/v1/jobmanifest", JSON_ARRAY, out, err);
 }
 
 /* ------------------------------------------------------------- lifecycle */

@@ -7,24 +7,30 @@
  *
  * DESIGN
  * Requests (net_server: token checked, bounded), all GET:
- *   /v1/health                   {"node", "version", "state"}
+ *   /v1/health                   {"node", "version", "state", "retained"}
  *   /v1/part?version=V&rank=R&state=S&tensor=T&row=A&rows=N
  *       rows [A, A+N) of partition (R, S, T) of layout version V, for every
  *       outer block (ptc_tensor_geometry), back to back: outer * N * row
  *       bytes, with X-Mlfs-XXH3: the XXH3 of exactly those bytes, computed
  *       here from the committed buffer (for a whole partition, the checksum
  *       stored with it when it was committed: xf_buf.c), which the
- *       receiver checks before it uses them (mlfs_peerclient.c). Indices are the schema's (every
- * node has the same schema: etcd's "schema" key says so). Gathered from the partition's buffer as
- * the reply is sent (net_reply_stream): no copy of the range, and the buffer pinned until the reply
- * ends, so a commit meanwhile cannot free it. With &snap=STEP: the rank's saved state at that step
- * (a 409 when it saved another); with &backup=1: a dead node's rows from the backup this node holds
- * (mlfs_backup.c); with &full=1: not counted in the reconfiguration's bytes served. /v1/job?path=P
- * a job/ file's bytes /v1/jobmanifest              the job/ tree: paths, sizes, hashes, mtimes The
- * current layout is served (during an attempt that is the old one, the one peers fetch from, until
- * the commit), and the retained one (the layout the last commit was planned from, until every node
- * of that commit swapped: mlfs_reconf.c). Every parameter is checked before use; a bad one is a 400
- * naming it, an unknown partition a 404, a version that is neither current nor retained a 409.
+ *       receiver checks before it uses them (mlfs_peerclient.c). Indices
+ *       are the schema's (every node has the same schema: etcd's "schema"
+ *       key says so). Gathered from the partition's buffer as the reply is
+ *       sent (net_reply_stream): no copy of the range, and the buffer
+ *       pinned until the reply ends, so a commit meanwhile cannot free it.
+ *       With &snap=STEP: the rank's saved state at that step (a 409 when
+ *       it saved another); with &backup=1: a dead node's rows from the
+ *       backup this node holds (mlfs_backup.c); with &full=1: not counted
+ *       in the reconfiguration's bytes served.
+ *   /v1/job?path=P               a job/ file's bytes
+ *   /v1/jobmanifest              the job/ tree: paths, sizes, hashes, mtimes
+ * The current layout is served (during an attempt that is the old one,
+ * the one peers fetch from, until the commit), and the retained one (the
+ * layout the last commit was planned from, until every node of that
+ * commit swapped: mlfs_reconf.c). Every parameter is checked before use;
+ * a bad one is a 400 naming it, an unknown partition a 404, a version
+ * that is neither current nor retained a 409.
  *
  * Threads: server threads run the handlers. Nothing here holds a lock but
  * the store's, briefly, to pin a buffer (a partition's or a job/ file's)
@@ -264,10 +270,13 @@ static void serve_health(struct mlfs_peer *pe, struct net_request *r)
 	struct mlfs_store *st = pe->st;
 	char out[256];
 	pthread_mutex_lock(&st->lock);
-	int n = snprintf(
-	    out, sizeof(out), "{\"node\":\"%s\",\"version\":%" PRId64 ",\"state\":\"%s\"}\n",
-	    mlfs_store_cluster(st)->nodes[st->node].id,
-	    st->view ? st->view->config->version : (int64_t)-1, mlfs_reconf_state_name(st->reconf));
+	int n = snprintf(out, sizeof(out),
+			 "{\"node\":\"%s\",\"version\":%" PRId64 ",\"state\":\"%s\","
+			 "\"retained\":%" PRId64 "}\n",
+			 mlfs_store_cluster(st)->nodes[st->node].id,
+			 st->view ? st->view->config->version : (int64_t)-1,
+			 mlfs_reconf_state_name(st->reconf),
+			 st->retained ? st->retained->config->version : (int64_t)0);
 	pthread_mutex_unlock(&st->lock);
 	net_reply_buf(r, 200, out, (size_t)n, "application/json");
 }

@@ -321,7 +321,8 @@ done:
 /*
  * The layout attempt @a (JSON, its "down" and "backups" parsed into @dn)
  * is planned from (mlfs_decide_source, rule 9): the current one, or the
- * retained one when only it has a copy of everything on live nodes; then
+ * retained one when only it has a copy of everything on live nodes (each
+ * says in its /v1/health which it retains); then
  * @a gets "source" (its version), its own "down" and no backups, and @dn
  * says the same. 0, or -ENOMEM.
  */
@@ -343,13 +344,19 @@ static int choose_source(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	if (!dn->ndown || !ret || !cur ||
 	    ptc_layout_init(&to, st->schema, cfg, cl, "config.json", &why))
 		goto out;
+	/* Which layout each node retains: its /v1/health says (only here,
+	 * when nodes are down and a layout is retained: rare). */
 	for (int n = 0; n < cl->nnodes; n++) {
 		const json_t *e = json_object_get(k->nodes, cl->nodes[n].id);
+		json_t *h = NULL;
 		nodes[n] = (struct mlfs_snap_node){
-		    .id = cl->nodes[n].id,
-		    .up = e != NULL,
-		    .lost = entry_lost(e),
-		    .retained = json_integer_value(json_object_get(e, "retained"))};
+		    .id = cl->nodes[n].id, .up = e != NULL, .lost = entry_lost(e)};
+		if (n == st->node)
+			nodes[n].retained = rv;
+		else if (e && !nodes[n].lost && n < ret->layout.cluster->nnodes &&
+			 ret->layout.node_nranks[n] > 0 && mlfs_peer_health(st, n, &h, &why) == 0)
+			nodes[n].retained = json_integer_value(json_object_get(h, "retained"));
+		json_decref(h);
 	}
 	rc = mlfs_decide_source(&cur->layout, dn->down, dn->ndown, dn->backup_of, &ret->layout, rv,
 				&to, nodes, cl->nnodes, rdown, &nrdown);

@@ -264,8 +264,8 @@ void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			break;
 		}
 		if (write || !t.pin) { /* writers stage against the current content */
-			size_t i = xf_parts_index(&f->v->parts, f->rank, f->state, f->tensor);
-			f->buf = xf_buf_get(f->v->parts.bufs[i]);
+			f->buf =
+			    xf_buf_get(xf_parts_at(&f->v->parts, f->rank, f->state, f->tensor));
 			f->hdr_len = mlfs_part_header(d->st->schema, &f->v->layout, f->rank,
 						      f->state, f->tensor, f->hdr, sizeof(f->hdr));
 		} else { /* readers read what the inode names */

@@ -172,9 +172,8 @@ static int remote_sources(struct mlfs_daemon *d, const struct mlfs_view *v,
 				    !ptc_layout_holds(l, r, a))
 					continue;
 				if (l->ranks[r].node == d->st->node)
-					p->bufs[t] = xf_buf_get(
-					    v->parts
-						.bufs[xf_parts_index(&v->parts, r, e->state, a)]);
+					p->bufs[t] =
+					    xf_buf_get(xf_parts_at(&v->parts, r, e->state, a));
 				else
 					p->remote[2 * t] = r, p->remote[2 * t + 1] = a;
 				break;
@@ -213,8 +212,7 @@ int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct 
 	p->state = e->state;
 	p->tensor = e->tensor;
 	if (e->kind == MLFS_K_PART) {
-		p->bufs[0] = xf_buf_get(
-		    v->parts.bufs[xf_parts_index(&v->parts, e->rank, e->state, e->tensor)]);
+		p->bufs[0] = xf_buf_get(xf_parts_at(&v->parts, e->rank, e->state, e->tensor));
 		p->hdr_len = mlfs_part_header(d->st->schema, &v->layout, e->rank, e->state,
 					      e->tensor, p->hdr, sizeof(p->hdr));
 		*gen = p->bufs[0]->id;

@@ -47,11 +47,12 @@ struct net_reply {
 void net_reply_init(struct net_reply *r, int64_t a, int64_t b, int64_t max);
 
 /*
- * Takes one header line of @len bytes (X-Mlfs-XXH3 is read too: have_sum) (its CR LF may be there
- * or not): a status line ("HTTP/1.1 206 Partial Content") starts a new reply and returns
- * NET_HEADER_STATUS; Content-Length and Content-Range are read, malformed ones ignored, other
- * headers too (0). -EFBIG, with the reason in @err, when a whole-object 200 announces more than max
- * bytes.
+ * Takes one header line of @len bytes (its CR LF may be there or not): a
+ * status line ("HTTP/1.1 206 Partial Content") starts a new reply and
+ * returns NET_HEADER_STATUS; Content-Length, Content-Range and
+ * X-Mlfs-XXH3 (have_sum) are read, malformed ones ignored, other headers
+ * too (0). -EFBIG, with the reason in @err, when a whole-object 200
+ * announces more than max bytes.
  */
 #define NET_HEADER_STATUS 1
 int net_reply_header(struct net_reply *r, const char *line, size_t len, struct ptc_error *err);

@@ -44,7 +44,10 @@
 #define PTC_MAX_FILES	   (1 << 20) /* states x tensors: the files of full/ */
 #define PTC_MAX_NAME	   255	     /* bytes of a path component, ".npy" included */
 #define PTC_MAX_PATH	   3072	     /* bytes of "<state>/<tensor>.npy" */
-#define PTC_MAX_PARTITIONS (1 << 24) /* ranks x states x tensors of a layout */
+#define PTC_MAX_PARTITIONS (1 << 24) /* one node's ranks x states x tensors */
+/* ranks x states x tensors of the world, for a plan of the whole job (ptc_plan_compute,
+ * ptc_plan_compute_backups; `mlfs plan` without --node): a plan per node has no such limit */
+#define PTC_MAX_JOB_PARTITIONS (1 << 26)
 /* The size of one dimension of a tensor (a schema's, a .npy file's), and
  * the elements of a schema's tensor: at most this. */
 #define PTC_MAX_DIM_SIZE ((int64_t)1 << 40)
@@ -322,7 +325,8 @@ struct ptc_layout {
  * Places @config on @cluster for @schema. Fails with -EINVAL and @err when
  * the layout does not fit (unknown node, too few devices, more stages than
  * layers, a TP degree larger than a chunk it must split, padding past 2^40
- * elements, more than PTC_MAX_PARTITIONS ranks x states x tensors).
+ * elements, a node hosting more than PTC_MAX_PARTITIONS ranks x states x
+ * tensors: the limit is per node, not on the world).
  * Repeated nodes are refused by ptc_config_parse. @name is the config's
  * file name for messages. Release with ptc_layout_release.
  */
@@ -437,7 +441,9 @@ struct ptc_plan {
  * Deterministic: the same inputs give the same plan on every node.
  * Returns 0 and *out (ptc_plan_free), -EINVAL with @err naming the
  * tensors that have no surviving copy or the down node that @to uses,
- * or -ENOMEM.
+ * -E2BIG when either layout has more than PTC_MAX_JOB_PARTITIONS ranks x
+ * states x tensors (plan per node instead: ptc_plan_compute_node), or
+ * -ENOMEM.
  */
 int ptc_plan_compute(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
 		     int ndown, struct ptc_plan **out, struct ptc_error *err);

@@ -101,13 +101,25 @@ int ptc_layout_init(struct ptc_layout *l, const struct ptc_schema *schema,
 				  "%s: tp * pp * dp = %d ranks exceed the %" PRId64
 				  " devices of its %d nodes",
 				  file, l->world, devices, config->nnodes);
-	/* xf_parts holds a slot per (rank, state, tensor) of the whole world. */
-	int64_t slots = (int64_t)l->world * schema->nstates * schema->ntensors;
+	/* Each node keeps a partition table of its own ranks x states x tensors
+	 * (struct xf_parts): the limit is per node, on the node hosting the
+	 * most ranks (ranks fill config.nodes in order), whatever the world. */
+	int64_t left = l->world, most = 0;
+	const char *most_id = NULL;
+	for (int i = 0; i < config->nnodes && left > 0; i++) {
+		int64_t dev = cluster->nodes[ptc_cluster_find(cluster, config->nodes[i])].devices;
+		int64_t nr = dev < left ? dev : left;
+		if (nr > most)
+			most = nr, most_id = config->nodes[i];
+		left -= nr;
+	}
+	int64_t slots = most * schema->nstates * schema->ntensors;
 	if (slots > PTC_MAX_PARTITIONS)
 		return ptc_errorf(err,
-				  "%s: tp * pp * dp = %d ranks x %d states x %d tensors = %" PRId64
-				  " partitions, more than the limit %d",
-				  file, l->world, schema->nstates, schema->ntensors, slots,
+				  "%s: node \"%s\" hosts %" PRId64
+				  " ranks x %d states x %d tensors = %" PRId64
+				  " partitions, more than the limit %d per node",
+				  file, most_id, most, schema->nstates, schema->ntensors, slots,
 				  PTC_MAX_PARTITIONS);
 	if (schema->num_layers > 0 && config->pp > schema->num_layers)
 		return ptc_errorf(err, "%s: \"pp\" = %d exceeds the %d layers of the schema", file,

@@ -943,6 +943,21 @@ static int plan_compute(const struct ptc_layout *from, const struct ptc_layout *
 		rc = ptc_errorf(c.err, "plan: node index %d is out of range", node);
 		goto out;
 	}
+	/* The whole job's ops follow the world's partitions; a node's plan
+	 * follows its own only (its layouts are bounded per node). */
+	for (int k = 0; node < 0 && k < 2; k++) {
+		const struct ptc_layout *l = k ? to : from;
+		int64_t slots = (int64_t)l->world * c.s->nstates * c.s->ntensors;
+		if (slots > PTC_MAX_JOB_PARTITIONS) {
+			rc = ptc_error_set(c.err, -E2BIG,
+					   "plan: %s: %d ranks x %d states x %d tensors = %" PRId64
+					   " partitions, more than the limit %d of a plan of the "
+					   "whole job: plan one node at a time",
+					   l->name, l->world, c.s->nstates, c.s->ntensors, slots,
+					   PTC_MAX_JOB_PARTITIONS);
+			goto out;
+		}
+	}
 	if ((rc = node < 0 ? plan_all(&c) : plan_node(&c)))
 		goto out;
 	if (node >= 0) /* what it serves, itself included (a backup it keeps) */

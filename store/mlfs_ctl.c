@@ -1,7 +1,7 @@
 /*
  * mlfs_ctl.c - the control files: schema.json and config.json writes
  * (installed here, or proposed to the control plane), .mlfs-ctl requests
- * (import, verify, prepare, commit, abort; the test hook flip with
+ * (import, snapshot, verify, prepare, commit, abort; the test hook flip with
  * MLFS_TEST_HOOKS=1), status.json and rank.json.
  *
  * DESIGN
@@ -156,9 +156,26 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 		} else if (state && (only = ptc_schema_find_state(st->schema, state)) < 0) {
 			ptc_errorf(&err, "import: the schema has no state \"%s\"", state);
 		} else {
-			rc = mlfs_store_import(st, dir, only, jstep ? json_integer_value(jstep) : 0,
-					       &err);
+			rc = mlfs_store_import(st, dir, only,
+					       jstep ? json_integer_value(jstep) : -1, &err);
 		}
+	} else if (strcmp(op, "snapshot") == 0) {
+		const char *dir = json_string_value(json_object_get(req, "to"));
+		json_t *jl = json_object_get(req, "level"), *jw = json_object_get(req, "wait");
+		if (!dir || dir[0] != '/')
+			ptc_errorf(&err, "snapshot: \"to\" must be an absolute path");
+		else if (jl && (!json_is_integer(jl) || json_integer_value(jl) < -7 ||
+				json_integer_value(jl) > 19))
+			ptc_errorf(&err, "snapshot: \"level\" must be a zstd level, -7 to 19");
+		else if (jw && (!json_is_integer(jw) || json_integer_value(jw) < 0 ||
+				json_integer_value(jw) > 86400))
+			ptc_errorf(&err, "snapshot: \"wait\" must be 0 to 86400 seconds");
+		else if (!(extra = json_object()))
+			rc = ptc_error_set(&err, -ENOMEM, "out of memory");
+		else
+			rc = mlfs_store_snapshot(
+			    st, dir, jl ? (int)json_integer_value(jl) : MLFS_SNAP_LEVEL,
+			    jw ? (int)json_integer_value(jw) : 600, extra, &err);
 	} else if (strcmp(op, "verify") == 0) {
 		rc = (extra = json_object()) ? mlfs_store_verify(st, extra, &err)
 					     : ptc_error_set(&err, -ENOMEM, "out of memory");

@@ -189,6 +189,8 @@ int mlfs_store_commit_part(struct mlfs_store *st, struct mlfs_view *v, int rank,
 		rc = -ESTALE;
 	} else if (st->state == MLFS_TRANSFORMING) {
 		rc = -EBUSY;
+	} else if (!xf_parts_local(&v->parts, rank)) {
+		rc = -EINVAL; /* not a rank of this node */
 	} else {
 		size_t i = xf_parts_index(&v->parts, rank, state, tensor);
 		struct xf_buf *old = v->parts.bufs[i];

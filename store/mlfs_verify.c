@@ -46,7 +46,7 @@ static struct xf_buf **pin_all(struct mlfs_store *st, struct mlfs_view **vout, s
 	*n = 0;
 	if (!v)
 		return NULL;
-	size_t k = (size_t)v->layout.world * (size_t)v->parts.nstates * (size_t)v->parts.ntensors;
+	size_t k = xf_parts_count(&v->parts);
 	if (!(bufs = calloc(k ? k : 1, sizeof(*bufs))))
 		return NULL;
 	pthread_mutex_lock(&st->lock);
@@ -81,7 +81,7 @@ int mlfs_store_verify(struct mlfs_store *st, json_t *out, struct ptc_error *err)
 			continue;
 		int t = (int)(i % (size_t)s->ntensors);
 		int si = (int)(i / (size_t)s->ntensors % (size_t)s->nstates);
-		int r = (int)(i / (size_t)s->ntensors / (size_t)s->nstates);
+		int r = v->parts.r0 + (int)(i / (size_t)s->ntensors / (size_t)s->nstates);
 		if (!xf_buf_sealed(b)) {
 			xf_buf_seal(b);
 			unsealed++;

@@ -32,8 +32,7 @@ void mlfs_view_put(struct mlfs_view *v)
 	struct xf_mem *mem = v->mem;
 	xf_parts_release(&v->parts);
 	if (v->snap)
-		mlfs_bufs_put(v->snap, (size_t)v->layout.world * (size_t)v->parts.nstates *
-					   (size_t)v->parts.ntensors);
+		mlfs_bufs_put(v->snap, xf_parts_count(&v->parts));
 	free(v->snap);
 	free(v->snap_step);
 	if (v->stage_tree)
@@ -68,7 +67,8 @@ void mlfs_view_snap(struct mlfs_store *st, struct mlfs_view *v, int rank, struct
 	const struct xf_parts *p = &v->parts;
 	if (!v->snap)
 		return;
-	for (int s = 0; s < p->nstates; s++)
+	/* Buffers are snapshotted for the node's own ranks (its table's). */
+	for (int s = 0; xf_parts_local(p, rank) && s < p->nstates; s++)
 		for (int t = 0; t < p->ntensors; t++) {
 			size_t i = xf_parts_index(p, rank, s, t);
 			struct xf_buf *was = v->snap[i];
@@ -101,7 +101,7 @@ struct xf_buf *mlfs_view_snap_get(struct mlfs_store *st, struct mlfs_view *v, in
 		return NULL;
 	pthread_mutex_lock(&st->lock);
 	*have = v->snap_step[rank];
-	if (*have == step)
+	if (*have == step && xf_parts_local(p, rank))
 		b = xf_buf_get(v->snap[xf_parts_index(p, rank, state, tensor)]);
 	pthread_mutex_unlock(&st->lock);
 	return b;
@@ -147,7 +147,7 @@ struct xf_buf *mlfs_store_part_get(struct mlfs_store *st, struct mlfs_view *v, i
 	    tensor >= p->ntensors)
 		return NULL;
 	pthread_mutex_lock(&st->lock);
-	b = xf_buf_get(p->bufs[xf_parts_index(p, rank, state, tensor)]);
+	b = xf_buf_get(xf_parts_at(p, rank, state, tensor));
 	pthread_mutex_unlock(&st->lock);
 	return b;
 }
@@ -178,8 +178,9 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 	 * refused before: the partition table (and snapshots), the step table,
 	 * the layout and the local buffers' own allocations first; then, once
 	 * built, the trees and everything else, measured (mlfs_memsize.c). */
-	size_t nparts =
-	    (size_t)v->layout.world * (size_t)st->schema->nstates * (size_t)st->schema->ntensors;
+	/* The table is the node's ranks x states x tensors (struct xf_parts). */
+	size_t nparts = (size_t)v->layout.node_nranks[st->node] * (size_t)st->schema->nstates *
+			(size_t)st->schema->ntensors;
 	int64_t meta = mlfs_mem_alloc(nparts * sizeof(void *)) * (config->replicas ? 2 : 1) +
 		       mlfs_mem_alloc((size_t)v->layout.world * sizeof(int64_t)) +
 		       mlfs_mem_layout(&v->layout) + mlfs_mem_parts(&v->layout, st->node);
@@ -268,10 +269,12 @@ int mlfs_view_full_sources(const struct mlfs_view *v, const struct ptc_schema *s
 		for (int r = r0; r >= 0 && r < r0 + nr && !srcs[t]; r++) {
 			if (l->ranks[r].t != t)
 				continue;
-			for (int a = 0; a < s->ntensors && !srcs[t]; a++)
-				if (ptc_schema_logical(s, a) == tensor)
-					srcs[t] = xf_buf_get(
-					    v->parts.bufs[xf_parts_index(&v->parts, r, state, a)]);
+			/* @tensor, then the tensors tied to it (the schema's tie
+			 * index: no pass over every tensor) */
+			int a = s->tensors[tensor].tied < 0 ? tensor : s->tie_first[tensor];
+			for (; a >= 0 && !srcs[t];
+			     a = a == tensor ? s->tie_first[tensor] : s->tie_next[a])
+				srcs[t] = xf_buf_get(xf_parts_at(&v->parts, r, state, a));
 		}
 		if (!srcs[t]) {
 			while (t > 0)

@@ -355,7 +355,10 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
  * The "import" request of .mlfs-ctl (mlfs_import.c): the full tensors of
  * directory @dir (<state>/<tensor>.npy; only state @only, or every state
  * when -1) sliced into this node's partitions of the current view, which
- * become the saved state of @step on every local rank. 0, or a negative
+ * become the saved state of @step (-1: 0) on every local rank. When @dir
+ * holds a snapshot (manifest.json, mlfs_snapshot.c), the boxes overlapping
+ * this node's partitions are decompressed into them instead, each file's
+ * size and XXH3 checked, and @step -1 is the snapshot's step. 0, or a negative
  * errno with @err saying why (every file that is missing or does not
  * match is named; nothing changes then): -EINVAL, -EBUSY (a
  * reconfiguration holds the store), -ENOSPC, -EIO, -ENOMEM. @err must
@@ -364,6 +367,21 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
  */
 int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t step,
 		      struct ptc_error *err);
+/*
+ * The "snapshot" request of .mlfs-ctl (mlfs_snapshot.c, `mlfs snapshot`):
+ * the saved step of every rank (the same everywhere, else -EINVAL naming
+ * two ranks) written to directory @dir as zstd-compressed .npy boxes at
+ * zstd @level, the boxes this node owns (each row range once in the job);
+ * the node hosting rank 0 then waits up to @wait_s seconds for every
+ * node's list and writes manifest.json last (atomic rename). Adds "step",
+ * "node_files", "bytes", "compressed", "level", "seconds", "manifest" (and
+ * "files" with it) to @out. 0, or a negative errno with @err: -EINVAL,
+ * -EEXIST (@dir holds a snapshot), -EIO (a file could not be written),
+ * -ETIMEDOUT, -ENOMEM. I/O workers; st->lock taken briefly to pin.
+ */
+#define MLFS_SNAP_LEVEL 1 /* zstd's level of a snapshot: mlfs_snapshot.c says why */
+int mlfs_store_snapshot(struct mlfs_store *st, const char *dir, int level, int wait_s, json_t *out,
+			struct ptc_error *err);
 /*
  * The "verify" request of .mlfs-ctl (mlfs_verify.c, `mlfs verify`): every
  * partition of this node's current view hashed again and compared with the

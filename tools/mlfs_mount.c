@@ -429,7 +429,7 @@ int cmd_import(int argc, char **argv)
 					     {"state", required_argument, NULL, 't'},
 					     {NULL, 0, NULL, 0}};
 	const char *from = NULL, *state = NULL;
-	long long step = 0;
+	long long step = -1; /* the snapshot's, or 0 */
 	int c;
 
 	optind = 1;
@@ -464,7 +464,9 @@ int cmd_import(int argc, char **argv)
 		fprintf(stderr, "mlfs import: %s: %s\n", from, strerror(errno));
 		return 1;
 	}
-	json_t *req = json_pack("{sssssI}", "op", "import", "from", dir, "step", (json_int_t)step);
+	json_t *req = json_pack("{ssss}", "op", "import", "from", dir);
+	if (step >= 0)
+		json_object_set_new(req, "step", json_integer(step));
 	if (state)
 		json_object_set_new(req, "state", json_string(state));
 	char *text = json_dumps(req, JSON_COMPACT);

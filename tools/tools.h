@@ -17,6 +17,7 @@ int cmd_status(int argc, char **argv);
 int cmd_reconfigure(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_export(int argc, char **argv);
+int cmd_snapshot(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_dataset(int argc, char **argv);
 int cmd_reset(int argc, char **argv);

@@ -141,21 +141,46 @@ int xf_full_assemble(const struct ptc_schema *s, int state, int tensor, struct x
 /* ------------------------------------------------------------- partitions */
 
 /*
- * The partitions of one layout hosted on one node: bufs[(rank * nstates +
- * state) * ntensors + tensor], NULL where the rank is not on the node or
- * does not hold the tensor. Each non-NULL entry holds one reference.
+ * The partitions of one layout hosted on one node, and only those: the
+ * node's ranks are consecutive (ptc_layout's node_first_rank, node_nranks),
+ * so world rank r is local slot r - r0 when 0 <= r - r0 < nranks, and
+ * bufs[((r - r0) * nstates + state) * ntensors + tensor] is its partition,
+ * NULL where the rank does not hold the tensor. The table is the node's
+ * ranks x states x tensors, whatever the size of the world. Each non-NULL
+ * entry holds one reference.
  */
 struct xf_parts {
 	const struct ptc_layout *layout;
 	int node;
+	int r0, nranks; /* the node's ranks: [r0, r0 + nranks); r0 0 when none */
 	int nstates, ntensors;
 	struct xf_buf **bufs;
 };
 
+/* Whether world rank @rank is one of the table's (its node's). */
+static inline bool xf_parts_local(const struct xf_parts *p, int rank)
+{
+	return rank >= p->r0 && rank - p->r0 < p->nranks;
+}
+
+/* The slot of (@rank, @state, @tensor): @rank must be local (xf_parts_local). */
 static inline size_t xf_parts_index(const struct xf_parts *p, int rank, int state, int tensor)
 {
-	return ((size_t)rank * (size_t)p->nstates + (size_t)state) * (size_t)p->ntensors +
+	return ((size_t)(rank - p->r0) * (size_t)p->nstates + (size_t)state) * (size_t)p->ntensors +
 	       (size_t)tensor;
+}
+
+/* Slots of the table: the node's ranks x states x tensors. */
+static inline size_t xf_parts_count(const struct xf_parts *p)
+{
+	return (size_t)p->nranks * (size_t)p->nstates * (size_t)p->ntensors;
+}
+
+/* The buffer of (@rank, @state, @tensor), borrowed; NULL when @rank is not
+ * the node's or holds nothing there. */
+static inline struct xf_buf *xf_parts_at(const struct xf_parts *p, int rank, int state, int tensor)
+{
+	return xf_parts_local(p, rank) ? p->bufs[xf_parts_index(p, rank, state, tensor)] : NULL;
 }
 
 /* Bytes of the partition of (@rank, @state, @tensor) under @l. */

@@ -3,7 +3,8 @@
  *
  * DESIGN
  * Data model: a struct xf_parts maps (rank, state, tensor) of one layout on
- * one node to a buffer holding that partition: `outer` blocks of `rows` rows
+ * one node, for the node's own ranks only (its table does not grow with the
+ * world), to a buffer holding that partition: `outer` blocks of `rows` rows
  * of `row_bytes` bytes (ptc_tensor_geometry, the rank's TP slice). A plan op
  * moves a row range, i.e. `outer` contiguous segments of rows * row_bytes.
  *
@@ -75,7 +76,7 @@ int64_t xf_partition_bytes(const struct ptc_layout *l, int rank, int state, int 
 
 static size_t parts_count(const struct xf_parts *p)
 {
-	return (size_t)p->layout->world * (size_t)p->nstates * (size_t)p->ntensors;
+	return xf_parts_count(p);
 }
 
 int xf_parts_init(struct xf_parts *p, const struct ptc_layout *l, int node)
@@ -89,6 +90,8 @@ int xf_parts_init(struct xf_parts *p, const struct ptc_layout *l, int node)
 	p->node = node;
 	p->nstates = l->schema->nstates;
 	p->ntensors = l->schema->ntensors;
+	p->r0 = l->node_first_rank[node] < 0 ? 0 : l->node_first_rank[node];
+	p->nranks = l->node_nranks[node];
 	n = parts_count(p);
 	p->bufs = calloc(n ? n : 1, sizeof(*p->bufs));
 	return p->bufs ? 0 : -ENOMEM;
@@ -222,8 +225,7 @@ static int check_source(const struct ptc_op *op, const struct xf_parts *from,
 	    (op->src_row != 0 || op->dst_row != 0 || sg.rows != dg->rows || op->rows != dg->rows))
 		return -EINVAL;
 	if (op->kind == PTC_OP_COPY || op->kind == PTC_OP_REUSE) {
-		const struct xf_buf *b =
-		    from->bufs[xf_parts_index(from, op->src_rank, op->state, op->src_tensor)];
+		const struct xf_buf *b = xf_parts_at(from, op->src_rank, op->state, op->src_tensor);
 		if (!b || b->size != sg.outer * sg.rows * sg.row_bytes)
 			return -EINVAL;
 	}

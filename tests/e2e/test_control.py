@@ -136,9 +136,11 @@ def reset(cl):
                           capture_output=True, text=True, timeout=60)
 
 
-def entry(cl, nid):
-    kv = cl.keys().get(f"nodes/{nid}")
-    return json.loads(kv.value) if kv else None
+def retained(cl, nid):
+    """The layout version node @nid retains, as its peer server's /v1/health says."""
+    status, body = cl[nid].get("/v1/health")
+    assert status == 200, (nid, status, body)
+    return json.loads(body)["retained"]
 
 
 def test_death_between_vote_and_swap_loses_nothing(cluster_factory):
@@ -160,8 +162,7 @@ def test_death_between_vote_and_swap_loses_nothing(cluster_factory):
     cl.wait_version(2, nodes=["n0", "n1", "n2"])
     assert cl["n3"].status()["version"] == 1  # stalled before its swap
     for nid in ("n0", "n1", "n2"):  # version 1 retained: n3 never showed its swap
-        cl.wait(lambda nid=nid: (entry(cl, nid) or {}).get("retained") == 1,
-                f"{nid} retains version 1")
+        cl.wait(lambda nid=nid: retained(cl, nid) == 1, f"{nid} retains version 1")
     cl.kill("n3")
     cl.wait_down("n3")
 
@@ -176,7 +177,7 @@ def test_death_between_vote_and_swap_loses_nothing(cluster_factory):
         assert st["state"] == "idle" and st["error"] is None, (nid, st)
     # Every node of version 3's commit swapped: the retained layout goes.
     for nid in ("n0", "n1", "n2"):
-        cl.wait(lambda nid=nid: (entry(cl, nid) or {}).get("retained") == 0,
+        cl.wait(lambda nid=nid: retained(cl, nid) == 0,
                 f"{nid} released its retained layout")
 
 

@@ -210,8 +210,8 @@ def test_limits_named_in_status(mount):
 
 
 def test_partition_table_limit(mount_factory):
-    """ranks x states x tensors is bounded: 4096 ranks x 3 states x 2048 tensors
-    would be 2^25 slots of the partition table on every node."""
+    """A node's ranks x states x tensors is bounded: 4096 ranks on one node x 3
+    states x 2048 tensors would be 2^25 slots of its partition table."""
     m = mount_factory(devices=4096)
     schema = {"num_layers": 2048, "states": {"model": {}, "m": {}, "v": {}},
               "tensors": [{"name": "l{L}", "dtype": "bool", "shape": [1]}]}
@@ -220,6 +220,6 @@ def test_partition_table_limit(mount_factory):
     assert write_in_child(m.p("config.json"), json.dumps(cfg).encode(),
                           timeout=60) == errno.EINVAL
     err = m.status()["error"]
-    assert err == ("config.json: tp * pp * dp = 4096 ranks x 3 states x 2048 tensors = "
-                   "25165824 partitions, more than the limit 16777216"), err
+    assert err == ('config.json: node "n0" hosts 4096 ranks x 3 states x 2048 tensors = '
+                   "25165824 partitions, more than the limit 16777216 per node"), err
     assert os.listdir(m.p("ranks")) == []

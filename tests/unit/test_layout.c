@@ -717,14 +717,14 @@ static void test_too_many_partitions(void **state)
 	struct fixture f;
 
 	(void)state;
-	/* The partition table has a slot per rank, state and tensor: 128 ranks
-	 * x 3 states x 65536 tensors is 1.5 x 2^24. */
+	/* A node's partition table has a slot per rank of the node, state and
+	 * tensor: 128 ranks on one node x 3 states x 65536 tensors is 1.5 x 2^24. */
 	fixture_init(&f, schema_text,
 		     "{'version': 1, 'tp': 128, 'pp': 1, 'dp': 1, 'nodes': ['n0']}", big);
 	assert_int_equal(f.rc, -EINVAL);
-	assert_string_equal(f.err.text, "config.json: tp * pp * dp = 128 ranks x 3 states x 65536 "
-					"tensors = 25165824 partitions, more than the limit "
-					"16777216");
+	assert_string_equal(f.err.text, "config.json: node \"n0\" hosts 128 ranks x 3 states x "
+					"65536 tensors = 25165824 partitions, more than the limit "
+					"16777216 per node");
 	assert_null(f.l.ranks);
 	fixture_release(&f);
 
@@ -733,6 +733,25 @@ static void test_too_many_partitions(void **state)
 		  big);
 	assert_int_equal(f.l.world, 85);
 	assert_int_equal((int64_t)f.l.world * f.s->nstates * f.s->ntensors, 16711680);
+	fixture_release(&f);
+
+	/* The limit is per node: the same 128 ranks on two nodes of 64 (the
+	 * world's 25165824 slots, each node's 12582912) fit; on nodes of 100
+	 * and 28 devices the first node's 100 ranks do not. */
+	layout_ok(&f, schema_text,
+		  "{'version': 1, 'tp': 128, 'pp': 1, 'dp': 1, 'nodes': ['a', 'b']}",
+		  "{'nodes': [{'id': 'a', 'devices': 64}, {'id': 'b', 'devices': 64}]}");
+	assert_int_equal(f.l.world, 128);
+	assert_int_equal(f.l.node_nranks[0], 64);
+	assert_int_equal(f.l.node_nranks[1], 64);
+	fixture_release(&f);
+	fixture_init(&f, schema_text,
+		     "{'version': 1, 'tp': 128, 'pp': 1, 'dp': 1, 'nodes': ['b', 'a']}",
+		     "{'nodes': [{'id': 'a', 'devices': 28}, {'id': 'b', 'devices': 100}]}");
+	assert_int_equal(f.rc, -EINVAL);
+	assert_string_equal(f.err.text, "config.json: node \"b\" hosts 100 ranks x 3 states x "
+					"65536 tensors = 19660800 partitions, more than the limit "
+					"16777216 per node");
 	fixture_release(&f);
 }
 

@@ -221,7 +221,7 @@ static void old_parts(struct xf_parts *p, const struct ptc_layout *l, int node, 
 	for (int r = 0; r < l->world; r++)
 		for (int st = 0; st < s->nstates; st++)
 			for (int t = 0; t < s->ntensors; t++) {
-				struct xf_buf *b = p->bufs[xf_parts_index(p, r, st, t)];
+				struct xf_buf *b = xf_parts_at(p, r, st, t);
 				if (node_of(l, r) != node || !holds(l, r, t)) {
 					assert_null(b);
 					continue;
@@ -250,7 +250,7 @@ static int64_t check_parts(const struct xf_parts *p, const struct ptc_plan *plan
 	for (int r = 0; r < l->world; r++)
 		for (int st = 0; st < s->nstates; st++)
 			for (int t = 0; t < s->ntensors; t++) {
-				struct xf_buf *b = p->bufs[xf_parts_index(p, r, st, t)];
+				struct xf_buf *b = xf_parts_at(p, r, st, t);
 				if (node_of(l, r) != p->node || !holds(l, r, t)) {
 					assert_null(b);
 					continue;
@@ -262,9 +262,8 @@ static int64_t check_parts(const struct xf_parts *p, const struct ptc_plan *plan
 					    ops[k].state == st && ops[k].tensor == t)
 						reuse = &ops[k];
 				if (reuse) {
-					assert_ptr_equal(
-					    b, from->bufs[xf_parts_index(from, reuse->src_rank, st,
-									 reuse->src_tensor)]);
+					assert_ptr_equal(b, xf_parts_at(from, reuse->src_rank, st,
+									reuse->src_tensor));
 					assert_true(atomic_load(&b->refs) >= 2);
 				} else if (plan) {
 					assert_int_equal(atomic_load(&b->refs), 1);
@@ -282,7 +281,7 @@ static int64_t check_parts(const struct xf_parts *p, const struct ptc_plan *plan
 
 static bool parts_empty(const struct xf_parts *p)
 {
-	size_t n = (size_t)p->layout->world * (size_t)p->nstates * (size_t)p->ntensors;
+	size_t n = xf_parts_count(p);
 	for (size_t i = 0; i < n; i++)
 		if (p->bufs[i])
 			return false;
@@ -328,8 +327,7 @@ static int peer_fetch(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t 
 		return -EPROTO;
 	const struct xf_parts *p = &pe->old[op->src_node];
 	const struct ptc_layout *l = p->layout;
-	const struct xf_buf *b =
-	    p->bufs[xf_parts_index(p, op->src_rank, op->state, op->src_tensor)];
+	const struct xf_buf *b = xf_parts_at(p, op->src_rank, op->state, op->src_tensor);
 	if (!b)
 		return -ENOENT;
 	free(rowmap(&l->schema->tensors[op->src_tensor], l->tp, op->src_rank % l->tp, &srows));

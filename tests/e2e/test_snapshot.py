@@ -1,0 +1,211 @@
+"""Snapshots (`mlfs snapshot`) and restores from them (`mlfs import --from SNAPSHOT`):
+zstd-compressed .npy boxes and a manifest written last; restored bit-exact into
+another layout; a truncated or corrupt file refused by name with nothing changed."""
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+
+from test_store import MIXED, check_layout, expand, make_full, tp_slice, write_full
+
+SRC = {"version": 1, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n0"]}
+DST = {"version": 1, "tp": 4, "pp": 1, "dp": 1, "nodes": ["n0"]}
+
+
+def load_zst(path):
+    """zstd -d, then numpy.load: no mlfs involved."""
+    raw = subprocess.run(["zstd", "-d", "-c", "-q", str(path)], check=True,
+                         capture_output=True).stdout
+    import io
+    return np.load(io.BytesIO(raw))
+
+
+def take_snapshot(tmp_path, mount_factory):
+    src = mount_factory(name="src")
+    src.setup(MIXED, SRC)
+    full = make_full(MIXED, np.random.default_rng(18))
+    ckpt = tmp_path / "ckpt"
+    write_full(ckpt, full)
+    src.mlfs("import", "--from", ckpt, "--step", "7")
+    snap = tmp_path / "snap"
+    p = src.mlfs("snapshot", "--to", snap)
+    assert "manifest.json written" in p.stdout, p.stdout
+    return src, full, snap
+
+
+def test_snapshot_restores_into_another_layout(tmp_path, mount_factory):
+    src, full, snap = take_snapshot(tmp_path, mount_factory)
+    m = json.loads((snap / "manifest.json").read_text())
+    assert m["format"] == "mlfs-snapshot" and m["step"] == 7 and m["level"] == 1
+    assert m["schema"] == MIXED and m["config"] == SRC
+    # Each row range once: the tp2 boxes of every state's logical tensors,
+    # DP replicas and the tied output/weight not written again.
+    files = {f["path"] for f in m["files"]}
+    assert len(files) == len(m["files"])
+    written = set()
+    for d, _, names in os.walk(snap):
+        written |= {os.path.relpath(os.path.join(d, n), snap) for n in names}
+    assert written == files | {"manifest.json"}
+    assert not any("output/weight" in f for f in files)
+    for state in MIXED["states"]:
+        for name, spec, _ in expand(MIXED):
+            if "tied" in spec:
+                continue
+            mine = [f for f in m["files"] if f["state"] == state and f["tensor"] == name]
+            split = spec.get("split")
+            # qkv: 3 chunks per TP rank, each a box of its own
+            want = 1 if not split else 2 * (3 if name.endswith("qkv/weight") else
+                                             2 if name.endswith("fc1/weight") else 1)
+            assert len(mine) == want, (state, name, mine)
+            rows = sorted((f["offsets"][split["dim"]] if split else 0,
+                           f["shape"][split["dim"]] if split else 1) for f in mine)
+            at = 0
+            for a, n in rows:
+                assert a == at
+                at += n
+            assert at == (spec["shape"][split["dim"]] if split else 1)
+    # Every file is an ordinary zstd .npy of its box (bf16 as its raw uint16).
+    for f in m["files"]:
+        if f["tensor"] in ("layers/2/qkv/weight", "layers/1/proj/weight", "pos/weight"):
+            a = load_zst(snap / f["path"])
+            box = full[(f["state"], f["tensor"])]
+            sl = tuple(slice(o, o + n) for o, n in zip(f["offsets"], f["shape"]))
+            assert a.dtype == box.dtype and np.array_equal(a, box[sl]), f
+            assert f["dtype"] == ("float32" if f["state"] == "optim/exp_avg" else
+                                  dict((n, s["dtype"]) for n, s, _ in expand(MIXED))[f["tensor"]])
+    # Another mount, another layout: bit-exact, the snapshot's step.
+    dst = mount_factory(name="dst", devices=4)
+    dst.setup(MIXED, DST)
+    p = dst.mlfs("import", "--from", snap)
+    assert p.returncode == 0
+    check_layout(dst, MIXED, DST, full, step=7)
+    assert dst.status()["error"] is None
+    out = np.load(dst.p("ranks/3/model/embedding/weight.npy"))
+    assert np.array_equal(out[:14], tp_slice(full[("model", "embedding/weight")],
+                                             MIXED["tensors"][0]["split"], 4, 3)[:14])
+    # And back into the first layout, over other data.
+    src.mlfs("import", "--from", tmp_path / "ckpt", "--step", "3")
+    src.mlfs("import", "--from", snap)
+    check_layout(src, MIXED, SRC, full, step=7)
+
+
+def test_snapshot_refusals(tmp_path, mount_factory):
+    src, full, snap = take_snapshot(tmp_path, mount_factory)
+    # A directory that holds a snapshot is not written again.
+    p = src.mlfs("snapshot", "--to", snap, check=False)
+    assert p.returncode == 1 and "holds a snapshot already" in p.stderr
+    # Ranks that saved different steps: refused, naming them.
+    src.write("ranks/5/step", "8")
+    p = src.mlfs("snapshot", "--to", tmp_path / "snap2", check=False)
+    assert p.returncode == 1 and "rank 0 lags at step 7 while rank 5 saved step 8" in p.stderr
+    assert not (tmp_path / "snap2" / "manifest.json").exists()
+
+
+def test_snapshot_damaged_files_refused(tmp_path, mount_factory):
+    _, full, snap = take_snapshot(tmp_path, mount_factory)
+    dst = mount_factory(name="dst", devices=4)
+    dst.setup(MIXED, DST)
+    other = make_full(MIXED, np.random.default_rng(5))
+    write_full(tmp_path / "other", other)
+    dst.mlfs("import", "--from", tmp_path / "other", "--step", "3")
+    m = json.loads((snap / "manifest.json").read_text())
+    name = next(f["path"] for f in m["files"] if f["tensor"] == "layers/4/fc1/weight")
+
+    def refused(bad, why):
+        p = dst.mlfs("import", "--from", bad, check=False)
+        assert p.returncode == 1
+        assert name in p.stderr and why in p.stderr, p.stderr
+        assert name in dst.status()["error"]
+        check_layout(dst, MIXED, DST, other, step=3)  # nothing changed
+
+    cut = tmp_path / "cut"
+    shutil.copytree(snap, cut)
+    data = (cut / name).read_bytes()
+    (cut / name).write_bytes(data[:len(data) // 2])
+    refused(cut, "truncated")
+
+    flip = tmp_path / "flip"
+    shutil.copytree(snap, flip)
+    data = bytearray((flip / name).read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (flip / name).write_bytes(bytes(data))
+    refused(flip, "corrupt")
+
+    # A file that is not the one the manifest describes (another job's, of the
+    # same size): its bytes do not hash to the manifest's checksum.
+    foreign = tmp_path / "foreign"
+    shutil.copytree(snap, foreign)
+    m2 = json.loads((foreign / "manifest.json").read_text())
+    entry = next(f for f in m2["files"] if f["path"] == name)
+    entry["xxh3"] = "%016x" % (int(entry["xxh3"], 16) ^ 1)
+    (foreign / "manifest.json").write_text(json.dumps(m2))
+    refused(foreign, "checksum mismatch")
+
+    # A manifest of another schema: refused naming the entry.
+    alien = tmp_path / "alien"
+    shutil.copytree(snap, alien)
+    m3 = json.loads((alien / "manifest.json").read_text())
+    entry = next(f for f in m3["files"] if f["path"] == name)
+    entry["tensor_shape"] = [21, 6]
+    (alien / "manifest.json").write_text(json.dumps(m3))
+    refused(alien, "its tensor's shape is not the schema's")
+
+    # Nothing wrong: it restores.
+    dst.mlfs("import", "--from", snap)
+    check_layout(dst, MIXED, DST, full, step=7)
+
+
+# ------------------------------------------------------------- many nodes
+
+from cluster import cluster_factory, etcd  # noqa: E402,F401  (fixtures)
+from conftest import MLFS  # noqa: E402
+
+
+def test_job_snapshot_survives_every_daemon(tmp_path, cluster_factory):
+    """A 4-node job at tp2 pp2 dp2: `mlfs snapshot` on every node into one shared
+    directory (each node writes the boxes it owns, rank 0's node the manifest); every
+    daemon killed and the job reset; restored into tp4 pp1 dp1 on 2 nodes, bit-exact."""
+    cl = cluster_factory(nnodes=4, devices=2)
+    full = make_full(MIXED, np.random.default_rng(44))
+    v1 = {"version": 1, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n0", "n1", "n2", "n3"]}
+    cl.start_job(MIXED, v1, "n0", full, step=5)
+    snap = tmp_path / "shared-snap"
+    for attempt in range(50):  # until every node saw every rank's step 5
+        procs = [subprocess.Popen([str(MLFS), "snapshot", n.path, "--to", snap, "--wait", "60"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for n in cl.nodes]
+        outs = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+        if all(rc == 0 for rc, _, _ in outs):
+            break
+        assert all(rc == 0 or "same step" in err for rc, _, err in outs), outs
+        shutil.rmtree(snap, ignore_errors=True)
+        import time
+        time.sleep(0.2)
+    assert all(rc == 0 for rc, _, _ in outs), outs
+    assert "manifest.json written" in outs[0][1], outs
+    m = json.loads((snap / "manifest.json").read_text())
+    assert m["step"] == 5 and not [f for f in os.listdir(snap) if f.startswith(".")]
+    # Each row range once in the job: the same files as a one-node snapshot would hold.
+    assert len({f["path"] for f in m["files"]}) == len(m["files"])
+
+    for n in cl.nodes:
+        cl.kill(n.id)
+    for n in cl.nodes:
+        cl.wait_down(n.id)
+    r = subprocess.run([str(MLFS), "reset", "--cluster", cl.cluster_path],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for n in ("n0", "n1", "n2", "n3"):
+        cl.restart(n)
+    cl.wait(lambda: all(s["state"] == "idle" and not s.get("version")
+                        for s in cl.statuses().values()), "a fresh job", timeout=30)
+    v2 = {"version": 1, "tp": 4, "pp": 1, "dp": 1, "nodes": ["n0", "n1"]}
+    cl["n0"].write("config.json", json.dumps(v2))
+    cl.wait_version(1)
+    for nid in ("n0", "n1"):
+        p = cl[nid].mlfs("import", "--from", snap, check=False)
+        assert p.returncode == 0, f"{nid}: {p.stderr}"
+    cl.wait_published(v2, 5)
+    cl.check_layout(MIXED, v2, full, step=5, nodes=["n0", "n1"])
