@@ -12,6 +12,13 @@ import pytest
 
 from conftest import run_mlfs
 
+# Under AddressSanitizer (make test's second pass, BUILD=build/asan) every
+# allocation carries redzones and freed memory sits in a quarantine: RSS says
+# nothing about what the daemon counts. The plain build's pass checks it.
+SANITIZED = os.path.basename(os.environ.get("BUILD", "build")) == "asan"
+RSS_UNDER_ASAN = "RSS under AddressSanitizer (redzones, quarantine) is not the daemon's; " \
+    "checked by the plain build's pass"
+
 MIB = 1 << 20
 LAYERS = 16384
 STATES = {"model": {}, "optim/exp_avg": {"dtype": "float32"},
@@ -57,6 +64,7 @@ def settle(m, version):
         time.sleep(0.05)
 
 
+@pytest.mark.skipif(SANITIZED, reason=RSS_UNDER_ASAN)
 def test_memory_used_follows_rss(mount_factory, tmp_path):
     """A schema of 16,384 layers and 4 states, its first config, a dp change and a tp and
     pp change: at each point memory_used has grown by the daemon's RSS growth within 10%
@@ -98,6 +106,7 @@ def test_memory_used_follows_rss(mount_factory, tmp_path):
             f"{what}: RSS grew {grew} bytes, memory_used {counted}: {rows}"
 
 
+@pytest.mark.skipif(SANITIZED, reason=RSS_UNDER_ASAN)
 def test_max_memory_refuses_before_rss_passes(mount_factory):
     """--max-memory between the old undercount of big_schema()'s first layout and what it
     really needs: the config is refused, naming --max-memory, and the daemon's RSS is
