@@ -125,9 +125,10 @@ static void round_once(struct mlfs_cluster *c)
 	pthread_mutex_unlock(&c->lock);
 	if (!coordinating && c->votes.watch)
 		mlfs_mirror_stop(&c->votes);
-	if (rc == 0 && coordinating && (rc = mlfs_mirror_sync(&c->votes, &why)) == 0 &&
-	    (rc = mlfs_mirror_copy(&c->votes, &k.votes, &k.nvotes, &(int64_t){0}, &why)))
-		mlfs_jobkeys_free(&k);
+	if (rc == 0 && coordinating &&
+	    ((rc = mlfs_mirror_sync(&c->votes, &why)) ||
+	     (rc = mlfs_mirror_copy(&c->votes, &k.votes, &k.nvotes, &(int64_t){0}, &why))))
+		mlfs_jobkeys_free(&k); /* the keys read above: not used this round */
 	pthread_mutex_lock(&c->lock);
 	snprintf(c->etcd_error, sizeof(c->etcd_error), "%s", rc ? why.text : "");
 	pthread_mutex_unlock(&c->lock);
