@@ -339,6 +339,10 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	st->data_opts.prefetch = o->prefetch < 0 ? 4 : o->prefetch;
 	struct mlfs_peer *peer = NULL;
 	struct mlfs_cluster *cluster = NULL;
+	if (mlfs_autosnap_start(st)) {
+		fprintf(stderr, "mlfs mount: cannot start a thread\n");
+		goto out_daemon;
+	}
 	if (cl->nnodes > 1 && join_job(st, o, &peer, &cluster))
 		goto out_daemon;
 
@@ -402,6 +406,7 @@ out_signals:
 out_session:
 	fuse_session_destroy(se);
 out_daemon:
+	mlfs_autosnap_stop(st);
 	mlfs_cluster_stop(cluster);
 	mlfs_peer_stop(peer); /* its server threads read the backups ... */
 	mlfs_backup_stop(st->backup);

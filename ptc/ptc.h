@@ -222,6 +222,11 @@ struct ptc_config {
 	int64_t dataset_global_batch;
 	bool dataset_shuffle;	/* default true */
 	int64_t dataset_epochs; /* 0: no limit */
+	/* "snapshot": periodic snapshots of every snap_every-th saved step into
+	 * snap_dir/step-<N>, the snap_keep newest kept; NULL snap_dir: none. */
+	char *snap_dir;
+	int64_t snap_every, snap_max_mib_s; /* 0: no bandwidth bound */
+	int snap_keep, snap_threads, snap_level;
 };
 
 /* Parses config syntax and ranges; fitting it to a cluster and schema is

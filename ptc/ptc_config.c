@@ -12,8 +12,10 @@
 
 #include "ptc/ptc_i.h"
 
-static const char *const config_keys[] = {"version", "tp",	 "pp",	    "dp",
-					  "nodes",   "replicas", "dataset", NULL};
+static const char *const config_keys[] = {"version",  "tp",	 "pp",	     "dp", "nodes",
+					  "replicas", "dataset", "snapshot", NULL};
+static const char *const snapshot_keys[] = {"dir",	 "every", "keep", "threads",
+					    "max_mib_s", "level", NULL};
 static const char *const dataset_keys[] = {"index",   "seed",	"global_batch",
 					   "shuffle", "epochs", NULL};
 static const char *const cluster_keys[] = {"nodes", "token_file", "job", "etcd", NULL};
@@ -34,6 +36,7 @@ void ptc_config_free(struct ptc_config *c)
 		free(c->nodes[i]);
 	free(c->nodes);
 	free(c->dataset_index);
+	free(c->snap_dir);
 	free(c);
 }
 
@@ -68,6 +71,44 @@ static int parse_dataset(struct ptc_config *c, const json_t *ds, const char *fil
 		return rc;
 	c->dataset_epochs = rc == 0 ? v : 0;
 	c->has_dataset = true;
+	return 0;
+}
+
+/* "snapshot": {"dir": "/abs", "every": N, "keep": K, "threads": T,
+ * "max_mib_s": M, "level": L}: periodic snapshots (store/mlfs_autosnap.c). */
+static int parse_snapshot(struct ptc_config *c, const json_t *o, const char *file,
+			  struct ptc_error *err)
+{
+	int64_t v;
+	int rc;
+
+	if (!json_is_object(o))
+		return ptc_errorf(err, "%s: \"snapshot\" must be an object", file);
+	if (ptc_json_known(o, snapshot_keys, file, "snapshot", err))
+		return -EINVAL;
+	json_t *dir = json_object_get(o, "dir");
+	if (!json_is_string(dir) || json_string_value(dir)[0] != '/' ||
+	    strlen(json_string_value(dir)) > 3000)
+		return ptc_errorf(err,
+				  "%s: snapshot.dir must be an absolute path (a directory every "
+				  "node of the job can reach)",
+				  file);
+	if (!(c->snap_dir = strdup(json_string_value(dir))))
+		return -ENOMEM;
+	if (ptc_json_int(o, "every", true, 1, INT32_MAX, &c->snap_every, file, "snapshot", err))
+		return -EINVAL;
+	if ((rc = ptc_json_int(o, "keep", false, 1, 1000, &v, file, "snapshot", err)) < 0)
+		return rc;
+	c->snap_keep = rc == 0 ? (int)v : 2;
+	if ((rc = ptc_json_int(o, "threads", false, 1, 256, &v, file, "snapshot", err)) < 0)
+		return rc;
+	c->snap_threads = rc == 0 ? (int)v : 1;
+	if ((rc = ptc_json_int(o, "max_mib_s", false, 0, 1 << 30, &v, file, "snapshot", err)) < 0)
+		return rc;
+	c->snap_max_mib_s = rc == 0 ? v : 0;
+	if ((rc = ptc_json_int(o, "level", false, -7, 19, &v, file, "snapshot", err)) < 0)
+		return rc;
+	c->snap_level = rc == 0 ? (int)v : 1;
 	return 0;
 }
 
@@ -138,6 +179,9 @@ int ptc_config_parse(const json_t *root, const char *file, struct ptc_config **o
 	json_t *ds = json_object_get(root, "dataset");
 	if (ds && (rc = parse_dataset(c, ds, file, err)))
 		goto err_free;
+	json_t *sn = json_object_get(root, "snapshot");
+	if (sn && (rc = parse_snapshot(c, sn, file, err)))
+		goto err_free;
 	if (c->has_dataset && c->dataset_global_batch < c->dp) {
 		rc = ptc_errorf(err,
 				"%s: dataset.global_batch = %" PRId64 " is smaller than dp = %d "
@@ -178,6 +222,13 @@ json_t *ptc_config_to_json(const struct ptc_config *c)
 			json_object_set_new(ds, "epochs", json_integer(c->dataset_epochs));
 		json_object_set_new(o, "dataset", ds);
 	}
+	if (c->snap_dir)
+		json_object_set_new(o, "snapshot",
+				    json_pack("{sssIsisisIsi}", "dir", c->snap_dir, "every",
+					      (json_int_t)c->snap_every, "keep", c->snap_keep,
+					      "threads", c->snap_threads, "max_mib_s",
+					      (json_int_t)c->snap_max_mib_s, "level",
+					      c->snap_level));
 	return o;
 }
 

@@ -255,6 +255,9 @@ char *mlfs_store_status_json(struct mlfs_store *st)
 				    json_integer(st->last_peak > 0 ? st->last_peak : 0));
 	}
 	json_object_set_new(o, "error", st->error[0] ? json_string(st->error) : json_null());
+	json_t *sn = mlfs_autosnap_status(st, st->view ? st->view->config : NULL);
+	if (sn)
+		json_object_set_new(o, "snapshots", sn);
 	struct mlfs_view *v = mlfs_view_get(st->view);
 	pthread_mutex_unlock(&st->lock);
 	if (v && v->ds) {

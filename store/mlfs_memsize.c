@@ -76,7 +76,8 @@ int64_t mlfs_mem_config(const struct ptc_config *c)
 {
 	if (!c)
 		return 0;
-	int64_t n = mlfs_mem_of(c) + mlfs_mem_of(c->nodes) + mlfs_mem_of(c->dataset_index);
+	int64_t n = mlfs_mem_of(c) + mlfs_mem_of(c->nodes) + mlfs_mem_of(c->dataset_index) +
+		    mlfs_mem_of(c->snap_dir);
 	for (int i = 0; i < c->nnodes; i++)
 		n += mlfs_mem_of(c->nodes[i]);
 	return n;
@@ -120,7 +121,8 @@ int64_t mlfs_mem_view(const struct mlfs_view *v)
 {
 	int64_t n = mlfs_mem_of(v) + mlfs_mem_config(v->config) + mlfs_mem_of(v->config_text) +
 		    mlfs_mem_layout(&v->layout) + mlfs_mem_of(v->parts.bufs) +
-		    mlfs_mem_of(v->snap) + mlfs_mem_of(v->snap_step) + mlfs_mem_of(v->stage_tree) +
+		    mlfs_mem_of(v->snap) + mlfs_mem_of(v->snap_step) + mlfs_mem_of(v->psnap) +
+		    mlfs_mem_of(v->psnap_step) + mlfs_mem_of(v->stage_tree) +
 		    mlfs_mem_tree(v->full_tree) + mlfs_mem_of(v->cursor.segs);
 	for (int p = 0; v->stage_tree && p < v->layout.pp; p++)
 		n += mlfs_mem_tree(v->stage_tree[p]);

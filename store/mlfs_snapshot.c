@@ -61,17 +61,8 @@
 #include <zstd.h>
 
 #include "common/common.h"
+#include "store/snapshot_i.h"
 #include "store/store.h"
-
-struct snap_box {
-	int rank, state, tensor;
-	int64_t global, len, local, prows; /* rows of the split dimension */
-	struct xf_buf *buf;		   /* pinned */
-	char path[1024];		   /* relative to the directory */
-	uint64_t sum;			   /* of the uncompressed .npy bytes */
-	int64_t bytes, zbytes;
-	char why[256]; /* non-empty: it failed */
-};
 
 struct snap_run {
 	const struct ptc_schema *s;
@@ -81,7 +72,27 @@ struct snap_run {
 	struct snap_box *boxes;
 	size_t n;
 	_Atomic size_t next;
+	int64_t max_bytes_s; /* 0: no bound */
+	_Atomic int64_t fed; /* bytes compressed so far, for the bound */
+	struct timespec t0;
 };
+
+/* Holds the writers to max_bytes_s: sleeps until @n more bytes are due. */
+static void throttle(struct snap_run *run, size_t n)
+{
+	if (run->max_bytes_s <= 0)
+		return;
+	int64_t fed = atomic_fetch_add(&run->fed, (int64_t)n) + (int64_t)n;
+	double due = (double)fed / (double)run->max_bytes_s;
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	double ahead = due - ((double)(now.tv_sec - run->t0.tv_sec) +
+			      (double)(now.tv_nsec - run->t0.tv_nsec) * 1e-9);
+	if (ahead > 0) {
+		struct timespec ts = {(time_t)ahead, (long)((ahead - (double)(time_t)ahead) * 1e9)};
+		nanosleep(&ts, NULL);
+	}
+}
 
 /* The first stage holding tensor @t, or -1. */
 static int first_stage(const struct ptc_layout *l, int t)
@@ -92,8 +103,7 @@ static int first_stage(const struct ptc_layout *l, int t)
 	return -1;
 }
 
-/* Whether rank @r writes tensor @t's rows it holds (see DESIGN). */
-static bool snap_owner(const struct ptc_layout *l, int r, int t)
+bool mlfs_snap_owner(const struct ptc_layout *l, int r, int t)
 {
 	const struct ptc_tensor *ts = &l->schema->tensors[t];
 	int p = first_stage(l, t);
@@ -168,7 +178,7 @@ static int box_feed(ZSTD_CCtx *cc, int fd, const void *src, size_t len, bool end
 }
 
 /* Writes one box file. 0, or a negative errno with bx->why set. */
-static int box_write(const struct snap_run *run, struct snap_box *bx, ZSTD_CCtx *cc, uint8_t *out,
+static int box_write(struct snap_run *run, struct snap_box *bx, ZSTD_CCtx *cc, uint8_t *out,
 		     size_t outcap)
 {
 	const struct ptc_tensor *t = &run->s->tensors[bx->tensor];
@@ -211,9 +221,15 @@ static int box_write(const struct snap_run *run, struct snap_box *bx, ZSTD_CCtx 
 	rc = box_feed(cc, fd, hdr, hl, false, out, outcap, &bx->zbytes);
 	for (int64_t o = 0; !rc && o < outer; o++) {
 		const uint8_t *src = bx->buf->data + (o * bx->prows + bx->local) * rb;
-		size_t n = (size_t)(bx->len * rb);
-		XXH3_64bits_update(xs, src, n);
-		rc = box_feed(cc, fd, src, n, false, out, outcap, &bx->zbytes);
+		size_t left = (size_t)(bx->len * rb);
+		XXH3_64bits_update(xs, src, left);
+		while (!rc && left) { /* in pieces, so that a bandwidth bound is smooth */
+			size_t n = left < (4u << 20) ? left : (4u << 20);
+			rc = box_feed(cc, fd, src, n, false, out, outcap, &bx->zbytes);
+			throttle(run, n);
+			src += n;
+			left -= n;
+		}
 	}
 	if (!rc)
 		rc = box_feed(cc, fd, NULL, 0, true, out, outcap, &bx->zbytes);
@@ -312,7 +328,7 @@ static void owner_nodes(const struct ptc_layout *l, bool *need)
 	const struct ptc_schema *s = l->schema;
 	for (int r = 0; r < l->world; r++)
 		for (int t = 0; t < s->ntensors && !need[l->ranks[r].node]; t++)
-			if (ptc_layout_holds(l, r, t) && snap_owner(l, r, t))
+			if (ptc_layout_holds(l, r, t) && mlfs_snap_owner(l, r, t))
 				need[l->ranks[r].node] = true;
 }
 
@@ -333,9 +349,12 @@ static json_t *part_load(const char *dir, const char *id, int64_t step, int64_t 
 
 /* On the node hosting rank 0: waits up to @wait_s seconds for every
  * owner node's list, then writes manifest.json. */
-static int write_manifest(struct mlfs_store *st, const struct mlfs_view *v, const char *dir,
-			  int64_t step, int level, int wait_s, json_t *out, struct ptc_error *err)
+static int write_manifest(struct mlfs_store *st, const struct mlfs_view *v,
+			  const struct snap_opts *o, int64_t step, json_t *out,
+			  struct ptc_error *err)
 {
+	const char *dir = o->dir;
+	int level = o->level, wait_s = o->wait_s;
 	const struct ptc_layout *l = &v->layout;
 	const struct ptc_cluster *c = l->cluster;
 	bool *need = calloc((size_t)c->nnodes, sizeof(*need));
@@ -357,6 +376,14 @@ static int write_manifest(struct mlfs_store *st, const struct mlfs_view *v, cons
 				missing = k;
 		if (missing < 0)
 			break;
+		if (o->give_up && o->give_up(o->arg, step)) {
+			rc = ptc_error_set(err, -ECANCELED,
+					   "snapshot: step %" PRId64
+					   " given up: node \"%s\" has not "
+					   "written its files to %s, and a newer step is due",
+					   step, c->nodes[missing].id, dir);
+			goto out;
+		}
 		struct timespec now;
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		if (now.tv_sec - t0.tv_sec >= wait_s) {
@@ -403,12 +430,150 @@ out:
 	return rc;
 }
 
+int mlfs_snap_collect(struct mlfs_store *st, struct mlfs_view *v, int64_t step, bool periodic,
+		      struct snap_box **out, size_t *nout, struct ptc_error *err)
+{
+	const struct ptc_layout *l = &v->layout;
+	const struct ptc_schema *s = st->schema;
+	struct snap_box *boxes = NULL;
+	size_t n = 0, cap = 0;
+	int r0 = l->node_first_rank[st->node];
+
+	for (int r = r0; r >= 0 && r < r0 + l->node_nranks[st->node]; r++)
+		for (int si = 0; si < s->nstates; si++)
+			for (int ti = 0; ti < s->ntensors; ti++) {
+				if (!ptc_layout_holds(l, r, ti) || !mlfs_snap_owner(l, r, ti))
+					continue;
+				const struct ptc_tensor *t = &s->tensors[ti];
+				struct ptc_slice sl;
+				struct xf_buf *b;
+				size_t i = xf_parts_index(&v->parts, r, si, ti);
+				if (periodic)
+					b = v->psnap_step[r] == step ? v->psnap[i] : NULL;
+				else if (v->snap && v->snap_step[r] == step)
+					b = v->snap[i];
+				else
+					b = v->parts.bufs[i];
+				if (!b)
+					continue;
+				ptc_slice_compute(t, l->tp, l->ranks[r].t, &sl);
+				for (int g = 0; g < sl.nsegs; g++) {
+					if (sl.segs[g].global < 0)
+						continue;
+					if (n == cap) {
+						size_t nc = cap ? 2 * cap : 64;
+						struct snap_box *nb =
+						    realloc(boxes, nc * sizeof(*boxes));
+						if (!nb) {
+							mlfs_snap_boxes_put(boxes, n);
+							return ptc_error_set(err, -ENOMEM,
+									     "snapshot: out of "
+									     "memory");
+						}
+						boxes = nb;
+						cap = nc;
+					}
+					struct snap_box *bx = &boxes[n++];
+					memset(bx, 0, sizeof(*bx));
+					bx->rank = r;
+					bx->state = si;
+					bx->tensor = ti;
+					bx->global = sl.segs[g].global;
+					bx->len = sl.segs[g].len;
+					bx->local = sl.segs[g].local;
+					bx->prows = sl.rows;
+					bx->buf = xf_buf_get(b);
+					snap_box_path(s, si, ti, bx->global, bx->global + bx->len,
+						      bx->path, sizeof(bx->path));
+				}
+			}
+	*out = boxes;
+	*nout = n;
+	return 0;
+}
+
+void mlfs_snap_boxes_put(struct snap_box *boxes, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		xf_buf_put(boxes[i].buf);
+	free(boxes);
+}
+
+int mlfs_snap_write(struct mlfs_store *st, struct mlfs_view *v, const struct snap_opts *o,
+		    int64_t step, struct snap_box *boxes, size_t n, json_t *out,
+		    struct ptc_error *err)
+{
+	const struct ptc_layout *l = &v->layout;
+	const struct ptc_schema *s = st->schema;
+	const char *dir = o->dir;
+	int rc = 0;
+
+	if (mkdir(dir, 0755) && errno != EEXIST)
+		return ptc_error_set(err, -errno, "snapshot: %s: %s", dir, strerror(errno));
+	struct snap_run run = {.s = s,
+			       .l = l,
+			       .dir = dir,
+			       .level = o->level,
+			       .boxes = boxes,
+			       .n = n,
+			       .max_bytes_s = o->max_bytes_s};
+	atomic_init(&run.next, 0);
+	atomic_init(&run.fed, 0);
+	clock_gettime(CLOCK_MONOTONIC, &run.t0);
+	mlfs_par_run(o->threads > 0 ? o->threads : 1, snap_worker, &run);
+	struct timespec t1;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	int64_t bytes = 0, zbytes = 0;
+	json_t *files = json_array();
+	for (size_t i = 0; i < n; i++) {
+		if (boxes[i].why[0] && !rc)
+			rc = ptc_error_set(err, -EIO, "snapshot: %s/%s: %s", dir, boxes[i].path,
+					   boxes[i].why);
+		bytes += boxes[i].bytes;
+		zbytes += boxes[i].zbytes;
+		json_t *e = box_json(s, &boxes[i]);
+		if (!e && !rc)
+			rc = ptc_error_set(err, -ENOMEM, "snapshot: out of memory");
+		json_array_append_new(files, e);
+	}
+	if (rc) {
+		json_decref(files);
+		return rc;
+	}
+	const char *me = l->cluster->nodes[st->node].id;
+	json_t *part = json_pack("{sssIsIso}", "node", me, "step", (json_int_t)step, "version",
+				 (json_int_t)v->config->version, "files", files);
+	char pname[512];
+	snprintf(pname, sizeof(pname), ".mlfs-part-%s.json", me);
+	if (n == 0) /* owns no box: no list to wait for (owner_nodes) */
+		;
+	else if (!part || (rc = write_json_atomic(dir, pname, part))) {
+		rc = rc ? rc : -ENOMEM;
+		ptc_error_set(err, rc, "snapshot: %s/%s: %s", dir, pname, strerror(-rc));
+		json_decref(part);
+		return rc;
+	}
+	json_decref(part);
+	json_object_set_new(out, "step", json_integer(step));
+	json_object_set_new(out, "node_files", json_integer((json_int_t)n));
+	json_object_set_new(out, "bytes", json_integer(bytes));
+	json_object_set_new(out, "compressed", json_integer(zbytes));
+	json_object_set_new(out, "level", json_integer(o->level));
+	json_object_set_new(out, "seconds",
+			    json_real((double)(t1.tv_sec - run.t0.tv_sec) +
+				      (double)(t1.tv_nsec - run.t0.tv_nsec) * 1e-9));
+	json_object_set_new(out, "manifest", json_false());
+	if (l->ranks[0].node == st->node)
+		rc = write_manifest(st, v, o, step, out, err);
+	return rc;
+}
+
 int mlfs_store_snapshot(struct mlfs_store *st, const char *dir, int level, int wait_s, json_t *out,
 			struct ptc_error *err)
 {
 	struct mlfs_view *v = mlfs_store_view(st);
 	struct snap_box *boxes = NULL;
-	size_t n = 0, cap = 0;
+	size_t n = 0;
 	int64_t step = -1;
 	int rc = 0;
 	char path[4096];
@@ -417,7 +582,6 @@ int mlfs_store_snapshot(struct mlfs_store *st, const char *dir, int level, int w
 	if (!v)
 		return ptc_errorf(err, "snapshot: set schema.json and config.json first");
 	const struct ptc_layout *l = &v->layout;
-	const struct ptc_schema *s = st->schema;
 	snprintf(path, sizeof(path), "%s/manifest.json", dir);
 	if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
 		rc = ptc_errorf(err, "snapshot: %s is not a directory", dir);
@@ -446,114 +610,18 @@ int mlfs_store_snapshot(struct mlfs_store *st, const char *dir, int level, int w
 	} else if ((step = st->steps[0]) < 0) {
 		rc = ptc_errorf(err, "snapshot: no step saved yet (write ranks/<r>/step, or "
 				     "mlfs import)");
+	} else {
+		rc = mlfs_snap_collect(st, v, step, false, &boxes, &n, err);
 	}
-	int r0 = l->node_first_rank[st->node];
-	for (int r = r0; !rc && r >= 0 && r < r0 + l->node_nranks[st->node]; r++)
-		for (int si = 0; !rc && si < s->nstates; si++)
-			for (int ti = 0; !rc && ti < s->ntensors; ti++) {
-				if (!ptc_layout_holds(l, r, ti) || !snap_owner(l, r, ti))
-					continue;
-				const struct ptc_tensor *t = &s->tensors[ti];
-				struct ptc_slice sl;
-				struct xf_buf *b;
-				size_t i = xf_parts_index(&v->parts, r, si, ti);
-				if (v->snap && v->snap_step[r] == step)
-					b = v->snap[i];
-				else
-					b = v->parts.bufs[i];
-				if (!b)
-					continue;
-				ptc_slice_compute(t, l->tp, l->ranks[r].t, &sl);
-				for (int g = 0; g < sl.nsegs; g++) {
-					if (sl.segs[g].global < 0)
-						continue;
-					if (n == cap) {
-						size_t nc = cap ? 2 * cap : 64;
-						struct snap_box *nb =
-						    realloc(boxes, nc * sizeof(*boxes));
-						if (!nb) {
-							rc = ptc_error_set(err, -ENOMEM,
-									   "snapshot: out of "
-									   "memory");
-							break;
-						}
-						boxes = nb;
-						cap = nc;
-					}
-					struct snap_box *bx = &boxes[n++];
-					memset(bx, 0, sizeof(*bx));
-					bx->rank = r;
-					bx->state = si;
-					bx->tensor = ti;
-					bx->global = sl.segs[g].global;
-					bx->len = sl.segs[g].len;
-					bx->local = sl.segs[g].local;
-					bx->prows = sl.rows;
-					bx->buf = xf_buf_get(b);
-					snap_box_path(s, si, ti, bx->global, bx->global + bx->len,
-						      bx->path, sizeof(bx->path));
-				}
-			}
 	pthread_mutex_unlock(&st->lock);
-	if (rc)
-		goto out_boxes;
-	if (mkdir(dir, 0755) && errno != EEXIST) {
-		rc = ptc_error_set(err, -errno, "snapshot: %s: %s", dir, strerror(errno));
-		goto out_boxes;
+	if (!rc) {
+		struct snap_opts o = {
+		    .dir = dir, .level = level, .threads = st->threads, .wait_s = wait_s};
+		rc = mlfs_snap_write(st, v, &o, step, boxes, n, out, err);
+		mlfs_snap_boxes_put(boxes, n);
+		if (!rc)
+			mlfs_autosnap_note(st, dir, step);
 	}
-
-	struct timespec t0, t1;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	struct snap_run run = {.s = s, .l = l, .dir = dir, .level = level, .boxes = boxes, .n = n};
-	atomic_init(&run.next, 0);
-	mlfs_par_run(st->threads > 0 ? st->threads : 1, snap_worker, &run);
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	int64_t bytes = 0, zbytes = 0;
-	json_t *files = json_array();
-	for (size_t i = 0; i < n; i++) {
-		if (boxes[i].why[0] && !rc)
-			rc = ptc_error_set(err, -EIO, "snapshot: %s/%s: %s", dir, boxes[i].path,
-					   boxes[i].why);
-		bytes += boxes[i].bytes;
-		zbytes += boxes[i].zbytes;
-		json_t *e = box_json(s, &boxes[i]);
-		if (!e && !rc)
-			rc = ptc_error_set(err, -ENOMEM, "snapshot: out of memory");
-		json_array_append_new(files, e);
-	}
-	if (rc) {
-		json_decref(files);
-		goto out_boxes;
-	}
-	const char *me = l->cluster->nodes[st->node].id;
-	json_t *part = json_pack("{sssIsIso}", "node", me, "step", (json_int_t)step, "version",
-				 (json_int_t)v->config->version, "files", files);
-	char pname[512];
-	snprintf(pname, sizeof(pname), ".mlfs-part-%s.json", me);
-	if (n == 0) /* owns no box: no list to wait for (owner_nodes) */
-		;
-	else if (!part || (rc = write_json_atomic(dir, pname, part))) {
-		rc = rc ? rc : -ENOMEM;
-		ptc_error_set(err, rc, "snapshot: %s/%s: %s", dir, pname, strerror(-rc));
-		json_decref(part);
-		goto out_boxes;
-	}
-	json_decref(part);
-	json_object_set_new(out, "step", json_integer(step));
-	json_object_set_new(out, "node_files", json_integer((json_int_t)n));
-	json_object_set_new(out, "bytes", json_integer(bytes));
-	json_object_set_new(out, "compressed", json_integer(zbytes));
-	json_object_set_new(out, "level", json_integer(level));
-	json_object_set_new(
-	    out, "seconds",
-	    json_real((double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9));
-	json_object_set_new(out, "manifest", json_false());
-	if (l->ranks[0].node == st->node)
-		rc = write_manifest(st, v, dir, step, level, wait_s, out, err);
-out_boxes:
-	for (size_t i = 0; i < n; i++)
-		xf_buf_put(boxes[i].buf);
-	free(boxes);
 out:
 	mlfs_view_put(v);
 	return rc;

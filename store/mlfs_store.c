@@ -161,18 +161,21 @@ int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_
 	else {
 		char what[32];
 		snprintf(what, sizeof(what), "ranks/%d/step", rank);
-		if (st->view->snap) /* the old snapshot's buffers: put after unlocking */
+		/* the replaced pins' buffers (backups' and the periodic snapshot's):
+		 * put after unlocking */
+		if (st->view->snap || st->view->psnap)
 			nold = (size_t)st->schema->nstates * (size_t)st->schema->ntensors;
-		if (nold && !(old = calloc(nold, sizeof(*old))))
+		if (nold && !(old = calloc(2 * nold, sizeof(*old))))
 			rc = -ENOMEM;
 		else if (!(rc = mlfs_reconf_busy(st, what, err))) {
 			st->steps[rank] = step;
 			mlfs_view_snap(st, st->view, rank, old);
+			mlfs_view_psnap(st, st->view, rank, step, old ? old + nold : NULL);
 		}
 	}
 	pthread_mutex_unlock(&st->lock);
 	if (old)
-		mlfs_bufs_put(old, nold);
+		mlfs_bufs_put(old, 2 * nold);
 	free(old);
 	if (rc == 0 && st->steps_saved)
 		st->steps_saved(st->cluster_arg);

@@ -35,6 +35,10 @@ void mlfs_view_put(struct mlfs_view *v)
 		mlfs_bufs_put(v->snap, xf_parts_count(&v->parts));
 	free(v->snap);
 	free(v->snap_step);
+	if (v->psnap)
+		mlfs_bufs_put(v->psnap, xf_parts_count(&v->parts));
+	free(v->psnap);
+	free(v->psnap_step);
 	if (v->stage_tree)
 		for (int p = 0; p < v->layout.pp; p++)
 			mlfs_tree_free(v->stage_tree[p]);
@@ -79,6 +83,26 @@ void mlfs_view_snap(struct mlfs_store *st, struct mlfs_view *v, int rank, struct
 				xf_buf_put(was);
 		}
 	v->snap_step[rank] = st->steps[rank];
+}
+
+void mlfs_view_psnap(struct mlfs_store *st, struct mlfs_view *v, int rank, int64_t step,
+		     struct xf_buf **old)
+{
+	const struct xf_parts *p = &v->parts;
+	if (!v->psnap || step <= 0 || step % v->config->snap_every || !xf_parts_local(p, rank))
+		return;
+	for (int s = 0; s < p->nstates; s++)
+		for (int t = 0; t < p->ntensors; t++) {
+			size_t i = xf_parts_index(p, rank, s, t);
+			struct xf_buf *was = v->psnap[i];
+			v->psnap[i] = mlfs_snap_owner(&v->layout, rank, t) &&
+					      ptc_layout_holds(&v->layout, rank, t)
+					  ? xf_buf_get(p->bufs[i])
+					  : NULL;
+			old[s * p->ntensors + t] = was;
+		}
+	v->psnap_step[rank] = step;
+	mlfs_autosnap_wake(st);
 }
 
 void mlfs_view_snap_local(struct mlfs_store *st, struct mlfs_view *v, struct xf_buf **old)
@@ -181,7 +205,8 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 	/* The table is the node's ranks x states x tensors (struct xf_parts). */
 	size_t nparts = (size_t)v->layout.node_nranks[st->node] * (size_t)st->schema->nstates *
 			(size_t)st->schema->ntensors;
-	int64_t meta = mlfs_mem_alloc(nparts * sizeof(void *)) * (config->replicas ? 2 : 1) +
+	int64_t meta = mlfs_mem_alloc(nparts * sizeof(void *)) *
+			   (1 + (config->replicas ? 1 : 0) + (config->snap_dir ? 1 : 0)) +
 		       mlfs_mem_alloc((size_t)v->layout.world * sizeof(int64_t)) +
 		       mlfs_mem_layout(&v->layout) + mlfs_mem_parts(&v->layout, st->node);
 	if ((rc = xf_mem_reserve(&st->mem, meta))) {
@@ -204,6 +229,13 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 		for (int r = 0; r < v->layout.world; r++)
 			v->snap_step[r] = -1;
 	}
+	if (config->snap_dir) {
+		if (!(v->psnap = calloc(nparts, sizeof(*v->psnap))) ||
+		    !(v->psnap_step = malloc((size_t)v->layout.world * sizeof(int64_t))))
+			goto err_put;
+		for (int r = 0; r < v->layout.world; r++)
+			v->psnap_step[r] = -1;
+	}
 	if (!(v->stage_tree = calloc((size_t)v->layout.pp, sizeof(*v->stage_tree))))
 		goto err_put;
 	int r0 = v->layout.node_first_rank[st->node];
@@ -217,7 +249,7 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 	/* The rest, measured: the trees, the texts, the config; the table's
 	 * and the layout's blocks replace their figures computed above. */
 	int64_t all = mlfs_mem_view(v) - mlfs_mem_layout(&v->layout) - mlfs_mem_of(v->parts.bufs) -
-		      mlfs_mem_of(v->snap) + meta;
+		      mlfs_mem_of(v->snap) - mlfs_mem_of(v->psnap) + meta;
 	if (all > meta) {
 		if ((rc = xf_mem_reserve(&st->mem, all - meta))) {
 			ptc_error_set(err, rc,

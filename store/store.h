@@ -61,6 +61,14 @@ struct mlfs_view {
 	 * step per rank. NULL without replicas. Store lock. */
 	struct xf_buf **snap;
 	int64_t *snap_step;
+	/* With "snapshot" in the config, each local rank's boxes of a snapshot
+	 * (mlfs_snapshot.c's owners) as they were when its step was written,
+	 * for steps that are a multiple of "every": the periodic snapshot
+	 * writes them (mlfs_autosnap.c) and lets them go. Indexed as parts;
+	 * the step per rank (-1: none pinned). NULL without "snapshot". Store
+	 * lock. */
+	struct xf_buf **psnap;
+	int64_t *psnap_step;
 };
 
 struct mlfs_store;
@@ -75,6 +83,14 @@ void mlfs_view_snap(struct mlfs_store *st, struct mlfs_view *v, int rank, struct
  * ntensors entries each, in rank order, or NULL. */
 void mlfs_view_snap_local(struct mlfs_store *st, struct mlfs_view *v, struct xf_buf **old);
 void mlfs_bufs_put(struct xf_buf **bufs, size_t n);
+/* With "snapshot" and @step a multiple of its "every": pins rank @rank's
+ * boxes of @v as the periodic snapshot's of @step (the replaced ones to
+ * *@old, as mlfs_view_snap) and wakes the snapshot thread. Lock held. */
+void mlfs_view_psnap(struct mlfs_store *st, struct mlfs_view *v, int rank, int64_t step,
+		     struct xf_buf **old);
+/* Whether rank @r of @l writes tensor @t's rows in a snapshot: the lowest
+ * rank holding them (mlfs_snapshot.c). */
+bool mlfs_snap_owner(const struct ptc_layout *l, int r, int t);
 /* Rank @rank's snapshot partition (@state, @tensor) of @v pinned, when it
  * was taken at @step; else NULL, and *@have = the snapshot's step (-1:
  * none). */
@@ -246,6 +262,8 @@ struct mlfs_store {
 	 * (mlfs_backup.c); NULL on one node. Set before the control plane
 	 * starts, freed after the peer server stopped. */
 	struct mlfs_backup *backup;
+	/* The periodic snapshots' thread (mlfs_autosnap.c); NULL when none. */
+	struct mlfs_autosnap *autosnap;
 };
 
 int mlfs_store_init(struct mlfs_store *st, struct ptc_cluster *cluster, char *cluster_text,
@@ -382,6 +400,22 @@ int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t 
 #define MLFS_SNAP_LEVEL 1 /* zstd's level of a snapshot: mlfs_snapshot.c says why */
 int mlfs_store_snapshot(struct mlfs_store *st, const char *dir, int level, int wait_s, json_t *out,
 			struct ptc_error *err);
+
+/* Periodic snapshots ("snapshot" in the config; mlfs_autosnap.c): the
+ * thread that writes them, started before the mount serves and stopped
+ * before the store is released. wake: lock held. status: the "snapshots"
+ * object of status.json for config @c, lock held: "newest_step" and
+ * "newest" (the newer of the periodic ones and the last `mlfs snapshot`
+ * here, complete), and with "snapshot" its settings and figures; NULL
+ * when there is neither. */
+int mlfs_autosnap_start(struct mlfs_store *st);
+void mlfs_autosnap_stop(struct mlfs_store *st);
+void mlfs_autosnap_wake(struct mlfs_store *st);
+json_t *mlfs_autosnap_status(struct mlfs_store *st, const struct ptc_config *c);
+/* `mlfs snapshot` wrote this node's part of step @step into @dir: the
+ * newest snapshot status.json names once dir's manifest is there. */
+void mlfs_autosnap_note(struct mlfs_store *st, const char *dir, int64_t step);
+
 /*
  * The "verify" request of .mlfs-ctl (mlfs_verify.c, `mlfs verify`): every
  * partition of this node's current view hashed again and compared with the

@@ -253,6 +253,35 @@ static void print_cluster(const json_t *c)
 		       json_string_value(json_object_get(a, "coordinator")));
 }
 
+/* status.json's "snapshots": the newest complete one, and the periodic ones. */
+static void print_snapshots(const json_t *sn)
+{
+	if (!json_is_object(sn))
+		return;
+	const json_t *step = json_object_get(sn, "newest_step");
+	if (json_is_integer(step))
+		printf("newest snapshot: step %" JSON_INTEGER_FORMAT " in %s\n",
+		       json_integer_value(step), json_string_value(json_object_get(sn, "newest")));
+	else
+		printf("newest snapshot: none\n");
+	if (!json_is_string(json_object_get(sn, "dir")))
+		return;
+	printf("periodic snapshots: every %" JSON_INTEGER_FORMAT
+	       " steps into %s, %" JSON_INTEGER_FORMAT " kept; %" JSON_INTEGER_FORMAT
+	       " written, %" JSON_INTEGER_FORMAT " skipped",
+	       json_integer_value(json_object_get(sn, "every")),
+	       json_string_value(json_object_get(sn, "dir")),
+	       json_integer_value(json_object_get(sn, "keep")),
+	       json_integer_value(json_object_get(sn, "written")),
+	       json_integer_value(json_object_get(sn, "skipped")));
+	if (json_is_integer(json_object_get(sn, "writing")))
+		printf("; writing step %" JSON_INTEGER_FORMAT,
+		       json_integer_value(json_object_get(sn, "writing")));
+	printf("\n");
+	if (json_is_string(json_object_get(sn, "error")))
+		printf("snapshot error: %s\n", json_string_value(json_object_get(sn, "error")));
+}
+
 int cmd_status(int argc, char **argv)
 {
 	bool as_json = argc == 3 && strcmp(argv[2], "--json") == 0;
@@ -290,6 +319,7 @@ int cmd_status(int argc, char **argv)
 			       json_real_value(json_object_get(last, "seconds")));
 		if (json_is_string(json_object_get(s, "error")))
 			printf("error: %s\n", json_string_value(json_object_get(s, "error")));
+		print_snapshots(json_object_get(s, "snapshots"));
 		print_cluster(json_object_get(s, "cluster"));
 	}
 	json_decref(s);

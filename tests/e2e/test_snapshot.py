@@ -8,7 +8,8 @@ import subprocess
 
 import numpy as np
 
-from test_store import MIXED, check_layout, expand, make_full, tp_slice, write_full
+from test_store import (MIXED, check_layout, expand, expected_layout, make_full, tp_slice,
+                        write_full)
 
 SRC = {"version": 1, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n0"]}
 DST = {"version": 1, "tp": 4, "pp": 1, "dp": 1, "nodes": ["n0"]}
@@ -209,3 +210,81 @@ def test_job_snapshot_survives_every_daemon(tmp_path, cluster_factory):
         assert p.returncode == 0, f"{nid}: {p.stderr}"
     cl.wait_published(v2, 5)
     cl.check_layout(MIXED, v2, full, step=5, nodes=["n0", "n1"])
+
+
+# ------------------------------------------------------- periodic snapshots
+
+# 2 MiB per step: at "max_mib_s": 1 a snapshot takes about 2 s, while the writer
+# saves the next steps over the same partitions.
+BIG = {"model": "big", "num_layers": 2, "states": {"model": {}},
+       "tensors": [{"name": "layers/{L}/w", "dtype": "float32", "shape": [512, 512],
+                    "split": {"dim": 0}},
+                   {"name": "norm/weight", "dtype": "bfloat16", "shape": [512]}]}
+
+
+def save_step(m, schema, cfg, full, step):
+    """What a training step's save does: every rank's partitions, then its step."""
+    for r, files in expected_layout(schema, cfg, full).items():
+        for rel, a in files.items():
+            with open(m.p("ranks", r, rel), "wb") as f:
+                np.save(f, a)
+        m.write(f"ranks/{r}/step", str(step))
+
+
+def check_snapshot_holds(snap, full):
+    """Every box of the snapshot in @snap equals the same box of @full."""
+    m = json.loads((snap / "manifest.json").read_text())
+    for f in m["files"]:
+        a = load_zst(snap / f["path"])
+        sl = tuple(slice(o, o + n) for o, n in zip(f["offsets"], f["shape"]))
+        assert np.array_equal(a, full[(f["state"], f["tensor"])][sl]), (snap, f["path"])
+    return m
+
+
+def wait_snapshots(m, step, timeout=60):
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        sn = m.status()["snapshots"]
+        if sn["writing"] is None and sn["newest_step"] == step:
+            return sn
+        assert time.monotonic() < deadline, sn
+        time.sleep(0.1)
+
+
+def test_periodic_snapshots_never_mix_steps(tmp_path, mount_factory):
+    """"snapshot": {"every": 2, "keep": 2, "max_mib_s": 1}: a writer saves 14 steps,
+    each with other values, faster than the snapshots are written; every
+    snapshot left holds exactly its step's values (the pins are taken at the step
+    write, so a save racing the snapshot writer never leaks into it), steps that came
+    due while one was written are skipped, older snapshots are removed, status.json and
+    `mlfs status` name the newest, and it restores."""
+    snaps = tmp_path / "snaps"
+    cfg = {"version": 1, "tp": 2, "pp": 1, "dp": 1, "nodes": ["n0"],
+           "snapshot": {"dir": str(snaps), "every": 2, "keep": 2, "max_mib_s": 1}}
+    m = mount_factory(name="src")
+    m.setup(BIG, cfg)
+    fulls = {}
+    import time
+    for step in range(1, 15):  # a step every ~0.25 s, a snapshot takes ~2 s
+        fulls[step] = make_full(BIG, np.random.default_rng(100 + step))
+        save_step(m, BIG, cfg, fulls[step], step)
+        time.sleep(0.2)
+    sn = wait_snapshots(m, 14)
+    assert sn["error"] is None and sn["dir"] == str(snaps), sn
+    assert sn["written"] >= 2 and sn["written"] + sn["skipped"] <= 7, sn
+    left = sorted(os.listdir(snaps), key=lambda d: int(d[5:]))
+    complete = [d for d in left if (snaps / d / "manifest.json").exists()]
+    assert complete[-1] == "step-14" and len(complete) == 2, left
+    assert all(int(d[5:]) % 2 == 0 for d in left), left
+    for d in complete:
+        step = int(d[5:])
+        man = check_snapshot_holds(snaps / d, fulls[step])
+        assert man["step"] == step and man["config"] == cfg
+    out = m.mlfs("status").stdout
+    assert f"newest snapshot: step 14 in {snaps}/step-14" in out, out
+    assert "periodic snapshots: every 2 steps" in out, out
+    # The newest restores: step 14's saved state over other data.
+    save_step(m, BIG, cfg, fulls[3], 3)
+    m.mlfs("import", "--from", snaps / "step-14")
+    check_layout(m, BIG, cfg, fulls[14], step=14)

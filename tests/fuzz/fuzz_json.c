@@ -50,6 +50,13 @@ static void check_config_round_trip(const struct ptc_config *c)
 			      d->dataset_global_batch == c->dataset_global_batch &&
 			      d->dataset_shuffle == c->dataset_shuffle &&
 			      d->dataset_epochs == c->dataset_epochs);
+		CHECK(!d->snap_dir == !c->snap_dir);
+		if (c->snap_dir)
+			CHECK(strcmp(d->snap_dir, c->snap_dir) == 0 &&
+			      d->snap_every == c->snap_every && d->snap_keep == c->snap_keep &&
+			      d->snap_threads == c->snap_threads &&
+			      d->snap_max_mib_s == c->snap_max_mib_s &&
+			      d->snap_level == c->snap_level);
 		ptc_config_free(d);
 	} else {
 		CHECK(!"ptc_config_to_json output does not parse");

@@ -105,6 +105,35 @@ static void test_config_replicas(void **state)
 			   "config.json: \"replicas\" must be an integer");
 }
 
+static void test_config_snapshot(void **state)
+{
+	(void)state;
+	CONFIG_FAILS_EXACT(CFG(", 'snapshot': 3"), "config.json: \"snapshot\" must be an object");
+	CONFIG_FAILS_EXACT(CFG(", 'snapshot': {'dir': 'rel', 'every': 1}"),
+			   "config.json: snapshot.dir must be an absolute path (a directory every "
+			   "node of the job can reach)");
+	CONFIG_FAILS_EXACT(CFG(", 'snapshot': {'dir': '/s'}"),
+			   "config.json: snapshot.every is missing");
+	CONFIG_FAILS_EXACT(CFG(", 'snapshot': {'dir': '/s', 'every': 0}"),
+			   "config.json: snapshot.every = 0 is out of range [1, 2147483647]");
+	CONFIG_FAILS_EXACT(CFG(", 'snapshot': {'dir': '/s', 'every': 2, 'keep': 0}"),
+			   "config.json: snapshot.keep = 0 is out of range [1, 1000]");
+	CONFIG_FAILS_EXACT(CFG(", 'snapshot': {'dir': '/s', 'every': 2, 'level': 20}"),
+			   "config.json: snapshot.level = 20 is out of range [-7, 19]");
+	CONFIG_FAILS_EXACT(CFG(", 'snapshot': {'dir': '/s', 'every': 2, 'often': 1}"),
+			   "config.json: snapshot has unknown field \"often\"");
+
+	struct ptc_config *c =
+	    config_ok(CFG(", 'snapshot': {'dir': '/shared/snap', 'every': 100}"));
+	assert_string_equal(c->snap_dir, "/shared/snap");
+	assert_int_equal(c->snap_every, 100);
+	assert_int_equal(c->snap_keep, 2); /* the defaults */
+	assert_int_equal(c->snap_threads, 1);
+	assert_int_equal(c->snap_max_mib_s, 0);
+	assert_int_equal(c->snap_level, 1);
+	ptc_config_free(c);
+}
+
 static void test_config_nodes(void **state)
 {
 	static const char *const msg =
@@ -245,6 +274,15 @@ static void round_trip(const char *text)
 		assert_int_equal(a->dataset_global_batch, b->dataset_global_batch);
 		assert_int_equal(a->dataset_shuffle, b->dataset_shuffle);
 	}
+	assert_int_equal(!a->snap_dir, !b->snap_dir);
+	if (a->snap_dir) {
+		assert_string_equal(a->snap_dir, b->snap_dir);
+		assert_int_equal(a->snap_every, b->snap_every);
+		assert_int_equal(a->snap_keep, b->snap_keep);
+		assert_int_equal(a->snap_threads, b->snap_threads);
+		assert_int_equal(a->snap_max_mib_s, b->snap_max_mib_s);
+		assert_int_equal(a->snap_level, b->snap_level);
+	}
 
 	/* And the serialized text parses back to the same JSON. */
 	char *dump = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
@@ -265,6 +303,9 @@ static void test_config_to_json(void **state)
 		   "'nodes': ['c', 'a', 'b'], 'dataset': {'index': 'file:///d/index.json', "
 		   "'seed': 9223372036854775807, 'global_batch': 96, 'shuffle': false}}");
 	round_trip("{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0']}");
+	round_trip("{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0'], 'snapshot': "
+		   "{'dir': '/s', 'every': 5, 'keep': 3, 'threads': 2, 'max_mib_s': 100, "
+		   "'level': 3}}");
 
 	/* The exact JSON of a full config: the input itself, all fields explicit. */
 	const char *full = "{'version': 3, 'tp': 2, 'pp': 1, 'dp': 4, 'nodes': ['n1', 'n0'], "
@@ -457,23 +498,15 @@ static void test_cluster_extends(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_config_bad_json),
-	    cmocka_unit_test(test_config_not_object),
-	    cmocka_unit_test(test_config_unknown_field),
-	    cmocka_unit_test(test_config_version),
-	    cmocka_unit_test(test_config_degrees),
-	    cmocka_unit_test(test_config_replicas),
-	    cmocka_unit_test(test_config_nodes),
-	    cmocka_unit_test(test_config_node_ids),
-	    cmocka_unit_test(test_config_dataset),
-	    cmocka_unit_test(test_config_design_example),
-	    cmocka_unit_test(test_config_minimal),
-	    cmocka_unit_test(test_config_to_json),
-	    cmocka_unit_test(test_cluster_errors_top),
-	    cmocka_unit_test(test_cluster_errors_node),
-	    cmocka_unit_test(test_cluster_ok),
-	    cmocka_unit_test(test_cluster_uniform),
-	    cmocka_unit_test(test_cluster_extends),
+	    cmocka_unit_test(test_config_bad_json),	  cmocka_unit_test(test_config_not_object),
+	    cmocka_unit_test(test_config_unknown_field),  cmocka_unit_test(test_config_version),
+	    cmocka_unit_test(test_config_degrees),	  cmocka_unit_test(test_config_replicas),
+	    cmocka_unit_test(test_config_snapshot),	  cmocka_unit_test(test_config_nodes),
+	    cmocka_unit_test(test_config_node_ids),	  cmocka_unit_test(test_config_dataset),
+	    cmocka_unit_test(test_config_design_example), cmocka_unit_test(test_config_minimal),
+	    cmocka_unit_test(test_config_to_json),	  cmocka_unit_test(test_cluster_errors_top),
+	    cmocka_unit_test(test_cluster_errors_node),	  cmocka_unit_test(test_cluster_ok),
+	    cmocka_unit_test(test_cluster_uniform),	  cmocka_unit_test(test_cluster_extends),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
