@@ -201,7 +201,7 @@ def main():
             w = np.load(os.path.join(mnt, "ranks/0/data/103-106.npy"))
             print(f"ranks/0/data/103-106.npy (a window of 3 steps): shape {w.shape}")
         finally:
-            subprocess.run([MLFS, "umount", mnt])
+            subprocess.run([MLFS, "umount", mnt, "--force"])
             rc = daemon.wait(timeout=30)
             print(f"unmounted; daemon exited {rc}")
             if rc:

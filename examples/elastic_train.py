@@ -477,7 +477,7 @@ def mounted(tmp, name, devices=4):
             time.sleep(0.02)
         yield mnt
     finally:
-        subprocess.run([MLFS, "umount", mnt])
+        subprocess.run([MLFS, "umount", mnt, "--force"])
         if daemon.wait(timeout=30) or "error" in daemon_log().lower():
             raise RuntimeError(f"mlfs mount {mnt}: daemon exited {daemon.returncode}: "
                                f"{daemon_log()}")

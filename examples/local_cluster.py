@@ -163,7 +163,7 @@ class LocalCluster:
         for i, p in self.procs.items():
             if p.poll() is None:
                 for _ in range(50):  # a mount can be busy for a moment after its last user
-                    r = subprocess.run([self.mlfs, "umount", self.mounts[i]],
+                    r = subprocess.run([self.mlfs, "umount", self.mounts[i], "--force"],
                                        capture_output=True, text=True)
                     if r.returncode == 0:
                         break

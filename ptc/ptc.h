@@ -355,6 +355,16 @@ static inline int ptc_layout_rank(const struct ptc_layout *l, int t, int d, int 
  */
 int ptc_layout_backup_holder(const struct ptc_layout *l, int node);
 
+/*
+ * A rank of cluster node @node whose partitions no other copy in memory
+ * holds: no DP replica (same TP slice, same stage) on another node that is
+ * @up, and no backup holder that is @up (with "replicas"). The lowest such
+ * rank, or -1 when every rank of @node has a copy elsewhere (or @node has
+ * none). @up: per cluster node; @node's own entry is ignored. Used by
+ * `mlfs umount` to warn before the only copy of a step goes.
+ */
+int ptc_layout_sole_rank(const struct ptc_layout *l, int node, const bool *up);
+
 /* Whether pipeline stage @p holds tensor @t. */
 bool ptc_layout_stage_holds(const struct ptc_layout *l, int p, int t);
 /* Whether rank @r holds tensor @t. */

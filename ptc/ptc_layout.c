@@ -172,6 +172,25 @@ int ptc_layout_backup_holder(const struct ptc_layout *l, int node)
 	return -1;
 }
 
+int ptc_layout_sole_rank(const struct ptc_layout *l, int node, const bool *up)
+{
+	int holder = ptc_layout_backup_holder(l, node);
+	if (holder >= 0 && holder != node && up[holder])
+		return -1;
+	int r0 = l->node_first_rank[node];
+	for (int r = r0; r >= 0 && r < r0 + l->node_nranks[node]; r++) {
+		const struct ptc_rank *rk = &l->ranks[r];
+		bool copy = false;
+		for (int d = 0; d < l->dp && !copy; d++) {
+			int other = l->ranks[ptc_layout_rank(l, rk->t, d, rk->p)].node;
+			copy = d != rk->d && other != node && up[other];
+		}
+		if (!copy)
+			return r;
+	}
+	return -1;
+}
+
 bool ptc_layout_stage_holds(const struct ptc_layout *l, int p, int ti)
 {
 	const struct ptc_tensor *t = &l->schema->tensors[ti];

@@ -16,7 +16,8 @@ static const struct {
      "               [--data-cache BYTES] [--prefetch N] [--http-timeout SECONDS]\n"
      "               [--http-deadline SECONDS] [--log-level LEVEL] [--token-file F]\n"
      "               [--peer-listen HOST:PORT]"},
-    {"umount", cmd_umount, "umount <mnt>"},
+    {"umount", cmd_umount,
+     "umount <mnt> [--force]   (warns when it would lose the only copy of a step)"},
     {"status", cmd_status, "status <mnt> [--json]"},
     {"reconfigure", cmd_reconfigure, "reconfigure <mnt> new.json [--no-wait]"},
     {"import", cmd_import,

@@ -185,11 +185,115 @@ int cmd_mount(int argc, char **argv)
 	return mlfs_daemon_run(&o);
 }
 
+static json_t *read_json(const char *mnt, const char *name);
+
+/* <mnt>/<name> parsed by @parse into *@out; 0, or -1 (no message: the
+ * mount may be gone). */
+#define LOAD_MNT(mnt, name, parse, out)                                                            \
+	({                                                                                         \
+		char p_[PATH_MAX];                                                                 \
+		size_t l_;                                                                         \
+		struct ptc_error e_;                                                               \
+		snprintf(p_, sizeof(p_), "%s/%s", (mnt), (name));                                  \
+		char *t_ = access(p_, R_OK) == 0 ? tools_read_file(p_, &l_) : NULL;                \
+		int r_ = t_ && parse(t_, l_, (name), (out), &e_) == 0 ? 0 : -1;                    \
+		free(t_);                                                                          \
+		r_;                                                                                \
+	})
+
+/*
+ * What `mlfs umount` would lose: when this node's saved step is newer than
+ * the newest snapshot it knows of (status.json "snapshots") and one of its
+ * ranks has no copy on another node that is up (ptc_layout_sole_rank), a
+ * warning naming the step into @msg, and 1; else 0. Anything unreadable
+ * (a mount that is gone) gives 0: there is nothing to ask.
+ */
+static int loss_warning(const char *mnt, char *msg, size_t cap)
+{
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/status.json", mnt);
+	if (access(path, R_OK))
+		return 0;
+	json_t *st = read_json(mnt, "status.json");
+	json_t *step = json_object_get(st, "step");
+	json_t *snaps = json_object_get(st, "snapshots");
+	json_t *newest = json_object_get(snaps, "newest_step");
+	struct ptc_schema *s = NULL;
+	struct ptc_config *c = NULL;
+	struct ptc_cluster *cl = NULL;
+	struct ptc_layout l;
+	bool have_layout = false, *up = NULL;
+	int rc = 0;
+
+	if (!json_is_integer(step) || json_integer_value(step) < 0 ||
+	    (json_is_integer(newest) && json_integer_value(newest) >= json_integer_value(step)))
+		goto out;
+	if (LOAD_MNT(mnt, "schema.json", ptc_schema_parse_text, &s) ||
+	    LOAD_MNT(mnt, "config.json", ptc_config_parse_text, &c) ||
+	    LOAD_MNT(mnt, "cluster.json", ptc_cluster_parse_text, &cl))
+		goto out;
+	struct ptc_error err;
+	if (ptc_layout_init(&l, s, c, cl, "config.json", &err))
+		goto out;
+	have_layout = true;
+	int me = ptc_cluster_find(cl, json_string_value(json_object_get(st, "node")));
+	if (me < 0 || !(up = calloc((size_t)cl->nnodes, sizeof(*up))))
+		goto out;
+	size_t i;
+	json_t *n;
+	json_array_foreach(json_object_get(json_object_get(st, "cluster"), "nodes"), i, n)
+	{
+		int k = ptc_cluster_find(cl, json_string_value(json_object_get(n, "id")));
+		const char *state = json_string_value(json_object_get(n, "state"));
+		if (k >= 0)
+			up[k] = json_is_true(json_object_get(n, "up")) &&
+				!(state && strcmp(state, "lost") == 0);
+	}
+	int r = ptc_layout_sole_rank(&l, me, up);
+	if (r < 0)
+		goto out;
+	char snap[PATH_MAX + 64] = "there is no snapshot";
+	if (json_is_integer(newest))
+		snprintf(snap, sizeof(snap),
+			 "the newest snapshot is step %" JSON_INTEGER_FORMAT " (%s)",
+			 json_integer_value(newest),
+			 json_string_value(json_object_get(snaps, "newest")));
+	snprintf(msg, cap,
+		 "mlfs umount: warning: node %s holds the only copy of step %" JSON_INTEGER_FORMAT
+		 " of rank %d (no DP replica or backup on a node that is up), and %s: unmounting "
+		 "loses it. Keep it first with `mlfs snapshot %s --to DIR`.\n",
+		 cl->nodes[me].id, json_integer_value(step), r, snap, mnt);
+	rc = 1;
+out:
+	free(up);
+	if (have_layout)
+		ptc_layout_release(&l);
+	ptc_cluster_free(cl);
+	ptc_config_free(c);
+	ptc_schema_free(s);
+	json_decref(st);
+	return rc;
+}
+
 int cmd_umount(int argc, char **argv)
 {
-	if (argc != 2) {
-		fprintf(stderr, "usage: mlfs umount <mnt>\n");
+	bool force = argc == 3 && strcmp(argv[2], "--force") == 0;
+	if (argc != 2 && !force) {
+		fprintf(stderr, "usage: mlfs umount <mnt> [--force]\n");
 		return 2;
+	}
+	char msg[2 * PATH_MAX + 512];
+	if (!force && loss_warning(argv[1], msg, sizeof(msg))) {
+		fputs(msg, stderr);
+		if (isatty(STDIN_FILENO)) { /* a person: ask; a script goes on */
+			char line[16] = "";
+			fprintf(stderr, "Unmount anyway? [y/N] ");
+			if (!fgets(line, sizeof(line), stdin) ||
+			    (line[0] != 'y' && line[0] != 'Y')) {
+				fprintf(stderr, "mlfs umount: %s stays mounted\n", argv[1]);
+				return 1;
+			}
+		}
 	}
 	pid_t pid = fork();
 	if (pid == 0) {

@@ -15,7 +15,8 @@ EXAMPLE = ROOT / "examples" / "gpt-tiny"
 
 def run_mlfs(*args, check=True):
     """Runs `mlfs args...`; returns the CompletedProcess (text)."""
-    p = subprocess.run([str(MLFS), *map(str, args)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([str(MLFS), *map(str, args)], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
     if check and p.returncode != 0:
         raise AssertionError(f"mlfs {' '.join(map(str, args))} failed: {p.stderr}")
     return p

@@ -288,3 +288,74 @@ def test_periodic_snapshots_never_mix_steps(tmp_path, mount_factory):
     save_step(m, BIG, cfg, fulls[3], 3)
     m.mlfs("import", "--from", snaps / "step-14")
     check_layout(m, BIG, cfg, fulls[14], step=14)
+
+
+# ------------------------------------------------------------ mlfs umount
+
+def umount_on_tty(path, answer):
+    """`mlfs umount <path>` with a terminal on stdin that types @answer."""
+    import pty
+    import select
+    master, slave = pty.openpty()
+    p = subprocess.Popen([str(MLFS), "umount", str(path)], stdin=slave, stdout=slave,
+                         stderr=slave)
+    os.close(slave)
+    out = b""
+    answered = False
+    while True:
+        r, _, _ = select.select([master], [], [], 30)
+        assert r, out
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+        if not answered and b"[y/N]" in out:
+            os.write(master, answer.encode())
+            answered = True
+    os.close(master)
+    return p.wait(timeout=30), out.decode()
+
+
+def test_umount_warns_before_losing_the_only_copy(tmp_path, mount_factory):
+    """A node whose saved step is newer than the newest snapshot, with no copy on
+    another node: `mlfs umount` names the step; on a terminal it asks, and "n" keeps
+    the mount; a script (no terminal) is warned and unmounts; after a snapshot of the
+    step, or with --force, nothing is asked."""
+    src = mount_factory(name="src")
+    src.setup(MIXED, SRC)
+    full = make_full(MIXED, np.random.default_rng(18))
+    write_full(tmp_path / "ckpt", full)
+    src.mlfs("import", "--from", tmp_path / "ckpt", "--step", "7")
+    rc, out = umount_on_tty(src.path, "n\n")
+    assert rc == 1, out
+    assert "node n0 holds the only copy of step 7" in out and "there is no snapshot" in out, out
+    assert "stays mounted" in out and os.path.ismount(src.path)
+    check_layout(src, MIXED, SRC, full, step=7)
+    # A snapshot of step 7: the step is kept, so nothing to ask.
+    src.mlfs("snapshot", "--to", tmp_path / "s7")
+    assert src.status()["snapshots"]["newest_step"] == 7
+    src.write("ranks/0/step", "8")  # rank 0 saved step 8 over it (status "step")
+    rc, out = umount_on_tty(src.path, "n\n")
+    assert rc == 1 and "only copy of step 8" in out and "newest snapshot is step 7" in out, out
+    src.write("ranks/0/step", "7")
+    rc, out = umount_on_tty(src.path, "n\n")
+    assert rc == 0 and "warning" not in out, out
+    src.wait_exit()
+    # A script: warned, unmounted.
+    other = mount_factory(name="other")
+    other.setup(MIXED, SRC)
+    other.mlfs("import", "--from", tmp_path / "ckpt", "--step", "3")
+    p = other.mlfs("umount")
+    assert p.returncode == 0 and "holds the only copy of step 3" in p.stderr, p.stderr
+    other.wait_exit()
+    assert not os.path.ismount(other.path)
+    # --force: no question, no warning.
+    third = mount_factory(name="third")
+    third.setup(MIXED, SRC)
+    third.mlfs("import", "--from", tmp_path / "ckpt", "--step", "3")
+    p = third.mlfs("umount", "--force")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    third.wait_exit()

@@ -771,6 +771,60 @@ static void test_many_ties(void **state)
 	free_scenario(&sc);
 }
 
+/* ---------------------------------------------------- the only copy */
+
+/* ptc_layout_sole_rank: the lowest rank of a node without a copy on another
+ * node that is up (DP replica or backup holder). */
+static void test_sole_rank(void **state)
+{
+	(void)state;
+	static const char schema[] = "{'tensors': [{'name': 'w', 'dtype': 'int8', 'shape': [4]}]}";
+	/* 2 devices per node: tp2 dp2 on n0, n1 puts dp 0 on n0, dp 1 on n1. */
+	static const char *const configs[] = {
+	    "{'version': 1, 'tp': 2, 'pp': 1, 'dp': 2, 'nodes': ['n0', 'n1']}",
+	    "{'version': 1, 'tp': 2, 'pp': 2, 'dp': 1, 'nodes': ['n0', 'n1']}",
+	    "{'version': 1, 'tp': 2, 'pp': 2, 'dp': 1, 'replicas': 1, 'nodes': ['n0', 'n1']}",
+	    "{'version': 1, 'tp': 1, 'pp': 1, 'dp': 2, 'nodes': ['n0']}",
+	};
+	/* Per config: node n0's sole rank with n1 up, then with n1 down. */
+	static const int want[][2] = {{-1, 0}, {0, 0}, {-1, 0}, {0, 0}};
+	char *ids[] = {"n0", "n1"};
+	struct ptc_cluster *cl = ptc_cluster_new_uniform(2, ids, 2);
+	struct ptc_schema *sch;
+	struct ptc_error err;
+	char *js = unit_json(schema);
+
+	assert_int_equal(ptc_schema_parse_text(js, strlen(js), "s", &sch, &err), 0);
+	free(js);
+	for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++) {
+		struct ptc_config *c;
+		struct ptc_layout l;
+		char *text = unit_json(configs[i]);
+		assert_int_equal(ptc_config_parse_text(text, strlen(text), "c", &c, &err), 0);
+		assert_int_equal(ptc_layout_init(&l, sch, c, cl, "c", &err), 0);
+		bool up[2] = {true, true};
+		assert_int_equal(ptc_layout_sole_rank(&l, 0, up), want[i][0]);
+		up[1] = false;
+		assert_int_equal(ptc_layout_sole_rank(&l, 0, up), want[i][1]);
+		ptc_layout_release(&l);
+		ptc_config_free(c);
+		free(text);
+	}
+	/* Node n1's ranks of tp2 pp2 dp1: 2 and 3, the second stage. */
+	struct ptc_config *c;
+	struct ptc_layout l;
+	char *text = unit_json(configs[1]);
+	assert_int_equal(ptc_config_parse_text(text, strlen(text), "c", &c, &err), 0);
+	assert_int_equal(ptc_layout_init(&l, sch, c, cl, "c", &err), 0);
+	bool up[2] = {true, true};
+	assert_int_equal(ptc_layout_sole_rank(&l, 1, up), 2);
+	ptc_layout_release(&l);
+	ptc_config_free(c);
+	free(text);
+	ptc_schema_free(sch);
+	ptc_cluster_free(cl);
+}
+
 /* --------------------------------------------------------------- backups */
 
 static void test_backup_holder(void **state)
@@ -1039,6 +1093,7 @@ int main(void)
 	    cmocka_unit_test(test_many_ties),
 	    cmocka_unit_test(test_readme_example),
 	    cmocka_unit_test(test_backup_holder),
+	    cmocka_unit_test(test_sole_rank),
 	    cmocka_unit_test(test_backup_serves_down_node),
 	    cmocka_unit_test(test_backup_holder_down),
 	    cmocka_unit_test(test_backup_unused_with_replicas),
