@@ -122,4 +122,21 @@ struct xf_buf *mlfs_backup_get(struct mlfs_backup *b, int64_t version, int rank,
  */
 int mlfs_cluster_reset(const struct ptc_cluster *cl, json_t *removed, struct ptc_error *err);
 
+/*
+ * `mlfs resume`: every node of the job of @cl lost its memory; restores
+ * the snapshot @from (a snapshot, or a directory of step-<N> ones: the
+ * newest; NULL: the newest under the committed config's "snapshot" dir)
+ * into the committed layout (mlfs_resume.c): puts etcd's "restore" key,
+ * then waits up to @wait_s seconds for every node that is up to say it
+ * restored. @out gets "dir", "step", "version" and "nodes" {id: outcome}.
+ * 0, or -EBUSY (a node holds state), -EIO (a node failed), ... with @err.
+ */
+int mlfs_cluster_resume(const struct ptc_cluster *cl, const char *from, int wait_s, json_t *out,
+			struct ptc_error *err);
+/* Whether `mlfs resume` may restore the job of config @c, whose node
+ * entries in etcd are @nodes ({id: entry}): 0 when no node of @c is up
+ * with state in memory (each is down or "lost") and one is up; else
+ * -EBUSY or -EAGAIN with @err naming why. Pure. */
+int mlfs_resume_refusal(const struct ptc_config *c, const json_t *nodes, struct ptc_error *err);
+
 #endif

@@ -168,6 +168,11 @@ struct mlfs_cluster {
 	pthread_mutex_t publock; /* published, and the put of the node's key */
 	char *published;	 /* the node entry last put */
 	char entry_state[16];	 /* publock: the settled state it says */
+	/* lock: the last `mlfs resume` this node ran (mlfs_decide's rule 10):
+	 * the restore key's id ("": none) and its error ("": it restored).
+	 * Published in the node's entry as "restore". */
+	char restore_tried[40];
+	char restore_error[PTC_ERROR_MAX];
 };
 
 /* Wall-clock milliseconds (an attempt's deadline is one: every node
@@ -218,6 +223,7 @@ struct mlfs_jobkeys {
 	const struct net_etcd_kv *schema, *cluster, *config, *attempt;
 	json_t *nodes;	   /* {id: entry} */
 	json_t *attempt_j; /* @attempt parsed, or NULL */
+	json_t *restore_j; /* the "restore" key parsed (`mlfs resume`), or NULL */
 	int64_t config_mod;
 	int64_t committed;     /* @config's version: 0 without one, -1 unreadable */
 	const char *config_id; /* the attempt that committed it ("": a first config) */

@@ -67,6 +67,11 @@ struct mlfs_snap {
 	int64_t prepare_rev;	       /* the revision that created that attempt in etcd */
 	bool coordinating;	       /* this node created the attempt in etcd */
 	int64_t retained;	       /* the previous layout kept after a commit (0: none) */
+	/* `mlfs resume` (etcd's "restore" key): lost nodes restore the
+	 * committed version @restore_version from a snapshot. */
+	const char *restore_id;	   /* NULL: no such key */
+	int64_t restore_version;   /* the committed version it is for */
+	const char *restore_tried; /* the restore this node last ran ("": none) */
 };
 
 /* What to do, in the order given. */
@@ -84,6 +89,7 @@ enum mlfs_act {
 	MLFS_ACT_FINISH_COMMIT,	   /* the coordinator's commit transaction */
 	MLFS_ACT_FINISH_ABORT,	   /* the coordinator deletes its attempt: @reason */
 	MLFS_ACT_RELEASE_RETAINED, /* every participant swapped: drop the previous layout */
+	MLFS_ACT_RESTORE,	   /* a lost node fills its layout from `mlfs resume`'s snapshot */
 };
 
 struct mlfs_action {

@@ -226,6 +226,7 @@ struct round {
 	struct mlfs_snap_attempt att;
 	struct mlfs_snap_node *nodes;
 	char prepared_id[24];
+	char restore_tried[40];
 	const char *aid; /* the attempt in etcd's id, or NULL */
 };
 
@@ -328,9 +329,13 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 	s->retained = mlfs_store_retained(st, NULL);
 	json_decref(swap_wait);
 
+	s->restore_id = json_string_value(json_object_get(k->restore_j, "id"));
+	s->restore_version = json_integer_value(json_object_get(k->restore_j, "version"));
 	pthread_mutex_lock(&c->lock);
 	s->coordinating = c->mine && k->attempt && strcmp(c->mine, k->attempt->value) == 0;
+	snprintf(r->restore_tried, sizeof(r->restore_tried), "%s", c->restore_tried);
 	pthread_mutex_unlock(&c->lock);
+	s->restore_tried = r->restore_tried;
 	return 0;
 }
 
@@ -469,6 +474,43 @@ static void act_mark_lost(struct mlfs_cluster *c, const char *reason)
 	mlfs_log(MLFS_LOG_WARNING, "cluster: %s", reason);
 }
 
+/* RESTORE (rule 10): this lost node reads its ranks' boxes of the
+ * snapshot that etcd's "restore" key names (`mlfs resume`); once they are
+ * in, its partitions are the job's again. Runs once per key: the outcome
+ * goes into the node's entry ("restore"), which the command waits for. */
+static void act_restore(struct mlfs_cluster *c, const struct mlfs_jobkeys *k)
+{
+	struct mlfs_store *st = c->st;
+	const char *id = json_string_value(json_object_get(k->restore_j, "id"));
+	const char *dir = json_string_value(json_object_get(k->restore_j, "dir"));
+	json_t *step = json_object_get(k->restore_j, "step");
+	struct ptc_error err = {.text = ""};
+	int rc;
+
+	pthread_mutex_lock(&c->lock);
+	snprintf(c->restore_tried, sizeof(c->restore_tried), "%s", id ? id : "");
+	pthread_mutex_unlock(&c->lock);
+	if (!dir || !json_is_integer(step))
+		rc = ptc_errorf(&err, "resume: the restore key names no snapshot");
+	else
+		rc = mlfs_store_import(st, dir, -1, json_integer_value(step), &err);
+	if (rc == 0) {
+		atomic_store(&st->lost, false);
+		pthread_mutex_lock(&st->lock);
+		st->error[0] = '\0';
+		pthread_mutex_unlock(&st->lock);
+		mlfs_log(MLFS_LOG_INFO, "cluster: restored step %" JSON_INTEGER_FORMAT " from %s",
+			 json_integer_value(step), dir);
+	} else {
+		mlfs_log(MLFS_LOG_ERROR, "cluster: resume from %s: %s", dir ? dir : "?", err.text);
+	}
+	pthread_mutex_lock(&c->lock);
+	snprintf(c->restore_error, sizeof(c->restore_error), "%s", rc ? err.text : "");
+	pthread_mutex_unlock(&c->lock);
+	if (st->steps_saved)
+		st->steps_saved(st->cluster_arg); /* the entry and saved/<id>, now */
+}
+
 static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const struct round *r,
 		const struct mlfs_action *a)
 {
@@ -494,6 +536,9 @@ static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const stru
 		break;
 	case MLFS_ACT_CLEAR_LOST:
 		atomic_store(&st->lost, false);
+		break;
+	case MLFS_ACT_RESTORE:
+		act_restore(c, k);
 		break;
 	case MLFS_ACT_PREPARE:
 		act_prepare(c, k, r->aid, a->version);

@@ -35,12 +35,17 @@
  *     serves the committed version, up and not lost (a node dying before
  *     its swap, or restarting without its memory after it, leaves the
  *     survivors' copies of the previous layout in place).
-
  *  9. The coordinator plans an attempt from the current layout, unless
  *     nodes are down and it has no copy of some partition while the
  *     retained layout (rule 8 kept it: a node died before its swap) has a
  *     copy of everything on live nodes that still retain it: then from
  *     that (mlfs_decide_source), at the step it holds.
+ * 10. A lost node whose layout is the committed version restores it from
+ *     the snapshot that `mlfs resume` names in etcd's "restore" key for
+ *     that version (once per key): it reads its ranks' boxes, and its
+ *     partitions are the job's again (the command puts the key only while
+ *     no node of the config is up with state in memory, so every node
+ *     holds the snapshot's step; mlfs_resume_refusal).
  * tests/model/protocol.pml models rules 1-8 for spin.
  */
 #include <errno.h>
@@ -201,6 +206,10 @@ int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts)
 		    (long long)s->committed, (long long)s->have);
 	if (s->lost && s->have >= s->committed && !s->hosts_ranks)
 		add(&o, MLFS_ACT_CLEAR_LOST, s->have, NULL);
+	else if (s->lost && s->restore_id && s->restore_version == s->committed &&
+		 s->have == s->committed && s->reconf == MLFS_RECONF_IDLE &&
+		 !same(s->restore_id, s->restore_tried)) /* rule 10 */
+		add(&o, MLFS_ACT_RESTORE, s->have, NULL);
 	if (s->attempt) {
 		participate(s, &o);
 		coordinate(s, &o);
@@ -260,6 +269,7 @@ const char *mlfs_act_name(enum mlfs_act a)
 	    [MLFS_ACT_INSTALL_CONFIG] = "install-config",
 	    [MLFS_ACT_MARK_LOST] = "mark-lost",
 	    [MLFS_ACT_CLEAR_LOST] = "clear-lost",
+	    [MLFS_ACT_RESTORE] = "restore",
 	    [MLFS_ACT_PREPARE] = "prepare",
 	    [MLFS_ACT_VOTE_READY] = "vote-ready",
 	    [MLFS_ACT_VOTE_FAILED] = "vote-failed",

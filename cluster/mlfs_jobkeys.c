@@ -50,6 +50,7 @@ void mlfs_jobkeys_free(struct mlfs_jobkeys *k)
 	net_etcd_kvs_free(k->votes, k->nvotes);
 	json_decref(k->nodes);
 	json_decref(k->attempt_j);
+	json_decref(k->restore_j);
 	memset(k, 0, sizeof(*k));
 }
 
@@ -80,6 +81,8 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 			k->config_id = kv->value;
 		else if (strcmp(name, "attempt") == 0)
 			k->attempt = kv;
+		else if (strcmp(name, "restore") == 0)
+			k->restore_j = json_loadb(kv->value, kv->len, 0, NULL);
 		else if (strncmp(name, "nodes/", 6) == 0)
 			json_object_set_new(k->nodes, name + 6,
 					    json_loadb(kv->value, kv->len, 0, NULL)

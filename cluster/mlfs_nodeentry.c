@@ -50,6 +50,13 @@ static json_t *node_entry(struct mlfs_cluster *c, bool *lost, enum mlfs_reconf_s
 		json_object_set_new(o, "backup", bk);
 	else
 		json_decref(bk);
+	pthread_mutex_lock(&c->lock);
+	if (o && c->restore_tried[0])
+		json_object_set_new(
+		    o, "restore",
+		    json_pack("{ssso}", "id", c->restore_tried, "error",
+			      c->restore_error[0] ? json_string(c->restore_error) : json_null()));
+	pthread_mutex_unlock(&c->lock);
 	json_decref(steps);
 	return o;
 }

@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -64,8 +65,10 @@ struct mlfs_autosnap {
 	int64_t writing; /* -1: none */
 	int64_t newest;	 /* the newest complete snapshot in dir, -1: none */
 	int64_t written, skipped;
-	char dir[3100]; /* the config's "dir" the figures are of */
-	int64_t manual; /* the step of the last `mlfs snapshot` here, -1: none */
+	int64_t written_step; /* of the last part written here, -1: none */
+	int polls;	      /* looks for its manifest since */
+	char dir[3100];	      /* the config's "dir" the figures are of */
+	int64_t manual;	      /* the step of the last `mlfs snapshot` here, -1: none */
 	char manual_dir[3100];
 	char error[PTC_ERROR_MAX];
 };
@@ -146,7 +149,7 @@ static void prune(const char *dir, int keep)
 		closedir(d);
 }
 
-static int64_t newest_in(const char *dir)
+int64_t mlfs_snapshot_newest(const char *dir)
 {
 	int64_t *steps;
 	int n = list_complete(dir, &steps);
@@ -240,7 +243,7 @@ static void write_step(struct mlfs_autosnap *a, struct mlfs_view *v, int64_t ste
 		mlfs_log(MLFS_LOG_ERROR, "%s", err.text);
 	else if (rc)
 		mlfs_log(MLFS_LOG_WARNING, "%s", err.text);
-	int64_t newest = newest_in(c->snap_dir);
+	int64_t newest = mlfs_snapshot_newest(c->snap_dir);
 	pthread_mutex_lock(&st->lock);
 	a->writing = -1;
 	a->newest = newest;
@@ -250,6 +253,8 @@ static void write_step(struct mlfs_autosnap *a, struct mlfs_view *v, int64_t ste
 		snprintf(a->error, sizeof(a->error), "%s", err.text);
 	else {
 		a->written++;
+		a->written_step = step;
+		a->polls = 0;
 		a->error[0] = '\0';
 	}
 	pthread_mutex_unlock(&st->lock);
@@ -268,13 +273,28 @@ static void *autosnap_main(void *arg)
 			/* a new directory: what is there already */
 			snprintf(a->dir, sizeof(a->dir), "%s", v->config->snap_dir);
 			pthread_mutex_unlock(&st->lock);
-			int64_t newest = newest_in(a->dir);
+			int64_t newest = mlfs_snapshot_newest(a->dir);
 			pthread_mutex_lock(&st->lock);
 			a->newest = newest;
 			a->done = newest > a->done ? newest : a->done;
 			continue;
 		}
 		int64_t step = v && v->psnap ? ready_step(a, v) : -1;
+		if (step < 0 && a->written_step > a->newest && a->polls < WAIT_S) {
+			/* This node's part of a step is written; rank 0's node writes
+			 * the manifest when every part is there: look again in a
+			 * second. */
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec++;
+			pthread_cond_timedwait(&a->cond, &st->lock, &ts);
+			a->polls++;
+			pthread_mutex_unlock(&st->lock);
+			int64_t newest = mlfs_snapshot_newest(a->dir);
+			pthread_mutex_lock(&st->lock);
+			a->newest = newest > a->newest ? newest : a->newest;
+			continue;
+		}
 		if (step < 0) {
 			pthread_cond_wait(&a->cond, &st->lock);
 			continue;
@@ -316,7 +336,7 @@ int mlfs_autosnap_start(struct mlfs_store *st)
 	if (!a)
 		return -ENOMEM;
 	a->st = st;
-	a->done = a->writing = a->newest = a->manual = -1;
+	a->done = a->writing = a->newest = a->manual = a->written_step = -1;
 	pthread_cond_init(&a->cond, NULL);
 	if (pthread_create(&a->thread, NULL, autosnap_main, a)) {
 		pthread_cond_destroy(&a->cond);

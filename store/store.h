@@ -412,6 +412,9 @@ int mlfs_autosnap_start(struct mlfs_store *st);
 void mlfs_autosnap_stop(struct mlfs_store *st);
 void mlfs_autosnap_wake(struct mlfs_store *st);
 json_t *mlfs_autosnap_status(struct mlfs_store *st, const struct ptc_config *c);
+/* The step of the newest complete snapshot under @dir (its step-<N>
+ * directories with a manifest.json), or -1. */
+int64_t mlfs_snapshot_newest(const char *dir);
 /* `mlfs snapshot` wrote this node's part of step @step into @dir: the
  * newest snapshot status.json names once dir's manifest is there. */
 void mlfs_autosnap_note(struct mlfs_store *st, const char *dir, int64_t step);

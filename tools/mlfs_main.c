@@ -26,6 +26,9 @@ static const struct {
     {"snapshot", cmd_snapshot, "snapshot <mnt> --to DIR [--level N] [--wait SECONDS]"},
     {"verify", cmd_verify, "verify <mnt>      (every partition of the node against its checksum)"},
     {"reset", cmd_reset, "reset --cluster cluster.json      (every node down: the job afresh)"},
+    {"resume", cmd_resume,
+     "resume --cluster cluster.json [--from DIR] [--wait SECONDS]\n"
+     "               (every node lost its memory: restore the newest snapshot)"},
     {"plan", cmd_plan,
      "plan --schema S --from A.json --to B.json [--cluster C] [--down ID,...] [--json]"},
     {"dataset", cmd_dataset, "dataset index DIR --dtype D --shape N[,N...] [--out FILE]"},

@@ -6,9 +6,12 @@
  * job's state; after a reset the operator mounts them again, writes a
  * config and imports a checkpoint.
  */
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cluster/cluster.h"
 #include "ptc/ptc.h"
@@ -56,6 +59,69 @@ int cmd_reset(int argc, char **argv)
 		json_array_foreach(removed, i, k) printf("  removed %s\n", json_string_value(k));
 	}
 	json_decref(removed);
+	ptc_cluster_free(cl);
+	return rc ? 1 : 0;
+}
+
+int cmd_resume(int argc, char **argv)
+{
+	static const struct option opts[] = {{"cluster", required_argument, NULL, 'c'},
+					     {"from", required_argument, NULL, 'f'},
+					     {"wait", required_argument, NULL, 'w'},
+					     {NULL, 0, NULL, 0}};
+	const char *path = NULL, *from = NULL;
+	int c, wait_s = 600;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "c:f:w:", opts, NULL)) != -1) {
+		if (c == 'c')
+			path = optarg;
+		else if (c == 'f')
+			from = optarg;
+		else if (c == 'w' && (wait_s = atoi(optarg)) > 0 && wait_s <= 86400)
+			;
+		else
+			return 2;
+	}
+	if (!path || optind != argc) {
+		fprintf(
+		    stderr,
+		    "usage: mlfs resume --cluster cluster.json [--from DIR] [--wait SECONDS]\n");
+		return 2;
+	}
+	size_t len;
+	char *text = tools_read_file(path, &len);
+	if (!text)
+		return 1;
+	struct ptc_cluster *cl;
+	struct ptc_error err = {.text = ""};
+	int rc = ptc_cluster_parse_text(text, len, path, &cl, &err);
+	free(text);
+	if (rc) {
+		fprintf(stderr, "mlfs resume: %s\n", err.text);
+		return 1;
+	}
+	char abs[PATH_MAX];
+	if (from && !realpath(from, abs)) {
+		fprintf(stderr, "mlfs resume: %s: %s\n", from, strerror(errno));
+		ptc_cluster_free(cl);
+		return 1;
+	}
+	json_t *out = json_object();
+	rc = mlfs_cluster_resume(cl, from ? abs : NULL, wait_s, out, &err);
+	if (json_is_string(json_object_get(out, "dir")))
+		printf("job \"%s\": version %" JSON_INTEGER_FORMAT
+		       " restored from %s (step %" JSON_INTEGER_FORMAT ")\n",
+		       cl->job, json_integer_value(json_object_get(out, "version")),
+		       json_string_value(json_object_get(out, "dir")),
+		       json_integer_value(json_object_get(out, "step")));
+	const char *id;
+	json_t *v;
+	json_object_foreach(json_object_get(out, "nodes"), id, v)
+	    printf("  %-16s %s\n", id, json_string_value(v));
+	if (rc)
+		fprintf(stderr, "mlfs resume: %s\n", err.text);
+	json_decref(out);
 	ptc_cluster_free(cl);
 	return rc ? 1 : 0;
 }

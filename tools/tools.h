@@ -21,6 +21,7 @@ int cmd_snapshot(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_dataset(int argc, char **argv);
 int cmd_reset(int argc, char **argv);
+int cmd_resume(int argc, char **argv);
 
 /* Reads a whole file into a new NUL-terminated buffer; NULL and a message
  * on stderr on failure. *len gets the size. */

@@ -359,3 +359,52 @@ def test_umount_warns_before_losing_the_only_copy(tmp_path, mount_factory):
     p = third.mlfs("umount", "--force")
     assert p.returncode == 0 and p.stderr == "", p.stderr
     third.wait_exit()
+
+
+# ------------------------------------------------------------- mlfs resume
+
+def test_whole_job_resumes_from_its_periodic_snapshot(tmp_path, cluster_factory):
+    """A 4-node job at tp2 pp2 dp2 with "snapshot": {"every": 5}: every rank saves
+    step 10 on its node, each node writes its boxes and n0 the manifest; every daemon
+    killed and restarted (each lost); one `mlfs resume --cluster` restores step 10 into
+    the committed layout, bit-exact, on every node. A second resume is refused (nodes
+    hold state), and so is one into a job of another schema's snapshot."""
+    cl = cluster_factory(nnodes=4, devices=2)
+    full = make_full(MIXED, np.random.default_rng(46))
+    snaps = tmp_path / "shared-snaps"
+    v1 = {"version": 1, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n0", "n1", "n2", "n3"],
+          "snapshot": {"dir": str(snaps), "every": 5}}
+    cl.start_job(MIXED, v1, "n0", full, step=3)
+    for nid in ("n0", "n1", "n2", "n3"):
+        for r in cl.hosted(v1, nid):
+            cl[nid].write(f"ranks/{r}/step", "10")
+    cl.wait(lambda: (snaps / "step-10" / "manifest.json").exists(), "the snapshot of step 10",
+            timeout=60)
+    m = check_snapshot_holds(snaps / "step-10", full)
+    assert m["step"] == 10 and m["version"] == 1
+    cl.wait(lambda: cl["n1"].status()["snapshots"]["newest_step"] == 10, "n1 sees it")
+
+    for nid in ("n0", "n1", "n2", "n3"):
+        cl.kill(nid)
+    for nid in ("n0", "n1", "n2", "n3"):
+        cl.wait_down(nid)
+    for nid in ("n0", "n1", "n2", "n3"):
+        cl.restart(nid)
+    cl.wait(lambda: all(s["state"] == "lost" for s in cl.statuses().values()),
+            "every node lost", timeout=30)
+    r = subprocess.run([str(MLFS), "resume", "--cluster", cl.cluster_path, "--wait", "60"],
+                       capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"restored from {snaps}/step-10 (step 10)" in r.stdout, r.stdout
+    assert r.stdout.count("restored\n") == 4, r.stdout
+    cl.wait(lambda: all(s["state"] == "idle" and not s.get("lost")
+                        for s in cl.statuses().values()), "every node idle")
+    cl.check_layout(MIXED, v1, full, step=10)
+    # The job is whole again: a reconfiguration moves it as usual.
+    v2 = {"version": 2, "tp": 4, "pp": 1, "dp": 1, "nodes": ["n0", "n1"]}
+    cl.reconfigure("n2", v2)
+    cl.check_layout(MIXED, v2, full, step=10, nodes=["n0", "n1"])
+    # Nodes hold state now: refused, naming one; nothing put.
+    r = subprocess.run([str(MLFS), "resume", "--cluster", cl.cluster_path],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 1 and "is up and not lost" in r.stderr, r.stderr

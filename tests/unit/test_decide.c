@@ -8,6 +8,7 @@
  * death after the vote, restarts at version 1 and later, etcd gone at
  * each phase.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "cluster/cluster.h"
 #include "cluster/decide_i.h"
 #include "unit.h"
 
@@ -289,6 +291,70 @@ static void test_restarts(void **state)
 	assert_string_equal(decide(&j, NULL, 0), "clear-lost(3)");
 }
 
+/* Rule 10: `mlfs resume` restores lost nodes from a snapshot, once per
+ * restore key, only at the version the key names, only when idle. */
+static void test_resume_restores_lost_nodes(void **state)
+{
+	(void)state;
+	struct job j;
+
+	job_init(&j, 1, 2);
+	j.s.committed = j.s.have = 3;
+	j.s.lost = true;
+	j.s.restore_tried = "";
+	assert_string_equal(decide(&j, NULL, 0), ""); /* no key: stays lost */
+	j.s.restore_id = "r1";
+	j.s.restore_version = 2; /* of another version: not this layout */
+	assert_string_equal(decide(&j, NULL, 0), "");
+	j.s.restore_version = 3;
+	assert_string_equal(decide(&j, NULL, 0), "restore(3)");
+	j.s.reconf = MLFS_RECONF_PREPARING; /* never beside an attempt */
+	assert_string_equal(decide(&j, NULL, 0), "");
+	j.s.reconf = MLFS_RECONF_IDLE;
+	j.s.restore_tried = "r1"; /* tried (it failed, or it restored): once */
+	assert_string_equal(decide(&j, NULL, 0), "");
+	j.s.restore_id = "r2"; /* the command run again */
+	assert_string_equal(decide(&j, NULL, 0), "restore(3)");
+	j.s.lost = false; /* a node with its state ignores it */
+	assert_string_equal(decide(&j, NULL, 0), "");
+	/* A node that starts lost later restores once it installed the config. */
+	job_init(&j, 0, 2);
+	j.s.committed = 3;
+	j.s.have = 0;
+	j.s.restore_id = "r2";
+	j.s.restore_version = 3;
+	j.s.restore_tried = "";
+	assert_string_equal(decide(&j, NULL, 0), "install-config(3) mark-lost(3)");
+	j.s.have = 3;
+	j.s.lost = true;
+	assert_string_equal(decide(&j, NULL, 0), "restore(3)");
+}
+
+/* mlfs_resume_refusal: only while no node of the config is up with state. */
+static void test_resume_refusal(void **state)
+{
+	(void)state;
+	struct ptc_config *c = config_ok("{'version': 3, 'tp': 1, 'pp': 1, 'dp': 2, "
+					 "'nodes': ['n0', 'n1']}");
+	struct ptc_error err = {.text = ""};
+	json_t *nodes = json_pack("{s{ss}s{ss}}", "n0", "state", "lost", "n1", "state", "lost");
+	assert_int_equal(mlfs_resume_refusal(c, nodes, &err), 0);
+	json_object_del(nodes, "n1"); /* down: it restores when it starts */
+	assert_int_equal(mlfs_resume_refusal(c, nodes, &err), 0);
+	json_object_set_new(nodes, "n1", json_pack("{ss}", "state", "idle"));
+	assert_int_equal(mlfs_resume_refusal(c, nodes, &err), -EBUSY);
+	assert_non_null(strstr(err.text, "node n1 is up and not lost"));
+	json_object_clear(nodes);
+	assert_int_equal(mlfs_resume_refusal(c, nodes, &err), -EAGAIN);
+	assert_non_null(strstr(err.text, "no node of the job is up"));
+	/* A node outside the config does not count. */
+	json_object_set_new(nodes, "n0", json_pack("{ss}", "state", "lost"));
+	json_object_set_new(nodes, "n7", json_pack("{ss}", "state", "idle"));
+	assert_int_equal(mlfs_resume_refusal(c, nodes, &err), 0);
+	json_decref(nodes);
+	ptc_config_free(c);
+}
+
 /* Issue 17, item 5: etcd unreachable at every phase: nothing is decided,
  * a prepared attempt waits for etcd's decision. */
 static void test_etcd_gone(void **state)
@@ -469,6 +535,8 @@ int main(void)
 	    cmocka_unit_test(test_coordinator_aborts),
 	    cmocka_unit_test(test_death_after_the_vote),
 	    cmocka_unit_test(test_restarts),
+	    cmocka_unit_test(test_resume_restores_lost_nodes),
+	    cmocka_unit_test(test_resume_refusal),
 	    cmocka_unit_test(test_etcd_gone),
 	    cmocka_unit_test(test_lease_lost_and_regained),
 	    cmocka_unit_test(test_wrong_version_votes_failed),
