@@ -41,6 +41,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +188,7 @@ static int take(struct mlfs_backup *b, const struct mlfs_view *v, int of, int r,
 
 static void *backup_main(void *arg)
 {
+	pthread_setname_np(pthread_self(), "mlfs-backup"); /* for top -H, perf */
 	struct mlfs_backup *b = arg;
 	struct mlfs_store *st = b->st;
 	int failures = 0;

@@ -95,6 +95,7 @@
  * is a leaf; c->publock is held across the put of the node's entry only.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +171,7 @@ static int nap_ms(struct mlfs_cluster *c)
 
 static void *cluster_main(void *arg)
 {
+	pthread_setname_np(pthread_self(), "mlfs-control"); /* for top -H, perf */
 	struct mlfs_cluster *c = arg;
 
 	while (!atomic_load(&c->stop)) {

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +160,7 @@ int mlfs_nodeentry_register(struct mlfs_cluster *c, struct ptc_error *err)
 
 void *mlfs_nodeentry_keepalive_main(void *arg)
 {
+	pthread_setname_np(pthread_self(), "mlfs-keepalive"); /* for top -H, perf */
 	struct mlfs_cluster *c = arg;
 	struct ptc_error why;
 	int64_t ttl;

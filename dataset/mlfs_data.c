@@ -329,6 +329,7 @@ void mlfs_dview_body(const struct mlfs_dview *v, enum mlfs_dfile kind, const uin
 
 static void *prefetch_main(void *arg)
 {
+	pthread_setname_np(pthread_self(), "mlfs-prefetch"); /* for top -H, perf */
 	struct mlfs_dataset *ds = arg;
 	struct ptc_error why;
 

@@ -13,6 +13,7 @@
  */
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
+#include <pthread.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -72,6 +73,7 @@ static void notify_one(struct mlfs_daemon *d, const char *path)
 
 static void *notify_main(void *arg)
 {
+	pthread_setname_np(pthread_self(), "mlfs-notify"); /* for top -H, perf */
 	struct mlfs_daemon *d = arg;
 	char *batch[MLFS_NOTIFY_MAX];
 	(void)arg;

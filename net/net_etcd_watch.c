@@ -146,6 +146,7 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
 
 static void *watch_main(void *arg)
 {
+	pthread_setname_np(pthread_self(), "mlfs-watch"); /* for top -H, perf */
 	struct net_etcd_watch *w = arg;
 	int running = 1, rc = 0;
 

@@ -65,6 +65,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -566,6 +567,7 @@ static int attempt_fetch(void *arg, const struct ptc_op *op, uint8_t *dst, int64
 
 static void *prepare_main(void *arg)
 {
+	pthread_setname_np(pthread_self(), "mlfs-prepare"); /* for top -H, perf */
 	struct mlfs_attempt *a = arg;
 	struct mlfs_store *st = a->st;
 	int rc = xf_execute(a->plan, st->node, &a->from->parts, &a->to->parts, &st->mem,
