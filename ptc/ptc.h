@@ -175,9 +175,14 @@ struct ptc_gen_args {
 	enum ptc_dtype dtype;
 	bool has_moments_dtype;	      /* else the Adam moments are float32 */
 	enum ptc_dtype moments_dtype; /* of the optim/exp_avg{,_sq} states */
+	/* moe only (0 elsewhere): routed experts, their SwiGLU width (0: ffn),
+	 * shared experts (one MLP of shared_experts x expert_ffn), dense layers */
+	int experts, expert_ffn, shared_experts, dense_layers;
 };
 json_t *ptc_gen_megatron_gpt(const struct ptc_gen_args *a, struct ptc_error *err);
 json_t *ptc_gen_llama(const struct ptc_gen_args *a, struct ptc_error *err);
+/* llama with each layer's MLP replaced by a router and per-expert tensors. */
+json_t *ptc_gen_moe(const struct ptc_gen_args *a, struct ptc_error *err);
 
 /* --------------------------------------------------------- cluster/config */
 
@@ -507,6 +512,9 @@ const char *ptc_op_kind_name(enum ptc_op_kind k);
  * op read from a backup has "backup": true. */
 json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from,
 			 const struct ptc_layout *to, bool with_ops);
+/* Operation @i of @p as one object of ptc_plan_to_json's "operations" (a
+ * new reference): for writing a large plan one operation at a time. */
+json_t *ptc_plan_op_to_json(const struct ptc_plan *p, size_t i, const struct ptc_layout *to);
 
 /*
  * Formats the message @fmt (printf-style, truncated to PTC_ERROR_MAX - 1

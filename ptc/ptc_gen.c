@@ -11,7 +11,14 @@
  *   llama         no biases or position embeddings, RMSNorm weights, fused
  *                 QKV with grouped-query attention (chunks [A*d, G*d, G*d]),
  *                 SwiGLU gate/up fused in two chunks, ffn 256-rounded 8H/3.
- * Both pad the vocabulary to multiples of 128 per TP rank and tie
+ *   moe           llama with each layer's MLP replaced by a router [E, H]
+ *                 (replicated), E routed experts and optionally one shared
+ *                 MLP of S experts' width, each a SwiGLU MLP of its own
+ *                 tensors split by TP like llama's: expert parallelism over
+ *                 DP ranks has no expression in a schema, whose splits are
+ *                 over TP ranks only (docs/decisions.md, "Mixture of
+ *                 experts: experts split by TP").
+ * All pad the vocabulary to multiples of 128 per TP rank and tie
  * output_layer/weight to the word embeddings when asked. Every tensor has
  * the argument dtype; the optimizer moments are float32 states unless
  * asked otherwise (--moments-dtype).
@@ -22,6 +29,8 @@
  * generator reports out of memory once at the end.
  */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 
 #include "ptc/ptc.h"
 
@@ -67,6 +76,30 @@ static int check_common(const char *model, const struct ptc_gen_args *a, struct 
 	if ((unsigned)a->dtype >= PTC_DTYPE_COUNT)
 		return ptc_errorf(err, "%s: \"--dtype\" = %d is not a known dtype", model,
 				  (int)a->dtype);
+	return 0;
+}
+
+/* Refuses the moe flags for a dense model, rather than ignoring them. */
+static int check_dense(const char *model, const struct ptc_gen_args *a, struct ptc_error *err)
+{
+	static const char *const flags[] = {"--experts", "--expert-ffn", "--shared-experts",
+					    "--dense-layers"};
+	int v[] = {a->experts, a->expert_ffn, a->shared_experts, a->dense_layers};
+
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+		if (v[i])
+			return ptc_errorf(err, "%s: \"%s\" is for moe only", model, flags[i]);
+	return 0;
+}
+
+/* Validates llama's own arguments (and moe's); sets *@kv to the KV heads. */
+static int check_llama(const char *model, const struct ptc_gen_args *a, int *kv,
+		       struct ptc_error *err)
+{
+	*kv = a->kv_heads ? a->kv_heads : a->heads;
+	if (check_min(model, "--kv-heads", a->kv_heads, 0, err) ||
+	    check_divides(model, "--kv-heads", *kv, "--heads", a->heads, err))
+		return -EINVAL;
 	return 0;
 }
 
@@ -209,7 +242,7 @@ json_t *ptc_gen_megatron_gpt(const struct ptc_gen_args *a, struct ptc_error *err
 	struct gen g = {0};
 	json_t *root, *t;
 
-	if (check_common(model, a, err))
+	if (check_common(model, a, err) || check_dense(model, a, err))
 		return NULL;
 	int64_t h = a->hidden, v = a->vocab;
 	int64_t f = a->ffn ? a->ffn : 4 * h;
@@ -232,8 +265,9 @@ json_t *ptc_gen_megatron_gpt(const struct ptc_gen_args *a, struct ptc_error *err
 
 /* ----------------------------------------------------------------- llama */
 
-/* One layer: @nq query heads and @nkv key/value heads of size @d. */
-static void gen_llama_layer(struct gen *g, int64_t h, int64_t f, int64_t nq, int64_t nkv, int64_t d)
+/* A layer's norms and attention: @nq query heads and @nkv key/value heads
+ * of size @d. */
+static void gen_llama_attention(struct gen *g, int64_t h, int64_t nq, int64_t nkv, int64_t d)
 {
 	json_int_t q = nq * d, kv = nkv * d;
 	json_t *t;
@@ -244,9 +278,20 @@ static void gen_llama_layer(struct gen *g, int64_t h, int64_t f, int64_t nq, int
 	t = gen_matrix(g, "layers/{L}/self_attention/dense/weight", h, q);
 	gen_split_heads(g, t, 1, NULL, d);
 	gen_vector(g, "layers/{L}/post_attention_layernorm/weight", h);
-	t = gen_matrix(g, "layers/{L}/mlp/dense_h_to_4h/weight", 2 * f, h);
+}
+
+/* A SwiGLU MLP of width @f under @prefix: gate/up fused in two chunks (each
+ * TP rank holds its rows of both), down split along its columns. */
+static void gen_swiglu(struct gen *g, const char *prefix, int64_t h, int64_t f)
+{
+	char name[128];
+	json_t *t;
+
+	snprintf(name, sizeof(name), "%s/dense_h_to_4h/weight", prefix);
+	t = gen_matrix(g, name, 2 * f, h);
 	gen_split(g, t, 0, json_integer(2), false);
-	t = gen_matrix(g, "layers/{L}/mlp/dense_4h_to_h/weight", h, f);
+	snprintf(name, sizeof(name), "%s/dense_4h_to_h/weight", prefix);
+	t = gen_matrix(g, name, h, f);
 	gen_split(g, t, 1, NULL, false);
 }
 
@@ -263,12 +308,10 @@ json_t *ptc_gen_llama(const struct ptc_gen_args *a, struct ptc_error *err)
 	static const char model[] = "llama";
 	struct gen g = {0};
 	json_t *root, *t;
+	int kv;
 
-	if (check_common(model, a, err))
-		return NULL;
-	int kv = a->kv_heads ? a->kv_heads : a->heads;
-	if (check_min(model, "--kv-heads", a->kv_heads, 0, err) ||
-	    check_divides(model, "--kv-heads", kv, "--heads", a->heads, err))
+	if (check_common(model, a, err) || check_llama(model, a, &kv, err) ||
+	    check_dense(model, a, err))
 		return NULL;
 	int64_t h = a->hidden, v = a->vocab;
 	int64_t f = a->ffn ? a->ffn : llama_default_ffn(h);
@@ -277,7 +320,85 @@ json_t *ptc_gen_llama(const struct ptc_gen_args *a, struct ptc_error *err)
 	root = gen_root(&g, model, a->layers,
 			ptc_dtype_name(a->has_moments_dtype ? a->moments_dtype : PTC_FLOAT32));
 	gen_embedding(&g, v, h);
-	gen_llama_layer(&g, h, f, a->heads, kv, h / a->heads);
+	gen_llama_attention(&g, h, a->heads, kv, h / a->heads);
+	gen_swiglu(&g, "layers/{L}/mlp", h, f);
+	t = gen_vector(&g, "final_layernorm/weight", h);
+	gen_place(&g, t, "last");
+	gen_output(&g, v, h, a->tied);
+	return gen_finish(&g, root, model, err);
+}
+
+/* ------------------------------------------------------------------- moe */
+
+/* Tensors of a moe schema once {L} is expanded: per layer 4 of attention,
+ * the router, 2 per routed expert and 2 for the shared MLP; 3 outside. */
+static int64_t moe_tensors(const struct ptc_gen_args *a)
+{
+	return 3 + (int64_t)a->layers * (5 + 2 * (int64_t)a->experts + 2 * !!a->shared_experts);
+}
+
+static int check_moe(const char *model, const struct ptc_gen_args *a, struct ptc_error *err)
+{
+	if (check_min(model, "--experts", a->experts, 1, err) ||
+	    check_min(model, "--expert-ffn", a->expert_ffn, 0, err) ||
+	    check_min(model, "--shared-experts", a->shared_experts, 0, err) ||
+	    check_min(model, "--dense-layers", a->dense_layers, 0, err))
+		return -EINVAL;
+	/* A {L} template stands for the same tensor in every layer, and a
+	 * tensor outside {L} belongs to no layer's stage: the first K layers
+	 * cannot have an MLP of their own in this schema format. */
+	if (a->dense_layers)
+		return ptc_errorf(err,
+				  "%s: \"--dense-layers\" = %d is not supported: every {L} tensor "
+				  "is in every layer, so a schema cannot give the first layers a "
+				  "dense MLP",
+				  model, a->dense_layers);
+	/* Refused here, before thousands of templates are built, rather than
+	 * by the schema parser. */
+	if (moe_tensors(a) > PTC_MAX_TENSORS)
+		return ptc_errorf(err,
+				  "%s: \"--layers\" = %d x \"--experts\" = %d expands to "
+				  "%" PRId64 " tensors, more than the limit %d",
+				  model, a->layers, a->experts, moe_tensors(a), PTC_MAX_TENSORS);
+	return 0;
+}
+
+/* A layer's MLP: the router [E, H], replicated on every TP rank (it is
+ * small and every rank routes every token), the shared MLP when @s > 0,
+ * then each routed expert's SwiGLU of width @f. */
+static void gen_moe_mlp(struct gen *g, int64_t h, int64_t f, int experts, int64_t s)
+{
+	char prefix[64];
+
+	gen_matrix(g, "layers/{L}/mlp/router/weight", experts, h);
+	if (s)
+		gen_swiglu(g, "layers/{L}/mlp/shared_experts", h, s * f);
+	for (int e = 0; e < experts && !g->failed; e++) {
+		snprintf(prefix, sizeof(prefix), "layers/{L}/mlp/experts/%d", e);
+		gen_swiglu(g, prefix, h, f);
+	}
+}
+
+json_t *ptc_gen_moe(const struct ptc_gen_args *a, struct ptc_error *err)
+{
+	static const char model[] = "moe";
+	struct gen g = {0};
+	json_t *root, *t;
+	int kv;
+
+	if (check_common(model, a, err) || check_llama(model, a, &kv, err) ||
+	    check_moe(model, a, err))
+		return NULL;
+	int64_t h = a->hidden, v = a->vocab;
+	/* As Megatron-Core's moe_ffn_hidden_size: the dense width by default. */
+	int64_t f = a->expert_ffn ? a->expert_ffn : a->ffn ? a->ffn : llama_default_ffn(h);
+
+	g.dtype = ptc_dtype_name(a->dtype);
+	root = gen_root(&g, model, a->layers,
+			ptc_dtype_name(a->has_moments_dtype ? a->moments_dtype : PTC_FLOAT32));
+	gen_embedding(&g, v, h);
+	gen_llama_attention(&g, h, a->heads, kv, h / a->heads);
+	gen_moe_mlp(&g, h, f, a->experts, a->shared_experts);
 	t = gen_vector(&g, "final_layernorm/weight", h);
 	gen_place(&g, t, "last");
 	gen_output(&g, v, h, a->tied);

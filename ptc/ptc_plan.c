@@ -1040,10 +1040,29 @@ int ptc_plan_compute_node(const struct ptc_layout *from, const struct ptc_layout
 	return plan_compute(from, to, down, ndown, backup_of, node, out, err);
 }
 
+json_t *ptc_plan_op_to_json(const struct ptc_plan *p, size_t i, const struct ptc_layout *to)
+{
+	const struct ptc_schema *s = to->schema;
+	const struct ptc_op *op = &p->ops[i];
+	json_t *j = json_pack("{sssisssssssisIsIsI}", "op", ptc_op_kind_name(op->kind), "phase",
+			      op->phase, "node", to->cluster->nodes[op->dst_node].id, "state",
+			      s->states[op->state].name, "tensor", s->tensors[op->tensor].name, "rank",
+			      op->dst_rank, "row", (json_int_t)op->dst_row, "rows",
+			      (json_int_t)op->rows, "bytes", (json_int_t)op->bytes);
+	if (j && op->src_rank >= 0) {
+		json_object_set_new(j, "src_node", json_string(to->cluster->nodes[op->src_node].id));
+		json_object_set_new(j, "src_rank", json_integer(op->src_rank));
+		json_object_set_new(j, "src_tensor", json_string(s->tensors[op->src_tensor].name));
+		json_object_set_new(j, "src_row", json_integer(op->src_row));
+	}
+	if (j && op->backup)
+		json_object_set_new(j, "backup", json_true());
+	return j;
+}
+
 json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from,
 			 const struct ptc_layout *to, bool with_ops)
 {
-	const struct ptc_schema *s = to->schema;
 	json_t *o = json_object(), *nodes = json_object();
 
 	json_object_set_new(o, "from_version", json_integer(from->config->version));
@@ -1069,26 +1088,8 @@ json_t *ptc_plan_to_json(const struct ptc_plan *p, const struct ptc_layout *from
 	if (!with_ops)
 		return o;
 	json_t *ops = json_array();
-	for (size_t i = 0; i < p->nops; i++) {
-		const struct ptc_op *op = &p->ops[i];
-		json_t *j =
-		    json_pack("{sssisssssssisIsIsI}", "op", ptc_op_kind_name(op->kind), "phase",
-			      op->phase, "node", to->cluster->nodes[op->dst_node].id, "state",
-			      s->states[op->state].name, "tensor", s->tensors[op->tensor].name,
-			      "rank", op->dst_rank, "row", (json_int_t)op->dst_row, "rows",
-			      (json_int_t)op->rows, "bytes", (json_int_t)op->bytes);
-		if (op->src_rank >= 0) {
-			json_object_set_new(j, "src_node",
-					    json_string(to->cluster->nodes[op->src_node].id));
-			json_object_set_new(j, "src_rank", json_integer(op->src_rank));
-			json_object_set_new(j, "src_tensor",
-					    json_string(s->tensors[op->src_tensor].name));
-			json_object_set_new(j, "src_row", json_integer(op->src_row));
-		}
-		if (op->backup)
-			json_object_set_new(j, "backup", json_true());
-		json_array_append_new(ops, j);
-	}
+	for (size_t i = 0; i < p->nops; i++)
+		json_array_append_new(ops, ptc_plan_op_to_json(p, i, to));
 	json_object_set_new(o, "operations", ops);
 	return o;
 }

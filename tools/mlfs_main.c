@@ -33,8 +33,9 @@ static const struct {
      "plan --schema S --from A.json --to B.json [--cluster C] [--down ID,...] [--json]"},
     {"dataset", cmd_dataset, "dataset index DIR --dtype D --shape N[,N...] [--out FILE]"},
     {"schema", cmd_schema,
-     "schema megatron-gpt|llama --layers N --hidden H --heads A --vocab V [--ffn F]\n"
-     "               [--kv-heads G] [--seq S] [--tied] [--dtype D] [--moments-dtype D]"},
+     "schema megatron-gpt|llama|moe --layers N --hidden H --heads A --vocab V [--ffn F]\n"
+     "               [--kv-heads G] [--seq S] [--tied] [--dtype D] [--moments-dtype D]\n"
+     "               moe: --experts E [--expert-ffn F] [--shared-experts S] [--dense-layers 0]"},
 };
 
 static void usage(FILE *f)

@@ -232,6 +232,34 @@ static void print_summary(const struct ptc_plan *p, const struct ptc_layout *a,
 		       nbackup, backup_bytes);
 }
 
+/* The plan as ptc_plan_to_json's object, its operations written one at a
+ * time (a whole job's plan at 16,384 ranks has tens of millions: as one
+ * JSON tree it would take many GiB). 0 or -1. */
+static int print_json(const struct ptc_plan *plan, const struct ptc_layout *la,
+		      const struct ptc_layout *lb, const char *node)
+{
+	json_t *j = ptc_plan_to_json(plan, la, lb, false);
+	if (j && node) /* per_node of the others: what they serve it */
+		json_object_set_new(j, "node", json_string(node));
+	char *head = j ? json_dumps(j, JSON_INDENT(1) | JSON_COMPACT) : NULL;
+	json_decref(j);
+	if (!head)
+		return -1;
+	head[strlen(head) - 1] = '\0'; /* the object goes on: its "}" last */
+	int rc = fputs(head, stdout) < 0 || fputs(",\n \"operations\":[", stdout) < 0 ? -1 : 0;
+	free(head);
+	for (size_t i = 0; rc == 0 && i < plan->nops; i++) {
+		json_t *op = ptc_plan_op_to_json(plan, i, lb);
+		if (!op || (i && fputs(",", stdout) < 0) || fputs("\n  ", stdout) < 0 ||
+		    json_dumpf(op, stdout, JSON_COMPACT) != 0)
+			rc = -1;
+		json_decref(op);
+	}
+	if (rc == 0 && printf("\n ]\n}\n") < 0)
+		rc = -1;
+	return rc;
+}
+
 int cmd_plan(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -324,16 +352,10 @@ int cmd_plan(int argc, char **argv)
 		goto out_lb;
 	}
 	if (json) {
-		json_t *j = ptc_plan_to_json(plan, &la, &lb, true);
-		if (j && node >= 0) /* per_node of the others: what they serve it */
-			json_object_set_new(j, "node", json_string(in.cluster->nodes[node].id));
-		if (!j || json_dumpf(j, stdout, JSON_INDENT(1) | JSON_COMPACT) != 0) {
+		if (print_json(plan, &la, &lb, node >= 0 ? in.cluster->nodes[node].id : NULL)) {
 			fprintf(stderr, "mlfs plan: cannot write JSON\n");
-			json_decref(j);
 			goto out_lb;
 		}
-		printf("\n");
-		json_decref(j);
 	} else {
 		print_summary(plan, &la, &lb, node);
 	}
@@ -362,15 +384,30 @@ int cmd_schema(int argc, char **argv)
 					     {"tied", no_argument, NULL, 't'},
 					     {"dtype", required_argument, NULL, 'd'},
 					     {"moments-dtype", required_argument, NULL, 'm'},
+					     {"experts", required_argument, NULL, 'E'},
+					     {"expert-ffn", required_argument, NULL, 'F'},
+					     {"shared-experts", required_argument, NULL, 'S'},
+					     {"dense-layers", required_argument, NULL, 'K'},
 					     {NULL, 0, NULL, 0}};
+	static const struct {
+		const char *name;
+		json_t *(*fn)(const struct ptc_gen_args *a, struct ptc_error *err);
+	} models[] = {
+	    {"megatron-gpt", ptc_gen_megatron_gpt}, {"llama", ptc_gen_llama}, {"moe", ptc_gen_moe}};
 	struct ptc_gen_args a = {.dtype = PTC_BFLOAT16};
 	struct ptc_error err = {.text = ""};
+	size_t m = 0;
 	int c;
 
-	if (argc < 2 || (strcmp(argv[1], "megatron-gpt") != 0 && strcmp(argv[1], "llama") != 0)) {
-		fprintf(stderr, "usage: mlfs schema megatron-gpt|llama --layers N --hidden H "
+	while (argc >= 2 && m < sizeof(models) / sizeof(models[0]) &&
+	       strcmp(argv[1], models[m].name) != 0)
+		m++;
+	if (argc < 2 || m == sizeof(models) / sizeof(models[0])) {
+		fprintf(stderr, "usage: mlfs schema megatron-gpt|llama|moe --layers N --hidden H "
 				"--heads A --vocab V [--ffn F] [--kv-heads G] [--seq S] [--tied] "
-				"[--dtype D] [--moments-dtype D]\n");
+				"[--dtype D] [--moments-dtype D]\n"
+				"       moe: --experts E [--expert-ffn F] [--shared-experts S] "
+				"[--dense-layers 0]\n");
 		return 2;
 	}
 	optind = 2;
@@ -407,6 +444,18 @@ int cmd_schema(int argc, char **argv)
 		case 't':
 			a.tied = true;
 			break;
+		case 'E':
+			a.experts = (int)v;
+			break;
+		case 'F':
+			a.expert_ffn = (int)v;
+			break;
+		case 'S':
+			a.shared_experts = (int)v;
+			break;
+		case 'K':
+			a.dense_layers = (int)v;
+			break;
 		case 'd':
 			if (ptc_dtype_parse(optarg, &a.dtype)) {
 				fprintf(stderr,
@@ -429,8 +478,7 @@ int cmd_schema(int argc, char **argv)
 			return 2;
 		}
 	}
-	json_t *j = strcmp(argv[1], "llama") == 0 ? ptc_gen_llama(&a, &err)
-						  : ptc_gen_megatron_gpt(&a, &err);
+	json_t *j = models[m].fn(&a, &err);
 	if (!j) {
 		fprintf(stderr, "mlfs schema: %s\n", err.text);
 		return 1;

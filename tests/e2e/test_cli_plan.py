@@ -225,6 +225,35 @@ def test_schema_generators_feed_the_planner(tmp_path, write_json):
     assert p.returncode == 1 and '"--heads" = 5 does not divide "--hidden" = 64' in p.stderr
 
 
+def test_moe_schema_plans_per_node(write_json):
+    """`mlfs schema moe`: 3 + layers x (5 + 2 experts + 2 shared) tensors, each expert's
+    MLP split by TP like a dense one; one node's plan of a TP change moves exactly the
+    whole plan's share of that node."""
+    p = run_mlfs("schema", "moe", "--layers", 4, "--hidden", 64, "--heads", 4, "--kv-heads", 4,
+                 "--vocab", 128, "--experts", 8, "--expert-ffn", 32, "--shared-experts", 1)
+    s = json.loads(p.stdout)
+    assert len(s["tensors"]) == 3 + 5 + 2 * 8 + 2, len(s["tensors"])
+    names = {t["name"]: t for t in s["tensors"]}
+    up = names["layers/{L}/mlp/experts/7/dense_h_to_4h/weight"]
+    assert up["shape"] == [64, 64] and up["split"]["dim"] == 0
+    assert names["layers/{L}/mlp/router/weight"]["shape"] == [8, 64]
+    path = write_json("moe.json", p.stdout)
+    cl = write_json("c.json", {"nodes": [{"id": f"n{i}", "addr": f"127.0.0.1:{7000 + i}",
+                                          "devices": 4} for i in range(2)]})
+    a = write_json("a.json", {"version": 1, "tp": 2, "pp": 2, "dp": 2, "nodes": ["n0", "n1"]})
+    b = write_json("b.json", {"version": 2, "tp": 4, "pp": 2, "dp": 1, "nodes": ["n0", "n1"]})
+    whole = json.loads(run_mlfs("plan", "--schema", path, "--from", a, "--to", b, "--cluster",
+                                cl, "--json").stdout)
+    for n in ("n0", "n1"):
+        mine = json.loads(run_mlfs("plan", "--schema", path, "--from", a, "--to", b,
+                                   "--cluster", cl, "--node", n, "--json").stdout)
+        assert mine["per_node"][n] == whole["per_node"][n], n
+    assert whole["bytes_network"] == whole["lower_bound_network"]
+    p = run_mlfs("schema", "moe", "--layers", 2, "--hidden", 64, "--heads", 4, "--vocab", 100,
+                 "--experts", 0, check=False)
+    assert p.returncode != 0 and "--experts" in p.stderr, p.stderr
+
+
 def test_plan_json_reproduces_layout_with_numpy(write_json):
     """Apply `mlfs plan --json` operations to NumPy arrays: the result is the new layout."""
     s = {"num_layers": 2, "states": {"model": {}},
