@@ -173,6 +173,11 @@ struct mlfs_cluster {
 	 * Published in the node's entry as "restore". */
 	char restore_tried[40];
 	char restore_error[PTC_ERROR_MAX];
+	/* parsed_lock: node entries as parsed, {id: [mod_revision, entry]}:
+	 * every round reads every entry, and most did not change since the
+	 * last (mlfs_jobkeys.c). The entries are shared, read-only. */
+	pthread_mutex_t parsed_lock;
+	json_t *parsed;
 };
 
 /* Wall-clock milliseconds (an attempt's deadline is one: every node

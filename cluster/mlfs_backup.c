@@ -201,8 +201,12 @@ static void *backup_main(void *arg)
 		until.tv_sec += until.tv_nsec / 1000000000L;
 		until.tv_nsec %= 1000000000L;
 		pthread_mutex_lock(&b->lock);
+		/* Backing up no node (no "replicas"): only a kick (a round of
+		 * the control thread, a new layout) can change that; else a look
+		 * every 250 ms as a safety net. */
 		while (!b->kicked && !atomic_load(&b->stop) &&
-		       pthread_cond_timedwait(&b->cond, &b->lock, &until) == 0)
+		       (b->of < 0 ? pthread_cond_wait(&b->cond, &b->lock)
+				  : pthread_cond_timedwait(&b->cond, &b->lock, &until)) == 0)
 			;
 		b->kicked = false;
 		pthread_mutex_unlock(&b->lock);

@@ -255,7 +255,9 @@ static void cluster_free(struct mlfs_cluster *c)
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->wake_lock);
 	pthread_mutex_destroy(&c->publock);
+	pthread_mutex_destroy(&c->parsed_lock);
 	pthread_mutex_destroy(&c->lock);
+	json_decref(c->parsed);
 	free(c);
 }
 
@@ -272,6 +274,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 		return -ENOMEM;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->publock, NULL);
+	pthread_mutex_init(&c->parsed_lock, NULL);
 	pthread_mutex_init(&c->wake_lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
 	pthread_cond_init(&c->keepalive_cond, NULL);

@@ -54,6 +54,33 @@ void mlfs_jobkeys_free(struct mlfs_jobkeys *k)
 	memset(k, 0, sizeof(*k));
 }
 
+/* Node entry @kv (nodes/<@id>) parsed: a new reference, shared with the
+ * cache of @c (read-only); an unreadable entry is {}. */
+static json_t *entry_parsed(struct mlfs_cluster *c, const char *id, const struct net_etcd_kv *kv)
+{
+	json_t *j = NULL;
+	pthread_mutex_lock(&c->parsed_lock);
+	if (!c->parsed)
+		c->parsed = json_object();
+	json_t *hit = json_object_get(c->parsed, id);
+	if (hit && json_integer_value(json_array_get(hit, 0)) == kv->mod_revision)
+		j = json_incref(json_array_get(hit, 1));
+	pthread_mutex_unlock(&c->parsed_lock);
+	if (j)
+		return j;
+	if (!(j = json_loadb(kv->value, kv->len, 0, NULL)) || !json_is_object(j)) {
+		json_decref(j);
+		j = json_object();
+	}
+	pthread_mutex_lock(&c->parsed_lock);
+	/* ids of nodes gone stay until the cache is four times the cluster */
+	if (json_object_size(c->parsed) > 4 * (size_t)mlfs_store_cluster(c->st)->nnodes)
+		json_object_clear(c->parsed);
+	json_object_set_new(c->parsed, id, json_pack("[IO]", (json_int_t)kv->mod_revision, j));
+	pthread_mutex_unlock(&c->parsed_lock);
+	return j;
+}
+
 /* Sorts the keys @kvs (@n of them, taken over) of a read at @revision
  * into @k. */
 static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int64_t revision,
@@ -84,9 +111,7 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 		else if (strcmp(name, "restore") == 0)
 			k->restore_j = json_loadb(kv->value, kv->len, 0, NULL);
 		else if (strncmp(name, "nodes/", 6) == 0)
-			json_object_set_new(k->nodes, name + 6,
-					    json_loadb(kv->value, kv->len, 0, NULL)
-						?: json_object());
+			json_object_set_new(k->nodes, name + 6, entry_parsed(c, name + 6, kv));
 		else if (strcmp(name + 6, c->me) == 0 && strncmp(name, "saved/", 6) == 0)
 			k->saved_step = strtoll(kv->value, NULL, 10);
 	}
