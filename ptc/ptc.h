@@ -532,4 +532,107 @@ int ptc_error_set(struct ptc_error *err, int code, const char *fmt, ...)
  */
 int ptc_errorf(struct ptc_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* ------------------------------------------------------------- suggest */
+/* BEGIN ptc_suggest (ptc/ptc_suggest.c): `mlfs suggest`, the layouts worth
+ * running on a set of nodes, by an analytic cost model (docs/cli.md,
+ * "mlfs suggest"). Pure, like the rest of ptc. */
+
+/* The devices and links the cost model assumes: a profile JSON file with
+ * these keys, each optional (defaults in ptc_suggest_profile_default). */
+struct ptc_suggest_profile {
+	double flops_per_device;	    /* peak FLOP/s of a device: 100e12 */
+	double mfu;			    /* model FLOPs utilization, (0, 1]: 0.4 */
+	double memory_per_device_bytes;	    /* 80 GiB */
+	double intra_node_bw;		    /* bytes/s between devices of a node: 200e9 */
+	double inter_node_bw;		    /* bytes/s of a node's network: 25e9 */
+	double latency_s;		    /* per message of a collective: 1e-5 */
+	double mean_time_between_changes_s; /* amortizes a reconfiguration: 3600 */
+	bool tp_across_nodes;		    /* may a TP group span nodes: false */
+};
+
+void ptc_suggest_profile_default(struct ptc_suggest_profile *p);
+/* Parses a profile object over the defaults; unknown keys, non-numbers and
+ * values out of range are -EINVAL with @err naming @name and the key. */
+int ptc_suggest_profile_parse(const json_t *root, const char *name, struct ptc_suggest_profile *out,
+			      struct ptc_error *err);
+int ptc_suggest_profile_parse_text(const char *text, size_t len, const char *name,
+				   struct ptc_suggest_profile *out, struct ptc_error *err);
+json_t *ptc_suggest_profile_to_json(const struct ptc_suggest_profile *p);
+
+/* The training step; 0 means the default. */
+struct ptc_suggest_params {
+	int64_t global_batch;  /* samples per step: @from's dataset.global_batch, else 512 */
+	int64_t micro_batch;   /* samples per micro-batch: 1 */
+	int64_t seq;	       /* tokens per sample: 2048 */
+	int64_t hidden;	       /* inferred: the most common dimension of layer 0's tensors */
+	int64_t heads;	       /* inferred: hidden / the "unit" of a layer 0 split, else 1 */
+	const char *from_name; /* @from's file name in messages; NULL: "--from" */
+};
+
+/* Why a layout was dropped; each dropped layout counts under its first. */
+enum ptc_suggest_drop {
+	PTC_SUGGEST_DROP_SCHEMA,   /* ptc_layout_init refused it (tp, pp vs the schema) */
+	PTC_SUGGEST_DROP_BATCH,	   /* dp does not divide the batch into micro-batches */
+	PTC_SUGGEST_DROP_TP_NODES, /* a TP group spans nodes, and the profile forbids it */
+	PTC_SUGGEST_DROP_MEMORY,   /* a device's memory is too small */
+	PTC_SUGGEST_DROP_PLAN,	   /* no plan from @from (too large a job to plan whole) */
+	PTC_SUGGEST_DROP_COUNT
+};
+/* "schema", "batch", "tp_across_nodes", "memory", "plan". */
+const char *ptc_suggest_drop_name(enum ptc_suggest_drop d);
+
+/* One layout that fits, with its predicted step (seconds) and its parts:
+ * step_s = compute_s + tp_comm_s + bubble_s + dp_comm_s + reconf_s. */
+struct ptc_suggestion {
+	int tp, pp, dp;
+	double step_s, compute_s, tp_comm_s, bubble_s, dp_comm_s;
+	double reconf_s;	/* the reconfiguration's time, amortized per step */
+	double reconf_total_s;	/* the reconfiguration's time, once */
+	double bubble_fraction; /* (pp - 1) / (m + pp - 1) */
+	int64_t micro_batches;	/* m: per step per DP replica */
+	/* the fullest device: states (every schema state) + gradients + activations */
+	int64_t memory_bytes, state_bytes, grad_bytes, act_bytes;
+	int64_t reconf_bytes; /* the plan's network bytes from @from; 0 without */
+	bool tp_across_nodes, dp_across_nodes;
+	bool current; /* the layout of @from, on the same nodes in the same order */
+};
+
+struct ptc_suggest_result {
+	const struct ptc_schema *schema; /* borrowed from the call */
+	const struct ptc_cluster *cluster;
+	const struct ptc_config *from;	    /* NULL without */
+	struct ptc_suggest_profile profile; /* as used */
+	struct ptc_suggest_params params;   /* with the defaults and inferences filled */
+	bool hidden_inferred, heads_inferred;
+	int nnodes, *nodes;   /* the chosen cluster node indices, in order */
+	int devices;	      /* their devices: tp * pp * dp of every candidate */
+	int64_t params_count; /* the model's parameters (tied tensors once) */
+	int ncandidates, nfit;
+	struct ptc_suggestion *fit; /* nfit layouts, fastest first */
+	int ndropped[PTC_SUGGEST_DROP_COUNT];
+	char first_reason[PTC_SUGGEST_DROP_COUNT][PTC_ERROR_MAX]; /* "tp8 pp1 dp1: ..." */
+};
+
+/*
+ * Every (tp, pp, dp) with tp * pp * dp = the devices of cluster nodes @nodes
+ * (@nnodes indices into @cluster, in config order; NULL: every node), placed
+ * as ptc_layout_init places it, checked, and those that fit ranked by the
+ * cost model of docs/cli.md. @from (may be NULL) is the current config,
+ * valid on @cluster: each candidate then pays its plan's network bytes.
+ * Returns 0 with *@out filled (release with ptc_suggest_result_release;
+ * nfit may be 0), or -EINVAL with @err naming the flag, the file or the
+ * profile key of a bad input, or -ENOMEM.
+ */
+int ptc_suggest(const struct ptc_schema *schema, const struct ptc_cluster *cluster,
+		const int *nodes, int nnodes, const struct ptc_config *from,
+		const struct ptc_suggest_params *params, const struct ptc_suggest_profile *profile,
+		struct ptc_suggest_result *out, struct ptc_error *err);
+void ptc_suggest_result_release(struct ptc_suggest_result *r);
+/* The config of suggestion @i: @from's with tp, pp, dp and nodes replaced and
+ * the next version (1 without @from). A new reference. */
+json_t *ptc_suggest_config_to_json(const struct ptc_suggest_result *r, int i);
+/* The result as JSON, the @top fastest suggestions (all when @top <= 0). */
+json_t *ptc_suggest_to_json(const struct ptc_suggest_result *r, int top);
+/* END ptc_suggest */
+
 #endif

@@ -31,6 +31,10 @@ static const struct {
      "               (every node lost its memory: restore the newest snapshot)"},
     {"plan", cmd_plan,
      "plan --schema S --from A.json --to B.json [--cluster C] [--down ID,...] [--json]"},
+    {"suggest", cmd_suggest,
+     "suggest --schema S --cluster C [--nodes ID,...] [--from CONFIG] [--global-batch B]\n"
+     "               [--micro-batch M] [--seq L] [--hidden H] [--heads A] [--profile P.json]\n"
+     "               [--top K] [--json]   (the fastest layouts by a cost model)"},
     {"dataset", cmd_dataset, "dataset index DIR --dtype D --shape N[,N...] [--out FILE]"},
     {"schema", cmd_schema,
      "schema megatron-gpt|llama|moe --layers N --hidden H --heads A --vocab V [--ffn F]\n"

@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 int cmd_plan(int argc, char **argv);
+int cmd_suggest(int argc, char **argv);
 int cmd_schema(int argc, char **argv);
 int cmd_mount(int argc, char **argv);
 int cmd_umount(int argc, char **argv);

@@ -314,3 +314,58 @@ def test_plan_json_reproduces_layout_with_numpy(write_json):
     assert new.keys() == want.keys()
     for k in want:
         np.testing.assert_array_equal(new[k], want[k], err_msg=str(k))
+
+
+def test_suggest_gpt_tiny(write_json):
+    """`mlfs suggest` on the example: JSON that parses, the fastest first, a top
+    layout `mlfs plan` accepts, reconfiguration bytes equal to the plan's."""
+    args = ("suggest", "--schema", EXAMPLE / "schema.json", "--cluster", EXAMPLE / "cluster.json",
+            "--from", EXAMPLE / "config-tp2pp2dp2.json", "--global-batch", 64, "--seq", 256)
+    j = json.loads(run_mlfs(*args, "--json", "--top", 3).stdout)
+    assert j["devices"] == 8 and j["nodes"] == ["n0", "n1"]
+    assert j["inputs"]["hidden"] == 64 and j["inputs"]["global_batch"] == 64
+    s = j["suggestions"]
+    assert 1 <= len(s) <= 3 and j["fit"] >= len(s)
+    assert [x["step_s"] for x in s] == sorted(x["step_s"] for x in s)
+    for x in s:
+        assert x["tp"] * x["pp"] * x["dp"] == 8
+        parts = x["compute_s"] + x["tp_comm_s"] + x["bubble_s"] + x["dp_comm_s"] + x["reconf_s"]
+        assert abs(x["step_s"] - parts) <= 1e-9 * x["step_s"]
+        assert 0 < x["memory_bytes"] <= j["profile"]["memory_per_device_bytes"]
+    # tp8 would span both nodes of 4 devices; pp8 exceeds the 4 layers.
+    assert j["dropped"]["tp_across_nodes"]["count"] == 1
+    assert '"pp" = 8 exceeds the 4 layers' in j["dropped"]["schema"]["first"]
+    # The top layout is a valid next config: `mlfs plan` takes it, moving its bytes.
+    top = write_json("top.json", s[0]["config"])
+    assert s[0]["config"]["version"] == 2
+    plan = json.loads(run_mlfs("plan", "--schema", EXAMPLE / "schema.json",
+                               "--from", EXAMPLE / "config-tp2pp2dp2.json", "--to", top,
+                               "--cluster", EXAMPLE / "cluster.json", "--json").stdout)
+    assert plan["bytes_network"] == s[0]["reconf_bytes"]
+
+    text = run_mlfs(*args).stdout
+    assert 'suggest "gpt-tiny" on 2 nodes (n0, n1), 8 devices' in text
+    assert f"  1 tp{s[0]['tp']} pp{s[0]['pp']} dp{s[0]['dp']}" in text
+    assert "TP group across nodes" in text
+
+    # One node: 4 devices only; a profile that lets TP cross nodes; bad inputs.
+    one = json.loads(run_mlfs("suggest", "--schema", EXAMPLE / "schema.json", "--cluster",
+                              EXAMPLE / "cluster.json", "--nodes", "n1", "--json").stdout)
+    assert one["devices"] == 4 and one["nodes"] == ["n1"]
+    prof = write_json("prof.json", {"tp_across_nodes": True, "mfu": 0.5})
+    j = json.loads(run_mlfs("suggest", "--schema", EXAMPLE / "schema.json", "--cluster",
+                            EXAMPLE / "cluster.json", "--profile", prof, "--json").stdout)
+    assert "tp_across_nodes" not in j["dropped"] and j["profile"]["mfu"] == 0.5
+    bad = write_json("bad.json", {"mfu": 2})
+    for extra, code, msg in [
+            (("--profile", bad), 1, f'{bad}: "mfu" = 2 is out of range (0, 1]'),
+            (("--nodes", "n0,n9"), 1, '--nodes: node "n9" is not in the cluster'),
+            (("--nodes", "n0,n0"), 1, '--nodes: node "n0" is listed twice'),
+            (("--micro-batch", "0"), 2, '--micro-batch "0" is not a positive integer'),
+            (("--global-batch", "4", "--micro-batch", "8"), 1,
+             "--micro-batch = 8 exceeds the global batch of 4")]:
+        p = run_mlfs("suggest", "--schema", EXAMPLE / "schema.json", "--cluster",
+                     EXAMPLE / "cluster.json", *extra, check=False)
+        assert p.returncode == code and msg in p.stderr, (extra, p.stderr)
+    p = run_mlfs("suggest", "--schema", EXAMPLE / "schema.json", check=False)
+    assert p.returncode == 2 and "usage: mlfs suggest" in p.stderr
