@@ -139,29 +139,15 @@ static struct ptc_cluster *default_cluster(const struct ptc_config *a, const str
 	return cl;
 }
 
-/* Reads file @path and parses it with @fn into *@out; -1 after printing why. */
-#define LOAD(path, fn, out)                                                                        \
-	({                                                                                         \
-		struct ptc_error err_ = {.text = ""};                                              \
-		size_t len_;                                                                       \
-		char *text_ = tools_read_file((path), &len_);                                      \
-		int rc_ = text_ ? fn(text_, len_, (path), (out), &err_) : -1;                      \
-		free(text_);                                                                       \
-		if (text_ && rc_)                                                                  \
-			fprintf(stderr, "mlfs: %s\n",                                              \
-				rc_ == -ENOMEM ? "out of memory" : err_.text);                     \
-		rc_ ? -1 : 0;                                                                      \
-	})
-
 static int load_inputs(struct plan_inputs *in, const char *schema, const char *from, const char *to,
 		       const char *cluster)
 {
-	if (LOAD(schema, ptc_schema_parse_text, &in->schema) ||
-	    LOAD(from, ptc_config_parse_text, &in->from) ||
-	    LOAD(to, ptc_config_parse_text, &in->to))
+	if (TOOLS_LOAD(schema, ptc_schema_parse_text, &in->schema) ||
+	    TOOLS_LOAD(from, ptc_config_parse_text, &in->from) ||
+	    TOOLS_LOAD(to, ptc_config_parse_text, &in->to))
 		return -1;
 	if (cluster)
-		return LOAD(cluster, ptc_cluster_parse_text, &in->cluster);
+		return TOOLS_LOAD(cluster, ptc_cluster_parse_text, &in->cluster);
 	in->cluster = default_cluster(in->from, in->to);
 	return in->cluster ? 0 : -1;
 }

@@ -34,18 +34,11 @@ int cmd_reset(int argc, char **argv)
 		fprintf(stderr, "usage: mlfs reset --cluster cluster.json\n");
 		return 2;
 	}
-	size_t len;
-	char *text = tools_read_file(path, &len);
-	if (!text)
-		return 1;
-	struct ptc_cluster *cl;
+	struct ptc_cluster *cl = NULL;
 	struct ptc_error err = {.text = ""};
-	int rc = ptc_cluster_parse_text(text, len, path, &cl, &err);
-	free(text);
-	if (rc) {
-		fprintf(stderr, "mlfs reset: %s\n", err.text);
+	if (TOOLS_LOAD(path, ptc_cluster_parse_text, &cl))
 		return 1;
-	}
+	int rc;
 	json_t *removed = json_array();
 	rc = mlfs_cluster_reset(cl, removed, &err);
 	if (rc) {
@@ -89,18 +82,11 @@ int cmd_resume(int argc, char **argv)
 		    "usage: mlfs resume --cluster cluster.json [--from DIR] [--wait SECONDS]\n");
 		return 2;
 	}
-	size_t len;
-	char *text = tools_read_file(path, &len);
-	if (!text)
-		return 1;
-	struct ptc_cluster *cl;
+	struct ptc_cluster *cl = NULL;
 	struct ptc_error err = {.text = ""};
-	int rc = ptc_cluster_parse_text(text, len, path, &cl, &err);
-	free(text);
-	if (rc) {
-		fprintf(stderr, "mlfs resume: %s\n", err.text);
+	if (TOOLS_LOAD(path, ptc_cluster_parse_text, &cl))
 		return 1;
-	}
+	int rc;
 	char abs[PATH_MAX];
 	if (from && !realpath(from, abs)) {
 		fprintf(stderr, "mlfs resume: %s: %s\n", from, strerror(errno));

@@ -60,20 +60,6 @@ static int parse_count(const char *flag, const char *arg, int64_t *out)
 	return 0;
 }
 
-/* Reads @path into @fn's result; -1 after saying why. */
-#define LOAD(path, fn, out)                                                                        \
-	({                                                                                         \
-		struct ptc_error err_ = {.text = ""};                                              \
-		size_t len_;                                                                       \
-		char *text_ = tools_read_file((path), &len_);                                      \
-		int rc_ = text_ ? fn(text_, len_, (path), (out), &err_) : -1;                      \
-		free(text_);                                                                       \
-		if (text_ && rc_)                                                                  \
-			fprintf(stderr, "mlfs: %s\n",                                              \
-				rc_ == -ENOMEM ? "out of memory" : err_.text);                     \
-		rc_ ? -1 : 0;                                                                      \
-	})
-
 static void print_text(const struct ptc_suggest_result *r, int top)
 {
 	const struct ptc_suggest_params *p = &r->params;
@@ -229,10 +215,10 @@ int cmd_suggest(int argc, char **argv)
 	int *nodes = NULL, nnodes = 0;
 
 	ptc_suggest_profile_default(&prof);
-	if (LOAD(schema_path, ptc_schema_parse_text, &schema) ||
-	    LOAD(cluster_path, ptc_cluster_parse_text, &cluster) ||
-	    (from_path && LOAD(from_path, ptc_config_parse_text, &from)) ||
-	    (profile_path && LOAD(profile_path, ptc_suggest_profile_parse_text, &prof)))
+	if (TOOLS_LOAD(schema_path, ptc_schema_parse_text, &schema) ||
+	    TOOLS_LOAD(cluster_path, ptc_cluster_parse_text, &cluster) ||
+	    (from_path && TOOLS_LOAD(from_path, ptc_config_parse_text, &from)) ||
+	    (profile_path && TOOLS_LOAD(profile_path, ptc_suggest_profile_parse_text, &prof)))
 		goto out;
 	if (nodelist) {
 		if (!(nodes = calloc((size_t)cluster->nnodes + strlen(nodelist) + 1, sizeof(int))))

@@ -37,4 +37,19 @@ char *tools_read_file(const char *path, size_t *len);
  * failure. */
 int tools_create_tmp(const char *dst, char *tmp, size_t cap);
 
+/* Reads file @path and parses it with @fn (a ptc_*_parse_text) into *@out:
+ * 0, or -1 after printing why. */
+#define TOOLS_LOAD(path, fn, out)                                                                  \
+	({                                                                                         \
+		struct ptc_error err_ = {.text = ""};                                              \
+		size_t len_;                                                                       \
+		char *text_ = tools_read_file((path), &len_);                                      \
+		int rc_ = text_ ? fn(text_, len_, (path), (out), &err_) : -1;                      \
+		free(text_);                                                                       \
+		if (text_ && rc_)                                                                  \
+			fprintf(stderr, "mlfs: %s\n",                                              \
+				rc_ == -ENOMEM ? "out of memory" : err_.text);                     \
+		rc_ ? -1 : 0;                                                                      \
+	})
+
 #endif
