@@ -133,12 +133,28 @@ demo: deps
 	$(MAKE) all
 	./examples/demo.sh
 
+# build/mlfs to $(PREFIX)/bin and the Python package (python/) with pip, offline: no
+# dependencies fetched (NumPy, PyTorch: Debian's), no build isolation. The package
+# goes to $(PREFIX)'s site directory for $(PY) (Debian: lib/python3.X/dist-packages,
+# which pip --prefix would put under $(PREFIX)/local); Debian marks its Python
+# externally managed, so pip is told it may install beside it.
+# make install [PREFIX=/usr/local] [DESTDIR=/staging]
+PREFIX  ?= /usr/local
+.PHONY: install
+install: all
+	install -D -m 755 $(BUILD)/mlfs $(DESTDIR)$(PREFIX)/bin/mlfs
+	site=$$($(PY) -c 'import sys, sysconfig as s; d = s.get_path("purelib", "posix_prefix", {"base": sys.argv[1]}); print(d[:-len("site-packages")] + "dist-packages" if getattr(s, "get_default_scheme", str)() == "posix_local" else d)' $(PREFIX)); \
+	system=$$($(PY) -c 'import os, sysconfig as s; print("--break-system-packages" if os.path.exists(os.path.join(s.get_path("stdlib"), "EXTERNALLY-MANAGED")) else "")'); \
+	$(PY) -m pip install --no-deps --no-build-isolation --no-index $$system \
+		--upgrade --target "$(DESTDIR)$$site" ./python
+
 bench: deps
 	$(MAKE) all $(BUILD)/tests/bench_plan $(BUILD)/tests/bench_plan_scale $(BUILD)/tests/bench_sum
 	./$(BUILD)/tests/bench_plan
 	./$(BUILD)/tests/bench_plan_scale
 	./$(BUILD)/tests/bench_sum
 	BUILD=$(BUILD) $(PY) tests/bench/bench_sum.py --size-mib 1500
+	BUILD=$(BUILD) $(PY) tests/bench/bench_snapshot.py --size-mib 1024
 	$(PY) tests/bench/bench_store.py --size-mib 1024
 	$(PY) tests/bench/bench_data.py --size-mib 512
 	$(PY) tests/bench/bench_data.py --size-mib 1024 --global-batch 2048 --steps 16

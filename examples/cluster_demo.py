@@ -12,7 +12,7 @@ serving its peers on its own port, with a cluster token), then:
      served from n2's DP replicas;
 and checks after each step that `mlfs export` on a node (full tensors, parts
 fetched from the other nodes) equals the checkpoint. Everything started is
-stopped at the end (examples/local_cluster.py); exit 0 when every check held.
+stopped at the end (mlfs.testing, python/mlfs); exit 0 when every check held.
 """
 import json
 import os
@@ -23,9 +23,10 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import local_cluster  # noqa: E402
-from local_cluster import MLFS, ROOT, ClusterError, wait_for  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))  # the mlfs package, not installed
+from mlfs import testing  # noqa: E402
+from mlfs.testing import MLFS, ClusterError, wait_for  # noqa: E402
 
 SCHEMA = os.path.join(ROOT, "examples", "gpt-tiny", "schema.json")
 
@@ -84,7 +85,7 @@ def check_export(mnt, out, full, where):
 
 def main():
     try:
-        with local_cluster.start(nnodes=3, devices=4, job="demo") as cl:
+        with testing.start(nnodes=3, devices=4, job="demo") as cl:
             try:
                 demo(cl)
             except ClusterError:

@@ -22,7 +22,6 @@ restart run must not match. Prints what happened and plots the three curves.
 The functions (set_up, train_run, ...) are what tests/e2e/test_training.py runs.
 """
 import argparse
-import contextlib
 import json
 import os
 import socket
@@ -37,9 +36,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BUILD = os.environ.get("BUILD", "build")
 MLFS = os.path.join(ROOT, BUILD, "mlfs")
-sys.path.insert(0, HERE)
-import local_cluster  # noqa: E402
-import mlfs_client  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "python"))  # the mlfs package, not installed
+import mlfs  # noqa: E402
+from mlfs import testing  # noqa: E402
 
 # A tiny model so that a run takes seconds on two CPU cores.
 MODEL = {"layers": 4, "hidden": 64, "heads": 8, "kv_heads": 4, "ffn": 128, "vocab": 200}
@@ -83,10 +82,10 @@ def hosts(mnt_path):
     mounts = mounts_of(mnt_path)
     out = {}
     for node, path in mounts.items():
-        for r in mlfs_client.Mount(path).ranks():
+        for r in mlfs.Mount(path).ranks():
             assert r not in out, f"rank {r} on two nodes"
             out[r] = path
-    any_mnt = mlfs_client.Mount(next(iter(mounts.values())))
+    any_mnt = mlfs.Mount(next(iter(mounts.values())))
     cfg, devices = any_mnt.config(), {n["id"]: n["devices"]
                                       for n in any_mnt._json("cluster.json")["nodes"]}
     order = [n for n in cfg["nodes"] for _ in range(devices[n])]
@@ -96,7 +95,7 @@ def hosts(mnt_path):
     return out
 
 
-def mlfs(*args):
+def run_mlfs(*args):
     p = subprocess.run([MLFS, *map(str, args)], capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"mlfs {' '.join(map(str, args))}: {p.stderr.strip()}")
@@ -108,7 +107,7 @@ def mlfs(*args):
 def schema(dtype="float32"):
     """The GPT's schema from `mlfs schema llama`, every state in @dtype."""
     m = MODEL
-    sch = json.loads(mlfs("schema", "llama", "--layers", m["layers"], "--hidden", m["hidden"],
+    sch = json.loads(run_mlfs("schema", "llama", "--layers", m["layers"], "--hidden", m["hidden"],
                           "--heads", m["heads"], "--kv-heads", m["kv_heads"], "--ffn", m["ffn"],
                           "--vocab", m["vocab"], "--tied", "--dtype", dtype))
     for spec in sch["states"].values():
@@ -132,7 +131,7 @@ def make_dataset(folder, seed=1):
     half = RECORDS // 2
     seqs[:half].tofile(os.path.join(folder, "shard0.bin"))
     seqs[half:].tofile(os.path.join(folder, "shard1.bin"))
-    mlfs("dataset", "index", folder, "--dtype", "int32", "--shape", SEQ + 1)
+    run_mlfs("dataset", "index", folder, "--dtype", "int32", "--shape", SEQ + 1)
     return seqs
 
 
@@ -167,7 +166,7 @@ def set_up(mnt_path, work, layout, dtype="float32"):
     job/train.json (a job/ file reaches the other nodes at a reconfiguration) and the
     import (each node fills the partitions it hosts) are done on every node."""
     mounts = mounts_of(mnt_path)
-    mnt = mlfs_client.Mount(next(iter(mounts.values())))
+    mnt = mlfs.Mount(next(iter(mounts.values())))
     sch = schema(dtype)
     data_dir = os.path.join(work, "data")
     if not os.path.exists(os.path.join(data_dir, "index.json")):
@@ -181,10 +180,10 @@ def set_up(mnt_path, work, layout, dtype="float32"):
                      "dataset": {"index": "file://" + os.path.join(data_dir, "index.json"),
                                  "global_batch": GLOBAL_BATCH, "shuffle": False}})
     for path in mounts.values():
-        m = mlfs_client.Mount(path)
+        m = mlfs.Mount(path)
         m.wait_version(1, timeout=60)
         m.job_json("train.json", HP)
-        mlfs("import", path, "--from", ckpt, "--step", 0)
+        run_mlfs("import", path, "--from", ckpt, "--step", 0)
     return mnt
 
 
@@ -253,7 +252,7 @@ def plan(mnt, new):
             files[name] = os.path.join(d, name + ".json")
             with open(files[name], "w") as f:
                 json.dump(obj, f)
-        return json.loads(mlfs("plan", "--schema", files["schema"], "--from", files["from"],
+        return json.loads(run_mlfs("plan", "--schema", files["schema"], "--from", files["from"],
                                "--to", files["to"], "--cluster", files["cluster"], "--json"))
 
 
@@ -265,14 +264,14 @@ def reconfigure(mnt_path, layout, on):
     changes = dict(zip(("tp", "pp", "dp"), layout[:3]))
     if len(layout) > 3:
         changes["nodes"] = list(layout[3])
-    coord = mlfs_client.Mount(mounts[on])
+    coord = mlfs.Mount(mounts[on])
     cfg = coord.config()
     planned = plan(coord, dict(cfg, **changes, version=cfg["version"] + 1))
     last = coord.reconfigure(changes)
     v = last["to_version"]
     figures = {on: last}
     for node, path in mounts.items():
-        got = mlfs_client.Mount(path).wait_version(v, timeout=120)
+        got = mlfs.Mount(path).wait_version(v, timeout=120)
         if got and got["to_version"] == v:
             figures[node] = got
     return {n: figures[n] for n in mounts if n in figures}, planned
@@ -293,11 +292,11 @@ def train_run(mnt_path, schedule, steps_per_layout, data="mount", say=print, lab
     for k, layout in enumerate(schedule):
         tp, pp, dp = layout[:3]
         where = hosts(mnt_path)
-        cfg = mlfs_client.Mount(where[0]).config()
+        cfg = mlfs.Mount(where[0]).config()
         old = (cfg["tp"], cfg["pp"], cfg["dp"]) + ((tuple(cfg["nodes"]),) if len(layout) > 3
                                                    else ())
         if old != tuple(layout):
-            step = mlfs_client.Mount(where[0]).rank(0).saved_step()
+            step = mlfs.Mount(where[0]).rank(0).saved_step()
             on = ids[cfg["version"] % len(ids)]  # version 1 -> 2 on n1, then n2, ...
             t = time.monotonic()
             figures, planned = reconfigure(mnt_path, layout, on)
@@ -389,7 +388,7 @@ def full_state(mnt_path):
     for d, _, files in os.walk(root):
         for f in files:
             path = os.path.join(d, f)
-            out[os.path.relpath(path, root)[:-4]] = mlfs_client.read_npy(path)
+            out[os.path.relpath(path, root)[:-4]] = mlfs.read_npy(path)
     return out
 
 
@@ -453,36 +452,6 @@ def plot(path, runs, changes, tolerance=TOLERANCE):
         pass
 
 
-@contextlib.contextmanager
-def mounted(tmp, name, devices=4):
-    """An mlfs mount of one node with @devices devices, unmounted at the end."""
-    mnt = os.path.join(tmp, name)
-    os.makedirs(mnt)
-    cluster = os.path.join(tmp, f"{name}-cluster.json")
-    with open(cluster, "w") as f:
-        json.dump({"nodes": [{"id": "n0", "addr": "127.0.0.1:7070", "devices": devices}]}, f)
-    log = os.path.join(tmp, f"{name}.log")
-    with open(log, "w") as err:
-        daemon = subprocess.Popen([MLFS, "mount", mnt, "--node", "n0", "--cluster", cluster, "-f"],
-                                  stderr=err)
-
-    def daemon_log():
-        with open(log) as f:
-            return f.read()
-    try:
-        deadline = time.monotonic() + 10
-        while not os.path.ismount(mnt):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlfs mount {mnt} failed: {daemon_log()}")
-            time.sleep(0.02)
-        yield mnt
-    finally:
-        subprocess.run([MLFS, "umount", mnt, "--force"])
-        if daemon.wait(timeout=30) or "error" in daemon_log().lower():
-            raise RuntimeError(f"mlfs mount {mnt}: daemon exited {daemon.returncode}: "
-                               f"{daemon_log()}")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps-per-layout", type=int, default=4)
@@ -516,24 +485,21 @@ def main():
         for name, sched, per, data in jobs:
             print(f"\n== {name}: " + " -> ".join(layout_name(x) for x in sched)
                   + f", {per} steps each")
-            if len(sched[0]) > 3:
-                place = local_cluster.start(args.nodes, NODE_DEVICES, job="elastic-train",
-                                            tmp=os.path.join(tmp, name), mlfs=MLFS)
-            else:
-                place = mounted(tmp, name)
-            with place as where:
-                if len(sched[0]) > 3:
+            nodes, devices = (args.nodes, NODE_DEVICES) if len(sched[0]) > 3 else (1, 4)
+            with testing.start(nodes, devices, job=f"elastic-{name}",
+                               tmp=os.path.join(tmp, name), mlfs=MLFS) as where:
+                if nodes > 1:
                     print(f"{args.nodes} nodes on this machine ({', '.join(where.mounts)}; "
                           f"{NODE_DEVICES} devices each), etcd at {where.etcd_url}")
                     mnt = where.mounts
                 else:
-                    mnt = where
+                    mnt = where.mounts["n0"]
                 set_up(mnt, work, sched[0], args.dtype)
                 t = time.monotonic()
                 runs[name] = train_run(mnt, sched, per, data)
                 runs[name]["seconds"] = time.monotonic() - t
                 if isinstance(mnt, dict):  # read on a node that hosts none of the ranks
-                    idle = [i for i, p in mnt.items() if not mlfs_client.Mount(p).ranks()]
+                    idle = [i for i, p in mnt.items() if not mlfs.Mount(p).ranks()]
                     runs[name]["full_on"] = full_on = (idle or list(mnt))[0]
                     final[name] = full_state(mnt[full_on])
                 else:

@@ -56,8 +56,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mlfs_client  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "python"))  # the mlfs package, not installed
+import mlfs  # noqa: E402
 
 STATES = ("model", "optim/exp_avg", "optim/exp_avg_sq")
 
@@ -301,7 +302,7 @@ class RestartedData:
 def train(args):
     t0 = T_PROCESS
     torch.set_num_threads(1)  # one process per rank, and the same sums in every run
-    mnt = mlfs_client.Mount(args.mnt)
+    mnt = mlfs.Mount(args.mnt)
     me = mnt.rank(int(os.environ["RANK"]))
     world = int(os.environ["WORLD_SIZE"])
     cfg, schema, hp = mnt.config(), mnt.schema(), mnt.job_json("train.json")

@@ -1,14 +1,18 @@
-"""Shared fixtures for end-to-end tests: the built `mlfs` binary and examples."""
+"""Shared fixtures for end-to-end tests: the built `mlfs` binary and examples, and the
+Python package python/mlfs on sys.path."""
 import gc
 import json
 import os
 import pathlib
 import subprocess
+import sys
 import time
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The mlfs package of this tree (python/mlfs), never an installed copy.
+sys.path.insert(0, str(ROOT / "python"))
 MLFS = ROOT / os.environ.get("BUILD", "build") / "mlfs"
 EXAMPLE = ROOT / "examples" / "gpt-tiny"
 

@@ -1,0 +1,313 @@
+"""The files of a mount (DESIGN section 6) as Mount and Rank objects.
+
+NumPy only: PyTorch is imported by the methods that return or take torch
+tensors (Rank.load, Rank.load_into, Rank.save of a model), so a driver
+that only reconfigures does not pay for `import torch`.
+
+Rules this module follows, and a hand-written client must too:
+- Read a partition with ONE open (numpy.load(path), or `read_npy` here):
+  one open file is one version to its end. numpy.load(mmap_mode="r") opens
+  the path twice and can pair one version's header with another's bytes.
+- bfloat16 (and fp8) partitions are stored as <u2 (|u1); the true dtype is
+  in the extended attribute user.mlfs.dtype.
+- A write becomes visible when the file is closed, and a refusal is
+  reported at the close: every write here is one open, one write, one
+  close in a `with` block, so the error raises instead of being dropped.
+- Write every partition first, then `step`: `step` is the rank's promise
+  that its state for that step is complete. A reconfiguration needs every
+  rank of the current layout to have written the same step.
+"""
+import errno
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["Mount", "Rank", "MlfsError", "read_npy"]
+
+
+class MlfsError(RuntimeError):
+    """A refusal of the mount, with status.json's reason when it gives one.
+    @errno: the refused call's errno (EBUSY, EINVAL, ...), None when the
+    refusal was not a failed system call (a failed reconfiguration)."""
+
+    def __init__(self, message, errno=None):
+        super().__init__(message)
+        self.errno = errno
+
+
+def read_npy(path, mapped=False):
+    """Reads a .npy file with one open. @mapped: a copy-on-write memory map of
+    the open file (no copy until written; the mapping keeps that version
+    alive until it is freed); otherwise the bytes are read into memory."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        shape, fortran, dtype = np.lib.format._read_array_header(f, version)
+        order = "F" if fortran else "C"
+        count = int(np.prod(shape, dtype=np.int64))
+        if count == 0:
+            return np.empty(shape, dtype, order=order)
+        if mapped:
+            return np.memmap(f, dtype=dtype, mode="c", shape=shape, offset=f.tell(),
+                             order=order)
+        buf = bytearray(count * dtype.itemsize)
+        view, got = memoryview(buf), 0
+        while got < len(buf):
+            n = f.readinto(view[got:])
+            if not n:
+                raise MlfsError(f"{path}: {got} of {len(buf)} bytes, then end of file")
+            got += n
+        return np.frombuffer(buf, dtype).reshape(shape, order=order)
+
+
+def _is_torch(x):
+    """Whether @x is a torch tensor, without importing torch: if torch is not
+    imported yet, nothing can be one."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+class Mount:
+    """An mlfs mount point. Reads are not cached: every call reads the file."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.p("status.json")):
+            raise MlfsError(f"{self.path}: not an mlfs mount (no status.json)")
+
+    def __repr__(self):
+        return f"<mlfs mount {self.path}>"
+
+    def p(self, *parts):
+        return os.path.join(self.path, *map(str, parts))
+
+    def _json(self, name):
+        with open(self.p(name), "rb") as f:
+            return json.loads(f.read())
+
+    def config(self):
+        return self._json("config.json")
+
+    def schema(self):
+        return self._json("schema.json")
+
+    def status(self):
+        return self._json("status.json")
+
+    def error(self):
+        """status.json's error (why the last write or reconfiguration was refused), or None."""
+        try:
+            return self.status().get("error")
+        except OSError:
+            return None
+
+    def ranks(self):
+        """The ranks hosted on this node, in order."""
+        return sorted(int(r) for r in os.listdir(self.p("ranks")))
+
+    def rank(self, r):
+        return Rank(self, r)
+
+    def refused(self, name, e):
+        """The MlfsError for OSError @e of a write to @name: the call's reason and
+        status.json's error, which says why the mount refused it. An EBUSY during a
+        reconfiguration (a partition or `step` write) is not noted there: then the
+        reconfiguration that refused it is named."""
+        try:
+            s = self.status()
+        except OSError:
+            s = {}
+        reason = s.get("error")
+        if e.errno == errno.EBUSY and s.get("state") not in (None, "idle", "failed"):
+            reason = (f"a reconfiguration to version {s.get('target_version')} is in "
+                      f"progress ({s['state']})")
+        return MlfsError(f"{name}: {e.strerror}: {reason or 'no reason given'}", e.errno)
+
+    def write(self, name, data):
+        """Writes a control or job/ file with one open, one write, one close;
+        MlfsError with status.json's reason when the mount refuses it (at the
+        open, the write or the close: the `with` block raises all three)."""
+        data = data.encode() if isinstance(data, str) else data
+        try:
+            with open(self.p(name), "wb") as f:
+                f.write(data)
+        except OSError as e:
+            raise self.refused(name, e) from e
+
+    def job_json(self, name, value=None):
+        """Reads (or, with @value, writes) job/<name>: JSON shared by every rank and kept
+        across reconfigurations (hyper-parameters, run metadata)."""
+        if value is None:
+            return self._json(os.path.join("job", name))
+        self.write(os.path.join("job", name), json.dumps(value, indent=1))
+        return value
+
+    def set_up(self, schema, config):
+        """A new job: the schema, then the first layout (every partition then exists, zeroed)."""
+        self.write("schema.json", json.dumps(schema, indent=1))
+        self.write("config.json", json.dumps(config, indent=1))
+
+    def reconfigure(self, config, wait=True, timeout=600, progress=None, on_progress=None):
+        """Writes a new config.json: the current config updated with @config (the changes,
+        e.g. {"tp": 2, "pp": 1, "dp": 2}, with the nodes too in a job of many nodes:
+        {"tp": 2, "pp": 1, "dp": 2, "nodes": ["n1", "n2"]}, or a whole config) and, unless
+        @config gives one, the next version. Every rank must have saved the same step
+        first. With @wait, waits for the new version on this node (wait_version, calling
+        @progress(state, bytes_done, bytes_total); @on_progress is its first name) and
+        returns status.json's "last" figures (bytes_reused, bytes_copied, bytes_fetched,
+        bytes_zeroed, seconds, ...). MlfsError, with status.json's reason, when the config
+        is refused (at the close of config.json) or the change fails."""
+        cur = self.config()
+        new = dict(cur, **config)
+        if "version" not in config:
+            new["version"] = cur["version"] + 1
+        self.write("config.json", json.dumps(new))
+        if not wait:
+            return None
+        return self.wait_version(new["version"], timeout, progress or on_progress)
+
+    def wait_version(self, version, timeout=600, on_progress=None):
+        """Polls status.json until config version @version (or a later one) is current
+        on this node and the node is idle, calling on_progress(state, bytes_done,
+        bytes_total) as it goes; returns status.json's "last" figures. In a job of many
+        nodes every node swaps when it sees the commit, the node where config.json was
+        written not necessarily first: wait on each node whose files are read next.
+        MlfsError, with the reason, when the change failed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.status()
+            if s["state"] == "failed":
+                raise MlfsError(f"reconfiguration to version {version}: {s.get('error')}")
+            if on_progress:
+                on_progress(s["state"], s.get("progress_bytes", 0), s.get("progress_total", 0))
+            if s["state"] == "idle" and (s["version"] or 0) >= version:
+                return s.get("last")
+            if time.monotonic() > deadline:
+                raise MlfsError(f"reconfiguration to version {version}: still "
+                                f"{s['state']} after {timeout} s")
+            time.sleep(0.01)
+
+
+class Rank:
+    """One rank's directory, ranks/<r>/, and its place in the layout (rank.json)."""
+
+    def __init__(self, mount, r):
+        self.mount = mount
+        self.rank = int(r)
+        self.dir = mount.p("ranks", self.rank)
+        with open(os.path.join(self.dir, "rank.json"), "rb") as f:
+            self.info = json.loads(f.read())
+        i = self.info
+        self.t, self.p, self.d = i["tp"], i["pp"], i["dp"]  # coordinates
+        self.tp, self.pp, self.dp = i["tp_size"], i["pp_size"], i["dp_size"]  # degrees
+        self.layers = range(*i["layers"])
+        self.version = i["version"]
+        self._states = None
+
+    def __repr__(self):
+        return (f"<rank {self.rank}: t{self.t}/{self.tp} p{self.p}/{self.pp} "
+                f"d{self.d}/{self.dp} layers {self.layers.start}-{self.layers.stop - 1}>")
+
+    def path(self, state, name):
+        return os.path.join(self.dir, state, name + ".npy")
+
+    def where(self, state, name):
+        """The partition's name in messages: ranks/<r>/<state>/<name>.npy."""
+        return f"ranks/{self.rank}/{state}/{name}.npy"
+
+    def states(self):
+        """The schema's state roots ("model", "optim/exp_avg", ...): every rank holds each.
+        Read once: a job's schema does not change under a rank."""
+        if self._states is None:
+            self._states = list(self.mount.schema()["states"])
+        return self._states
+
+    def tensor_names(self, state="model"):
+        """The tensors this rank holds (its stage's), as schema names, sorted."""
+        root = os.path.join(self.dir, state)
+        out = []
+        for d, _, files in os.walk(root):
+            out += [os.path.relpath(os.path.join(d, f), root)[:-4]
+                    for f in files if f.endswith(".npy")]
+        return sorted(out)
+
+    def dtype(self, state, name):
+        """The partition's true dtype (user.mlfs.dtype), e.g. "bfloat16"."""
+        return os.getxattr(self.path(state, name), "user.mlfs.dtype").decode()
+
+    def read(self, state, name, mapped=False):
+        """A partition as the NumPy array the mount stores (bfloat16 as its <u2 bits;
+        self.dtype says the true dtype), with one open."""
+        return read_npy(self.path(state, name), mapped=mapped)
+
+    def load(self, state, name, mapped=True):
+        """A partition as a torch tensor (one open; copy-on-write mapped unless
+        @mapped is False, so nothing is copied until it is written)."""
+        from .torch import to_torch
+        arr = self.read(state, name, mapped=mapped)
+        true = self.dtype(state, name) if arr.dtype in (np.uint16, np.uint8) else None
+        return to_torch(arr, true)
+
+    def load_state(self, state, names=None, mapped=True):
+        """{name: tensor} for every tensor of this rank (or @names) in @state."""
+        return {n: self.load(state, n, mapped) for n in (names or self.tensor_names(state))}
+
+    def save_tensor(self, state, name, tensor):
+        """Overwrites a partition (visible when closed): a torch tensor or a NumPy array of
+        the partition's dtype and shape, written by one open, one write and a checked
+        close; MlfsError with status.json's reason if the mount refuses it."""
+        if _is_torch(tensor):
+            from .torch import from_torch
+            arr = from_torch(tensor)
+        else:
+            arr = np.ascontiguousarray(tensor)
+        try:
+            with open(self.path(state, name), "wb") as f:
+                np.save(f, arr, allow_pickle=False)
+        except OSError as e:
+            raise self.mount.refused(self.where(state, name), e) from e
+
+    def save(self, model, optimizer=None, step=None, names=None, strict=True):
+        """A save of a PyTorch @model and @optimizer at @step: every partition, then
+        `step` (mlfs.torch.save says what is written). With a state name first,
+        save(state, name, tensor) overwrites one partition (save_tensor)."""
+        if isinstance(model, str):
+            return self.save_tensor(model, optimizer, step)
+        from . import torch as mt
+        return mt.save(self, model, optimizer, step, names=names, strict=strict)
+
+    def load_into(self, model, optimizer=None, names=None, strict=True):
+        """Loads this rank's partitions into a PyTorch @model (and @optimizer's state);
+        mlfs.torch.load_into says how."""
+        from . import torch as mt
+        return mt.load_into(self, model, optimizer, names=names, strict=strict)
+
+    def saved_step(self):
+        """The step this rank saved: the number of steps trained, so the next batch."""
+        with open(os.path.join(self.dir, "step"), "rb") as f:
+            return int(f.read().decode().strip() or 0)
+
+    def mark_step(self, step):
+        """Writes `step`, the rank's promise that its state of @step is complete; the close
+        is checked (a refused step raises MlfsError)."""
+        self.mount.write(os.path.join("ranks", str(self.rank), "step"), f"{int(step)}\n")
+
+    def save_state(self, states, step):
+        """A save: every partition of {state: {name: tensor}}, then `step`."""
+        for state, tensors in states.items():
+            for name, t in tensors.items():
+                self.save_tensor(state, name, t)
+        self.mark_step(step)
+
+    def data(self, step):
+        """(records, ids) of @step's view: this DP rank's slice of the global batch."""
+        base = os.path.join(self.dir, "data", str(step))
+        return read_npy(base + ".npy"), read_npy(base + ".ids.npy")
+
+    def window(self, start, end):
+        """(records [end-start, local_batch, ...], ids [end-start, local_batch]) of steps
+        start..end-1 in two opens (at most 64 steps, all with the same local batch)."""
+        base = os.path.join(self.dir, "data", f"{start}-{end}")
+        return read_npy(base + ".npy"), read_npy(base + ".ids.npy")
