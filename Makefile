@@ -113,13 +113,13 @@ unit: $(UNIT_BIN) $(FUZZ_BIN)
 
 test: deps
 	$(MAKE) check-deps format-check
-	$(MAKE) all
+	$(MAKE) all $(BUILD)/tests/sim_control
 	$(MAKE) unit
 	tests/model/check.sh
 	$(PY) -m pytest -q tests/e2e
 ifeq ($(SANITIZE),)
 	@echo "== again under AddressSanitizer and UBSan (build/asan)"
-	$(MAKE) BUILD=$(BUILD)/asan SANITIZE=address,undefined all unit
+	$(MAKE) BUILD=$(BUILD)/asan SANITIZE=address,undefined all unit $(BUILD)/asan/tests/sim_control
 	BUILD=$(BUILD)/asan $(PY) -m pytest -q tests/e2e
 endif
 
@@ -149,7 +149,7 @@ install: all
 		--upgrade --target "$(DESTDIR)$$site" ./python
 
 bench: deps
-	$(MAKE) all $(BUILD)/tests/bench_plan $(BUILD)/tests/bench_plan_scale $(BUILD)/tests/bench_sum
+	$(MAKE) all $(BUILD)/tests/bench_plan $(BUILD)/tests/bench_plan_scale $(BUILD)/tests/sim_control $(BUILD)/tests/bench_sum
 	./$(BUILD)/tests/bench_plan
 	./$(BUILD)/tests/bench_plan_scale
 	./$(BUILD)/tests/bench_sum
@@ -160,8 +160,16 @@ bench: deps
 	$(PY) tests/bench/bench_data.py --size-mib 1024 --global-batch 2048 --steps 16
 	$(PY) tests/bench/bench_cluster.py --size-mib 1500
 	$(PY) tests/bench/bench_control.py --nodes 4,16,32,64
+	$(PY) tests/bench/bench_sim.py --nodes 1000,10000 --timeout 120
+	$(PY) tests/bench/bench_sim.py --nodes 10000 --watches 100 --timeout 150 \
+		--sim-args "--keepalive-ms 10000 --lease-ttl 30"
 
 $(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS)
+
+# The control plane of N nodes simulated against one etcd (tests/bench/bench_sim.py).
+$(BUILD)/tests/sim_%: tests/bench/sim_%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS)
 

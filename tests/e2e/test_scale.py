@@ -1,9 +1,12 @@
 """32 daemons and one etcd (issue 17, item 6): an idle job costs etcd only the lease
 keep-alives (about one request per node per second) and almost no CPU, and a
 reconfiguration of a tiny model across all of them commits. The figures at 4, 16,
-32 and 64 daemons are tests/bench/bench_control.py's (BENCHMARKS.md)."""
+32 and 64 daemons are tests/bench/bench_control.py's (BENCHMARKS.md). The control
+plane alone, simulated (tests/bench/sim_control.c), at 64 nodes: its figures at 1,000
+and 10,000 are tests/bench/bench_sim.py's."""
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -45,3 +48,62 @@ def test_32_idle_daemons_cost_only_keepalives(cluster_factory):
     print(f"reconfiguration across {n} daemons: {took:.3f} s")
     assert all(s["version"] == 2 for s in cl.statuses().values())
     assert json.loads(cl.keys()["config"].value) == v2
+
+
+def test_simulated_control_plane_of_64_nodes(etcd):
+    """tests/bench/sim_control.c, the control plane alone (per node the real decision
+    function, etcd client and watch; no FUSE, no data), 64 simulated nodes against a
+    real etcd: an idle job costs only the keep-alives, and one reconfiguration touching
+    every node commits, every node swaps and lets its retained layout go, for exactly
+    the etcd requests the daemon's rules make (sim_control.c's DESIGN block).
+    bench_sim.py runs it at 1,000 and 10,000 nodes (BENCHMARKS.md)."""
+    n = 64
+    sim = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), os.environ.get("BUILD", "build"), "tests", "sim_control")
+    p = subprocess.run([sim, "--etcd", etcd.url, "--nodes", str(n), "--idle-seconds", "2",
+                        "--etcd-pid", str(etcd.proc.pid), "--timeout", "60"],
+                       capture_output=True, text=True, timeout=180)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+    assert p.returncode == 0 and lines, f"sim_control exited {p.returncode}: {p.stderr[-3000:]}"
+    r = json.loads(lines[-1])
+    idle, rec = r["idle"], r["reconfigure"]
+    print(f"{n} simulated nodes: idle {idle['requests_per_s']:.1f} etcd requests/s; "
+          f"reconfiguration {rec['requests_without_keepalives']} requests, "
+          f"{rec['create_to_commit_s']:.3f} s to the commit, "
+          f"{rec['commit_to_last_swap_s']:.3f} s to the last swap, "
+          f"{rec['commit_to_last_release_s']:.3f} s to the last release")
+    assert r["one_watch_per_node"] and r["watch_streams"] == n, r
+    # Idle: the keep-alives and nothing else, one per node about every second; no
+    # watch event, no round.
+    assert idle["requests"] == idle["requests_by_kind"]["keepalive"], idle
+    assert 0.7 * n <= idle["requests_per_s"] <= 1.05 * n, idle
+    assert idle["leases_expired"] == 0 and idle["watch_events"] == 0, idle
+    assert idle["rounds"] == 0, idle
+    # The reconfiguration: committed; every node swapped to version 2, its entry says
+    # so, and it let its retained layout go; every lease alive.
+    assert rec["committed"] and rec["votes"] == n and rec["discards"] == 0, rec
+    assert rec["swapped"] == rec["swaps_published"] == rec["released"] == n, rec
+    assert rec["leases_expired"] == 0, rec
+    # The daemon's requests: per node its vote and one put of its entry (the new
+    # version; no passing state, no release put); the coordinator's read of the job,
+    # its two transactions (create, commit) and the votes' range and watch. No
+    # polling, no registration.
+    kinds = rec["requests_by_kind"]
+    assert kinds["put"] == 2 * n, kinds
+    assert (kinds["range"], kinds["txn"], kinds["grant"], kinds["watch"]) == (2, 2, 0, 1), kinds
+    assert rec["requests_without_keepalives"] == 2 * n + 5, rec
+    # etcd's own count of the requests it started agrees (a keep-alive in flight at
+    # either end of the window aside).
+    assert abs(rec["etcd_grpc_started"] - rec["requests"]) <= 5, rec
+    # Every node's own watch got every change of the job's keys, nothing else: the
+    # attempt's put, the commit's four keys (config, config_id, attempt, result) and
+    # one put of each node's entry. The votes reached the coordinator alone: those put
+    # before it read them (a range), the others by its watch (their deletion at the
+    # commit too, unless it stopped watching first). etcd sent what the watches got,
+    # and at most the votes' deletions more (in flight when the coordinator stopped
+    # its votes watch).
+    assert rec["watch_events_per_stream"] == n + 5, rec
+    votes = rec["votes_read"] + rec["votes_watch_events"]
+    assert n <= votes <= 2 * n, rec
+    got = rec["watch_events"] + rec["votes_watch_events"]
+    assert got <= rec["etcd_events_sent"] <= got + n, rec
