@@ -1046,11 +1046,12 @@ json_t *ptc_plan_op_to_json(const struct ptc_plan *p, size_t i, const struct ptc
 	const struct ptc_op *op = &p->ops[i];
 	json_t *j = json_pack("{sssisssssssisIsIsI}", "op", ptc_op_kind_name(op->kind), "phase",
 			      op->phase, "node", to->cluster->nodes[op->dst_node].id, "state",
-			      s->states[op->state].name, "tensor", s->tensors[op->tensor].name, "rank",
-			      op->dst_rank, "row", (json_int_t)op->dst_row, "rows",
+			      s->states[op->state].name, "tensor", s->tensors[op->tensor].name,
+			      "rank", op->dst_rank, "row", (json_int_t)op->dst_row, "rows",
 			      (json_int_t)op->rows, "bytes", (json_int_t)op->bytes);
 	if (j && op->src_rank >= 0) {
-		json_object_set_new(j, "src_node", json_string(to->cluster->nodes[op->src_node].id));
+		json_object_set_new(j, "src_node",
+				    json_string(to->cluster->nodes[op->src_node].id));
 		json_object_set_new(j, "src_rank", json_integer(op->src_rank));
 		json_object_set_new(j, "src_tensor", json_string(s->tensors[op->src_tensor].name));
 		json_object_set_new(j, "src_row", json_integer(op->src_row));
