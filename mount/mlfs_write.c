@@ -231,11 +231,12 @@ static int ctl_try_commit(struct mlfs_fh *f, bool final)
 			log_ctl_refusal("schema.json", rc, err.text);
 		break;
 	case MLFS_K_STEP:
+		/* Every refusal into status.json: a script that ignores the close's
+		 * error (Python's garbage-collected files, `echo > step`) can still
+		 * see why its step was not saved. */
 		rc = mlfs_store_set_step(d->st, f->rank, w, f->wlen, &err);
-		if (rc == -EINVAL)
-			log_refusal(d, "step", err.text);
-		else if (rc)
-			log_ctl_refusal("step", rc, err.text);
+		if (rc)
+			log_refusal(d, "step", err.text[0] ? err.text : strerror(-rc));
 		break;
 	case MLFS_K_CTL: {
 		char *reply = NULL;

@@ -317,6 +317,8 @@ def test_refused_step_raises_in_save(mount):
         job.save(me, 2)
     assert e.value.errno == errno.EBUSY and "ranks/0/step" in str(e.value)
     assert me.saved_step() == 1
+    # The refusal is in status.json too, for a writer that does not check its close.
+    assert "step" in mount.status()["error"] and "in progress" in mount.status()["error"]
     me.mark_step = real_mark_step
 
     with pytest.raises(mlfs.MlfsError, match="in progress") as e:
