@@ -16,6 +16,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "bench"))
 from bench_control import cpu_seconds, etcd_requests  # noqa: E402
 
+# Issue 17's goal (0.05 of a core at 32 idle daemons) is the plain build's; under
+# AddressSanitizer (make test's second pass, BUILD=build/asan) every keep-alive's
+# allocations cost 2-3x the CPU, so that pass holds it to twice the goal (it measured
+# 0.057 once in a full run, 0.02-0.03 alone).
+SANITIZED = os.path.basename(os.environ.get("BUILD", "build")) == "asan"
+IDLE_CORES = 0.10 if SANITIZED else 0.05
+
 TINY = {"model": "tiny", "num_layers": 2, "states": {"model": {}},
         "tensors": [{"name": "layers/{L}/w", "dtype": "float32", "shape": [64, 64],
                      "split": {"dim": 0}}]}
@@ -37,7 +44,7 @@ def test_32_idle_daemons_cost_only_keepalives(cluster_factory):
     # One keep-alive per node per second (each answered as one request), and nothing
     # else: no polling.
     assert per_s <= 1.5 * n, f"{per_s:.1f} etcd requests/s from {n} idle nodes"
-    assert cores < 0.05, f"{cores:.4f} cores for {n} idle daemons and etcd"
+    assert cores < IDLE_CORES, f"{cores:.4f} cores for {n} idle daemons and etcd"
 
     v2 = {"version": 2, "tp": 1, "pp": 1, "dp": n // 2, "nodes": ids[:n // 2]}
     t = time.monotonic()
