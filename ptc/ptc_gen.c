@@ -92,7 +92,8 @@ static int check_dense(const char *model, const struct ptc_gen_args *a, struct p
 	return 0;
 }
 
-/* Validates llama's own arguments (and moe's); sets *@kv to the KV heads. */
+/* Validates --kv-heads (llama, moe and megatron-gpt); sets *@kv to the KV
+ * heads (query groups). */
 static int check_llama(const char *model, const struct ptc_gen_args *a, int *kv,
 		       struct ptc_error *err)
 {
@@ -212,16 +213,22 @@ static void gen_output(struct gen *g, int64_t vocab, int64_t hidden, bool tied)
 
 /* --------------------------------------------------------- megatron-gpt */
 
-static void gen_gpt_layer(struct gen *g, int64_t h, int64_t f, int64_t d)
+/* A layer as Megatron-Core lays it out. The fused QKV is interleaved per
+ * query group, [ng, (np/ng + 2) * hn, h]: each group's query heads, then
+ * its key head, then its value head, so a TP rank's linear_qkv is the
+ * contiguous block of its groups: a split of dim 0 whose unit is one group
+ * (@nq query heads, @nkv groups, heads of @d rows). */
+static void gen_gpt_layer(struct gen *g, int64_t h, int64_t f, int64_t nq, int64_t nkv, int64_t d)
 {
+	int64_t rows = (nq + 2 * nkv) * d, group = (nq / nkv + 2) * d;
 	json_t *t;
 
 	gen_vector(g, "layers/{L}/input_layernorm/weight", h);
 	gen_vector(g, "layers/{L}/input_layernorm/bias", h);
-	t = gen_matrix(g, "layers/{L}/self_attention/query_key_value/weight", 3 * h, h);
-	gen_split_heads(g, t, 0, json_integer(3), d);
-	t = gen_vector(g, "layers/{L}/self_attention/query_key_value/bias", 3 * h);
-	gen_split_heads(g, t, 0, json_integer(3), d);
+	t = gen_matrix(g, "layers/{L}/self_attention/query_key_value/weight", rows, h);
+	gen_split_heads(g, t, 0, NULL, group);
+	t = gen_vector(g, "layers/{L}/self_attention/query_key_value/bias", rows);
+	gen_split_heads(g, t, 0, NULL, group);
 	t = gen_matrix(g, "layers/{L}/self_attention/dense/weight", h, h);
 	gen_split_heads(g, t, 1, NULL, d);
 	gen_vector(g, "layers/{L}/self_attention/dense/bias", h);
@@ -242,7 +249,9 @@ json_t *ptc_gen_megatron_gpt(const struct ptc_gen_args *a, struct ptc_error *err
 	struct gen g = {0};
 	json_t *root, *t;
 
-	if (check_common(model, a, err) || check_dense(model, a, err))
+	int kv;
+	if (check_common(model, a, err) || check_dense(model, a, err) ||
+	    check_llama(model, a, &kv, err))
 		return NULL;
 	int64_t h = a->hidden, v = a->vocab;
 	int64_t f = a->ffn ? a->ffn : 4 * h;
@@ -254,7 +263,7 @@ json_t *ptc_gen_megatron_gpt(const struct ptc_gen_args *a, struct ptc_error *err
 	gen_embedding(&g, v, h);
 	t = gen_matrix(&g, "embedding/position_embeddings/weight", seq, h);
 	gen_place(&g, t, "first");
-	gen_gpt_layer(&g, h, f, h / a->heads);
+	gen_gpt_layer(&g, h, f, a->heads, kv, h / a->heads);
 	t = gen_vector(&g, "final_layernorm/weight", h);
 	gen_place(&g, t, "last");
 	t = gen_vector(&g, "final_layernorm/bias", h);

@@ -202,10 +202,10 @@ def test_client(mount_factory):
     assert (me.t, me.p, me.d) == (0, 1, 1)
     full = me.load("model", qkv)
     assert tuple(full.shape) == (96, 32)
-    q, k, v = new.split(16)  # rank 3 held t1's half of each chunk: rows 16-31 of q, k and v
-    assert torch.equal(full[16:32], q) and torch.equal(full[48:64], k)
-    assert torch.equal(full[80:96], v)
-    assert not full[0:16].any()  # t0's half: rank 2 never wrote it
+    # Megatron-Core's QKV, interleaved per query group (4 groups of 24 rows): rank 3
+    # (t1) held the contiguous rows of groups 2 and 3; t0's (rank 2) were never written.
+    assert torch.equal(full[48:96], new)
+    assert not full[0:48].any()
     recs, ids = me.data(5)  # the cursor carried: step 5 is records 40-47, d1 has 44-47
     assert ids.tolist() == [44, 45, 46, 47]
     # on_progress, the first name of progress, still works.

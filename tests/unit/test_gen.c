@@ -197,20 +197,24 @@ static void test_gpt_defaults(void **state)
 	assert_shape(root, "layers/{L}/input_layernorm/weight", 64, 0);
 	assert_replicated(root, "layers/{L}/input_layernorm/bias");
 	assert_shape(root, "layers/{L}/self_attention/query_key_value/weight", 192, 64);
-	assert_split(root, "layers/{L}/self_attention/query_key_value/weight", 0, 3, 0);
+	/* Megatron-Core's fused QKV: interleaved per query group (here 4 groups
+	 * of one query, one key and one value head of 16 rows), no chunks: a TP
+	 * rank holds the contiguous rows of its groups. */
+	assert_split(root, "layers/{L}/self_attention/query_key_value/weight", 0, 0, 0);
 	assert_shape(root, "layers/{L}/self_attention/query_key_value/bias", 192, 0);
-	assert_split(root, "layers/{L}/self_attention/query_key_value/bias", 0, 3, 0);
+	assert_split(root, "layers/{L}/self_attention/query_key_value/bias", 0, 0, 0);
 	assert_shape(root, "layers/{L}/self_attention/dense/weight", 64, 64);
 	assert_split(root, "layers/{L}/self_attention/dense/weight", 1, 0, 0);
-	/* heads of 64 / 4 = 16 rows stay whole: tp 4 fits, tp 8 would cut them */
-	assert_unit(root, "layers/{L}/self_attention/query_key_value/weight", 16);
-	assert_unit(root, "layers/{L}/self_attention/query_key_value/bias", 16);
+	/* groups of 3 x 16 rows and heads of 16 stay whole: tp 4 fits, tp 8 would
+	 * cut them */
+	assert_unit(root, "layers/{L}/self_attention/query_key_value/weight", 48);
+	assert_unit(root, "layers/{L}/self_attention/query_key_value/bias", 48);
 	assert_unit(root, "layers/{L}/self_attention/dense/weight", 16);
 	assert_layout(
 	    root, "{\"version\": 1, \"tp\": 4, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}", NULL);
 	assert_layout(root,
 		      "{\"version\": 1, \"tp\": 8, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
-		      "config.json: \"tp\" = 8 exceeds the 4 units of 16 rows (heads) of chunk 0 "
+		      "config.json: \"tp\" = 8 exceeds the 4 units of 48 rows (heads) of chunk 0 "
 		      "of \"layers/0/self_attention/query_key_value/weight\" (dim 0): a unit is "
 		      "never cut");
 	assert_replicated(root, "layers/{L}/self_attention/dense/bias");
@@ -228,6 +232,39 @@ static void test_gpt_defaults(void **state)
 	assert_null(json_object_get(tensor(root, "output_layer/weight"), "tied"));
 	assert_parses(root, GPT_TENSORS(2), false);
 	json_decref(root);
+}
+
+/* --kv-heads: Megatron-Core's GQA QKV, [ng, (np/ng + 2) * hn, h]; a TP split
+ * is by whole groups. */
+static void test_gpt_gqa(void **state)
+{
+	struct ptc_gen_args a = {.layers = 1,
+				 .hidden = 64,
+				 .heads = 8,
+				 .kv_heads = 2,
+				 .vocab = 100,
+				 .dtype = PTC_BFLOAT16};
+	struct ptc_error err = {.text = ""};
+	json_t *root = ptc_gen_megatron_gpt(&a, &err);
+	(void)state;
+
+	assert_non_null(root);
+	/* 8 query heads and 2 x 2 key/value heads of 8 rows; groups of 6 heads */
+	assert_shape(root, "layers/{L}/self_attention/query_key_value/weight", 96, 64);
+	assert_split(root, "layers/{L}/self_attention/query_key_value/weight", 0, 0, 0);
+	assert_unit(root, "layers/{L}/self_attention/query_key_value/weight", 48);
+	assert_shape(root, "layers/{L}/self_attention/query_key_value/bias", 96, 0);
+	assert_layout(
+	    root, "{\"version\": 1, \"tp\": 2, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}", NULL);
+	assert_layout(root,
+		      "{\"version\": 1, \"tp\": 4, \"pp\": 1, \"dp\": 1, \"nodes\": [\"n0\"]}",
+		      "config.json: \"tp\" = 4 exceeds the 2 units of 48 rows (heads) of chunk 0 "
+		      "of \"layers/0/self_attention/query_key_value/weight\" (dim 0): a unit is "
+		      "never cut");
+	json_decref(root);
+	a.kv_heads = 3;
+	assert_null(ptc_gen_megatron_gpt(&a, &err));
+	assert_non_null(strstr(err.text, "--kv-heads"));
 }
 
 static void test_gpt_tied_custom(void **state)
@@ -830,6 +867,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_gpt_defaults),
+	    cmocka_unit_test(test_gpt_gqa),
 	    cmocka_unit_test(test_gpt_tied_custom),
 	    cmocka_unit_test(test_llama_gqa),
 	    cmocka_unit_test(test_llama_sizes),
