@@ -67,6 +67,11 @@ def test_frozen_node_never_commits_a_stale_layout(cluster_factory):
     proc.kill()  # it reads n0's status.json, which a frozen daemon does not answer
     proc.wait(timeout=30)
     cl.wait(lambda: "attempt" not in cl.keys(), "X gone with n0's lease", timeout=30)
+    # n3's lease too: its last keep-alive may have come up to a second after n0's, and a
+    # config proposed while it is alive makes it a participant, whose expiry then
+    # aborts the attempt (as it must).
+    cl.wait(lambda: "nodes/n3" not in cl.keys() and "nodes/n0" not in cl.keys(),
+            "n0's and n3's leases expired", timeout=30)
     cl.thaw("n1")
     cl.wait(lambda: "nodes/n1" in cl.keys() and all(
         cl[n].status()["state"] in ("idle", "failed") for n in ("n1", "n2")),
