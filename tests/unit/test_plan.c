@@ -773,6 +773,20 @@ static void test_many_ties(void **state)
 
 /* ---------------------------------------------------- the only copy */
 
+/* Config @text (single quotes) laid out over @cl into *@l; the config, the
+ * caller's to free after ptc_layout_release. */
+static struct ptc_config *layout_of(const struct ptc_schema *sch, const struct ptc_cluster *cl,
+				    const char *text, struct ptc_layout *l)
+{
+	struct ptc_config *c;
+	struct ptc_error err;
+	char *js = unit_json(text);
+	assert_int_equal(ptc_config_parse_text(js, strlen(js), "c", &c, &err), 0);
+	free(js);
+	assert_int_equal(ptc_layout_init(l, sch, c, cl, "c", &err), 0);
+	return c;
+}
+
 /* ptc_layout_sole_rank: the lowest rank of a node without a copy on another
  * node that is up (DP replica or backup holder). */
 static void test_sole_rank(void **state)
@@ -797,30 +811,22 @@ static void test_sole_rank(void **state)
 	assert_int_equal(ptc_schema_parse_text(js, strlen(js), "s", &sch, &err), 0);
 	free(js);
 	for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++) {
-		struct ptc_config *c;
 		struct ptc_layout l;
-		char *text = unit_json(configs[i]);
-		assert_int_equal(ptc_config_parse_text(text, strlen(text), "c", &c, &err), 0);
-		assert_int_equal(ptc_layout_init(&l, sch, c, cl, "c", &err), 0);
+		struct ptc_config *c = layout_of(sch, cl, configs[i], &l);
 		bool up[2] = {true, true};
 		assert_int_equal(ptc_layout_sole_rank(&l, 0, up), want[i][0]);
 		up[1] = false;
 		assert_int_equal(ptc_layout_sole_rank(&l, 0, up), want[i][1]);
 		ptc_layout_release(&l);
 		ptc_config_free(c);
-		free(text);
 	}
 	/* Node n1's ranks of tp2 pp2 dp1: 2 and 3, the second stage. */
-	struct ptc_config *c;
 	struct ptc_layout l;
-	char *text = unit_json(configs[1]);
-	assert_int_equal(ptc_config_parse_text(text, strlen(text), "c", &c, &err), 0);
-	assert_int_equal(ptc_layout_init(&l, sch, c, cl, "c", &err), 0);
+	struct ptc_config *c = layout_of(sch, cl, configs[1], &l);
 	bool up[2] = {true, true};
 	assert_int_equal(ptc_layout_sole_rank(&l, 1, up), 2);
 	ptc_layout_release(&l);
 	ptc_config_free(c);
-	free(text);
 	ptc_schema_free(sch);
 	ptc_cluster_free(cl);
 }
@@ -851,18 +857,14 @@ static void test_backup_holder(void **state)
 	assert_int_equal(ptc_schema_parse_text(js, strlen(js), "s", &sch, &err), 0);
 	free(js);
 	for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++) {
-		struct ptc_config *c;
 		struct ptc_layout l;
-		char *text = unit_json(configs[i]);
-		assert_int_equal(ptc_config_parse_text(text, strlen(text), "c", &c, &err), 0);
-		assert_int_equal(ptc_layout_init(&l, sch, c, cl, "c", &err), 0);
+		struct ptc_config *c = layout_of(sch, cl, configs[i], &l);
 		for (int n = 0; n < 4; n++)
 			assert_int_equal(ptc_layout_backup_holder(&l, n), want[i][n]);
 		assert_int_equal(ptc_layout_backup_holder(&l, -1), -1);
 		assert_int_equal(ptc_layout_backup_holder(&l, 4), -1);
 		ptc_layout_release(&l);
 		ptc_config_free(c);
-		free(text);
 	}
 	ptc_schema_free(sch);
 	ptc_cluster_free(cl);
