@@ -87,6 +87,12 @@ static int find_snapshot(const char *from, const struct ptc_config *c, char *dir
 	return 0;
 }
 
+/* A node entry's value parsed; {} when unreadable (a new reference). */
+static json_t *entry_of(const struct net_etcd_kv *kv)
+{
+	return json_loadb(kv->value, kv->len, 0, NULL) ?: json_object();
+}
+
 /* Every node of @c that is up has published the outcome of restore @id:
  * true, with the failures in @err (its text empty when none). */
 static bool all_answered(const struct ptc_config *c, const json_t *nodes, const char *id,
@@ -146,9 +152,7 @@ int mlfs_cluster_resume(const struct ptc_cluster *cl, const char *from, int wait
 		else if (strcmp(name, "schema") == 0)
 			schema = json_loadb(kvs[i].value, kvs[i].len, 0, NULL);
 		else if (strncmp(name, "nodes/", 6) == 0)
-			json_object_set_new(nodes, name + 6,
-					    json_loadb(kvs[i].value, kvs[i].len, 0, NULL)
-						?: json_object());
+			json_object_set_new(nodes, name + 6, entry_of(&kvs[i]));
 	}
 	if (!config || !schema) {
 		rc = ptc_errorf(err,
@@ -203,23 +207,20 @@ int mlfs_cluster_resume(const struct ptc_cluster *cl, const char *from, int wait
 	json_object_set_new(out, "nodes", each);
 	struct ptc_error failed = {.text = ""};
 	for (int waited = 0;; waited += 200) {
-		json_t *now_nodes = json_object();
 		net_etcd_kvs_free(kvs, n);
 		kvs = NULL;
 		n = 0;
 		snprintf(key, sizeof(key), "%snodes/", prefix);
 		if (net_etcd_range(etcd, key, true, &kvs, &n, NULL, NULL, &failed) == 0) {
+			json_t *now_nodes = json_object();
 			for (size_t i = 0; i < n; i++)
 				json_object_set_new(now_nodes, kvs[i].key + strlen(key),
-						    json_loadb(kvs[i].value, kvs[i].len, 0, NULL)
-							?: json_object());
+						    entry_of(&kvs[i]));
 			failed.text[0] = '\0';
 			bool done = all_answered(c, now_nodes, id, each, &failed);
 			json_decref(now_nodes);
 			if (done)
 				break;
-		} else {
-			json_decref(now_nodes);
 		}
 		if (waited >= wait_s * 1000) {
 			rc = ptc_errorf(err,
