@@ -1,11 +1,13 @@
 /*
  * model.h - the test-side model of DESIGN.md sections 2-3 (rank layout and
- * slicing), shared by test_plan.c and test_xf.c.
+ * slicing), shared by the plan and executor tests (plan_fixture.h,
+ * xf_fixture.h: test_plan*.c, test_xf*.c).
  *
  * Written independently of ptc on purpose: the tests compare two
  * implementations, so nothing here calls ptc's row maps or placement; keep
  * it that way. Also the xorshift generator, the synthetic data and the
- * random schemas and configs of the property tests.
+ * random schemas and configs of the property tests. Functions are static
+ * inline: a file that includes it need not use them all.
  */
 #ifndef MLFS_TESTS_MODEL_H
 #define MLFS_TESTS_MODEL_H
@@ -20,7 +22,7 @@
 /* xorshift64; each test seeds it for a reproducible sequence. */
 static uint64_t rng_state;
 
-static uint64_t rnd(void)
+static inline uint64_t rnd(void)
 {
 	rng_state ^= rng_state << 13;
 	rng_state ^= rng_state >> 7;
@@ -28,13 +30,13 @@ static uint64_t rnd(void)
 	return rng_state;
 }
 
-static int rndi(int lo, int hi) /* inclusive */
+static inline int rndi(int lo, int hi) /* inclusive */
 {
 	return lo + (int)(rnd() % (uint64_t)(hi - lo + 1));
 }
 
 /* Synthetic byte @b of global element @elem of a logical tensor in state @st. */
-static uint8_t data_byte(int st, int logical, int64_t elem, int b)
+static inline uint8_t data_byte(int st, int logical, int64_t elem, int b)
 {
 	uint64_t h = (uint64_t)st * 0x9E3779B97F4A7C15ull ^
 		     (uint64_t)logical * 0xC2B2AE3D27D4EB4Full ^
@@ -49,7 +51,7 @@ static uint8_t data_byte(int st, int logical, int64_t elem, int b)
 
 /* Global row (or -1 for padding) of each local row of TP rank @tr; the
  * count in *@nrows. Caller frees. */
-static int64_t *rowmap(const struct ptc_tensor *t, int tp, int tr, int64_t *nrows)
+static inline int64_t *rowmap(const struct ptc_tensor *t, int tp, int tr, int64_t *nrows)
 {
 	int64_t *m, n;
 
@@ -81,7 +83,7 @@ static int64_t *rowmap(const struct ptc_tensor *t, int tp, int tr, int64_t *nrow
 }
 
 /* Whether rank @r of @l holds tensor @ti (its pipeline stage). */
-static bool holds(const struct ptc_layout *l, int r, int ti)
+static inline bool holds(const struct ptc_layout *l, int r, int ti)
 {
 	const struct ptc_tensor *t = &l->schema->tensors[ti];
 	int p = (r / l->tp) / l->dp, L = l->schema->num_layers;
@@ -102,7 +104,7 @@ static bool holds(const struct ptc_layout *l, int r, int ti)
 }
 
 /* Cluster index of the node rank @r of @l runs on. */
-static int node_of(const struct ptc_layout *l, int r)
+static inline int node_of(const struct ptc_layout *l, int r)
 {
 	int left = r;
 	for (int i = 0; i < l->config->nnodes; i++) {
@@ -115,7 +117,7 @@ static int node_of(const struct ptc_layout *l, int r)
 }
 
 /* Element size of tensor @t in state @st. */
-static int64_t esize(const struct ptc_schema *s, int st, int t)
+static inline int64_t esize(const struct ptc_schema *s, int st, int t)
 {
 	return (int64_t)ptc_dtype_size(ptc_schema_dtype(s, st, t));
 }
@@ -125,7 +127,7 @@ static int64_t esize(const struct ptc_schema *s, int st, int t)
 /* 1-6 layers, 1-3 states, 1-5 tensor templates of 0-3 dims, split evenly,
  * in chunks or padded, placed first, last or everywhere; sometimes a tied
  * copy of a "first" tensor. */
-static json_t *random_schema(void)
+static inline json_t *random_schema(void)
 {
 	static const char *dts[] = {"float64", "float32", "bfloat16", "int8", "int32", "uint8"};
 	json_t *root = json_object(), *tensors = json_array(), *states = json_object();
@@ -196,7 +198,7 @@ static json_t *random_schema(void)
 
 /* Some nodes of @cl in random order, tp 1-4, pp 1-3 and dp 1-3 shrunk to fit
  * their devices. */
-static struct ptc_config *random_config(const struct ptc_cluster *cl, int64_t version)
+static inline struct ptc_config *random_config(const struct ptc_cluster *cl, int64_t version)
 {
 	int n = rndi(1, cl->nnodes), order[16], devices = 0;
 	json_t *nodes = json_array();

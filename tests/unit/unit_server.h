@@ -1,6 +1,6 @@
 /*
  * unit_server.h - tests/e2e/rangeserver.py as a child process of a unit test
- * (cmocka), for the HTTP tests of test_source and test_net.
+ * (cmocka), for the HTTP tests of test_source_http and test_net.
  *
  * The binary must run from the repository root, as `make unit` does; a
  * server that does not start fails the test, it is never a skip.
