@@ -46,6 +46,19 @@ char *mlfs_step_text(struct mlfs_daemon *d, int rank)
 	return s;
 }
 
+/* The size of safetensors file @e, from the schema (its header and data). */
+static int64_t st_file_size(struct mlfs_daemon *d, const struct mlfs_ent *e,
+			    const struct mlfs_view *v)
+{
+	struct mlfs_st_shard sh;
+	if (!v || mlfs_st_shard_init(d->st->schema, e->state, e->shard, mlfs_st_shard_max(),
+				     v->layout.tp, &sh))
+		return 0;
+	int64_t size = sh.size;
+	mlfs_st_shard_release(&sh);
+	return size;
+}
+
 void mlfs_fill_attr(struct mlfs_daemon *d, const struct mlfs_ent *e, const struct mlfs_view *v,
 		    const struct mlfs_pin *pin, struct stat *stb)
 {
@@ -76,9 +89,18 @@ void mlfs_fill_attr(struct mlfs_daemon *d, const struct mlfs_ent *e, const struc
 							  e->dkind, hdr, sizeof(hdr), &hlen);
 		return;
 	}
+	case MLFS_K_SFILE:
+		stb->st_mode = S_IFREG | 0444;
+		stb->st_size = (off_t)(pin && pin->sh ? pin->sh->size : st_file_size(d, e, v));
+		return;
+	case MLFS_K_SINDEX:
+		stb->st_mode = S_IFREG | 0444;
+		stb->st_size = (off_t)text_len_free(
+		    mlfs_st_index_text(d->st->schema, e->state, mlfs_st_shard_max()));
+		return;
 	case MLFS_K_TDIR:
 	case MLFS_K_FDIR:
-		if (e->tn && e->tn->tensor < 0) {
+		if (e->tn && mlfs_tnode_is_dir(e->tn)) {
 			stb->st_mode = S_IFDIR | 0555;
 			stb->st_nlink = 2;
 			return;
@@ -154,7 +176,7 @@ static double ent_timeout(const struct mlfs_ent *e, bool entry)
 		return entry ? 0.0 : 5.0;
 	case MLFS_K_TDIR:
 	case MLFS_K_FDIR: /* a directory's attributes (the kernel checks them on every path walk) */
-		return entry || !e->tn || e->tn->tensor >= 0 ? 0.0 : 5.0;
+		return entry || !e->tn || !mlfs_tnode_is_dir(e->tn) ? 0.0 : 5.0;
 	default:
 		return 0.0;
 	}

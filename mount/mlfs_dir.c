@@ -142,12 +142,13 @@ void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	case MLFS_K_FULL:
 		if (t.e.kind == MLFS_K_FULL)
 			break;
-		if (t.e.tn->tensor >= 0) {
+		if (!mlfs_tnode_is_dir(t.e.tn)) {
 			rc = -ENOTDIR;
 			break;
 		}
 		for (int i = 0; i < t.e.tn->nchild; i++)
-			dir_add(req, b, t.e.tn->child[i]->name, t.e.tn->child[i]->tensor < 0);
+			dir_add(req, b, t.e.tn->child[i]->name,
+				mlfs_tnode_is_dir(t.e.tn->child[i]));
 		break;
 	case MLFS_K_JOB:
 		if (!t.e.job->dir) {

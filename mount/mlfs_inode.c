@@ -25,6 +25,9 @@ void mlfs_pin_put(struct mlfs_pin *p)
 	for (int i = 0; i < p->nbufs; i++)
 		xf_buf_put(p->bufs[i]);
 	free(p->remote);
+	if (p->sh)
+		mlfs_st_shard_release(p->sh);
+	free(p->sh);
 	free(p);
 }
 

@@ -35,6 +35,8 @@ static char *snapshot_text(struct mlfs_daemon *d, const struct mlfs_ent *e,
 		return mlfs_rank_json(v, e->rank);
 	case MLFS_K_STEP:
 		return mlfs_step_text(d, e->rank);
+	case MLFS_K_SINDEX:
+		return mlfs_st_index_text(d->st->schema, e->state, mlfs_st_shard_max());
 	default:
 		return strdup("");
 	}
@@ -284,6 +286,14 @@ void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			f->hdr_len = t.pin->hdr_len;
 		}
 		break;
+	case MLFS_K_SFILE: /* the parts pinned at the lookup: one version to its end */
+		rc = write ? -EACCES : t.pin ? 0 : -ESTALE;
+		f->pin = rc ? NULL : mlfs_pin_get(t.pin);
+		break;
+	case MLFS_K_SINDEX:
+		rc = write ? -EACCES : 0;
+		fi->direct_io = 1;
+		break;
 	case MLFS_K_DDIR:
 		rc = -EISDIR;
 		break;
@@ -298,9 +308,10 @@ void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 				    sizeof(f->hdr), &f->hdr_len);
 		break;
 	}
-	if (rc == 0 && (t.e.kind == MLFS_K_STATUS ||
-			(!write && t.e.kind != MLFS_K_JOB && t.e.kind != MLFS_K_PART &&
-			 t.e.kind != MLFS_K_FFILE && t.e.kind != MLFS_K_CTL))) {
+	if (rc == 0 &&
+	    (t.e.kind == MLFS_K_STATUS ||
+	     (!write && t.e.kind != MLFS_K_JOB && t.e.kind != MLFS_K_PART &&
+	      t.e.kind != MLFS_K_FFILE && t.e.kind != MLFS_K_SFILE && t.e.kind != MLFS_K_CTL))) {
 		f->text = t.e.kind == MLFS_K_STATUS ? NULL : snapshot_text(d, &t.e, f->v);
 		if (t.e.kind != MLFS_K_STATUS && !f->text)
 			rc = -ENOMEM;
@@ -340,7 +351,8 @@ static void open_reply(fuse_req_t req, struct fuse_file_info *fi, struct mlfs_fh
 	}
 	struct mlfs_daemon *d = f->d;
 	bool write = f->write;
-	if ((f->kind == MLFS_K_PART || f->kind == MLFS_K_FFILE) && !write)
+	if ((f->kind == MLFS_K_PART || f->kind == MLFS_K_FFILE || f->kind == MLFS_K_SFILE) &&
+	    !write)
 		fi->keep_cache = 1; /* this inode's pages are its pinned content's */
 	else if (f->kind == MLFS_K_DFILE)
 		fi->direct_io = 1; /* read once: straight to the reader, no page cache */
@@ -416,6 +428,24 @@ static void reply_views(fuse_req_t req, struct mlfs_fh *f, size_t size, off_t of
 	fuse_reply_iov(req, iov, n);
 }
 
+/* Bytes [off, off+size) of a safetensors file, assembled from its pin. */
+static void reply_st(fuse_req_t req, struct mlfs_fh *f, size_t size, off_t off)
+{
+	const struct mlfs_st_shard *sh = f->pin->sh;
+	size_t n = off < sh->size ? (size_t)(sh->size - off) : 0;
+	n = n < size ? n : size;
+	uint8_t *buf = n ? malloc(n) : NULL;
+	int rc = n && !buf ? -ENOMEM : 0;
+
+	if (n && !rc)
+		rc = mlfs_st_read(f->d->st->schema, sh, f->pin->bufs, buf, off, n);
+	if (rc)
+		fuse_reply_err(req, -rc);
+	else
+		fuse_reply_buf(req, (const char *)buf, n);
+	free(buf);
+}
+
 static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct mlfs_fh *f)
 {
 	struct mlfs_daemon *d = fuse_req_userdata(req);
@@ -427,6 +457,10 @@ static void read_fh(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 	}
 	if (f->kind == MLFS_K_DFILE) {
 		reply_views(req, f, size, off);
+		return;
+	}
+	if (f->kind == MLFS_K_SFILE) {
+		reply_st(req, f, size, off);
 		return;
 	}
 	if (f->kind == MLFS_K_JOB) {

@@ -137,7 +137,11 @@ int mlfs_resolve(struct mlfs_daemon *d, const char *path, struct mlfs_view *v, s
 		if ((n = next_comp(&p, &c)) == 0)
 			break;
 	}
-	if (e->tn->tensor >= 0) {
+	if (e->tn->st_file != MLFS_TN_NOT_ST) { /* full/<state>.safetensors and its index */
+		e->kind = e->tn->st_file == MLFS_TN_ST_INDEX ? MLFS_K_SINDEX : MLFS_K_SFILE;
+		e->state = e->tn->state;
+		e->shard = e->tn->st_file;
+	} else if (e->tn->tensor >= 0) {
 		e->kind = e->kind == MLFS_K_TDIR ? MLFS_K_PART : MLFS_K_FFILE;
 		e->state = e->tn->state;
 		e->tensor = e->tn->tensor;
@@ -188,6 +192,48 @@ static int remote_sources(struct mlfs_daemon *d, const struct mlfs_view *v,
 	return n;
 }
 
+/* The pin of a safetensors file: its shard and the parts of its tensors,
+ * all on this node (-EIO otherwise: not assembled from peers). */
+static int st_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct mlfs_ent *e,
+		  uint64_t *gen, struct mlfs_pin **pin)
+{
+	const struct ptc_schema *s = d->st->schema;
+	struct mlfs_st_shard *sh = calloc(1, sizeof(*sh));
+	int rc;
+
+	if (!sh)
+		return -ENOMEM;
+	if ((rc = mlfs_st_shard_init(s, e->state, e->shard, mlfs_st_shard_max(), v->layout.tp,
+				     sh))) {
+		free(sh);
+		return rc;
+	}
+	int n = sh->src0[sh->n];
+	struct mlfs_pin *p = calloc(1, sizeof(*p) + (size_t)n * sizeof(p->bufs[0]));
+	if (!p) {
+		mlfs_st_shard_release(sh);
+		free(sh);
+		return -ENOMEM;
+	}
+	atomic_init(&p->refs, 1);
+	p->kind = e->kind;
+	p->state = e->state;
+	p->tensor = -1;
+	p->sh = sh;
+	p->version = v->config->version;
+	if ((rc = mlfs_view_st_sources(v, s, d->st->node, sh, p->bufs))) {
+		mlfs_pin_put(p); /* no part is held */
+		return rc;
+	}
+	p->nbufs = n;
+	uint64_t h = mlfs_hash_u64(0, (uint64_t)p->version);
+	for (int i = 0; i < n; i++)
+		h = mlfs_hash_u64(h, p->bufs[i]->id);
+	*gen = (h & ~(3ull << 62)) | 1ull << 62;
+	*pin = p;
+	return 0;
+}
+
 int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct mlfs_ent *e,
 		 uint64_t *gen, struct mlfs_pin **pin)
 {
@@ -199,6 +245,8 @@ int mlfs_ent_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct 
 		*gen = mlfs_hash(key, sizeof(key)) | 1ull << 63;
 		return 0;
 	}
+	if (e->kind == MLFS_K_SFILE)
+		return st_pin(d, v, e, gen, pin);
 	if (e->kind != MLFS_K_PART && e->kind != MLFS_K_FFILE)
 		return 0;
 	int n = e->kind == MLFS_K_PART ? 1 : v->layout.tp;

@@ -76,8 +76,10 @@ enum mlfs_kind {
 	MLFS_K_FULL,
 	MLFS_K_FDIR,
 	MLFS_K_FFILE,
-	MLFS_K_DDIR,  /* ranks/<r>/data */
-	MLFS_K_DFILE, /* ranks/<r>/data/<step>.<kind> */
+	MLFS_K_DDIR,   /* ranks/<r>/data */
+	MLFS_K_DFILE,  /* ranks/<r>/data/<step>.<kind> */
+	MLFS_K_SFILE,  /* full/<state>.safetensors, or a shard of it */
+	MLFS_K_SINDEX, /* full/<state>.safetensors.index.json */
 };
 
 /*
@@ -100,8 +102,10 @@ struct mlfs_pin {
 	 * bufs[i] NULL, the rank and tensor index to fetch it from, in layout
 	 * @version (its content is fetched at every open: not cached). */
 	int64_t version;
-	int *remote; /* [nbufs * 2]: rank, tensor; NULL when every part is here */
-	int nbufs;   /* 1, or the layout's tp for a full tensor */
+	int *remote;		  /* [nbufs * 2]: rank, tensor; NULL when every part is here */
+	struct mlfs_st_shard *sh; /* a safetensors file: its tensors and header; bufs
+				   * are their parts (mlfs_stview.c) */
+	int nbufs;		  /* 1, or the layout's tp for a full tensor */
 	struct xf_buf *bufs[];
 };
 
@@ -139,6 +143,7 @@ struct mlfs_notes {
 struct mlfs_ent {
 	enum mlfs_kind kind;
 	int rank, state, tensor;
+	int shard;		    /* MLFS_K_SFILE: which file of the state */
 	int64_t step, first, count; /* MLFS_K_DFILE: the step and its samples */
 	int64_t nsteps;		    /* MLFS_K_DFILE: a window of steps, or 0 */
 	uint64_t whash;		    /* MLFS_K_DFILE window: its steps' slices */

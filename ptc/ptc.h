@@ -635,4 +635,149 @@ json_t *ptc_suggest_config_to_json(const struct ptc_suggest_result *r, int i);
 json_t *ptc_suggest_to_json(const struct ptc_suggest_result *r, int top);
 /* END ptc_suggest */
 
+/* ------------------------------------------------------------ safetensors */
+
+/*
+ * The safetensors format (ptc_safetensors.c): a u64 little-endian N, N
+ * bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]},
+ * "__metadata__": {str: str}}, then the data buffer; offsets are relative
+ * to the buffer, each tensor contiguous, little-endian, C order. Pure: no
+ * I/O; any thread. docs/formats.md has the rules mlfs writes by.
+ */
+#define PTC_ST_MAX_HEADER  ((uint64_t)100 << 20) /* bytes of JSON, as the reference reader */
+#define PTC_ST_MAX_TENSORS (1 << 20)		 /* entries of one header */
+#define PTC_ST_SHARD_MAX   ((int64_t)4 << 30)	 /* data bytes of one shard of full/ */
+
+/* The safetensors name of @dt ("BF16", "F32", "F8_E4M3"). */
+const char *ptc_st_dtype_name(enum ptc_dtype dt);
+/* Parses a safetensors dtype name: 0, or -EINVAL for one mlfs has not. */
+int ptc_st_dtype_parse(const char *name, enum ptc_dtype *out);
+
+/* One tensor of a header. */
+struct ptc_st_tensor {
+	char *name; /* parsed: owned by the header; formatted: the caller's */
+	enum ptc_dtype dtype;
+	int ndim;
+	int64_t shape[PTC_MAX_DIMS];
+	int64_t begin, end; /* bytes of the data buffer */
+};
+
+/* A parsed header: its tensors in data order. */
+struct ptc_st_header {
+	int n;
+	struct ptc_st_tensor *t;
+	int64_t data_start; /* 8 + N: where the buffer starts in the file */
+	int64_t data_len;   /* the buffer's bytes: the file's rest */
+};
+
+/*
+ * Parses the header of a safetensors file of @file_size bytes from @buf,
+ * its first @len bytes. When @len < 8 + N, returns -EAGAIN with *@need =
+ * 8 + N (N already checked against @file_size and PTC_ST_MAX_HEADER).
+ * Checks everything: N, the JSON (an object, no duplicate key), each entry
+ * (exactly dtype, shape, data_offsets; a known dtype; at most PTC_MAX_DIMS
+ * dimensions below PTC_MAX_DIM_SIZE; end - begin = the shape's bytes), and
+ * the buffer (offsets in it, no overlap, no hole, nothing after the last
+ * tensor). 0 with *@out filled (ptc_st_header_release), or -EINVAL with
+ * @err naming the tensor and the cause, -ENOMEM.
+ */
+int ptc_st_parse(const uint8_t *buf, size_t len, uint64_t file_size, struct ptc_st_header *out,
+		 size_t *need, struct ptc_error *err);
+void ptc_st_header_release(struct ptc_st_header *h);
+
+/*
+ * The header of a file holding tensors @t[0..n) back to back in that
+ * order (each one's begin and end are set here): the u64 length, then
+ * {"__metadata__":{"format":"pt"},name:{"dtype","shape","data_offsets"},...}
+ * in compact JSON, padded with spaces to a multiple of 8 bytes. A new
+ * buffer (the caller frees it) of *@len bytes, or NULL on ENOMEM.
+ */
+uint8_t *ptc_st_format(struct ptc_st_tensor *t, int n, size_t *len);
+
+/* Groups @n tensors of @bytes each, in order, into shards of at most @max
+ * bytes (a larger tensor alone): shard[i] for each; returns the count. */
+int ptc_st_shards(const int64_t *bytes, int n, int64_t max, int *shard);
+
+/* The name of shard @k of @n of @base: "<base>.safetensors" when @n is 1,
+ * else "<base>-%05d-of-%05d.safetensors". snprintf's return. */
+int ptc_st_shard_name(const char *base, int k, int n, char *buf, size_t cap);
+
+/* The tensors of state @state of @s as the full/ view holds them: every
+ * untied tensor in schema order, its schema name, dtype and shape, into
+ * @out (s->ntensors entries; names borrowed from @s), their schema
+ * indexes into @idx (may be NULL). Returns the count. */
+int ptc_st_state_tensors(const struct ptc_schema *s, int state, struct ptc_st_tensor *out,
+			 int *idx);
+
+/* ------------------------------------------------------------ name maps */
+
+/*
+ * Name maps (ptc_hfnames.c): the tensors of a checkpoint named otherwise
+ * (Hugging Face's Llama and GPT-2 names, or a mapping file's) as pieces of
+ * the schema's tensors. A piece is one outside tensor: its name, the shape
+ * it has outside, whether it is stored transposed ([in, out], GPT-2's
+ * Conv1D), and runs of rows along dim 0 (of the transposed tensor when
+ * so) that are rows of the schema tensor's dim 0: fused QKV and gate/up
+ * tensors are several pieces. Pure; any thread.
+ */
+struct ptc_hf_run {
+	int64_t src, dst, rows; /* outside rows [src, +rows) = schema rows [dst, +rows) */
+};
+
+struct ptc_hf_piece {
+	char *name;
+	int tensor; /* schema index (untied) */
+	bool transpose;
+	int ndim;
+	int64_t shape[PTC_MAX_DIMS]; /* as stored outside */
+	int nruns;
+	struct ptc_hf_run *runs;
+};
+
+struct ptc_hf_map {
+	int n;
+	struct ptc_hf_piece *p; /* by schema tensor, then row */
+	int *byname;		/* n indexes into p, sorted by name */
+	int nignore;
+	char **ignore;	    /* outside names skipped on import (GPT-2's attention masks) */
+	const char *prefix; /* names may come without it (GPT-2's "transformer."), or NULL */
+};
+
+/*
+ * Builds the map of @s named @names: "schema" (every untied tensor as
+ * itself), or "hf": Hugging Face names, for a schema of model "llama"
+ * (model.layers.N.self_attn.q_proj.weight, ...: q/k/v fused into the
+ * QKV's chunks, gate/up into dense_h_to_4h's) or "megatron-gpt" (GPT-2:
+ * transformer.h.N.attn.c_attn.weight, transposed, its q/k/v columns
+ * interleaved per head into Megatron's QKV). 0, or -EINVAL with @err
+ * (another model, heads that do not fit), -ENOMEM.
+ */
+int ptc_hf_map_build(const struct ptc_schema *s, const char *names, struct ptc_hf_map *m,
+		     struct ptc_error *err);
+/*
+ * Builds the map of @s from a mapping file's text (@file names it in
+ * messages): {"tensors": {outside: schema-name | {"to", "rows": [a, b] |
+ * "runs": [[src, dst, rows], ...], "transpose"}}, "ignore": [...]};
+ * schema tensors no entry names map to themselves. Every schema tensor
+ * must be covered once, row for row. 0, -EINVAL with @err, -ENOMEM.
+ */
+int ptc_hf_map_parse(const struct ptc_schema *s, const char *text, size_t len, const char *file,
+		     struct ptc_hf_map *m, struct ptc_error *err);
+/* The map as a mapping file (runs written out): a new reference, or NULL. */
+json_t *ptc_hf_map_to_json(const struct ptc_schema *s, const struct ptc_hf_map *m);
+/* The piece named @name (or @name after the map's optional prefix), or -1. */
+int ptc_hf_map_find(const struct ptc_hf_map *m, const char *name);
+/* Whether the map skips outside tensor @name. */
+bool ptc_hf_map_ignored(const struct ptc_hf_map *m, const char *name);
+void ptc_hf_map_release(struct ptc_hf_map *m);
+/* Copies piece @p's outside bytes @src into the schema tensor's bytes
+ * @full (@esize bytes per element), row runs and transpose applied. */
+void ptc_hf_scatter(const struct ptc_schema *s, const struct ptc_hf_piece *p, size_t esize,
+		    const uint8_t *src, uint8_t *full);
+/* The reverse: piece @p's outside bytes into @dst from the schema tensor's @full. */
+void ptc_hf_gather(const struct ptc_schema *s, const struct ptc_hf_piece *p, size_t esize,
+		   const uint8_t *full, uint8_t *dst);
+/* Bytes of piece @p outside (@esize per element). */
+int64_t ptc_hf_piece_bytes(const struct ptc_hf_piece *p, size_t esize);
+
 #endif

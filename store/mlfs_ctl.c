@@ -146,6 +146,8 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 		const char *dir = json_string_value(json_object_get(req, "from"));
 		const char *state = json_string_value(json_object_get(req, "state"));
 		json_t *jstep = json_object_get(req, "step");
+		const char *names = json_string_value(json_object_get(req, "names"));
+		const char *map = json_string_value(json_object_get(req, "map"));
 		int only = -1;
 		if (!dir || dir[0] != '/') {
 			ptc_errorf(&err, "import: \"from\" must be an absolute path");
@@ -155,6 +157,13 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 			ptc_errorf(&err, "import: set schema.json and config.json first");
 		} else if (state && (only = ptc_schema_find_state(st->schema, state)) < 0) {
 			ptc_errorf(&err, "import: the schema has no state \"%s\"", state);
+		} else if (names || map) { /* safetensors named otherwise */
+			if (map && map[0] != '/')
+				ptc_errorf(&err, "import: \"map\" must be an absolute path");
+			else
+				rc = mlfs_store_import_st(st, dir, only,
+							  jstep ? json_integer_value(jstep) : -1,
+							  names, map, &err);
 		} else {
 			rc = mlfs_store_import(st, dir, only,
 					       jstep ? json_integer_value(jstep) : -1, &err);

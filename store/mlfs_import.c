@@ -4,7 +4,8 @@
  * current view, published at once as the saved state of a step; or a
  * snapshot (mlfs_snapshot.c: zstd-compressed boxes and manifest.json) read
  * into them, the rows each partition needs streamed out of the boxes that
- * hold them. Both commit through import_commit.
+ * hold them; or safetensors files (mlfs_stimport.c). All commit through
+ * mlfs_import_commit.
  *
  * Threads: a FUSE worker (the .mlfs-ctl request); files are mapped and read
  * without the lock, the new partitions swapped in under it.
@@ -113,12 +114,9 @@ static int import_busy(struct mlfs_store *st, struct mlfs_view *v, struct ptc_er
 	return rc;
 }
 
-/* Swaps the built partitions @np (taken: those swapped in, the old ones
- * left in @np for the caller to release) into @v, which must still be
- * current with no reconfiguration, and makes @step every rank's saved
- * step. The one commit of both kinds of import. 0, -EBUSY, -ENOMEM. */
-static int import_commit(struct mlfs_store *st, struct mlfs_view *v, struct xf_parts *np,
-			 int64_t step, struct ptc_error *err)
+/* The one commit of every kind of import: see store.h. */
+int mlfs_import_commit(struct mlfs_store *st, struct mlfs_view *v, struct xf_parts *np,
+		       int64_t step, struct ptc_error *err)
 {
 	const struct ptc_layout *l = &v->layout;
 	const struct ptc_schema *s = st->schema;
@@ -172,7 +170,7 @@ static int import_commit(struct mlfs_store *st, struct mlfs_view *v, struct xf_p
  * hashed on the way (XXH3 of the uncompressed .npy), its rows scattered
  * into every new partition that holds them. No full tensor is staged. A
  * file whose size, header, length or checksum is not the manifest's fails
- * the restore naming it, and nothing changes (import_commit is reached
+ * the restore naming it, and nothing changes (mlfs_import_commit is reached
  * only when every file checked out).
  */
 
@@ -608,7 +606,7 @@ static int snap_import(struct mlfs_store *st, struct mlfs_view *v, const char *d
 	for (size_t i = 0; i < xf_parts_count(&np); i++)
 		if (np.bufs[i])
 			xf_buf_seal(np.bufs[i]);
-	rc = import_commit(st, v, &np, step, err);
+	rc = mlfs_import_commit(st, v, &np, step, err);
 	goto out_parts;
 bad:
 	if (omitted) {
@@ -654,6 +652,10 @@ int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t 
 	}
 	char mpath[4096];
 	snprintf(mpath, sizeof(mpath), "%s/manifest.json", dir);
+	if (mlfs_st_source(st->schema, dir, only)) { /* safetensors */
+		mlfs_view_put(v);
+		return mlfs_store_import_st(st, dir, only, step, "schema", NULL, err);
+	}
 	if (access(mpath, F_OK) == 0) { /* a snapshot */
 		rc = snap_import(st, v, dir, only, step, err);
 		mlfs_view_put(v);
@@ -712,7 +714,7 @@ int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t 
 				}
 				xf_buf_seal(np.bufs[i]); /* committed below; hashed while hot */
 			}
-	rc = import_commit(st, v, &np, step < 0 ? 0 : step, err);
+	rc = mlfs_import_commit(st, v, &np, step < 0 ? 0 : step, err);
 out_parts:
 	xf_parts_release(&np);
 out:

@@ -1,5 +1,6 @@
 /*
- * mlfs_tree.c - name trees of "<state>/<tensor>.npy" paths, and job/ files.
+ * mlfs_tree.c - name trees of "<state>/<tensor>.npy" paths (and full/'s
+ * safetensors files), and job/ files.
  *
  * A view builds one tree per pipeline stage its local ranks hold (ranks of a
  * stage hold the same tensors) and one for full/. Lookups are binary
@@ -24,6 +25,7 @@ static struct mlfs_tnode *tnode_new(const char *name, size_t n)
 		return NULL;
 	}
 	t->state = t->tensor = -1;
+	t->st_file = MLFS_TN_NOT_ST;
 	return t;
 }
 
@@ -60,7 +62,7 @@ struct mlfs_tnode *mlfs_tree_child(const struct mlfs_tnode *t, const char *name,
  * below the node it is being placed under. */
 struct tpath {
 	const char *rest;
-	int state, tensor;
+	int state, tensor, st_file;
 };
 
 /* Characters in the order of the tree's children: the end of a component
@@ -85,7 +87,9 @@ static int cmp_tpath(const void *a, const void *b)
 		return path_char(*p) - path_char(*q);
 	if (x->state != y->state)
 		return x->state < y->state ? -1 : 1;
-	return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	return x->st_file < y->st_file ? -1 : x->st_file > y->st_file;
 }
 
 static size_t comp_len(const char *s)
@@ -117,6 +121,7 @@ static int build(struct mlfs_tnode *t, struct tpath *p, size_t n)
 	for (; i < n && !*p[i].rest; i++) {
 		t->state = p[i].state;
 		t->tensor = p[i].tensor;
+		t->st_file = p[i].st_file;
 	}
 	for (size_t j = i; j < n; j = run_end(p, j, n))
 		runs++;
@@ -142,19 +147,40 @@ static int build(struct mlfs_tnode *t, struct tpath *p, size_t n)
 	return 0;
 }
 
+/* Room for a state's safetensors names beyond the state's own. */
+#define ST_NAME_EXTRA sizeof("-00000-of-00000.safetensors.index.json")
+
+/* Writes the safetensors paths of state @si (@nshards files, and the index
+ * when more than one) at @o; returns the end. */
+static char *st_paths(const char *state, int si, int nshards, struct tpath *paths, size_t *n,
+		      char *o)
+{
+	for (int k = 0; k < nshards; k++) {
+		paths[(*n)++] = (struct tpath){o, si, -1, k};
+		o += ptc_st_shard_name(state, k, nshards, o, strlen(state) + ST_NAME_EXTRA) + 1;
+	}
+	if (nshards > 1) {
+		paths[(*n)++] = (struct tpath){o, si, -1, MLFS_TN_ST_INDEX};
+		o += sprintf(o, "%s.safetensors.index.json", state) + 1;
+	}
+	return o;
+}
+
 /*
  * The tree of the "<state>/<tensor>.npy" paths of every state and of the
- * tensors @holds selects (@arg is passed to it): collected into one buffer,
- * sorted, then built in one pass (n log n; inserting path by path into
- * unsorted children was quadratic in the entries of a directory). NULL when
- * out of memory.
+ * tensors @holds selects (@arg is passed to it), and with @nshards (one
+ * count per state) the states' safetensors files: collected into one
+ * buffer, sorted, then built in one pass (n log n; inserting path by path
+ * into unsorted children was quadratic in the entries of a directory).
+ * NULL when out of memory.
  */
 static struct mlfs_tnode *tree_build(const struct ptc_schema *s,
-				     bool (*holds)(const void *arg, int tensor), const void *arg)
+				     bool (*holds)(const void *arg, int tensor), const void *arg,
+				     const int *nshards)
 {
 	struct mlfs_tnode *root = tnode_new("", 0);
 	struct tpath *paths = NULL;
-	size_t n = 0, bytes = 0, slen = 0;
+	size_t n = 0, bytes = 0, slen = 0, extra = 0;
 	char *buf = NULL, *o;
 
 	if (!root)
@@ -164,12 +190,19 @@ static struct mlfs_tnode *tree_build(const struct ptc_schema *s,
 			n++;
 			slen += strlen(s->tensors[ti].name) + sizeof(".npy");
 		}
-	for (int si = 0; si < s->nstates; si++)
+	for (int si = 0; si < s->nstates; si++) {
 		bytes += slen + n * (strlen(s->states[si].name) + 1);
+		if (nshards) /* its files, and the index */
+			extra += (size_t)(nshards[si] + 1) *
+				 (strlen(s->states[si].name) + ST_NAME_EXTRA + 1);
+	}
 	n *= (size_t)s->nstates;
-	if (n == 0)
+	size_t nst = 0;
+	for (int si = 0; nshards && si < s->nstates; si++)
+		nst += (size_t)nshards[si] + 1;
+	if (n + nst == 0)
 		return root;
-	if (!(paths = malloc(n * sizeof(*paths))) || !(buf = malloc(bytes)))
+	if (!(paths = malloc((n + nst) * sizeof(*paths))) || !(buf = malloc(bytes + extra)))
 		goto err_free;
 	n = 0;
 	o = buf;
@@ -177,10 +210,13 @@ static struct mlfs_tnode *tree_build(const struct ptc_schema *s,
 		for (int ti = 0; ti < s->ntensors; ti++) {
 			if (!holds(arg, ti))
 				continue;
-			paths[n++] = (struct tpath){o, si, ti};
+			paths[n++] = (struct tpath){o, si, ti, MLFS_TN_NOT_ST};
 			o += sprintf(o, "%s/%s.npy", s->states[si].name, s->tensors[ti].name) + 1;
 		}
 	assert(o == buf + bytes);
+	for (int si = 0; nshards && si < s->nstates; si++)
+		o = st_paths(s->states[si].name, si, nshards[si], paths, &n, o);
+	assert(o <= buf + bytes + extra);
 	qsort(paths, n, sizeof(*paths), cmp_tpath);
 	if (build(root, paths, n))
 		goto err_free;
@@ -215,10 +251,20 @@ static bool full_holds(const void *arg, int ti)
 struct mlfs_tnode *mlfs_tree_build_stage(const struct ptc_layout *l, int p)
 {
 	struct stage_arg a = {l, p};
-	return tree_build(l->schema, stage_holds, &a);
+	return tree_build(l->schema, stage_holds, &a, NULL);
 }
 
-struct mlfs_tnode *mlfs_tree_build_full(const struct ptc_schema *s)
+struct mlfs_tnode *mlfs_tree_build_full(const struct ptc_schema *s, int64_t shard_max)
 {
-	return tree_build(s, full_holds, s);
+	int *nshards = malloc((size_t)(s->nstates ? s->nstates : 1) * sizeof(int));
+	struct mlfs_tnode *t = NULL;
+
+	for (int si = 0; nshards && si < s->nstates; si++)
+		if ((nshards[si] = mlfs_st_shard_count(s, si, shard_max)) < 0)
+			goto out;
+	if (nshards)
+		t = tree_build(s, full_holds, s, nshards);
+out:
+	free(nshards);
+	return t;
 }

@@ -244,7 +244,7 @@ int mlfs_view_new(struct mlfs_store *st, struct ptc_config *config, struct mlfs_
 		if (!v->stage_tree[p] && !(v->stage_tree[p] = mlfs_tree_build_stage(&v->layout, p)))
 			goto err_put;
 	}
-	if (!(v->full_tree = mlfs_tree_build_full(st->schema)))
+	if (!(v->full_tree = mlfs_tree_build_full(st->schema, mlfs_st_shard_max())))
 		goto err_put;
 	/* The rest, measured: the trees, the texts, the config; the table's
 	 * and the layout's blocks replace their figures computed above. */

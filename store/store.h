@@ -28,7 +28,18 @@ struct mlfs_tnode {
 	int nchild, capchild;
 	struct mlfs_tnode **child; /* sorted by name once built */
 	int state, tensor;	   /* leaf: >= 0; directory: -1 */
+	int st_file; /* full/: a safetensors file of @state (tensor -1): its shard from 0, or
+		      * MLFS_TN_ST_INDEX; MLFS_TN_NOT_ST for every other node */
 };
+
+#define MLFS_TN_NOT_ST	 (-1)
+#define MLFS_TN_ST_INDEX (-2)
+
+/* Whether @t is a directory (not a tensor's nor a safetensors file). */
+static inline bool mlfs_tnode_is_dir(const struct mlfs_tnode *t)
+{
+	return t->tensor < 0 && t->st_file == MLFS_TN_NOT_ST;
+}
 
 /* ------------------------------------------------------------------ views */
 
@@ -386,6 +397,34 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 int mlfs_store_import(struct mlfs_store *st, const char *dir, int only, int64_t step,
 		      struct ptc_error *err);
 /*
+ * Imports safetensors (mlfs_stimport.c): @from is one .safetensors file
+ * (into state @only, or "model" when -1), or a directory holding
+ * <state>.safetensors or <state>.safetensors.index.json and its shards for
+ * each state imported (@only, or every state found). Tensors are named as
+ * @names says ("schema" or "hf": ptc_hf_map_build) or as the mapping file
+ * @map_file says (an absolute path; then @names is unused). Fused pieces
+ * are assembled, transposed ones turned, and every local partition sliced
+ * from them, then mlfs_import_commit makes them the saved state of @step
+ * (-1: 0). Every file and tensor is checked first (header, dtype, shape,
+ * offsets, index, duplicates, missing pieces); a file cut short while read
+ * fails the import; nothing changes then. Errors and threads as
+ * mlfs_store_import.
+ */
+int mlfs_store_import_st(struct mlfs_store *st, const char *from, int only, int64_t step,
+			 const char *names, const char *map_file, struct ptc_error *err);
+/* Whether @from holds safetensors for state @only (every state when -1):
+ * a regular file, or a directory with <state>.safetensors or its index. */
+bool mlfs_st_source(const struct ptc_schema *s, const char *from, int only);
+/*
+ * Swaps the built partitions @np (taken: those swapped in, the old ones
+ * left in @np for the caller to release) into @v, which must still be
+ * current with no reconfiguration, and makes @step every rank's saved
+ * step. The one commit of every kind of import. 0, -EBUSY (@err says
+ * why), -ENOMEM. Lock not held.
+ */
+int mlfs_import_commit(struct mlfs_store *st, struct mlfs_view *v, struct xf_parts *np,
+		       int64_t step, struct ptc_error *err);
+/*
  * The "snapshot" request of .mlfs-ctl (mlfs_snapshot.c, `mlfs snapshot`):
  * the saved step of every rank (the same everywhere, else -EINVAL naming
  * two ranks) written to directory @dir as zstd-compressed .npy boxes at
@@ -469,6 +508,48 @@ static inline int mlfs_full_assemble(const struct ptc_schema *s, int state, int 
 {
 	return xf_full_assemble(s, state, tensor, srcs, nsrcs, mem, out);
 }
+
+/*
+ * full/<state>.safetensors (mlfs_stview.c): the state's untied tensors in
+ * schema order, in shards of at most mlfs_st_shard_max() data bytes
+ * (ptc_st_shards), "<state>-0000k-of-0000n.safetensors" with
+ * "<state>.safetensors.index.json" when more than one. The header comes
+ * from the schema alone; the bytes are assembled on read from the pinned
+ * partitions, as full/<state>/<tensor>.npy's are.
+ */
+struct mlfs_st_shard {
+	int state, n;	/* tensors */
+	int tp;		/* parts of a split tensor */
+	int *tensor;	/* n schema indexes */
+	int64_t *begin; /* n offsets in the file (header included) */
+	int *src0;	/* n + 1: tensor i's parts are srcs[src0[i] .. src0[i + 1]) */
+	uint8_t *hdr;	/* the header, hdr_len bytes */
+	size_t hdr_len;
+	int64_t size; /* the file's bytes */
+};
+
+/* The data bytes of a shard of full/: PTC_ST_SHARD_MAX, or with
+ * MLFS_TEST_HOOKS=1 the environment's MLFS_ST_SHARD_BYTES (read once). */
+int64_t mlfs_st_shard_max(void);
+/* Shards of state @state of @s under @max data bytes each; -ENOMEM. */
+int mlfs_st_shard_count(const struct ptc_schema *s, int state, int64_t max);
+/* Shard @shard of state @state, with parts of @tp ranks per split tensor:
+ * 0, -ENOENT (no such shard), -ENOMEM. Release with mlfs_st_shard_release. */
+int mlfs_st_shard_init(const struct ptc_schema *s, int state, int shard, int64_t max, int tp,
+		       struct mlfs_st_shard *sh);
+void mlfs_st_shard_release(struct mlfs_st_shard *sh);
+/* The index of state @state (a new text: the caller frees it), or NULL. */
+char *mlfs_st_index_text(const struct ptc_schema *s, int state, int64_t max);
+/* Pins the parts of every tensor of @sh in @v into @srcs (sh->src0[n]
+ * entries, references): 0, or -EIO when some part is not on @node (the
+ * references taken are put). st->lock held. */
+int mlfs_view_st_sources(const struct mlfs_view *v, const struct ptc_schema *s, int node,
+			 const struct mlfs_st_shard *sh, struct xf_buf **srcs);
+/* Bytes [@off, @off + @len) of the file of @sh (within its size) into
+ * @dst, from its header and the pinned parts @srcs. 0, -ENOMEM. Any
+ * thread; no lock. */
+int mlfs_st_read(const struct ptc_schema *s, const struct mlfs_st_shard *sh,
+		 struct xf_buf *const *srcs, uint8_t *dst, int64_t off, size_t len);
 
 /* NPY header of a partition or full tensor; returns its length. */
 size_t mlfs_part_header(const struct ptc_schema *s, const struct ptc_layout *l, int rank, int state,
@@ -582,7 +663,10 @@ int64_t mlfs_mem_view(const struct mlfs_view *v);
 /* ---------------------------------------------------------------- trees */
 
 struct mlfs_tnode *mlfs_tree_build_stage(const struct ptc_layout *l, int p);
-struct mlfs_tnode *mlfs_tree_build_full(const struct ptc_schema *s);
+/* full/'s tree: every state's untied tensors, and its safetensors files
+ * (shards of at most @shard_max data bytes, with an index when more than
+ * one: mlfs_stview.c). */
+struct mlfs_tnode *mlfs_tree_build_full(const struct ptc_schema *s, int64_t shard_max);
 void mlfs_tree_free(struct mlfs_tnode *t);
 /* Child named @name (length @n) of @t, or NULL. */
 struct mlfs_tnode *mlfs_tree_child(const struct mlfs_tnode *t, const char *name, size_t n);

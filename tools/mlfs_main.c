@@ -21,8 +21,11 @@ static const struct {
     {"status", cmd_status, "status <mnt> [--json]"},
     {"reconfigure", cmd_reconfigure, "reconfigure <mnt> new.json [--no-wait]"},
     {"import", cmd_import,
-     "import <mnt> --from DIR [--step N] [--state NAME]   (DIR: .npy files or a snapshot)"},
-    {"export", cmd_export, "export <mnt> --to DIR"},
+     "import <mnt> --from DIR|F.safetensors [--step N] [--state NAME] [--names schema|hf]\n"
+     "              [--map FILE]   (DIR: .npy files, a snapshot or safetensors)"},
+    {"export", cmd_export,
+     "export <mnt> --to DIR [--format npy|safetensors] [--names schema|hf] [--map FILE]\n"
+     "              [--shard-mib N]"},
     {"snapshot", cmd_snapshot, "snapshot <mnt> --to DIR [--level N] [--wait SECONDS]"},
     {"verify", cmd_verify, "verify <mnt>      (every partition of the node against its checksum)"},
     {"reset", cmd_reset, "reset --cluster cluster.json      (every node down: the job afresh)"},

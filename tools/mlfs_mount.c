@@ -558,11 +558,11 @@ int cmd_reconfigure(int argc, char **argv)
 
 int cmd_import(int argc, char **argv)
 {
-	static const struct option opts[] = {{"from", required_argument, NULL, 'f'},
-					     {"step", required_argument, NULL, 's'},
-					     {"state", required_argument, NULL, 't'},
-					     {NULL, 0, NULL, 0}};
-	const char *from = NULL, *state = NULL;
+	static const struct option opts[] = {
+	    {"from", required_argument, NULL, 'f'},  {"step", required_argument, NULL, 's'},
+	    {"state", required_argument, NULL, 't'}, {"names", required_argument, NULL, 'n'},
+	    {"map", required_argument, NULL, 'm'},   {NULL, 0, NULL, 0}};
+	const char *from = NULL, *state = NULL, *names = NULL, *map = NULL;
 	long long step = -1; /* the snapshot's, or 0 */
 	int c;
 
@@ -574,6 +574,12 @@ int cmd_import(int argc, char **argv)
 			break;
 		case 't':
 			state = optarg;
+			break;
+		case 'n':
+			names = optarg;
+			break;
+		case 'm':
+			map = optarg;
 			break;
 		case 's': {
 			char *end;
@@ -590,15 +596,21 @@ int cmd_import(int argc, char **argv)
 		}
 	}
 	if (optind != argc - 1 || !from) {
-		fprintf(stderr, "usage: mlfs import <mnt> --from DIR [--step N] [--state NAME]\n");
+		fprintf(stderr, "usage: mlfs import <mnt> --from DIR|F.safetensors [--step N] "
+				"[--state NAME] [--names schema|hf] [--map FILE]\n");
 		return 2;
 	}
-	char dir[PATH_MAX], path[PATH_MAX];
-	if (!realpath(from, dir)) {
-		fprintf(stderr, "mlfs import: %s: %s\n", from, strerror(errno));
+	char dir[PATH_MAX], path[PATH_MAX], mapabs[PATH_MAX];
+	if (!realpath(from, dir) || (map && !realpath(map, mapabs))) {
+		fprintf(stderr, "mlfs import: %s: %s\n", realpath(from, dir) ? map : from,
+			strerror(errno));
 		return 1;
 	}
 	json_t *req = json_pack("{ssss}", "op", "import", "from", dir);
+	if (names)
+		json_object_set_new(req, "names", json_string(names));
+	if (map)
+		json_object_set_new(req, "map", json_string(mapabs));
 	if (step >= 0)
 		json_object_set_new(req, "step", json_integer(step));
 	if (state)
@@ -678,13 +690,47 @@ static int copy_file(const char *src, char *dst)
 	return err;
 }
 
+static const char export_usage[] =
+    "usage: mlfs export <mnt> --to DIR [--format npy|safetensors] [--names schema|hf]\n"
+    "                   [--map FILE] [--shard-mib N]\n";
+
 int cmd_export(int argc, char **argv)
 {
-	if (argc != 4 || strcmp(argv[2], "--to") != 0) {
-		fprintf(stderr, "usage: mlfs export <mnt> --to DIR\n");
+	static const struct option opts[] = {
+	    {"to", required_argument, NULL, 't'},	 {"format", required_argument, NULL, 'f'},
+	    {"names", required_argument, NULL, 'n'},	 {"map", required_argument, NULL, 'm'},
+	    {"shard-mib", required_argument, NULL, 's'}, {NULL, 0, NULL, 0}};
+	const char *to = NULL, *format = "npy", *names = NULL, *map = NULL;
+	long long shard_mib = 4096;
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		char *end = NULL;
+		if (c == 't')
+			to = optarg;
+		else if (c == 'f')
+			format = optarg;
+		else if (c == 'n')
+			names = optarg;
+		else if (c == 'm')
+			map = optarg;
+		else if (c == 's' && ((shard_mib = strtoll(optarg, &end, 10)) < 1 || *end))
+			c = '?';
+		if (c == '?') {
+			fprintf(stderr, "%s", export_usage);
+			return 2;
+		}
+	}
+	bool st = !strcmp(format, "safetensors");
+	if (optind != argc - 1 || !to || (!st && strcmp(format, "npy")) ||
+	    (!st && (names || map))) {
+		fprintf(stderr, "%s", export_usage);
 		return 2;
 	}
-	const char *mnt = argv[1], *to = argv[3];
+	const char *mnt = argv[optind];
+	if (st)
+		return tools_export_st(mnt, to, names, map, (int64_t)shard_mib << 20);
 	char path[PATH_MAX], dst[PATH_MAX];
 	size_t len;
 	snprintf(path, sizeof(path), "%s/schema.json", mnt);

@@ -358,6 +358,32 @@ out:
 	return rc;
 }
 
+/* Prints the name map @names of generated schema @j (taken) as a mapping
+ * file (`mlfs import --map`). */
+static int print_names(json_t *j, const char *names)
+{
+	struct ptc_error err = {.text = ""};
+	struct ptc_schema *s = NULL;
+	struct ptc_hf_map map;
+	json_t *out = NULL;
+	int rc = ptc_schema_parse(j, "schema", &s, &err);
+
+	json_decref(j);
+	if (!rc && !(rc = ptc_hf_map_build(s, names, &map, &err))) {
+		out = ptc_hf_map_to_json(s, &map);
+		ptc_hf_map_release(&map);
+	}
+	ptc_schema_free(s);
+	if (!out) {
+		fprintf(stderr, "mlfs schema: %s\n", rc ? err.text : "out of memory");
+		return 1;
+	}
+	json_dumpf(out, stdout, JSON_INDENT(2));
+	printf("\n");
+	json_decref(out);
+	return 0;
+}
+
 int cmd_schema(int argc, char **argv)
 {
 	static const struct option opts[] = {{"layers", required_argument, NULL, 'l'},
@@ -374,6 +400,7 @@ int cmd_schema(int argc, char **argv)
 					     {"expert-ffn", required_argument, NULL, 'F'},
 					     {"shared-experts", required_argument, NULL, 'S'},
 					     {"dense-layers", required_argument, NULL, 'K'},
+					     {"names", required_argument, NULL, 'N'},
 					     {NULL, 0, NULL, 0}};
 	static const struct {
 		const char *name;
@@ -382,6 +409,7 @@ int cmd_schema(int argc, char **argv)
 	    {"megatron-gpt", ptc_gen_megatron_gpt}, {"llama", ptc_gen_llama}, {"moe", ptc_gen_moe}};
 	struct ptc_gen_args a = {.dtype = PTC_BFLOAT16};
 	struct ptc_error err = {.text = ""};
+	const char *names = NULL; /* --names: print the name map, not the schema */
 	size_t m = 0;
 	int c;
 
@@ -391,7 +419,7 @@ int cmd_schema(int argc, char **argv)
 	if (argc < 2 || m == sizeof(models) / sizeof(models[0])) {
 		fprintf(stderr, "usage: mlfs schema megatron-gpt|llama|moe --layers N --hidden H "
 				"--heads A --vocab V [--ffn F] [--kv-heads G] [--seq S] [--tied] "
-				"[--dtype D] [--moments-dtype D]\n"
+				"[--dtype D] [--moments-dtype D] [--names hf]\n"
 				"       moe: --experts E [--expert-ffn F] [--shared-experts S] "
 				"[--dense-layers 0]\n");
 		return 2;
@@ -400,7 +428,7 @@ int cmd_schema(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		char *end = NULL;
 		long v = optarg ? strtol(optarg, &end, 10) : 0;
-		if (optarg && c != 'd' && c != 'm' &&
+		if (optarg && c != 'd' && c != 'm' && c != 'N' &&
 		    (*optarg == '\0' || *end != '\0' || v < 0 || v > 1 << 30)) {
 			fprintf(stderr, "mlfs schema: \"%s\" is not a count\n", optarg);
 			return 2;
@@ -442,6 +470,9 @@ int cmd_schema(int argc, char **argv)
 		case 'K':
 			a.dense_layers = (int)v;
 			break;
+		case 'N':
+			names = optarg;
+			break;
 		case 'd':
 			if (ptc_dtype_parse(optarg, &a.dtype)) {
 				fprintf(stderr,
@@ -469,6 +500,8 @@ int cmd_schema(int argc, char **argv)
 		fprintf(stderr, "mlfs schema: %s\n", err.text);
 		return 1;
 	}
+	if (names)
+		return print_names(j, names);
 	json_dumpf(j, stdout, JSON_INDENT(2));
 	printf("\n");
 	json_decref(j);

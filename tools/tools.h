@@ -28,6 +28,13 @@ int cmd_resume(int argc, char **argv);
  * on stderr on failure. *len gets the size. */
 char *tools_read_file(const char *path, size_t *len);
 
+/* `mlfs export --format safetensors` (mlfs_stexport.c): every state of the
+ * mount at @mnt into @to, named by @names ("schema", "hf") or the mapping
+ * file @map_file, in shards of at most @shard_max bytes. 0, or 1 with a
+ * message on stderr. */
+int tools_export_st(const char *mnt, const char *to, const char *names, const char *map_file,
+		    int64_t shard_max);
+
 /* Creates the temporary file through which @dst is written atomically: the
  * hidden ".<name>.XXXXXX" beside it, made unique by mkstemp (O_CREAT |
  * O_EXCL, so nothing planted at a predictable name, such as a symlink, is

@@ -25,6 +25,9 @@ static void walk(const struct mlfs_tnode *t, bool root, int64_t *leaves, int64_t
 	if (t->tensor >= 0) {
 		(*leaves)++;
 		assert_true(t->state >= 0);
+	} else if (t->st_file != MLFS_TN_NOT_ST) { /* full/<state>.safetensors: counted apart */
+		assert_true(t->state >= 0);
+		assert_int_equal(t->nchild, 0);
 	} else {
 		assert_int_equal(t->state, -1);
 		if (!root)
@@ -135,10 +138,20 @@ static void test_design_trees(void **state)
 	assert_int_equal(ptc_layout_init(&l, s, c, cl, "config.json", &err), 0);
 
 	/* full/: every untied tensor of every state. */
-	t = mlfs_tree_build_full(s);
+	t = mlfs_tree_build_full(s, PTC_ST_SHARD_MAX);
 	check_tree(t, s, full_holds, s);
-	assert_string_equal(children(t, buf, sizeof(buf)), "model,optim");
-	assert_string_equal(children(at(t, "optim"), buf, sizeof(buf)), "exp_avg,exp_avg_sq");
+	assert_string_equal(children(t, buf, sizeof(buf)), "model,model.safetensors,optim");
+	assert_string_equal(children(at(t, "optim"), buf, sizeof(buf)),
+			    "exp_avg,exp_avg.safetensors,exp_avg_sq,exp_avg_sq.safetensors");
+	assert_int_equal(at(t, "optim/exp_avg_sq.safetensors")->state, 2);
+	assert_int_equal(at(t, "optim/exp_avg_sq.safetensors")->st_file, 0);
+	mlfs_tree_free(t);
+
+	/* 10 tensors of 8 bytes in shards of at most 64: 8 and 2, and an index. */
+	t = mlfs_tree_build_full(s, 64);
+	check_tree(t, s, full_holds, s);
+	assert_int_equal(at(t, "model.safetensors.index.json")->st_file, MLFS_TN_ST_INDEX);
+	assert_int_equal(at(t, "model-00002-of-00002.safetensors")->st_file, 1);
 	assert_string_equal(children(at(t, "model"), buf, sizeof(buf)),
 			    "embedding,final_norm,layers");
 	assert_string_equal(children(at(t, "model/layers"), buf, sizeof(buf)), "0,1,2,3");
@@ -179,12 +192,12 @@ static void test_component_order(void **state)
 		      " {'name': 'a', 'dtype': 'bool', 'shape': [1]},"
 		      " {'name': 'A', 'dtype': 'bool', 'shape': [1]},"
 		      " {'name': 'a/x.npy.q', 'dtype': 'bool', 'shape': [1]}]}");
-	struct mlfs_tnode *t = mlfs_tree_build_full(s);
+	struct mlfs_tnode *t = mlfs_tree_build_full(s, PTC_ST_SHARD_MAX);
 	char buf[256];
 
 	(void)state;
 	check_tree(t, s, full_holds, s);
-	assert_string_equal(children(t, buf, sizeof(buf)), "model");
+	assert_string_equal(children(t, buf, sizeof(buf)), "model,model.safetensors");
 	assert_string_equal(children(at(t, "model"), buf, sizeof(buf)),
 			    "A.npy,a,a-b,a.b.npy,a.npy,a_b.npy");
 	assert_string_equal(children(at(t, "model/a"), buf, sizeof(buf)), "x.npy,x.npy.q.npy");
@@ -241,7 +254,7 @@ static void test_longest_path(void **state)
 	struct ptc_schema *s = schema_ok(text);
 	assert_int_equal(strlen("optim/exp_avg/") + strlen(s->tensors[0].name) + strlen(".npy"),
 			 PTC_MAX_PATH);
-	struct mlfs_tnode *t = mlfs_tree_build_full(s);
+	struct mlfs_tnode *t = mlfs_tree_build_full(s, PTC_ST_SHARD_MAX);
 	check_tree(t, s, full_holds, s);
 	mlfs_tree_free(t);
 	ptc_schema_free(s);
@@ -280,7 +293,7 @@ static void test_largest_schema(void **state)
 	assert_int_equal(s->ntensors, PTC_MAX_TENSORS);
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	struct mlfs_tnode *t = mlfs_tree_build_full(s);
+	struct mlfs_tnode *t = mlfs_tree_build_full(s, PTC_ST_SHARD_MAX);
 	printf("tree: %d states x %d tensors in one directory each: built in %.3f s\n", s->nstates,
 	       s->ntensors, seconds_since(&t0));
 	check_tree(t, s, full_holds, s);
