@@ -97,6 +97,10 @@ int mlfs_backup_start(struct mlfs_store *st, struct mlfs_backup **out);
 /* Stops the thread and frees the backups (NULL: fine). After the peer
  * server stopped. */
 void mlfs_backup_stop(struct mlfs_backup *b);
+/* Ends the backup thread alone (the table stays, served until
+ * mlfs_backup_stop): before mlfs_cluster_stop, whose hooks the thread
+ * calls (NULL: fine; again: fine). */
+void mlfs_backup_halt(struct mlfs_backup *b);
 /* The saved steps may have changed (a round of the control plane). NULL:
  * nothing. Any thread. */
 void mlfs_backup_kick(struct mlfs_backup *b);

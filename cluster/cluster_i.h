@@ -54,34 +54,42 @@
 struct mlfs_mirror {
 	struct net_etcd *etcd;
 	char prefix[300];
-	void (*changed)(void *arg, int urgent); /* a change (or the watch's end) */
+	void (*changed)(void *arg); /* a change (or the watch's end) */
 	void *arg;
 	struct net_etcd_watch *watch; /* the control thread's */
 	pthread_mutex_t lock;	      /* the fields below; a leaf */
 	struct net_etcd_kv *kvs;      /* sorted by key */
 	size_t n, cap;
 	int64_t revision;	/* etcd's revision the keys are at */
+	int64_t floor;		/* of the read they came from: older events are in it */
 	bool live;		/* read, and the watch in place */
 	char error[256];	/* why not live */
 	int64_t ranges, events; /* figures: reads of every key, events applied */
+	/* While mlfs_mirror_sync reads the keys: the watch's events, kept to
+	 * be applied after the read (@pend, @npend); whether etcd created
+	 * the watch, or its stream ended (@cond signals either). */
+	bool syncing, created, ended;
+	struct net_etcd_event *pend;
+	size_t npend, pcap;
+	pthread_cond_t cond;
 };
 
 /* Sets up @m for the keys under @prefix (not read yet: mlfs_mirror_sync);
- * @changed is called on the watch's thread after every change, with the
- * MLFS_MIRROR_* flags of what changed (0: only nodes' entries or saved
- * marks). 0 or -EINVAL (a prefix too long). */
-#define MLFS_MIRROR_URGENT 1 /* a change any node may act on, or the watch's end */
-#define MLFS_MIRROR_VOTES  2 /* a vote, or a node come or gone: the coordinator's */
+ * @changed is called on the watch's thread after every change and when
+ * the watch ends. 0 or -EINVAL (a prefix too long). */
 int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *prefix,
-		     void (*changed)(void *arg, int urgent), void *arg);
+		     void (*changed)(void *arg), void *arg);
+/* Whether @m is read and followed now. Any thread. */
+bool mlfs_mirror_live(struct mlfs_mirror *m);
 /* Stops the watch and frees the keys. */
 void mlfs_mirror_release(struct mlfs_mirror *m);
 /* Stops the watch and forgets the keys: not live until the next sync.
  * Control thread only. */
 void mlfs_mirror_stop(struct mlfs_mirror *m);
-/* When the mirror is not live (first use, or its watch ended), reads every
- * key and starts a watch from the revision after that read: 0, or etcd's
- * error with @err. Control thread only. */
+/* When the mirror is not live (first use, or its watch ended), starts a
+ * watch from now, waits until etcd created it, then reads every key and
+ * applies the events that came meanwhile and are newer than that read: 0,
+ * or etcd's error with @err. Control thread only. */
 int mlfs_mirror_sync(struct mlfs_mirror *m, struct ptc_error *err);
 /* A copy of the keys (the caller's: net_etcd_kvs_free) and their revision;
  * -EIO with @err when the mirror is not live, -ENOMEM. Any thread. */
@@ -89,6 +97,14 @@ int mlfs_mirror_copy(struct mlfs_mirror *m, struct net_etcd_kv **kvs, size_t *n,
 		     struct ptc_error *err);
 
 /* ------------------------------------------------------------- shared state */
+
+/* The prefixes of a job's keys in etcd (a printf format of the job's
+ * name): what every node follows; the nodes' entries and saved marks,
+ * which only a node that needs them follows (mlfs_cluster.c's DESIGN
+ * block); the votes, which only the coordinator follows. */
+#define MLFS_KEYS_JOB	"/mlfs/%s/"
+#define MLFS_KEYS_NODES "/mlfs-nodes/%s/"
+#define MLFS_KEYS_VOTES "/mlfs-votes/%s/"
 
 /*
  * One job's control plane on this node (mlfs_cluster_start). Threads: the
@@ -104,8 +120,9 @@ struct mlfs_cluster {
 	/* Set by mlfs_cluster_start, fixed afterwards. */
 	struct mlfs_store *st;
 	struct net_etcd *etcd;
-	char prefix[300];  /* "/mlfs/<job>/" */
-	char vprefix[300]; /* "/mlfs-votes/<job>/": votes, outside every node's watch */
+	char prefix[300];  /* MLFS_KEYS_JOB: every node follows it */
+	char nprefix[300]; /* MLFS_KEYS_NODES: entries and saved marks */
+	char vprefix[300]; /* MLFS_KEYS_VOTES: votes, outside every node's watch */
 	/* MLFS_FAILPOINT, for fault tests (docs/internals/README.md): a named
 	 * phase where the control thread stalls ("" none). */
 	char failpoint[32];
@@ -124,11 +141,15 @@ struct mlfs_cluster {
 	_Atomic int64_t lease;
 	atomic_bool lease_expired;
 	atomic_int stop;
-	/* The job's keys, followed by a watch (mlfs_mirror.c); and the votes,
+	/* The job's keys, followed by a watch (mlfs_mirror.c); the votes,
 	 * followed only while this node coordinates an attempt (no other
-	 * node reads them: a vote put reaches one watch, not every node's). */
+	 * node reads them: a vote put reaches one watch, not every node's);
+	 * the nodes' entries, followed only while this node needs them
+	 * (need_peers in mlfs_cluster.c: it coordinates, announces a release,
+	 * keeps backups). Control thread (sync, stop); copies: any thread. */
 	struct mlfs_mirror mirror;
 	struct mlfs_mirror votes;
+	struct mlfs_mirror peers;
 	/* The control thread sleeps on @cond until @wake: a change of the
 	 * job's keys, of the store's reconfiguration state (reconf_changed),
 	 * of the lease, or stop. */
@@ -139,7 +160,6 @@ struct mlfs_cluster {
 	int64_t rounds;		       /* the control thread's, for figures */
 
 	pthread_mutex_t lock;
-	json_t *nodes;	      /* lock: {id: entry} as last read */
 	json_t *attempt;      /* lock: the attempt as last read, or NULL */
 	char etcd_error[512]; /* lock: "" when etcd answers */
 	/* The attempts (their random ids: a version may be tried again after
@@ -152,7 +172,7 @@ struct mlfs_cluster {
 	bool voted_ready;
 	char *mine;	     /* lock: the text of the attempt this node created */
 	int64_t cluster_mod; /* lock: the "cluster" key's revision last taken */
-	int64_t saved_put;   /* publock: the step last put in saved/<id> (-1: none) */
+	int64_t saved_put;   /* publock: the step in saved/<id>, put or read (-1: none) */
 	/* job/ as the coordinator has it, staged for attempt @job_to (the
 	 * copy is part of the attempt; swapped in at its commit). Only the
 	 * control thread touches these. */
@@ -164,7 +184,22 @@ struct mlfs_cluster {
 	json_t *prep_parts;
 	char prep_aid[24];
 	json_t *swap_wait;
-	int64_t swap_since_ms;	 /* lock: when swap_wait was set */
+	int64_t swap_since_ms; /* lock: when swap_wait was set */
+	/* lock: the version whose commit this node made as coordinator: it
+	 * follows the entries until every participant swapped and announces
+	 * it ("released"; mlfs_decide's rule 8). 0: none. */
+	int64_t announce;
+	/* The elastic controller (mlfs_controller.c); set at start. */
+	struct mlfs_controller *ctl;
+	/* The saved/<id> mark as read when the daemon started (control
+	 * thread): mlfs_decide's rule 5 asks for it. */
+	bool saved_read;
+	/* seen_lock: the nodes' entries for status.json when the peers mirror
+	 * is not live: {id: entry} as last read (@seen_ms), read again when
+	 * older than a second. */
+	pthread_mutex_t seen_lock;
+	json_t *seen;
+	int64_t seen_ms;
 	pthread_mutex_t publock; /* published, and the put of the node's key */
 	char *published;	 /* the node entry last put */
 	char entry_state[16];	 /* publock: the settled state it says */
@@ -226,13 +261,15 @@ struct mlfs_jobkeys {
 	size_t n;
 	/* the keys of these names, in @kvs, or NULL */
 	const struct net_etcd_kv *schema, *cluster, *config, *attempt;
-	json_t *nodes;	   /* {id: entry} */
+	const struct net_etcd_kv *controller; /* the elastic controller's id, or NULL */
+	json_t *nodes;			      /* {id: entry}; empty unless @nodes_known */
+	bool nodes_known;  /* the entries were read (not every round reads them) */
+	int64_t released;  /* the "released" key: 0 none (mlfs_decide's rule 8) */
 	json_t *attempt_j; /* @attempt parsed, or NULL */
 	json_t *restore_j; /* the "restore" key parsed (`mlfs resume`), or NULL */
 	int64_t config_mod;
 	int64_t committed;     /* @config's version: 0 without one, -1 unreadable */
 	const char *config_id; /* the attempt that committed it ("": a first config) */
-	int64_t saved_step;    /* the newest step this node ever saved (saved/<me>); -1 */
 	int64_t revision;      /* etcd's revision of the read */
 	/* The votes (c->votes' keys) when this node coordinates; else none. */
 	struct net_etcd_kv *votes;
@@ -247,18 +284,22 @@ void mlfs_jobkeys_name(const struct mlfs_cluster *c, char *buf, size_t cap, cons
 void mlfs_jobkeys_vote_name(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt,
 			    ...) __attribute__((format(printf, 4, 5)));
 /* Reads every key of @c's job from etcd into @k (the caller's:
- * mlfs_jobkeys_free). 0, or net_etcd_range's error with @err and @k empty.
- * I/O workers (propose: a fresh read). */
+ * mlfs_jobkeys_free), the nodes' entries included. 0, or net_etcd_range's
+ * error with @err and @k empty. I/O workers (propose: a fresh read). */
 int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err);
-/* The same from the mirror (no request to etcd): -EIO with @err while it
- * is not live. The control thread. */
+/* The same from the mirrors (no request to etcd), the entries only while
+ * the peers mirror is live (@k->nodes_known): -EIO with @err while the
+ * job's mirror is not live. Any thread. */
 int mlfs_jobkeys_mirrored(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err);
+/* The nodes' entries read from etcd now ({id: entry}, a new reference):
+ * NULL with @err when etcd did not answer. Any thread. */
+json_t *mlfs_jobkeys_read_nodes(struct mlfs_cluster *c, struct ptc_error *err);
 /* Releases what mlfs_jobkeys_read put in @k (an empty @k: fine). */
 void mlfs_jobkeys_free(struct mlfs_jobkeys *k);
 
 /* ---------------------------------------------------- mlfs_nodeentry.c */
 
-/* Puts this node's entry (nodes/<id>: addr, devices, pid, version, state,
+/* Puts this node's entry (MLFS_KEYS_NODES <id>: addr, devices, pid, version, state,
  * its ranks' saved steps, the backup it holds) when it changed since the
  * last put. 0, -ENOMEM, or net_etcd_put's error with @err. Any thread. */
 int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err);
@@ -282,6 +323,37 @@ void mlfs_nodeentry_steps_saved(void *arg);
  * nodes up, their versions and states, etcd, the backup, the attempt
  * without its config and job/) to status.json @o. Takes c->lock. */
 void mlfs_nodeentry_status_add(void *arg, json_t *o);
+/* Keeps the peers mirror's entries as status.json's (c->seen), before
+ * the mirror stops: they are fresh then. The control thread. */
+void mlfs_nodeentry_keep_seen(struct mlfs_cluster *c);
+/* The store's st->steps_refresh hook (@arg: the cluster): the other
+ * nodes' ranks' saved steps read from etcd now (mlfs snapshot checks
+ * every rank's). No lock held; may wait on etcd. */
+void mlfs_nodeentry_steps_refresh(void *arg);
+/* The store's st->steps_mirrored hook: the same from the peers mirror, when
+ * this node follows the entries (it does while it keeps backups). */
+void mlfs_nodeentry_steps_mirrored(void *arg);
+/* Reads this node's saved/<id> mark into c->saved_put, once: 0, or
+ * etcd's error with @err. The control thread. */
+int mlfs_nodeentry_read_saved(struct mlfs_cluster *c, struct ptc_error *err);
+
+/* ---------------------------------------------------- mlfs_controller.c */
+
+/* The elastic controller of @c's job (its thread started): 0 or an
+ * errno. mlfs_cluster_start. */
+int mlfs_controller_start(struct mlfs_cluster *c, struct mlfs_controller **out);
+/* Ends its thread (NULL: fine); kicks stay harmless until ... */
+void mlfs_controller_stop(struct mlfs_controller *t);
+/* ... it is freed, once no mirror can kick it (NULL: fine). */
+void mlfs_controller_free(struct mlfs_controller *t);
+/* Something changed: the job's keys, or the entries it follows. Any
+ * thread, no lock held but the caller's leaves. */
+void mlfs_controller_kick(struct mlfs_controller *t);
+/* Whether this node is the job's controller now. Any thread. */
+bool mlfs_controller_leading(struct mlfs_controller *t);
+/* Adds "elastic" (the controller, its last decision and why, the version
+ * it last proposed and its refusal) to status.json @o. Any thread. */
+void mlfs_controller_status(struct mlfs_controller *t, json_t *o);
 
 /* ---------------------------------------------------------- mlfs_join.c */
 
@@ -305,9 +377,9 @@ int mlfs_attempt_down(struct mlfs_store *st, const json_t *att, struct mlfs_reco
 /* Frees @dn's arrays and empties it (an empty @dn: fine). */
 void mlfs_attempt_down_free(struct mlfs_reconf_down *dn);
 /*
- * Starts preparing attempt @aid in the store: the other nodes' steps
- * (@nodes) copied in, the down nodes' ranks given the step the live ranks
- * agree on, then mlfs_reconf_prepare_down of config text @config (@len
+ * Starts preparing attempt @aid in the store: the other nodes' ranks
+ * given the step the live ranks agreed on (@step, the attempt's "step";
+ * -1: unknown, the table as it is), then mlfs_reconf_prepare_down of config text @config (@len
  * bytes; NULL: -EINVAL) with @dn; its participants @parts (ids) are the
  * nodes whose swap the layout it is planned from waits for once it
  * commits (retained: mlfs_store_release_retained). 0 once the store runs it (and the
@@ -315,7 +387,7 @@ void mlfs_attempt_down_free(struct mlfs_reconf_down *dn);
  * state speaks for it from now on), or its error with @err. Control
  * thread and I/O workers (propose).
  */
-int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char *aid, int64_t rev,
+int mlfs_attempt_prepare(struct mlfs_cluster *c, int64_t step, const char *aid, int64_t rev,
 			 const char *config, size_t len, const struct mlfs_reconf_down *dn,
 			 const json_t *parts, struct ptc_error *err);
 /* Votes "<@aid> failed: <@reason>" on attempt @to (an etcd error is

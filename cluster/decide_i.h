@@ -18,7 +18,7 @@
 /* A node's vote on the attempt in progress (one naming that attempt's id). */
 enum mlfs_vote { MLFS_VOTE_NONE, MLFS_VOTE_READY, MLFS_VOTE_FAILED };
 
-/* One node of the job, as its etcd entry (nodes/<id>) and vote show it. */
+/* One node of the job, as its etcd entry (MLFS_KEYS_NODES <id>) and vote show it. */
 struct mlfs_snap_node {
 	const char *id;
 	bool up;	     /* its entry exists: its lease is alive */
@@ -54,6 +54,13 @@ struct mlfs_snap {
 	const struct mlfs_snap_attempt *attempt; /* NULL: none */
 	const struct mlfs_snap_node *nodes;	 /* the job's nodes, this one included */
 	int nnodes;
+	/* The other nodes' entries were read: @nodes says who is up, at which
+	 * version, lost (a node follows them only when it needs them; when
+	 * false, only this node's own fields and the attempt's are known). */
+	bool nodes_known;
+	/* The "released" key: every participant of the commit of this version
+	 * serves it (a node that saw so announced it); 0: none. */
+	int64_t released;
 	int me; /* index of this node in @nodes */
 	int64_t now_ms;
 	/* this node's store */
@@ -76,20 +83,21 @@ struct mlfs_snap {
 
 /* What to do, in the order given. */
 enum mlfs_act {
-	MLFS_ACT_REGISTER,	   /* grant a new lease and put this node's entry */
-	MLFS_ACT_INSTALL_SCHEMA,   /* etcd's schema into the store */
-	MLFS_ACT_INSTALL_CONFIG,   /* etcd's committed config as the first layout */
-	MLFS_ACT_MARK_LOST,	   /* this node's partitions are not the job's: @reason */
-	MLFS_ACT_CLEAR_LOST,	   /* it hosts no rank of the job's layout any more */
-	MLFS_ACT_PREPARE,	   /* build the attempt beside the current layout */
-	MLFS_ACT_VOTE_READY,	   /* the prepared attempt (after staging job/) */
-	MLFS_ACT_VOTE_FAILED,	   /* on the attempt: @reason */
-	MLFS_ACT_COMMIT,	   /* the prepared attempt, which etcd committed */
-	MLFS_ACT_DISCARD,	   /* the store's attempt, which etcd will never commit: @reason */
-	MLFS_ACT_FINISH_COMMIT,	   /* the coordinator's commit transaction */
-	MLFS_ACT_FINISH_ABORT,	   /* the coordinator deletes its attempt: @reason */
-	MLFS_ACT_RELEASE_RETAINED, /* every participant swapped: drop the previous layout */
-	MLFS_ACT_RESTORE,	   /* a lost node fills its layout from `mlfs resume`'s snapshot */
+	MLFS_ACT_REGISTER,	    /* grant a new lease and put this node's entry */
+	MLFS_ACT_INSTALL_SCHEMA,    /* etcd's schema into the store */
+	MLFS_ACT_INSTALL_CONFIG,    /* etcd's committed config as the first layout */
+	MLFS_ACT_MARK_LOST,	    /* this node's partitions are not the job's: @reason */
+	MLFS_ACT_CLEAR_LOST,	    /* it hosts no rank of the job's layout any more */
+	MLFS_ACT_PREPARE,	    /* build the attempt beside the current layout */
+	MLFS_ACT_VOTE_READY,	    /* the prepared attempt (after staging job/) */
+	MLFS_ACT_VOTE_FAILED,	    /* on the attempt: @reason */
+	MLFS_ACT_COMMIT,	    /* the prepared attempt, which etcd committed */
+	MLFS_ACT_DISCARD,	    /* the store's attempt, which etcd will never commit: @reason */
+	MLFS_ACT_FINISH_COMMIT,	    /* the coordinator's commit transaction */
+	MLFS_ACT_FINISH_ABORT,	    /* the coordinator deletes its attempt: @reason */
+	MLFS_ACT_RELEASE_RETAINED,  /* every participant swapped: drop the previous layout */
+	MLFS_ACT_ANNOUNCE_RELEASED, /* put "released" = @version: the others drop theirs */
+	MLFS_ACT_RESTORE,	    /* a lost node fills its layout from `mlfs resume`'s snapshot */
 };
 
 struct mlfs_action {

@@ -109,6 +109,8 @@ static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t
 		pthread_mutex_lock(&c->lock);
 		free(c->mine);
 		c->mine = NULL;
+		if (!reason) /* it follows the swaps and says when all are done */
+			c->announce = to;
 		pthread_mutex_unlock(&c->lock);
 	}
 	free(mine);
@@ -157,32 +159,25 @@ void mlfs_attempt_down_free(struct mlfs_reconf_down *dn)
 	memset(dn, 0, sizeof(*dn));
 }
 
-/* The ranks of down nodes (@down, @ndown cluster indices) take the step
- * the live ranks agree on: their partitions come from other copies, which
- * saved that step. */
-static void fill_down_steps(struct mlfs_cluster *c, const int *down, int ndown)
+/* The ranks of the other nodes take @step, the one the live ranks agreed
+ * on when the attempt was proposed (mlfs_propose.c checked every live
+ * rank's; the ranks of down nodes come from other copies, which saved
+ * it): this node does not follow the other nodes' entries. -1: unknown,
+ * the table stays. */
+static void set_job_steps(struct mlfs_cluster *c, int64_t step)
 {
 	struct mlfs_store *st = c->st;
 	pthread_mutex_lock(&st->lock);
-	if (st->view && ndown) {
+	if (st->view && step >= 0) {
 		const struct ptc_layout *l = &st->view->layout;
-		int64_t step = -1;
-		for (int r = 0; r < l->world && step < 0; r++) {
-			bool dead = false;
-			for (int i = 0; i < ndown; i++)
-				dead |= l->ranks[r].node == down[i];
-			if (!dead)
-				step = st->steps[r];
-		}
 		for (int r = 0; r < l->world; r++)
-			for (int i = 0; i < ndown; i++)
-				if (l->ranks[r].node == down[i])
-					st->steps[r] = step;
+			if (l->ranks[r].node != st->node)
+				st->steps[r] = step;
 	}
 	pthread_mutex_unlock(&st->lock);
 }
 
-int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char *aid, int64_t rev,
+int mlfs_attempt_prepare(struct mlfs_cluster *c, int64_t step, const char *aid, int64_t rev,
 			 const char *config, size_t len, const struct mlfs_reconf_down *dn,
 			 const json_t *parts, struct ptc_error *err)
 {
@@ -197,8 +192,7 @@ int mlfs_attempt_prepare(struct mlfs_cluster *c, const json_t *nodes, const char
 	c->prep_parts = json_deep_copy(parts);
 	snprintf(c->prep_aid, sizeof(c->prep_aid), "%s", aid);
 	pthread_mutex_unlock(&c->lock);
-	mlfs_nodeentry_sync_steps(c, nodes);
-	fill_down_steps(c, dn->down, dn->ndown);
+	set_job_steps(c, step);
 	rc = config ? mlfs_reconf_prepare_down(c->st, config, len, "attempt", false, &named, err)
 		    : -EINVAL;
 	return rc;
@@ -308,9 +302,13 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 	s->has_schema = k->schema != NULL;
 	s->committed = k->committed > 0 ? k->committed : 0;
 	s->commit_id = k->config_id;
-	s->saved_step = k->saved_step;
+	pthread_mutex_lock(&c->publock);
+	s->saved_step = c->saved_put; /* read when the daemon started, or put since */
+	pthread_mutex_unlock(&c->publock);
 	s->nodes = r->nodes;
 	s->nnodes = cl->nnodes;
+	s->nodes_known = k->nodes_known;
+	s->released = k->released;
 	s->me = st->node;
 	s->now_ms = mlfs_cluster_now_ms();
 
@@ -339,6 +337,13 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 	return 0;
 }
 
+/* The step attempt @a says the live ranks agreed on (-1: none). */
+static int64_t attempt_step(const json_t *a)
+{
+	const json_t *step = json_object_get(a, "step");
+	return json_is_integer(step) ? json_integer_value(step) : -1;
+}
+
 /* PREPARE: starts preparing the attempt of @k in the store, once (the
  * coordinator's propose may be starting it: started_id says so). */
 static void act_prepare(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const char *aid,
@@ -357,7 +362,8 @@ static void act_prepare(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, co
 	struct mlfs_reconf_down dn;
 	int rc = mlfs_attempt_down(c->st, k->attempt_j, &dn);
 	if (rc == 0)
-		rc = mlfs_attempt_prepare(c, k->nodes, aid, k->attempt->mod_revision, config,
+		rc = mlfs_attempt_prepare(c, attempt_step(k->attempt_j), aid,
+					  k->attempt->mod_revision, config,
 					  config ? strlen(config) : 0, &dn,
 					  json_object_get(k->attempt_j, "participants"), &err);
 	mlfs_attempt_down_free(&dn);
@@ -452,11 +458,33 @@ static void act_release(struct mlfs_cluster *c, int64_t version)
 	pthread_mutex_lock(&c->lock);
 	json_decref(c->swap_wait);
 	c->swap_wait = NULL;
+	c->announce = 0;
 	pthread_mutex_unlock(&c->lock);
 	mlfs_log(MLFS_LOG_INFO,
 		 "cluster: every node of the last commit swapped: layout version %" PRId64
 		 " released",
 		 version);
+}
+
+/* ANNOUNCE_RELEASED: this node saw every participant of the commit of
+ * @version swap; the others, which do not read the entries, learn it from
+ * the "released" key. A failed put is only logged: they read the entries
+ * themselves after 2 s. */
+static void act_announce(struct mlfs_cluster *c, int64_t version)
+{
+	char k[512], v[32];
+	struct ptc_error why;
+
+	mlfs_jobkeys_name(c, k, sizeof(k), "released");
+	snprintf(v, sizeof(v), "%" PRId64, version);
+	if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why))
+		mlfs_log(MLFS_LOG_WARNING,
+			 "cluster: cannot announce the release of version %" PRId64 ": %s", version,
+			 why.text);
+	pthread_mutex_lock(&c->lock);
+	if (c->announce <= version)
+		c->announce = 0;
+	pthread_mutex_unlock(&c->lock);
 }
 
 /* MARK_LOST: this node's partitions are not the job's, when its layout
@@ -569,6 +597,9 @@ static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const stru
 		break;
 	case MLFS_ACT_RELEASE_RETAINED:
 		act_release(c, a->version);
+		break;
+	case MLFS_ACT_ANNOUNCE_RELEASED:
+		act_announce(c, a->version);
 		break;
 	}
 }

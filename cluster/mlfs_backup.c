@@ -59,7 +59,8 @@ struct mlfs_backup {
 	atomic_int stop;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	bool kicked; /* lock */
+	bool kicked;	  /* lock */
+	bool kicked_lost; /* lock: the store's lost flag at the last kick */
 
 	/* lock: the table, for layout @version, of node @of's ranks [r0, r0 + n) */
 	int64_t version;
@@ -225,6 +226,11 @@ static void *backup_main(void *arg)
 			mlfs_bufs_put(old, nold);
 		free(old);
 		failures = 0;
+		/* The steps of the node backed up, as the entries the control
+		 * plane follows say now (no request: no round of the control
+		 * thread runs for another node's entry). */
+		if (of >= 0 && st->steps_mirrored)
+			st->steps_mirrored(st->cluster_arg);
 		for (int r = v && of >= 0 ? v->layout.node_first_rank[of] : 0;
 		     of >= 0 && r < v->layout.node_first_rank[of] + v->layout.node_nranks[of] &&
 		     !atomic_load(&b->stop);
@@ -270,11 +276,8 @@ int mlfs_backup_start(struct mlfs_store *st, struct mlfs_backup **out)
 	return 0;
 }
 
-void mlfs_backup_stop(struct mlfs_backup *b)
+void mlfs_backup_halt(struct mlfs_backup *b)
 {
-	struct xf_buf **old = NULL;
-	size_t nold = 0;
-
 	if (!b)
 		return;
 	pthread_mutex_lock(&b->lock);
@@ -283,6 +286,17 @@ void mlfs_backup_stop(struct mlfs_backup *b)
 	pthread_mutex_unlock(&b->lock);
 	if (b->running)
 		pthread_join(b->thread, NULL);
+	b->running = false;
+}
+
+void mlfs_backup_stop(struct mlfs_backup *b)
+{
+	struct xf_buf **old = NULL;
+	size_t nold = 0;
+
+	if (!b)
+		return;
+	mlfs_backup_halt(b);
 	reset(b, NULL, -1, &old, &nold);
 	if (old)
 		mlfs_bufs_put(old, nold);
@@ -296,9 +310,20 @@ void mlfs_backup_kick(struct mlfs_backup *b)
 {
 	if (!b)
 		return;
+	struct mlfs_view *v = mlfs_store_view(b->st);
+	int64_t version = v ? v->config->version : 0;
+	bool lost = atomic_load(&b->st->lost);
+	mlfs_view_put(v);
 	pthread_mutex_lock(&b->lock);
-	b->kicked = true;
-	pthread_cond_signal(&b->cond);
+	/* Only when it may change something: a node backed up (its steps
+	 * move), a new layout, or the node lost or no longer lost. A thread
+	 * woken at every round of the control thread for nothing cost every
+	 * node a context switch per round. */
+	if (b->of >= 0 || version != b->version || lost != b->kicked_lost) {
+		b->kicked = true;
+		b->kicked_lost = lost;
+		pthread_cond_signal(&b->cond);
+	}
 	pthread_mutex_unlock(&b->lock);
 }
 

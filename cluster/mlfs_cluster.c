@@ -6,14 +6,8 @@
  * it calls do the rest (cluster_i.h draws who calls whom).
  *
  * DESIGN
- * Keys under /mlfs/<job>/ (net_etcd; mlfs_jobkeys.c reads them):
- *   nodes/<id>       {"addr","devices","pid","version","state","steps",
- *                    "backup"}, bound to this node's lease (TTL
- *                    MLFS_LEASE_TTL s, kept alive every second): gone = the
- *                    node is down (mlfs_nodeentry.c). "state" is the last
- *                    settled one (idle, failed, lost). A node's retained
- *                    layout (kept until every node of the last commit
- *                    swapped) is in its /v1/health, not here.
+ * Keys under /mlfs/<job>/, which every node follows (net_etcd;
+ * mlfs_jobkeys.c reads them):
  *   schema, cluster  the first writer wins (a transaction on "absent"); a
  *                    node whose own differ refuses to join, saying so
  *                    (mlfs_propose.c, mlfs_join.c).
@@ -21,26 +15,45 @@
  *                    committed it: written only by the commit transaction.
  *   attempt          {"id","from","to","config","coordinator",
  *                    "participants","down","backups","deadline_ms","job",
- *                    "job_missing"}: created by the coordinator's
+ *                    "job_missing","step"}: created by the coordinator's
  *                    transaction that requires no attempt and "config"
  *                    unchanged since it was read; bound to the
  *                    coordinator's lease (mlfs_propose.c).
- *   votes/<to>/<id>  "<attempt id> ready", or "<attempt id> failed: <reason>",
- *                    under /mlfs-votes/<job>/ (not /mlfs/<job>/, which every
- *                    node watches: only the coordinator reads votes, with a
- *                    watch of its own while it coordinates): a vote counts
- *                    only for the attempt it names (the attempt's random
- *                    "id"), so votes a dead coordinator's attempt left
- *                    behind never count for a later one.
  *   result/<to>      "committed" or "aborted: <reason>" (for every node's
  *                    status.json and for mlfs reconfigure).
+ *   released         the newest version whose commit every participant
+ *                    swapped to: the nodes drop the layout they retained
+ *                    for it (mlfs_decide's rule 8).
+ *   restore          `mlfs resume`'s request (mlfs_resume.c).
+ * Keys under /mlfs-votes/<job>/, which only a coordinator follows (a vote
+ * put reaches one watch, not every node's):
+ *   <to>/<id>        "<attempt id> ready", or "<attempt id> failed:
+ *                    <reason>": a vote counts only for the attempt it names
+ *                    (the attempt's random "id"), so votes a dead
+ *                    coordinator's attempt left behind never count for a
+ *                    later one.
+ * Keys under /mlfs-nodes/<job>/, which a node follows only while it needs
+ * them (need_peers: it coordinates, or announces the release of its
+ * commit, or waited 2 s for that announcement, or keeps backups);
+ * status.json and mlfs snapshot read them when the node does not:
+ *   <id>             {"addr","devices","pid","version","state","steps",
+ *                    "backup","restore"}, bound to this node's lease (TTL
+ *                    MLFS_LEASE_TTL s, kept alive every second): gone = the
+ *                    node is down (mlfs_nodeentry.c). "state" is the last
+ *                    settled one (idle, failed, lost). A node's retained
+ *                    layout is in its /v1/health, not here.
  *   saved/<id>       the newest step the node ever saved, bound to no
  *                    lease: a job whose nodes all restarted knows it had
  *                    state (mlfs_nodeentry.c; removed by mlfs reset).
+ * Why apart: every put under a prefix reaches every watch of it. With the
+ * entries among the job's keys, each node's put after its swap, and after
+ * every step it saved, reached every node: N^2 events per reconfiguration
+ * and per training step, which made etcd and the daemons' watch threads
+ * the cost of a reconfiguration at 32 nodes and more.
  *
  * The node where config.json is written is the coordinator (propose, on an
  * I/O worker). Every node follows the job's keys in memory (mlfs_mirror.c:
- * one read, then a watch; an idle job costs etcd only the keep-alives) and
+ * a watch, then one read; an idle job costs etcd only the keep-alives) and
  * runs one control thread that wakes when they change, when its store's
  * reconfiguration state changes or its lease expired (and at least every
  * second while an attempt is in progress, for deadlines). Each round is a
@@ -73,9 +86,11 @@
  * nodes first, more after them) replaces the "cluster" key; every node
  * takes the longer one within a round (mlfs_join.c).
  *
- * Job-wide facts: every node publishes its ranks' saved steps in its key;
- * the control thread copies the other nodes' into the store's step table,
- * so a reconfiguration checks the steps of every rank of the job.
+ * Job-wide facts: every node publishes its ranks' saved steps in its
+ * entry; the coordinator checks that every live rank saved the same step
+ * before it proposes, and puts that step in the attempt ("step"), which
+ * each participant takes for the other nodes' ranks; status.json and
+ * mlfs snapshot read the entries when they need every rank's step.
  *
  * A node that cannot reach etcd goes on serving its current layout and
  * decides nothing: a config written on it is refused (nothing starts
@@ -112,23 +127,59 @@ static void reconf_changed(void *arg)
 	mlfs_cluster_wake(arg);
 }
 
+/* Whether this node follows the nodes' entries now: it coordinates an
+ * attempt (who is down: rule 7), it made the last commit and waits for
+ * every participant's swap to announce it (rule 8), a retained layout
+ * waited for an announcement for 2 s (its coordinator may be gone: it
+ * looks itself), or it keeps backups (the steps of the node it backs
+ * up). Otherwise no node's entry put reaches it. */
+static bool need_peers(struct mlfs_cluster *c)
+{
+	struct mlfs_view *v = mlfs_store_view(c->st);
+	bool backups = v && v->config->replicas > 0;
+	mlfs_view_put(v);
+	pthread_mutex_lock(&c->lock);
+	/* (announce is set by the commit transaction, before this node's
+	 * own swap sets swap_wait: the entries stay followed between) */
+	bool need = backups || c->mine != NULL || c->announce || mlfs_controller_leading(c->ctl) ||
+		    (c->swap_wait && mlfs_cluster_now_ms() - c->swap_since_ms >= 2000);
+	pthread_mutex_unlock(&c->lock);
+	return need;
+}
+
+/* Starts or stops following @m as @need says: 0, or etcd's error. */
+static int follow(struct mlfs_mirror *m, bool need, struct ptc_error *err)
+{
+	if (!need) {
+		if (m->watch)
+			mlfs_mirror_stop(m);
+		return 0;
+	}
+	return mlfs_mirror_sync(m, err);
+}
+
 static void round_once(struct mlfs_cluster *c)
 {
 	struct mlfs_jobkeys k;
 	struct ptc_error why = {.text = ""};
-	int rc = mlfs_mirror_sync(&c->mirror, &why);
-
-	if (rc == 0)
-		rc = mlfs_jobkeys_mirrored(c, &k, &why);
-	/* The votes, followed while this node coordinates an attempt. */
 	pthread_mutex_lock(&c->lock);
 	bool coordinating = c->mine != NULL;
 	pthread_mutex_unlock(&c->lock);
-	if (!coordinating && c->votes.watch)
-		mlfs_mirror_stop(&c->votes);
+	int rc = mlfs_mirror_sync(&c->mirror, &why);
+
+	if (rc == 0)
+		rc = mlfs_nodeentry_read_saved(c, &why);
+	bool peers = need_peers(c);
+	if (rc == 0 && !peers && c->peers.watch)
+		mlfs_nodeentry_keep_seen(c); /* status.json's, fresh as the mirror stops */
+	if (rc == 0)
+		rc = follow(&c->peers, peers, &why);
+	if (rc == 0)
+		rc = follow(&c->votes, coordinating, &why);
+	if (rc == 0)
+		rc = mlfs_jobkeys_mirrored(c, &k, &why);
 	if (rc == 0 && coordinating &&
-	    ((rc = mlfs_mirror_sync(&c->votes, &why)) ||
-	     (rc = mlfs_mirror_copy(&c->votes, &k.votes, &k.nvotes, &(int64_t){0}, &why))))
+	    (rc = mlfs_mirror_copy(&c->votes, &k.votes, &k.nvotes, &(int64_t){0}, &why)))
 		mlfs_jobkeys_free(&k); /* the keys read above: not used this round */
 	pthread_mutex_lock(&c->lock);
 	snprintf(c->etcd_error, sizeof(c->etcd_error), "%s", rc ? why.text : "");
@@ -137,13 +188,12 @@ static void round_once(struct mlfs_cluster *c)
 		return;
 	c->rounds++;
 	mlfs_join_sync(c, &k);
-	mlfs_nodeentry_sync_steps(c, k.nodes);
+	if (k.nodes_known)
+		mlfs_nodeentry_sync_steps(c, k.nodes);
 	mlfs_backup_kick(mlfs_backup_of(c->st));
 	mlfs_attempt_round(c, &k, true);
 	pthread_mutex_lock(&c->lock);
-	json_decref(c->nodes);
 	json_decref(c->attempt);
-	c->nodes = json_incref(k.nodes);
 	c->attempt = json_incref(k.attempt_j);
 	pthread_mutex_unlock(&c->lock);
 	mlfs_jobkeys_free(&k);
@@ -151,22 +201,36 @@ static void round_once(struct mlfs_cluster *c)
 	 * job's at once: a config proposed right after a commit waits for
 	 * every node's version. */
 	mlfs_nodeentry_publish(c, &why);
+	/* This round may have changed the need for the entries: a release
+	 * ends it (no put of theirs should reach this node until its next
+	 * round), a first layout with backups starts it (the backup thread
+	 * reads the steps from them). */
+	bool need = need_peers(c);
+	if (c->peers.watch && !need) {
+		mlfs_nodeentry_keep_seen(c);
+		mlfs_mirror_stop(&c->peers);
+	} else if (need && !mlfs_mirror_live(&c->peers)) {
+		follow(&c->peers, true, &why); /* else again after a short nap */
+	}
 }
 
 /* How long the control thread may sleep without a wake-up: while etcd is
  * unreachable it retries every 200 ms; while an attempt is in progress
- * (a deadline may pass) every second; otherwise only a change wakes it
- * (a long nap, as a safety net). */
+ * (a deadline may pass) every second; while a retained layout waits for
+ * its announcement, until it has waited 2 s (then it follows the entries
+ * itself: need_peers) and every second after; otherwise only a change
+ * wakes it (a long nap, as a safety net). */
 static int nap_ms(struct mlfs_cluster *c)
 {
 	pthread_mutex_lock(&c->lock);
 	bool etcd = c->etcd_error[0] != '\0', att = c->attempt != NULL;
-	/* a retained layout waits for the swaps: every 50 ms for 2 s after
-	 * the commit (they come within milliseconds), then every second (a
-	 * node that died before its swap keeps it until the next commit) */
 	int64_t swap = c->swap_wait ? mlfs_cluster_now_ms() - c->swap_since_ms : -1;
 	pthread_mutex_unlock(&c->lock);
-	return etcd ? 200 : swap >= 0 && swap < 2000 ? 50 : att || swap >= 0 ? 1000 : 30000;
+	if (etcd || (need_peers(c) && !mlfs_mirror_live(&c->peers)))
+		return 200;
+	if (swap >= 0 && swap < 2000)
+		return (int)(2000 - swap) + 10;
+	return att || swap >= 0 ? 1000 : 30000;
 }
 
 static void *cluster_main(void *arg)
@@ -199,38 +263,44 @@ static void status_add(void *arg, json_t *o)
 {
 	char waiting[600];
 
-	mlfs_nodeentry_status_add(arg, o);
-	mlfs_attempt_waiting(arg, waiting, sizeof(waiting));
+	struct mlfs_cluster *c = arg;
+	mlfs_nodeentry_status_add(c, o);
+	mlfs_controller_status(c->ctl, o);
+	mlfs_attempt_waiting(c, waiting, sizeof(waiting));
 	if (waiting[0])
 		json_object_set_new(o, "waiting", json_string(waiting));
 }
 
-/* The mirror's hook: the job's keys changed. Nodes coming or going wake
- * the coordinator only, and a node's entry changing (its version, state
- * or steps) wakes no one: a retained layout waiting for the swaps looks
- * at them on a short nap instead (nap_ms). Waking on every entry made
- * every node run a round per swap, each reading every entry: the work
- * grew as the cube of the nodes (every node's publish would
- * otherwise make every node run a round: rounds grew as the square of the nodes). */
-static void keys_changed(void *arg, int urgent)
+/* The job's mirror's hook: a key of the job changed (each may need a
+ * decision: every node's rounds run on them), or the watch ended. */
+static void keys_changed(void *arg)
 {
 	struct mlfs_cluster *c = arg;
-	bool wake = urgent & MLFS_MIRROR_URGENT;
-
-	if (!wake && (urgent & MLFS_MIRROR_VOTES)) {
-		pthread_mutex_lock(&c->lock);
-		wake = c->mine != NULL; /* a coordinator sees nodes come and go */
-		pthread_mutex_unlock(&c->lock);
-	}
-	if (wake)
-		mlfs_cluster_wake(c);
+	mlfs_cluster_wake(c);
+	mlfs_controller_kick(c->ctl);
 }
 
 /* The votes mirror's hook (live only while this node coordinates). */
-static void votes_changed(void *arg, int urgent)
+static void votes_changed(void *arg)
 {
-	(void)urgent;
 	mlfs_cluster_wake(arg);
+}
+
+/* The peers mirror's hook: a node's entry changed, came or went. A round
+ * runs when it may decide something: this node coordinates (a
+ * participant down aborts) or waits for the swaps of a commit; a node
+ * that follows the entries only for its backups does not wake (the
+ * backup thread looks at the steps four times a second). */
+static void peers_changed(void *arg)
+{
+	struct mlfs_cluster *c = arg;
+	pthread_mutex_lock(&c->lock);
+	bool wake = c->mine != NULL || c->swap_wait != NULL;
+	pthread_mutex_unlock(&c->lock);
+	if (wake)
+		mlfs_cluster_wake(c);
+	if (mlfs_controller_leading(c->ctl)) /* a node died, joined or changed */
+		mlfs_controller_kick(c->ctl);
 }
 
 /* Ends the control and keep-alive threads that run. */
@@ -256,8 +326,10 @@ static void cluster_free(struct mlfs_cluster *c)
 	pthread_mutex_destroy(&c->wake_lock);
 	pthread_mutex_destroy(&c->publock);
 	pthread_mutex_destroy(&c->parsed_lock);
+	pthread_mutex_destroy(&c->seen_lock);
 	pthread_mutex_destroy(&c->lock);
 	json_decref(c->parsed);
+	json_decref(c->seen);
 	free(c);
 }
 
@@ -275,6 +347,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->publock, NULL);
 	pthread_mutex_init(&c->parsed_lock, NULL);
+	pthread_mutex_init(&c->seen_lock, NULL);
 	pthread_mutex_init(&c->wake_lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
 	pthread_cond_init(&c->keepalive_cond, NULL);
@@ -283,15 +356,21 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	c->saved_put = -1;
 	const char *fp = getenv("MLFS_FAILPOINT");
 	snprintf(c->failpoint, sizeof(c->failpoint), "%s", fp ? fp : "");
-	snprintf(c->prefix, sizeof(c->prefix), "/mlfs/%s/", mlfs_store_cluster(st)->job);
-	snprintf(c->vprefix, sizeof(c->vprefix), "/mlfs-votes/%s/", mlfs_store_cluster(st)->job);
+	snprintf(c->prefix, sizeof(c->prefix), MLFS_KEYS_JOB, mlfs_store_cluster(st)->job);
+	snprintf(c->nprefix, sizeof(c->nprefix), MLFS_KEYS_NODES, mlfs_store_cluster(st)->job);
+	snprintf(c->vprefix, sizeof(c->vprefix), MLFS_KEYS_VOTES, mlfs_store_cluster(st)->job);
 	struct net_http_opts o = {.retries = 2, .timeout_ms = 2000, .deadline_ms = 5000};
 	if ((rc = net_etcd_new(mlfs_store_cluster(st)->etcd, &o, &c->etcd, err)))
 		goto err_free;
 	if ((rc = mlfs_mirror_init(&c->mirror, c->etcd, c->prefix, keys_changed, c)) ||
-	    (rc = mlfs_mirror_init(&c->votes, c->etcd, c->vprefix, votes_changed, c))) {
+	    (rc = mlfs_mirror_init(&c->votes, c->etcd, c->vprefix, votes_changed, c)) ||
+	    (rc = mlfs_mirror_init(&c->peers, c->etcd, c->nprefix, peers_changed, c))) {
 		ptc_error_set(err, rc, "cluster.json: the job's name is too long");
 		goto err_etcd;
+	}
+	if ((rc = mlfs_controller_start(c, &c->ctl))) {
+		ptc_error_set(err, rc, "cannot start the elastic controller's thread");
+		goto err_mirror;
 	}
 	if ((rc = mlfs_join_cluster(c, err)))
 		goto err_mirror;
@@ -308,12 +387,15 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	st->propose = mlfs_propose;
 	st->status_add = status_add;
 	st->steps_saved = mlfs_nodeentry_steps_saved;
+	st->steps_refresh = mlfs_nodeentry_steps_refresh;
+	st->steps_mirrored = mlfs_nodeentry_steps_mirrored;
 	st->reconf_changed = reconf_changed;
 	if ((rc = -pthread_create(&c->keepalive_thread, NULL, mlfs_nodeentry_keepalive_main, c)) ||
 	    (c->keepalive_running = true,
 	     rc = -pthread_create(&c->thread, NULL, cluster_main, c))) {
 		ptc_error_set(err, rc, "cannot start a thread");
 		st->propose = NULL, st->status_add = NULL, st->steps_saved = NULL;
+		st->steps_refresh = NULL, st->steps_mirrored = NULL;
 		st->reconf_changed = NULL, st->cluster_arg = NULL;
 		goto err_threads;
 	}
@@ -324,8 +406,11 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 err_threads:
 	stop_threads(c);
 err_mirror:
+	mlfs_controller_stop(c->ctl);
 	mlfs_mirror_release(&c->mirror);
 	mlfs_mirror_release(&c->votes);
+	mlfs_mirror_release(&c->peers);
+	mlfs_controller_free(c->ctl);
 err_etcd:
 	net_etcd_free(c->etcd);
 err_free:
@@ -338,14 +423,16 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	struct ptc_error why;
 	if (!c)
 		return;
+	mlfs_controller_stop(c->ctl); /* a proposal in progress ends first */
 	stop_threads(c);
 	mlfs_mirror_release(&c->mirror); /* its watch's thread ends first */
 	mlfs_mirror_release(&c->votes);
+	mlfs_mirror_release(&c->peers);
+	mlfs_controller_free(c->ctl); /* no mirror kicks it any more */
 	int64_t lease = atomic_load(&c->lease);
 	if (lease) /* leave at once rather than when the lease expires */
 		net_etcd_lease_revoke(c->etcd, lease, NULL, &why);
 	net_etcd_free(c->etcd);
-	json_decref(c->nodes);
 	json_decref(c->attempt);
 	free(c->mine);
 	free(c->published);

@@ -34,7 +34,11 @@
  *  8. The previous layout is released once every node of the last commit
  *     serves the committed version, up and not lost (a node dying before
  *     its swap, or restarting without its memory after it, leaves the
- *     survivors' copies of the previous layout in place).
+ *     survivors' copies of the previous layout in place). A node that
+ *     reads the entries and sees it announces it (etcd's "released" key,
+ *     the version); the others release on the announcement, without
+ *     reading every entry (the coordinator of the commit announces; any
+ *     node still waiting after 2 s reads the entries itself).
  *  9. The coordinator plans an attempt from the current layout, unless
  *     nodes are down and it has no copy of some partition while the
  *     retained layout (rule 8 kept it: a node died before its swap) has a
@@ -147,7 +151,7 @@ static void coordinate(const struct mlfs_snap *s, struct out *o)
 	const struct mlfs_snap_attempt *a = s->attempt;
 	bool all = true;
 
-	if (!s->coordinating || !same(a->coordinator, s->nodes[s->me].id))
+	if (!s->coordinating || !same(a->coordinator, s->nodes[s->me].id) || !s->nodes_known)
 		return;
 	if (s->now_ms > a->deadline_ms) {
 		add(o, MLFS_ACT_FINISH_ABORT, a->to,
@@ -215,12 +219,14 @@ int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts)
 		coordinate(s, &o);
 	}
 	if (s->retained && !store_active(s)) { /* rule 8 */
-		bool swapped = true;
-		for (int i = 0; i < s->nnodes; i++)
+		bool swapped = s->nodes_known;
+		for (int i = 0; swapped && i < s->nnodes; i++)
 			if (s->nodes[i].swap_waited)
 				swapped &= s->nodes[i].up && !s->nodes[i].lost &&
 					   s->nodes[i].version >= s->have;
-		if (swapped)
+		if (swapped && s->released < s->have && s->committed == s->have)
+			add(&o, MLFS_ACT_ANNOUNCE_RELEASED, s->have, NULL);
+		if (swapped || (s->released >= s->have && s->committed == s->have))
 			add(&o, MLFS_ACT_RELEASE_RETAINED, s->retained, NULL);
 	}
 	return o.n;
@@ -278,6 +284,7 @@ const char *mlfs_act_name(enum mlfs_act a)
 	    [MLFS_ACT_FINISH_COMMIT] = "finish-commit",
 	    [MLFS_ACT_FINISH_ABORT] = "finish-abort",
 	    [MLFS_ACT_RELEASE_RETAINED] = "release-retained",
+	    [MLFS_ACT_ANNOUNCE_RELEASED] = "announce-released",
 	};
 	return (size_t)a < sizeof(names) / sizeof(*names) && names[a] ? names[a] : "?";
 }

@@ -1,8 +1,8 @@
 /*
- * mlfs_jobkeys.c - the job's keys in etcd, under /mlfs/<job>/ (the table
- * in mlfs_cluster.c's DESIGN block): their names, and the one read of them
- * all that each round of the control thread, and each proposal, decides
- * from.
+ * mlfs_jobkeys.c - the job's keys in etcd (the table in mlfs_cluster.c's
+ * DESIGN block): their names, and the one read of them all that each round
+ * of the control thread, and each proposal, decides from; the nodes'
+ * entries, under a prefix of their own, with it when they are read.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -54,7 +54,7 @@ void mlfs_jobkeys_free(struct mlfs_jobkeys *k)
 	memset(k, 0, sizeof(*k));
 }
 
-/* Node entry @kv (nodes/<@id>) parsed: a new reference, shared with the
+/* Node entry @kv (<nprefix><@id>) parsed: a new reference, shared with the
  * cache of @c (read-only); an unreadable entry is {}. */
 static json_t *entry_parsed(struct mlfs_cluster *c, const char *id, const struct net_etcd_kv *kv)
 {
@@ -81,8 +81,8 @@ static json_t *entry_parsed(struct mlfs_cluster *c, const char *id, const struct
 	return j;
 }
 
-/* Sorts the keys @kvs (@n of them, taken over) of a read at @revision
- * into @k. */
+/* Sorts the job's keys @kvs (@n of them, taken over) of a read at
+ * @revision into @k. */
 static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int64_t revision,
 		  struct mlfs_jobkeys *k)
 {
@@ -92,7 +92,6 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 	k->kvs = kvs;
 	k->n = n;
 	k->revision = revision;
-	k->saved_step = -1;
 	k->config_id = "";
 	k->nodes = json_object();
 	for (size_t i = 0; i < k->n; i++) {
@@ -108,16 +107,44 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 			k->config_id = kv->value;
 		else if (strcmp(name, "attempt") == 0)
 			k->attempt = kv;
+		else if (strcmp(name, "controller") == 0)
+			k->controller = kv;
+		else if (strcmp(name, "released") == 0)
+			k->released = strtoll(kv->value, NULL, 10);
 		else if (strcmp(name, "restore") == 0)
 			k->restore_j = json_loadb(kv->value, kv->len, 0, NULL);
-		else if (strncmp(name, "nodes/", 6) == 0)
-			json_object_set_new(k->nodes, name + 6, entry_parsed(c, name + 6, kv));
-		else if (strcmp(name + 6, c->me) == 0 && strncmp(name, "saved/", 6) == 0)
-			k->saved_step = strtoll(kv->value, NULL, 10);
 	}
 	if (k->attempt)
 		k->attempt_j = json_loadb(k->attempt->value, k->attempt->len, 0, NULL);
 	k->committed = k->config ? config_version(k->config->value, k->config->len) : 0;
+}
+
+/* {id: entry} of the nodes' keys @kvs (@n; entries and saved marks). */
+static json_t *parse_nodes(struct mlfs_cluster *c, const struct net_etcd_kv *kvs, size_t n)
+{
+	size_t plen = strlen(c->nprefix);
+	json_t *nodes = json_object();
+
+	for (size_t i = 0; i < n && nodes; i++) {
+		const char *id = kvs[i].key + plen;
+		if (!strchr(id, '/')) /* not saved/<id> */
+			json_object_set_new(nodes, id, entry_parsed(c, id, &kvs[i]));
+	}
+	return nodes;
+}
+
+json_t *mlfs_jobkeys_read_nodes(struct mlfs_cluster *c, struct ptc_error *err)
+{
+	struct net_etcd_kv *kvs;
+	size_t n;
+
+	if (net_etcd_range(c->etcd, c->nprefix, true, &kvs, &n, NULL, NULL, err))
+		return NULL;
+	json_t *nodes = parse_nodes(c, kvs, n);
+	net_etcd_kvs_free(kvs, n);
+	if (!nodes)
+		ptc_error_set(err, -ENOMEM, "out of memory");
+	return nodes;
 }
 
 int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err)
@@ -126,22 +153,42 @@ int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc
 	size_t n;
 	int64_t rev = 0;
 	int rc = net_etcd_range(c->etcd, c->prefix, true, &kvs, &n, &rev, NULL, err);
+	json_t *nodes = rc ? NULL : mlfs_jobkeys_read_nodes(c, err);
 
 	memset(k, 0, sizeof(*k));
-	if (rc == 0)
+	if (rc == 0 && !nodes) {
+		net_etcd_kvs_free(kvs, n);
+		return -EIO;
+	}
+	if (rc == 0) {
 		parse(c, kvs, n, rev, k);
+		json_decref(k->nodes);
+		k->nodes = nodes;
+		k->nodes_known = true;
+	}
 	return rc;
 }
 
 int mlfs_jobkeys_mirrored(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err)
 {
-	struct net_etcd_kv *kvs;
-	size_t n;
+	struct net_etcd_kv *kvs, *nkvs;
+	size_t n, nn;
 	int64_t rev = 0;
 	int rc = mlfs_mirror_copy(&c->mirror, &kvs, &n, &rev, err);
 
 	memset(k, 0, sizeof(*k));
-	if (rc == 0)
-		parse(c, kvs, n, rev, k);
-	return rc;
+	if (rc)
+		return rc;
+	parse(c, kvs, n, rev, k);
+	/* The entries, when this node follows them now. */
+	if (mlfs_mirror_copy(&c->peers, &nkvs, &nn, &(int64_t){0}, &(struct ptc_error){0}) == 0) {
+		json_t *nodes = parse_nodes(c, nkvs, nn);
+		net_etcd_kvs_free(nkvs, nn);
+		if (nodes) {
+			json_decref(k->nodes);
+			k->nodes = nodes;
+			k->nodes_known = true;
+		}
+	}
+	return 0;
 }

@@ -6,18 +6,26 @@
  * The control thread reads the job's keys at every round; reading them
  * from etcd each time (and polling for changes) made an idle job of N
  * nodes cost etcd N ranges every few milliseconds. The mirror reads them
- * once (a range at revision R) and then follows a watch from R + 1, so
- * nothing between the two is missed and an idle job costs etcd nothing
- * (the lease keep-alives aside). A change wakes the control thread
- * (@changed), at once when it may need a decision (anything but another
- * node's entry or saved mark; a node coming or going matters to a
- * coordinator only). When the watch's stream ends (etcd restarted or
+ * once and then follows a watch, so an idle job costs etcd nothing (the
+ * lease keep-alives aside). The watch comes first: it is started from
+ * "now", and once etcd says it is created the keys are read (a range at
+ * revision R); the events that arrived meanwhile are kept aside and
+ * applied after the read when newer than R, so nothing is missed or
+ * applied twice. (A range at R followed by a watch from R + 1, the
+ * obvious order, is right too but slow: when anything was put between
+ * the two, etcd counts the watch as behind and catches it up only in its
+ * sync loop, every 100 ms, delaying every event until then. That cost a
+ * coordinator up to 100 ms on every reconfiguration: its votes' watch
+ * starts as the votes come in.) A change, or the watch's end, is told to
+ * the owner (@changed), which wakes its control thread or not. When the
+ * watch's stream ends (etcd restarted or
  * gone, a compaction) the mirror is no longer live: the next
  * mlfs_mirror_sync reads the keys again and starts a new watch; until
  * then the control thread treats etcd as unreachable and decides nothing.
- * A coordinator follows the votes with a second mirror (c->votes, on
- * their own prefix), started when it creates an attempt and stopped
- * (mlfs_mirror_stop) when it no longer coordinates.
+ * A node has three (mlfs_cluster.c): the job's keys, always; the votes,
+ * while it coordinates an attempt; the nodes' entries, while it needs
+ * them. The last two are started when needed and stopped
+ * (mlfs_mirror_stop) after.
  *
  * Threads: the watch's thread applies events; the control thread syncs
  * and copies. m->lock guards the keys, the revision and the state; it is
@@ -27,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cluster/cluster_i.h"
 
@@ -113,47 +122,88 @@ static int apply(struct mlfs_mirror *m, const struct net_etcd_event *ev)
 	return 0;
 }
 
+/* Keeps a copy of @n events @ev for after the read (lock held): 0 or
+ * -ENOMEM. */
+static int keep(struct mlfs_mirror *m, const struct net_etcd_event *ev, size_t n)
+{
+	if (m->npend + n > m->pcap) {
+		size_t cap = (m->npend + n) * 2;
+		struct net_etcd_event *a = realloc(m->pend, cap * sizeof(*a));
+		if (!a)
+			return -ENOMEM;
+		m->pend = a;
+		m->pcap = cap;
+	}
+	for (size_t i = 0; i < n; i++) {
+		m->pend[m->npend].deleted = ev[i].deleted;
+		if (kv_copy(&m->pend[m->npend].kv, &ev[i].kv))
+			return -ENOMEM;
+		m->npend++;
+	}
+	return 0;
+}
+
+static void pend_free(struct mlfs_mirror *m)
+{
+	for (size_t i = 0; i < m->npend; i++)
+		kv_release(&m->pend[i].kv);
+	free(m->pend);
+	m->pend = NULL;
+	m->npend = m->pcap = 0;
+}
+
+/* Applies the events newer than the read the keys came from (@m->floor;
+ * older ones are in it: the watch started before it, and may deliver
+ * them after it); a delete's kv carries the revision of the delete. The
+ * keys' revision follows the events applied, not the messages' headers:
+ * etcd catching a watch up sends batches that each carry its current
+ * revision, ahead of the batches still to come. Lock held. */
+static int apply_new(struct mlfs_mirror *m, const struct net_etcd_event *ev, size_t n)
+{
+	int rc = 0;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		if (ev[i].kv.mod_revision <= m->floor)
+			continue;
+		rc = apply(m, &ev[i]);
+		if (ev[i].kv.mod_revision > m->revision)
+			m->revision = ev[i].kv.mod_revision;
+	}
+	return rc;
+}
+
 static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64_t revision)
 {
 	struct mlfs_mirror *m = arg;
 	int rc = 0;
-	/* Whether a round must run now: for any node, a change to anything
-	 * but the nodes' entries and saved marks, and the stream's end
-	 * (MLFS_MIRROR_URGENT); for a coordinator, also a node coming or going
-	 * (MLFS_MIRROR_VOTES; the votes themselves are in c->votes). A node's
-	 * entry changing its version, state or steps needs no decision at once. */
-	int urgent = n == 0 && revision < 0 ? MLFS_MIRROR_URGENT : 0;
-	size_t plen = strlen(m->prefix);
-	for (size_t i = 0; i < n; i++) {
-		const char *name = ev[i].kv.key + (strlen(ev[i].kv.key) >= plen ? plen : 0);
-		if (strncmp(name, "nodes/", 6) == 0 && (ev[i].deleted || ev[i].kv.version == 1))
-			urgent |= MLFS_MIRROR_VOTES;
-		else if (strncmp(name, "nodes/", 6) && strncmp(name, "saved/", 6))
-			urgent |= MLFS_MIRROR_URGENT;
-	}
 
 	pthread_mutex_lock(&m->lock);
 	if (n == 0 && revision < 0) {
 		m->live = false;
+		m->ended = true;
 		snprintf(m->error, sizeof(m->error), "the watch of the job's keys ended: %s",
 			 strerror((int)-revision));
+	} else if (n == 0) {
+		m->created = true;
 	}
-	for (size_t i = 0; i < n && rc == 0; i++)
-		rc = apply(m, &ev[i]);
+	if (m->syncing) /* the keys are being read: after that */
+		rc = keep(m, ev, n);
+	else
+		rc = apply_new(m, ev, n);
 	if (rc) {
 		m->live = false;
+		m->ended = true; /* the sync under way fails too */
 		snprintf(m->error, sizeof(m->error), "the job's keys: out of memory");
-	} else if (revision > m->revision) {
-		m->revision = revision;
 	}
 	m->events += n;
+	bool tell = !m->syncing && (n || revision < 0);
+	pthread_cond_broadcast(&m->cond);
 	pthread_mutex_unlock(&m->lock);
-	if (m->changed)
-		m->changed(m->arg, urgent);
+	if (m->changed && tell)
+		m->changed(m->arg);
 }
 
 int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *prefix,
-		     void (*changed)(void *arg, int urgent), void *arg)
+		     void (*changed)(void *arg), void *arg)
 {
 	memset(m, 0, sizeof(*m));
 	if (strlen(prefix) >= sizeof(m->prefix))
@@ -163,6 +213,7 @@ int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *p
 	m->changed = changed;
 	m->arg = arg;
 	pthread_mutex_init(&m->lock, NULL);
+	pthread_cond_init(&m->cond, NULL);
 	return 0;
 }
 
@@ -172,6 +223,8 @@ void mlfs_mirror_release(struct mlfs_mirror *m)
 	for (size_t i = 0; i < m->n; i++)
 		kv_release(&m->kvs[i]);
 	free(m->kvs);
+	pend_free(m);
+	pthread_cond_destroy(&m->cond);
 	pthread_mutex_destroy(&m->lock);
 }
 
@@ -188,6 +241,22 @@ void mlfs_mirror_stop(struct mlfs_mirror *m)
 	pthread_mutex_unlock(&m->lock);
 }
 
+/* Waits (lock held) until etcd created the watch or its stream ended, at
+ * most 5 s: 0, or -EIO with @err. */
+static int wait_created(struct mlfs_mirror *m, struct ptc_error *err)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_REALTIME, &t);
+	t.tv_sec += 5;
+	while (!m->created && !m->ended)
+		if (pthread_cond_timedwait(&m->cond, &m->lock, &t))
+			break;
+	if (m->created && !m->ended)
+		return 0;
+	return ptc_error_set(err, -EIO, "etcd: the watch of %s %s", m->prefix,
+			     m->ended ? m->error : "was not created within 5 s");
+}
+
 int mlfs_mirror_sync(struct mlfs_mirror *m, struct ptc_error *err)
 {
 	struct net_etcd_kv *kvs;
@@ -200,29 +269,52 @@ int mlfs_mirror_sync(struct mlfs_mirror *m, struct ptc_error *err)
 	pthread_mutex_unlock(&m->lock);
 	if (live)
 		return 0;
-	/* The old watch ended (or there was none): read every key again, then
-	 * watch from the revision after that read. */
+	/* The old watch ended (or there was none): watch from now, then read
+	 * every key (the DESIGN block says why in this order). */
 	net_etcd_watch_stop(m->watch);
 	m->watch = NULL;
-	if ((rc = net_etcd_range(m->etcd, m->prefix, true, &kvs, &n, &rev, NULL, err)))
-		return rc;
 	pthread_mutex_lock(&m->lock);
-	for (size_t i = 0; i < m->n; i++)
-		kv_release(&m->kvs[i]);
-	free(m->kvs);
-	m->kvs = kvs; /* sorted: etcd returns a range in key order */
-	m->n = m->cap = n;
-	m->revision = rev;
-	m->live = true; /* before the watch: its end, if at once, is not lost */
-	m->error[0] = '\0';
-	m->ranges++;
+	m->syncing = true;
+	m->created = m->ended = false;
+	pend_free(m);
 	pthread_mutex_unlock(&m->lock);
-	if ((rc = net_etcd_watch_start(m->etcd, m->prefix, rev + 1, on_watch, m, &m->watch, err))) {
-		pthread_mutex_lock(&m->lock);
-		m->live = false;
-		pthread_mutex_unlock(&m->lock);
+	rc = net_etcd_watch_start(m->etcd, m->prefix, 0, on_watch, m, &m->watch, err);
+	pthread_mutex_lock(&m->lock);
+	if (rc == 0)
+		rc = wait_created(m, err);
+	pthread_mutex_unlock(&m->lock);
+	if (rc == 0)
+		rc = net_etcd_range(m->etcd, m->prefix, true, &kvs, &n, &rev, NULL, err);
+	pthread_mutex_lock(&m->lock);
+	if (rc == 0) {
+		for (size_t i = 0; i < m->n; i++)
+			kv_release(&m->kvs[i]);
+		free(m->kvs);
+		m->kvs = kvs; /* sorted: etcd returns a range in key order */
+		m->n = m->cap = n;
+		m->revision = m->floor = rev;
+		if ((rc = apply_new(m, m->pend, m->npend)))
+			rc = ptc_error_set(err, rc, "the job's keys: out of memory");
 	}
+	if (rc == 0 && m->ended) /* it ended while the keys were read */
+		rc = ptc_error_set(err, -EIO, "etcd: %s", m->error);
+	m->syncing = false;
+	pend_free(m);
+	m->live = rc == 0;
+	if (rc == 0) {
+		m->error[0] = '\0';
+		m->ranges++;
+	}
+	pthread_mutex_unlock(&m->lock);
 	return rc;
+}
+
+bool mlfs_mirror_live(struct mlfs_mirror *m)
+{
+	pthread_mutex_lock(&m->lock);
+	bool live = m->live;
+	pthread_mutex_unlock(&m->lock);
+	return live;
 }
 
 int mlfs_mirror_copy(struct mlfs_mirror *m, struct net_etcd_kv **out, size_t *nout,

@@ -1,9 +1,11 @@
 /*
- * mlfs_nodeentry.c - the job's nodes/ keys: this node's entry (registered
- * with a lease that is kept alive, put again whenever what it says
- * changed), and what the other nodes' entries say: their ranks' saved
- * steps, copied into the store's step table, and who is up at which
- * version, for status.json.
+ * mlfs_nodeentry.c - the nodes' keys (MLFS_KEYS_NODES): this node's entry
+ * (registered with a lease that is kept alive, put again whenever what it
+ * says changed) and its saved/<id> mark, and what the other nodes'
+ * entries say: their ranks' saved steps, copied into the store's step
+ * table, and who is up at which version, for status.json. No node follows
+ * these keys all the time (mlfs_cluster.c's DESIGN block says who does
+ * when); status.json and mlfs snapshot read them when the node does not.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -107,7 +109,7 @@ int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err)
 	if (!e)
 		rc = -ENOMEM;
 	else if (lease && (!c->published || strcmp(c->published, e) != 0)) {
-		mlfs_jobkeys_name(c, k, sizeof(k), "nodes/%s", c->me);
+		snprintf(k, sizeof(k), "%s%s", c->nprefix, c->me);
 		if ((rc = net_etcd_put(c->etcd, k, e, strlen(e), lease, NULL, err)) == 0) {
 			free(c->published);
 			c->published = e;
@@ -135,11 +137,34 @@ void mlfs_nodeentry_steps_saved(void *arg)
 	pthread_mutex_lock(&c->publock);
 	if (step >= 0 && step > c->saved_put) {
 		snprintf(v, sizeof(v), "%" PRId64, step);
-		mlfs_jobkeys_name(c, k, sizeof(k), "saved/%s", c->me);
+		snprintf(k, sizeof(k), "%ssaved/%s", c->nprefix, c->me);
 		if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why) == 0)
 			c->saved_put = step;
 	}
 	pthread_mutex_unlock(&c->publock);
+}
+
+int mlfs_nodeentry_read_saved(struct mlfs_cluster *c, struct ptc_error *err)
+{
+	struct net_etcd_kv kv;
+	char k[512];
+
+	if (c->saved_read)
+		return 0;
+	snprintf(k, sizeof(k), "%ssaved/%s", c->nprefix, c->me);
+	int rc = net_etcd_get(c->etcd, k, &kv, NULL, err);
+	if (rc && rc != -ENOENT)
+		return rc;
+	pthread_mutex_lock(&c->publock);
+	if (rc == 0 && strtoll(kv.value, NULL, 10) > c->saved_put)
+		c->saved_put = strtoll(kv.value, NULL, 10);
+	pthread_mutex_unlock(&c->publock);
+	if (rc == 0) {
+		free(kv.key);
+		free(kv.value);
+	}
+	c->saved_read = true;
+	return 0;
 }
 
 int mlfs_nodeentry_register(struct mlfs_cluster *c, struct ptc_error *err)
@@ -228,19 +253,92 @@ void mlfs_nodeentry_sync_steps(struct mlfs_cluster *c, const json_t *nodes)
 	pthread_mutex_unlock(&st->lock);
 }
 
+/* The nodes' entries for status.json: the peers mirror's when this node
+ * follows them, else as read at most a second ago (read again now when
+ * older and etcd answers); a new reference, or NULL. */
+static json_t *seen_nodes(struct mlfs_cluster *c)
+{
+	struct mlfs_jobkeys k;
+	struct ptc_error why;
+
+	if (mlfs_mirror_live(&c->peers) && mlfs_jobkeys_mirrored(c, &k, &why) == 0) {
+		json_t *n = k.nodes_known ? json_incref(k.nodes) : NULL;
+		mlfs_jobkeys_free(&k);
+		if (n)
+			return n;
+	}
+	pthread_mutex_lock(&c->seen_lock);
+	pthread_mutex_lock(&c->lock);
+	bool etcd = c->etcd_error[0] == '\0';
+	pthread_mutex_unlock(&c->lock);
+	if (etcd && (!c->seen || mlfs_cluster_now_ms() - c->seen_ms >= 1000)) {
+		json_t *n = mlfs_jobkeys_read_nodes(c, &why);
+		if (n) {
+			json_decref(c->seen);
+			c->seen = n;
+			c->seen_ms = mlfs_cluster_now_ms();
+			mlfs_nodeentry_sync_steps(c, n);
+		}
+	}
+	json_t *n = json_incref(c->seen);
+	pthread_mutex_unlock(&c->seen_lock);
+	return n;
+}
+
+void mlfs_nodeentry_keep_seen(struct mlfs_cluster *c)
+{
+	struct mlfs_jobkeys k;
+	struct ptc_error why;
+
+	if (mlfs_jobkeys_mirrored(c, &k, &why))
+		return;
+	if (k.nodes_known) {
+		pthread_mutex_lock(&c->seen_lock);
+		json_decref(c->seen);
+		c->seen = json_incref(k.nodes);
+		c->seen_ms = mlfs_cluster_now_ms();
+		pthread_mutex_unlock(&c->seen_lock);
+	}
+	mlfs_jobkeys_free(&k);
+}
+
+void mlfs_nodeentry_steps_mirrored(void *arg)
+{
+	struct mlfs_cluster *c = arg;
+	struct mlfs_jobkeys k;
+	struct ptc_error why;
+
+	if (!mlfs_mirror_live(&c->peers) || mlfs_jobkeys_mirrored(c, &k, &why))
+		return;
+	if (k.nodes_known)
+		mlfs_nodeentry_sync_steps(c, k.nodes);
+	mlfs_jobkeys_free(&k);
+}
+
+void mlfs_nodeentry_steps_refresh(void *arg)
+{
+	struct mlfs_cluster *c = arg;
+	struct ptc_error why;
+	json_t *n = mlfs_jobkeys_read_nodes(c, &why);
+
+	if (n)
+		mlfs_nodeentry_sync_steps(c, n);
+	json_decref(n);
+}
+
 void mlfs_nodeentry_status_add(void *arg, json_t *o)
 {
 	struct mlfs_cluster *c = arg;
 	json_t *nodes = json_array(), *job = json_object();
 	struct mlfs_store *st = c->st;
-	struct mlfs_jobkeys k;
-	struct ptc_error why;
-	/* The job's nodes as the mirror has them now (a node's control thread
-	 * runs no round for other nodes' entries), else as last read. */
-	bool fresh = mlfs_jobkeys_mirrored(c, &k, &why) == 0;
+	json_t *seen = seen_nodes(c);
 
+	pthread_mutex_lock(&st->lock); /* rank 0's step, as the entries say */
+	if (st->view)
+		json_object_set_new(o, "step", json_integer(st->steps[0]));
+	pthread_mutex_unlock(&st->lock);
 	pthread_mutex_lock(&c->lock);
-	json_t *seen = fresh ? k.nodes : c->nodes, *att = fresh ? k.attempt_j : c->attempt;
+	json_t *att = c->attempt;
 	for (int n = 0; n < mlfs_store_cluster(st)->nnodes; n++) {
 		const char *id = mlfs_store_cluster(st)->nodes[n].id;
 		json_t *e = json_object_get(seen, id);
@@ -261,7 +359,6 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o)
 	json_object_del(a, "job");
 	json_object_set_new(job, "attempt", a);
 	pthread_mutex_unlock(&c->lock);
-	if (fresh)
-		mlfs_jobkeys_free(&k);
+	json_decref(seen);
 	json_object_set_new(o, "cluster", job);
 }

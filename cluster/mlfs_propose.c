@@ -419,12 +419,12 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	if (rc == 0) {
 		json_t *backups = usable_backups(c, k, down, agreed);
 		/* "o": the attempt takes over @backups and @job */
-		a = json_pack("{sssIsIsssssOsOsosIsosO}", "id", aid, "from",
-			      (json_int_t)k->committed, "to", (json_int_t)cfg->version, "config",
-			      text, "coordinator", c->me, "participants", parts, "down", down,
-			      "backups", backups, "deadline_ms",
-			      (json_int_t)(mlfs_cluster_now_ms() + MLFS_ATTEMPT_MS), "job",
-			      job ? job : json_array(), "job_missing", missing);
+		a = json_pack(
+		    "{sssIsIsssssOsOsosIsosOsI}", "id", aid, "from", (json_int_t)k->committed, "to",
+		    (json_int_t)cfg->version, "config", text, "coordinator", c->me, "participants",
+		    parts, "down", down, "backups", backups, "deadline_ms",
+		    (json_int_t)(mlfs_cluster_now_ms() + MLFS_ATTEMPT_MS), "job",
+		    job ? job : json_array(), "job_missing", missing, "step", (json_int_t)agreed);
 	}
 	json_decref(missing);
 	if (rc == 0 && a && (rc = mlfs_attempt_down(st, a, dn)) == 0)
@@ -520,8 +520,8 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	 * now on. */
 	if (rc == 0 && me_in) {
 		struct ptc_error perr = {.text = ""};
-		if ((rc = mlfs_attempt_prepare(c, k->nodes, aid, rev, text, len, &dn, parts,
-					       &perr))) {
+		if ((rc =
+			 mlfs_attempt_prepare(c, agreed, aid, rev, text, len, &dn, parts, &perr))) {
 			/* the coordinator aborts the attempt at its next round */
 			mlfs_attempt_vote_failed(c, cfg->version, aid, perr.text);
 			ptc_error_set(err, rc, "%s", perr.text);

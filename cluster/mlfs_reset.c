@@ -5,12 +5,13 @@
  * makes zero-filled partitions current state).
  *
  * What it removes from etcd, in one transaction that requires every node
- * of cluster.json to be down (no nodes/<id> key: its lease is gone): the
- * committed config and the attempt that committed it, an attempt in
- * progress, votes (/mlfs-votes/<job>/), results, and the saved/ marks that say the job had
- * state. The schema and the job's cluster stay. The daemons mounted
- * afterwards find no config: the operator writes one and imports a
- * checkpoint (or, once snapshots exist, restores the newest).
+ * of cluster.json to be down (no entry under MLFS_KEYS_NODES: its lease is
+ * gone): the committed config and the attempt that committed it, an
+ * attempt in progress, votes, results, the "released" and "restore" keys,
+ * and the saved/<id> marks that say the job had state. The schema and
+ * the job's cluster stay. The daemons mounted afterwards find no config:
+ * the operator writes one and imports a checkpoint, or resumes from a
+ * snapshot (mlfs resume).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -21,29 +22,31 @@
 int mlfs_cluster_reset(const struct ptc_cluster *cl, json_t *removed, struct ptc_error *err)
 {
 	struct net_etcd *etcd;
-	struct net_etcd_kv *kvs = NULL;
-	size_t n = 0;
-	char prefix[300], keys[6][340], *nodes = NULL;
+	struct net_etcd_kv *kvs = NULL, *nkvs = NULL;
+	size_t n = 0, nn = 0;
+	char prefix[300], nprefix[300], keys[8][340], *nodes = NULL;
 	bool ok = false;
 	int rc;
 
 	if (!cl->etcd || !cl->job)
 		return ptc_errorf(err, "cluster.json: a job of many nodes (\"job\" and \"etcd\") "
 				       "has nothing to reset");
-	snprintf(prefix, sizeof(prefix), "/mlfs/%s/", cl->job);
+	snprintf(prefix, sizeof(prefix), MLFS_KEYS_JOB, cl->job);
+	snprintf(nprefix, sizeof(nprefix), MLFS_KEYS_NODES, cl->job);
 	struct net_http_opts o = {.retries = 2, .timeout_ms = 2000, .deadline_ms = 10000};
 	if ((rc = net_etcd_new(cl->etcd, &o, &etcd, err)))
 		return rc;
-	if ((rc = net_etcd_range(etcd, prefix, true, &kvs, &n, NULL, NULL, err)))
+	if ((rc = net_etcd_range(etcd, prefix, true, &kvs, &n, NULL, NULL, err)) ||
+	    (rc = net_etcd_range(etcd, nprefix, true, &nkvs, &nn, NULL, NULL, err)))
 		goto out;
 	/* Every node down: a live daemon would go on serving the old state. */
-	size_t plen = strlen(prefix);
-	for (size_t i = 0; i < n; i++)
-		if (strncmp(kvs[i].key + plen, "nodes/", 6) == 0) {
+	size_t nplen = strlen(nprefix);
+	for (size_t i = 0; i < nn; i++)
+		if (!strchr(nkvs[i].key + nplen, '/')) { /* an entry, not a saved mark */
 			rc = ptc_error_set(err, -EBUSY,
 					   "node %s is up (its lease is alive): unmount every node "
 					   "of the job (mlfs umount) before a reset",
-					   kvs[i].key + plen + 6);
+					   nkvs[i].key + nplen);
 			goto out;
 		}
 	struct net_etcd_cmp *cmps = calloc((size_t)cl->nnodes, sizeof(*cmps));
@@ -54,39 +57,46 @@ int mlfs_cluster_reset(const struct ptc_cluster *cl, json_t *removed, struct ptc
 		goto out;
 	}
 	for (int i = 0; i < cl->nnodes; i++) {
-		snprintf(nodes + (size_t)i * 340, 340, "%snodes/%s", prefix, cl->nodes[i].id);
+		snprintf(nodes + (size_t)i * 340, 340, "%s%s", nprefix, cl->nodes[i].id);
 		cmps[i] = (struct net_etcd_cmp){.key = nodes + (size_t)i * 340,
 						.target = NET_ETCD_VERSION,
 						.result = NET_ETCD_EQUAL};
 	}
-	static const char *const names[] = {"config",  "config_id", "attempt",
-					    "result/", "saved/",    "/"};
-	struct net_etcd_op ops[6];
-	for (int i = 0; i < 6; i++) {
-		if (i < 5)
+	/* The job's keys but the schema and cluster; then the saved marks and
+	 * the votes, under their own prefixes. */
+	static const char *const names[] = {"config",	"config_id", "attempt", "result/",
+					    "released", "restore",   "saved/",	"/"};
+	struct net_etcd_op ops[8];
+	for (int i = 0; i < 8; i++) {
+		if (i < 6)
 			snprintf(keys[i], sizeof(keys[i]), "%s%s", prefix, names[i]);
-		else /* the votes, under their own prefix */
-			snprintf(keys[i], sizeof(keys[i]), "/mlfs-votes/%s/", cl->job);
+		else if (i == 6)
+			snprintf(keys[i], sizeof(keys[i]), "%s%s", nprefix, names[i]);
+		else
+			snprintf(keys[i], sizeof(keys[i]), MLFS_KEYS_VOTES, cl->job);
 		ops[i] = (struct net_etcd_op){.kind = NET_ETCD_DELETE,
 					      .key = keys[i],
 					      .prefix = names[i][strlen(names[i]) - 1] == '/'};
 	}
-	rc = net_etcd_txn(etcd, cmps, (size_t)cl->nnodes, ops, 6, NULL, 0, &ok, NULL, NULL, err);
+	rc = net_etcd_txn(etcd, cmps, (size_t)cl->nnodes, ops, 8, NULL, 0, &ok, NULL, NULL, err);
 	free(cmps);
 	if (rc == 0 && !ok)
 		rc = ptc_error_set(err, -EBUSY,
 				   "a node of the job came up meanwhile: unmount "
 				   "every node before a reset");
 	for (size_t i = 0; rc == 0 && removed && i < n; i++) {
-		const char *name = kvs[i].key + plen;
-		for (int j = 0; j < 5; j++)
+		const char *name = kvs[i].key + strlen(prefix);
+		for (int j = 0; j < 6; j++)
 			if (strncmp(name, names[j], strlen(names[j])) == 0 &&
 			    (ops[j].prefix || strcmp(name, names[j]) == 0))
 				json_array_append_new(removed, json_string(name));
 	}
+	for (size_t i = 0; rc == 0 && removed && i < nn; i++) /* the saved marks */
+		json_array_append_new(removed, json_string(nkvs[i].key + nplen));
 out:
 	free(nodes);
 	net_etcd_kvs_free(kvs, n);
+	net_etcd_kvs_free(nkvs, nn);
 	net_etcd_free(etcd);
 	return rc;
 }

@@ -87,10 +87,30 @@ static int find_snapshot(const char *from, const struct ptc_config *c, char *dir
 	return 0;
 }
 
-/* A node entry's value parsed; {} when unreadable (a new reference). */
-static json_t *entry_of(const struct net_etcd_kv *kv)
+/* The job's nodes' entries, {id: entry} (an unreadable one is {}), into
+ * *@nodes (a new reference): 0 or etcd's error. */
+static int read_entries(struct net_etcd *etcd, const char *job, json_t **nodes,
+			struct ptc_error *err)
 {
-	return json_loadb(kv->value, kv->len, 0, NULL) ?: json_object();
+	struct net_etcd_kv *kvs;
+	size_t n;
+	char prefix[300];
+
+	snprintf(prefix, sizeof(prefix), MLFS_KEYS_NODES, job);
+	*nodes = NULL;
+	int rc = net_etcd_range(etcd, prefix, true, &kvs, &n, NULL, NULL, err);
+	if (rc)
+		return rc;
+	*nodes = json_object();
+	for (size_t i = 0; i < n && *nodes; i++) {
+		const char *id = kvs[i].key + strlen(prefix);
+		if (!strchr(id, '/')) /* not a saved/<id> mark */
+			json_object_set_new(*nodes, id,
+					    json_loadb(kvs[i].value, kvs[i].len, 0, NULL)
+						?: json_object());
+	}
+	net_etcd_kvs_free(kvs, n);
+	return *nodes ? 0 : -ENOMEM;
 }
 
 /* Every node of @c that is up has published the outcome of restore @id:
@@ -131,17 +151,18 @@ int mlfs_cluster_resume(const struct ptc_cluster *cl, const char *from, int wait
 	size_t n = 0;
 	char prefix[300], key[400], dir[4096];
 	struct ptc_config *c = NULL;
-	json_t *manifest = NULL, *nodes = json_object(), *schema = NULL;
+	json_t *manifest = NULL, *nodes = NULL, *schema = NULL;
 	int rc;
 
 	if (!cl->etcd || !cl->job)
 		return ptc_errorf(err, "cluster.json: a job of many nodes (\"job\" and \"etcd\") "
 				       "has nothing to resume");
-	snprintf(prefix, sizeof(prefix), "/mlfs/%s/", cl->job);
+	snprintf(prefix, sizeof(prefix), MLFS_KEYS_JOB, cl->job);
 	struct net_http_opts o = {.retries = 2, .timeout_ms = 2000, .deadline_ms = 10000};
 	if ((rc = net_etcd_new(cl->etcd, &o, &etcd, err)))
 		goto out_nodes;
-	if ((rc = net_etcd_range(etcd, prefix, true, &kvs, &n, NULL, NULL, err)))
+	if ((rc = net_etcd_range(etcd, prefix, true, &kvs, &n, NULL, NULL, err)) ||
+	    (rc = read_entries(etcd, cl->job, &nodes, err)))
 		goto out;
 	const struct net_etcd_kv *config = NULL;
 	size_t plen = strlen(prefix);
@@ -151,8 +172,6 @@ int mlfs_cluster_resume(const struct ptc_cluster *cl, const char *from, int wait
 			config = &kvs[i];
 		else if (strcmp(name, "schema") == 0)
 			schema = json_loadb(kvs[i].value, kvs[i].len, 0, NULL);
-		else if (strncmp(name, "nodes/", 6) == 0)
-			json_object_set_new(nodes, name + 6, entry_of(&kvs[i]));
 	}
 	if (!config || !schema) {
 		rc = ptc_errorf(err,
@@ -207,15 +226,8 @@ int mlfs_cluster_resume(const struct ptc_cluster *cl, const char *from, int wait
 	json_object_set_new(out, "nodes", each);
 	struct ptc_error failed = {.text = ""};
 	for (int waited = 0;; waited += 200) {
-		net_etcd_kvs_free(kvs, n);
-		kvs = NULL;
-		n = 0;
-		snprintf(key, sizeof(key), "%snodes/", prefix);
-		if (net_etcd_range(etcd, key, true, &kvs, &n, NULL, NULL, &failed) == 0) {
-			json_t *now_nodes = json_object();
-			for (size_t i = 0; i < n; i++)
-				json_object_set_new(now_nodes, kvs[i].key + strlen(key),
-						    entry_of(&kvs[i]));
+		json_t *now_nodes;
+		if (read_entries(etcd, cl->job, &now_nodes, &failed) == 0) {
 			failed.text[0] = '\0';
 			bool done = all_answered(c, now_nodes, id, each, &failed);
 			json_decref(now_nodes);

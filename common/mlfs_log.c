@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
 #include <time.h>
@@ -30,12 +31,15 @@
 
 static atomic_int min_level = MLFS_LOG_INFO;
 static atomic_bool to_syslog = false;
+static atomic_bool with_time = false;
 
 void mlfs_log_init(bool foreground, enum mlfs_log_level min)
 {
 	if (!foreground)
 		openlog("mlfs", LOG_PID | LOG_NDELAY, LOG_DAEMON);
 	atomic_store(&to_syslog, !foreground);
+	const char *t = getenv("MLFS_LOG_TIME");
+	atomic_store(&with_time, t && strcmp(t, "1") == 0);
 	mlfs_log_set_level(min);
 }
 
@@ -105,6 +109,12 @@ static void emit(enum mlfs_log_level level, const char *fmt, va_list ap)
 	int head, n;
 
 	head = snprintf(line, sizeof(line), "mlfs: %s: ", mlfs_log_level_name(level));
+	if (atomic_load(&with_time)) { /* MLFS_LOG_TIME=1: CLOCK_MONOTONIC, to line up nodes */
+		struct timespec t;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		head = snprintf(line, sizeof(line), "mlfs: %lld.%06ld %s: ", (long long)t.tv_sec,
+				t.tv_nsec / 1000, mlfs_log_level_name(level));
+	}
 	n = vsnprintf(line + head, sizeof(line) - (size_t)head - 1, fmt, ap);
 	if (n < 0)
 		n = 0;

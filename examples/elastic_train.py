@@ -387,6 +387,8 @@ def full_state(mnt_path):
     out, root = {}, os.path.join(mnt_path, "full")
     for d, _, files in os.walk(root):
         for f in files:
+            if not f.endswith(".npy"):
+                continue  # full/<state>.safetensors: the same state, another format
             path = os.path.join(d, f)
             out[os.path.relpath(path, root)[:-4]] = mlfs.read_npy(path)
     return out

@@ -407,6 +407,7 @@ out_session:
 	fuse_session_destroy(se);
 out_daemon:
 	mlfs_autosnap_stop(st);
+	mlfs_backup_halt(st->backup); /* it calls the control plane's hooks */
 	mlfs_cluster_stop(cluster);
 	mlfs_peer_stop(peer); /* its server threads read the backups ... */
 	mlfs_backup_stop(st->backup);

@@ -232,6 +232,10 @@ struct ptc_config {
 	char *snap_dir;
 	int64_t snap_every, snap_max_mib_s; /* 0: no bandwidth bound */
 	int snap_keep, snap_threads, snap_level;
+	/* "elastic": the job's controller chooses the layout for the live
+	 * nodes, never fewer than elastic_min nor more than elastic_max. */
+	bool elastic;
+	int elastic_min, elastic_max;
 };
 
 /* Parses config syntax and ranges; fitting it to a cluster and schema is

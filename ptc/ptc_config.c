@@ -12,8 +12,9 @@
 
 #include "ptc/ptc_i.h"
 
-static const char *const config_keys[] = {"version",  "tp",	 "pp",	     "dp", "nodes",
-					  "replicas", "dataset", "snapshot", NULL};
+static const char *const config_keys[] = {"version",  "tp",	 "pp",	     "dp",	"nodes",
+					  "replicas", "dataset", "snapshot", "elastic", NULL};
+static const char *const elastic_keys[] = {"min_nodes", "max_nodes", "policy", NULL};
 static const char *const snapshot_keys[] = {"dir",	 "every", "keep", "threads",
 					    "max_mib_s", "level", NULL};
 static const char *const dataset_keys[] = {"index",   "seed",	"global_batch",
@@ -71,6 +72,35 @@ static int parse_dataset(struct ptc_config *c, const json_t *ds, const char *fil
 		return rc;
 	c->dataset_epochs = rc == 0 ? v : 0;
 	c->has_dataset = true;
+	return 0;
+}
+
+/* "elastic": {"min_nodes": N, "max_nodes": M, "policy": "auto"}: the
+ * job's controller chooses the layout when nodes die or join
+ * (cluster/mlfs_elastic.c). */
+static int parse_elastic(struct ptc_config *c, const json_t *o, const char *file,
+			 struct ptc_error *err)
+{
+	int64_t lo = 1, hi = MAX_DEGREE;
+
+	if (!json_is_object(o))
+		return ptc_errorf(err, "%s: \"elastic\" must be an object", file);
+	if (ptc_json_known(o, elastic_keys, file, "elastic", err))
+		return -EINVAL;
+	if (ptc_json_int(o, "min_nodes", false, 1, MAX_DEGREE, &lo, file, "elastic", err) < 0 ||
+	    ptc_json_int(o, "max_nodes", false, 1, MAX_DEGREE, &hi, file, "elastic", err) < 0)
+		return -EINVAL;
+	if (lo > hi)
+		return ptc_errorf(
+		    err, "%s: elastic.min_nodes = %" PRId64 " is more than max_nodes = %" PRId64,
+		    file, lo, hi);
+	const json_t *p = json_object_get(o, "policy");
+	if (p && !(json_is_string(p) && strcmp(json_string_value(p), "auto") == 0))
+		return ptc_errorf(err, "%s: elastic.policy must be \"auto\" (the only policy)",
+				  file);
+	c->elastic = true;
+	c->elastic_min = (int)lo;
+	c->elastic_max = (int)hi;
 	return 0;
 }
 
@@ -182,6 +212,9 @@ int ptc_config_parse(const json_t *root, const char *file, struct ptc_config **o
 	json_t *sn = json_object_get(root, "snapshot");
 	if (sn && (rc = parse_snapshot(c, sn, file, err)))
 		goto err_free;
+	json_t *el = json_object_get(root, "elastic");
+	if (el && (rc = parse_elastic(c, el, file, err)))
+		goto err_free;
 	if (c->has_dataset && c->dataset_global_batch < c->dp) {
 		rc = ptc_errorf(err,
 				"%s: dataset.global_batch = %" PRId64 " is smaller than dp = %d "
@@ -229,6 +262,10 @@ json_t *ptc_config_to_json(const struct ptc_config *c)
 					      "threads", c->snap_threads, "max_mib_s",
 					      (json_int_t)c->snap_max_mib_s, "level",
 					      c->snap_level));
+	if (c->elastic)
+		json_object_set_new(o, "elastic",
+				    json_pack("{sisiss}", "min_nodes", c->elastic_min, "max_nodes",
+					      c->elastic_max, "policy", "auto"));
 	return o;
 }
 

@@ -594,6 +594,8 @@ int mlfs_store_snapshot(struct mlfs_store *st, const char *dir, int level, int w
 				   dir);
 		goto out;
 	}
+	if (st->steps_refresh) /* the other nodes' ranks' steps, as they are now */
+		st->steps_refresh(st->cluster_arg);
 	pthread_mutex_lock(&st->lock);
 	int lo = 0, hi = 0;
 	for (int r = 1; r < l->world; r++) {

@@ -258,6 +258,13 @@ struct mlfs_store {
 	 * import), so a config written right after sees them; no lock held,
 	 * may wait on etcd (I/O workers only). */
 	void (*steps_saved)(void *arg);
+	/* Reads the other nodes' ranks' saved steps into st->steps now (a
+	 * node does not follow them all the time); no lock held, may wait on
+	 * etcd. NULL on one node. */
+	void (*steps_refresh)(void *arg);
+	/* The same from what the control plane follows of them, no request
+	 * (the backup thread, four times a second); NULL on one node. */
+	void (*steps_mirrored)(void *arg);
 	/* Set when an attempt aborts, cleared when one starts: fetches in
 	 * flight give up at once (-ECANCELED) instead of running out their
 	 * retries. */

@@ -551,7 +551,12 @@ int cmd_reconfigure(int argc, char **argv)
 			fflush(stdout);
 		}
 		json_decref(s);
-		struct timespec ts = {0, 20 * 1000 * 1000};
+		/* every 5 ms for the first second (most reconfigurations of a
+		 * small model end within it), then every 20 ms */
+		struct timespec now, ts = {0, 20 * 1000 * 1000};
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec - t0.tv_sec < 1)
+			ts.tv_nsec = 5 * 1000 * 1000;
 		nanosleep(&ts, NULL);
 	}
 }

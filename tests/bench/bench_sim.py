@@ -1,9 +1,11 @@
 """The control plane alone at 1,000 and 10,000 nodes (issue 17, "Scale"): for each N,
 a fresh etcd (Debian's etcd-server) in a temporary directory on free loopback ports
 and one run of sim_control (tests/bench/sim_control.c): N simulated nodes, each with
-its lease kept alive on the daemon's schedule, its nodes/<id> entry, its own watch of
-the job's keys and its rounds of the real decision function (cluster/mlfs_decide.c)
-over the real etcd client; no FUSE, no store, no data (a prepare succeeds at once).
+its lease kept alive on the daemon's schedule, its entry (/mlfs-nodes/<job>/<id>), its
+own watch of the job's keys (/mlfs/<job>/; the coordinator also follows the votes and
+the entries while it needs them) and its rounds of the real decision function
+(cluster/mlfs_decide.c) over the real etcd client; no FUSE, no store, no data (a
+prepare succeeds at once).
 sim_control.c's DESIGN block says what is real per node and how a simulated node
 differs from a daemon.
 
@@ -11,8 +13,9 @@ Per N: etcd requests per second over an idle window, and etcd's CPU then; one
 reconfiguration touching every node (n0 coordinates, every node takes part, the job
 moves onto half of them): its etcd requests, the time from the attempt's creation to
 the commit, from the commit to the last node's swap, and to the last node letting its
-retained layout go (which needs every node to have seen every other's swap), the watch
-events etcd sent, and whether every lease stayed alive.
+retained layout go (the coordinator, following the entries, sees every swap and puts
+"released"; the others let go on that event, or follow the entries themselves 2 s
+after their swap), the watch events etcd sent, and whether every lease stayed alive.
 
     BUILD=build /usr/bin/python3 tests/bench/bench_sim.py [--nodes 1000,10000]
         [--watches 0,100] [--idle-seconds 10] [--timeout 240] [--sim-args "..."]

@@ -15,49 +15,80 @@
  * how far it went: "failed"), 2 on bad usage.
  *
  * DESIGN
- * The daemon modelled is cluster/ as of commit eeede28. Each simulated node
- * is what one daemon's control plane does, with the daemon function it
- * replicates named where it happens below:
+ * The daemon modelled is cluster/ as of the change that moved the nodes'
+ * entries out of the job's keys (after commit c121aff: entries and saved
+ * marks under /mlfs-nodes/<job>/, the "released" announcement, the
+ * attempt's "step", the mirror's watch before its read). Each simulated
+ * node is what one daemon's control plane does, with the daemon function
+ * it replicates named where it happens below:
  *   - its lease: granted (TTL 5 s) by mlfs_nodeentry_register and kept
  *     alive by its own keep-alive "thread" 1 s after the previous one
  *     answered (mlfs_nodeentry_keepalive_main), one POST
  *     /v3/lease/keepalive each; etcd saying it expired flags it, and the
- *     next round registers again (mlfs_decide's REGISTER);
- *   - its view of the job's keys: one watch of /mlfs/<job>/ per node (the
- *     daemon's mlfs_mirror: a range, then a watch from the next revision),
- *     each event applied as mlfs_mirror.c's on_watch does and waking the
- *     node by mlfs_cluster.c's keys_changed rules: anything but nodes'
- *     entries and saved marks wakes it; an entry created or deleted wakes
- *     only a coordinator; an entry changing wakes no one;
+ *     next round registers again (mlfs_decide's REGISTER); its entry is
+ *     /mlfs-nodes/<job>/<id>, bound to the lease;
+ *   - what it watches (mlfs_cluster.c's three mirrors): /mlfs/<job>/
+ *     always, one watch per node (c->mirror: mlfs_mirror.c's order, a
+ *     watch from now, its "created" awaited, one range, the events that
+ *     came meanwhile applied when newer than the range; afterwards only
+ *     events newer than the mirror's revision), every event and the
+ *     watch's end waking the node (keys_changed); /mlfs-nodes/<job>/ only
+ *     while need_peers() holds (c->peers: it coordinates an attempt; it
+ *     made the last commit and waits for every participant's swap to
+ *     announce it; its retained layout waited 2 s for the announcement),
+ *     a put, delete or the watch's end waking it only while it coordinates
+ *     or waits for swaps (peers_changed); /mlfs-votes/<job>/ only while it
+ *     coordinates (c->votes), every vote waking it. Each is started when
+ *     needed and stopped (mlfs_mirror_stop) at the first round that no
+ *     longer needs it. n0's votes and entries are followed by the real
+ *     mlfs_mirror (init/sync/copy/stop, the new changed(arg) hook); any
+ *     other node's entries, in the 2 s fallback, by a copy of its order
+ *     that keeps per entry only what the decision reads;
  *   - its rounds (mlfs_cluster.c's round_once, mlfs_attempt.c's
- *     mlfs_attempt_round): a snapshot of its view and of its (simulated)
- *     store handed to the real mlfs_decide, the actions carried out with
- *     the daemon's etcd requests, then its entry put when what it says
- *     changed (mlfs_nodeentry_publish: settled states only). A round runs
- *     when woken (a key change as above; its store's state changing, the
- *     store's reconf_changed hook: a prepare starting or done, a commit, a
+ *     mlfs_attempt_round): the mirrors synced or stopped as above (and, at
+ *     its first round, its saved/<id> mark read: one get), a snapshot of
+ *     its views and of its (simulated) store handed to the real
+ *     mlfs_decide (nodes_known: it follows the entries; released: the
+ *     "released" key), the actions carried out with the daemon's etcd
+ *     requests, then its entry put when what it says changed
+ *     (mlfs_nodeentry_publish: settled states only). A round runs when
+ *     woken (as above; its store's state changing, the store's
+ *     reconf_changed hook: a prepare starting or done, a commit, a
  *     discard; its lease expired) or when its nap ends (mlfs_cluster.c's
- *     nap_ms: 50 ms for 2 s after a commit while the retained layout waits
- *     for the swaps, then 1 s; 1 s while an attempt is in etcd; 30 s
+ *     nap_ms: until 2 s after its swap while the retained layout waits for
+ *     the announcement, then 1 s; 1 s while an attempt is in etcd; 30 s
  *     otherwise);
+ *   - rule 8: the coordinator of the commit, following the entries, sees
+ *     every participant serve the new version, puts /mlfs/<job>/released
+ *     = "2" (ANNOUNCE_RELEASED, mlfs_attempt.c's act_announce) and drops
+ *     its retained layout; every other node drops its own on that event,
+ *     reading no entry; a node still waiting 2 s after its swap follows
+ *     the entries itself (and, seeing every swap before the announcement,
+ *     announces too);
  *   - the coordinator (n0): mlfs_propose.c's propose_config (one read of
- *     the job as mlfs_jobkeys_read makes it, the attempt built with every
- *     live node a participant, created by one transaction), its votes
- *     followed by a second mirror while it coordinates (the real
- *     mlfs_mirror_init/sync/copy/stop on /mlfs-votes/<job>/), its commit
- *     transaction exactly as mlfs_attempt.c's finish() writes it.
+ *     the job as mlfs_jobkeys_read makes it: a range of the job's keys and
+ *     one of the entries; the attempt built with every live node a
+ *     participant and the agreed "step", created by one transaction), its
+ *     commit transaction exactly as mlfs_attempt.c's finish() writes it.
  * The etcd requests of one reconfiguration, by the code above: each node
  * puts its vote (act_vote_ready) and its entry once (the new version, at
- * the round of its swap); the coordinator also reads the job (range),
- * creates the attempt (txn), reads and watches the votes (range, watch)
- * and commits (txn): 2N + 5. No release put (the retained layout's
- * version is in /v1/health, not in the entry), no passing states.
+ * the round of its swap): 2N. The coordinator also reads the job and the
+ * entries (2 ranges), creates the attempt (txn), follows the votes (watch,
+ * range) and the entries (watch, range) from the attempt until it
+ * announces, commits (txn) and announces (put): 2N + 9 (puts 2N + 1,
+ * ranges 4, txns 2, watches 2). Each node that falls back after 2 s adds a watch and a
+ * range of N entries, and a put when it announces. Watch events: 6 per
+ * job watch (the attempt; the commit's config, config_id, attempt and
+ * result/2; "released"), N votes and at most N deletions of them to the
+ * coordinator's votes watch (or its range), and each entry put at most
+ * once to its entries watch (or its second range). No passing states.
  *
  * How a simulated node differs from a daemon:
- *   - the daemon's CPU. A round's CPU in the daemon (mirror copy of every
- *     key, the parse of every entry, the snapshot's linear searches of the
- *     participants and swap_wait lists, and the coordinator's of the votes:
- *     quadratic in N) is spent on its own machine. The simulator measures
+ *   - the daemon's CPU. A round's CPU in the daemon (mirror copy of the
+ *     job's keys, of every entry and their parse while it follows them,
+ *     the snapshot's linear searches of the participants and swap_wait
+ *     lists, and the coordinator's of the votes: quadratic in N) is spent
+ *     on its own machine. The simulator measures
  *     it once at start on a copy of that code ("daemon_round_ms") and
  *     waits it between a round's decision and its actions (the daemon
  *     decides from the keys as copied at the start of its round); it does
@@ -70,10 +101,11 @@
  *     store's hook then wakes the node, whose next round votes); job/ is
  *     empty (nothing staged, no peer asked for its manifest); a commit
  *     swaps at once;
- *   - the view: what mlfs_mirror keeps (every key and value: about 230
- *     bytes per entry, 23 GB for 10,000 views of 10,000 entries) is kept
- *     as what the decision reads: per node entry its version, up and lost
- *     (4 bytes), the attempt parsed once per revision and shared;
+ *   - the views: what mlfs_mirror keeps of the job's keys is kept as what
+ *     the decision reads (the attempt parsed once per revision and
+ *     shared); a node but n0 that follows the entries keeps per entry its
+ *     version, up and lost (4 bytes; mlfs_mirror keeps about 230 bytes,
+ *     23 GB were 10,000 nodes to follow 10,000 entries at once);
  *   - threads and connections: rounds run on R worker threads and
  *     keep-alives on K (--workers, --ka-workers; 1,000 and 2,000 at most
  *     by default: more threads thrash this 2-core machine), each with its
@@ -89,13 +121,13 @@
  *     counts to the first;
  *   - start-up: every node registers (its entry already at version 1, as
  *     if it had read the job first), then each process reads the job once
- *     and starts its nodes' watches from that revision, --join-rate a
- *     second; a watch that ends during start-up starts again from the
- *     revision its stream reached (start_watchdog). A daemon registers and
- *     reads the job itself, one by one (N ranges of N keys, every later
- *     entry sent to every earlier watch: N^2 / 2 events), and reads every
- *     key again when its watch ends. Start-up is not what is measured;
- *     from the idle window on, a watch that ends is the daemon's case;
+ *     and starts its nodes' watches from now, --join-rate a second
+ *     (nothing is put under /mlfs/<job>/ meanwhile); a watch that ends
+ *     during start-up starts again from the revision its stream reached
+ *     (start_watchdog). A daemon starts its watch and reads the job itself
+ *     (N ranges of a few keys), and does so again when its watch ends.
+ *     Start-up is not what is measured; from the idle window on, a watch
+ *     that ends is the daemon's case (group_sync);
  *   - the proposal is made again, up to 3 times, when it fails naming
  *     etcd (where `mlfs reconfigure` fails and an operator would run it
  *     again; a creation that timed out but applied is run by the
@@ -106,8 +138,10 @@
  * --keepalive-ms and --lease-ttl other than 1000 and 5 ("daemon_schedule":
  * false).
  *
- * Not simulated: the job's cluster.json key and joins, saved/<id> marks and
- * step writes, job/ staging, backups, /v1/health, peers, status.json.
+ * Not simulated: the job's cluster.json key and joins, saved/<id> puts and
+ * step writes, job/ staging, backups ("replicas", which makes need_peers()
+ * hold all the time), /v1/health, peers' HTTP, status.json and mlfs
+ * snapshot (which read the entries when the node does not follow them).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -198,25 +232,29 @@ enum {
 	C_REVOKE,
 	C_WATCH,
 	C_ROUNDS,
-	C_EVENTS,   /* watch events received, every stream */
-	C_MESSAGES, /* watch messages received */
-	C_BYTES,    /* keys and values received by watches */
-	C_STALE,    /* events at a revision the stream had applied an event of */
-	C_EV_PUT,   /* of them: an entry put, */
-	C_EV_DEL,   /* an entry deleted (its lease gone) */
-	C_CREATED,  /* watches etcd confirmed */
+	C_EVENTS,    /* watch events received by the job's streams (/mlfs/<job>/) */
+	C_MESSAGES,  /* watch messages received by them */
+	C_BYTES,     /* keys and values received by them */
+	C_STALE,     /* events at a revision the stream had applied an event of */
+	C_DROPPED,   /* new events the mirror's rule skipped (not newer than its revision) */
+	C_CREATED,   /* the job's watches etcd confirmed */
+	C_EN_EVENTS, /* events of the nodes' entries' watches (but n0's mirror's) */
+	C_EN_READ,   /* entries their ranges read (n0's mirror's too) */
+	C_STARTED,   /* nodes that read their saved/<id> mark (their first round) */
 	C_KA_N,
 	C_KA_LAT,
 	C_KA_ERR,
-	C_EXPIRED,    /* a keep-alive answered that the lease is gone */
-	C_ENTRY_GONE, /* a node's own watch saw its entry deleted: etcd expired its lease */
+	C_EXPIRED, /* a keep-alive answered that the lease is gone (etcd expired it) */
 	C_REGISTERED,
 	C_SWAPPED,   /* nodes at the target version (their store) */
 	C_PUBLISHED, /* ... whose entry says so */
 	C_RELEASED,  /* ... and which let their retained layout go */
 	C_VOTES,
 	C_DISCARDS,
-	C_CPU_US, /* the process's CPU */
+	C_ANNOUNCED, /* "released" puts */
+	C_FOLLOWS,   /* a node started following the entries (a range and a watch) */
+	C_FALLBACKS, /* ... a node that does not coordinate: its 2 s ran out */
+	C_CPU_US,    /* the process's CPU */
 	C_KA_LAT_MAX,
 	C_GAP_MAX,
 	C_LAST_EVENT,
@@ -224,6 +262,7 @@ enum {
 	C_LAST_PUBLISHED,
 	C_LAST_RELEASE,
 	C_LAST_VOTE,
+	C_LAST_ANNOUNCE,
 	C_LAST_KA_ERR,
 	C_LAST_EXPIRED,
 	C_FIRST_SWAP,
@@ -273,22 +312,47 @@ struct att {
 	struct att *next;
 };
 
-/* The job's keys as one watch stream shows them (a daemon's mirror,
- * reduced to what its decisions read). */
+/* A watch's events kept while its mirror reads the keys (mlfs_mirror.c's
+ * pend), applied after the read when newer than it. */
+struct pend {
+	struct net_etcd_event *ev;
+	size_t n, cap;
+};
+
+/* The job's keys (/mlfs/<job>/) as one watch stream shows them (a daemon's
+ * c->mirror, reduced to what its decisions read). */
 struct group {
 	int idx, first, count; /* its nodes: [first, first + count) */
 	pthread_mutex_t lock;  /* the view; the watch's thread writes it */
+	pthread_cond_t cond;   /* created or dead, for group_sync */
 	pthread_mutex_t sync_lock;
 	struct net_etcd_watch *watch;
 	bool live;
 	bool created; /* etcd confirmed its watch */
 	bool ended;   /* its watch ended during start-up (start_watchdog restarts it) */
-	int64_t revision;
+	bool dead;    /* its stream ended (while group_sync waits for "created") */
+	bool syncing; /* group_sync reads the keys: events go to @pend */
+	struct pend pend;
+	int64_t revision;   /* mlfs_mirror's: events not newer are not applied */
 	int64_t last_event; /* the revision of the last event applied (or the read's) */
 	bool has_schema;
-	int64_t committed;
+	int64_t committed, released;
 	char config_id[24];
 	struct att *att;
+};
+
+/* The nodes' entries (/mlfs-nodes/<job>/) as a node that follows them has
+ * them (a daemon's c->peers, reduced to what its decisions read): the
+ * nodes but n0, while need_peers() holds; n0 has the real mlfs_mirror
+ * (S.peers). */
+struct peers {
+	pthread_mutex_t lock; /* the watch's thread writes it */
+	pthread_cond_t cond;
+	struct net_etcd_watch *watch;
+	bool live, created, dead, syncing;
+	struct pend pend;
+	int64_t revision;
+	struct node *nd;
 	uint32_t *ent; /* per node of the job: E_UP | E_LOST | version (0: no entry) */
 };
 
@@ -297,6 +361,7 @@ struct seen {
 	int64_t attempt_mod;
 	struct att *att; /* a reference */
 	bool etcd_ok;
+	bool nodes_known; /* it followed the entries: its round parsed them */
 };
 
 struct node {
@@ -305,11 +370,14 @@ struct node {
 	struct group *g;
 	_Atomic int64_t lease;
 	atomic_bool lease_expired;
-	atomic_bool coordinating; /* c->mine != NULL: keys_changed wakes it on nodes */
+	atomic_bool coordinating; /* c->mine != NULL: peers_changed wakes it */
+	atomic_bool swap_waiting; /* c->swap_wait != NULL: so does it then */
 	/* Its store and control thread's state (struct mlfs_cluster's fields
 	 * of the same names): touched by its rounds only, one at a time. */
-	bool store_schema, lost, need_register, propose_pending;
+	bool store_schema, lost, need_register, propose_pending, saved_read;
 	int64_t have, target, prepare_rev, retained, swap_since_ms;
+	int64_t announce; /* c->announce: the commit it made, to announce */
+	struct peers *pv; /* c->peers while it follows the entries (not n0) */
 	enum mlfs_reconf_state reconf;
 	char prepare_id[24], voted_id[24], started_id[24];
 	bool voted_ready;
@@ -334,7 +402,8 @@ struct node {
 
 /* The daemon's round CPU at this N (ns), measured at start (daemon_cost). */
 struct cost {
-	int64_t base;  /* mirror copy, the parse of every key, steps */
+	int64_t base;  /* the job's keys copied and parsed, the snapshot's loop */
+	int64_t peers; /* the entries copied and parsed, steps (while it follows them) */
 	int64_t att;   /* the attempt copied and parsed */
 	int64_t ids;   /* one linear search per node of an N-id list */
 	int64_t votes; /* the coordinator's: votes copied, a linear search each */
@@ -350,13 +419,13 @@ static struct sim {
 	int nworkers, nka, ka_ms, ttl, join_rate, join_rate_here;
 	bool delay;
 	struct cost cost;
-	char prefix[128], vprefix[128];
+	char prefix[128], vprefix[128], nprefix[128];
 	char (*ids)[16];      /* every node's id */
 	struct node *nodes;   /* [hi - lo] */
 	struct group *groups; /* [ghi - glo] */
 	/* the coordinator's (n0's process) */
-	struct net_etcd *cetcd; /* its client (c->etcd): propose, the votes mirror */
-	struct mlfs_mirror votes;
+	struct net_etcd *cetcd;		 /* its client (c->etcd): propose, the mirrors */
+	struct mlfs_mirror votes, peers; /* c->votes, c->peers */
 	bool votes_init;
 	_Atomic int64_t votes_read; /* votes its ranges read (the others came by its watch) */
 	/* wall ns: the attempt created; its commit transaction sent, answered */
@@ -419,6 +488,7 @@ struct worker {
 	struct net_etcd *etcd;
 	bool ka;
 	struct mlfs_snap_node *sn;	 /* a round's snapshot of every node */
+	uint32_t *ent;			 /* a round's copy of the entries */
 	const struct net_etcd_kv **vote; /* the coordinator's votes by node */
 };
 
@@ -655,6 +725,56 @@ static int64_t config_version(const char *v)
 	return p ? strtoll(p + 10, NULL, 10) : -1;
 }
 
+/* Keeps a copy of @n events for after the read (mlfs_mirror.c's keep). */
+static void pend_keep(struct pend *p, const struct net_etcd_event *ev, size_t n)
+{
+	if (p->n + n > p->cap) {
+		p->cap = (p->n + n) * 2;
+		p->ev = realloc(p->ev, p->cap * sizeof(*p->ev));
+		if (!p->ev)
+			die("out of memory");
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct net_etcd_event *e = &p->ev[p->n++];
+		*e = ev[i];
+		e->kv.key = strdup(ev[i].kv.key);
+		e->kv.value = malloc(ev[i].kv.len + 1);
+		if (!e->kv.key || !e->kv.value)
+			die("out of memory");
+		if (ev[i].kv.len)
+			memcpy(e->kv.value, ev[i].kv.value, ev[i].kv.len);
+		e->kv.value[ev[i].kv.len] = '\0';
+	}
+}
+
+static void pend_free(struct pend *p)
+{
+	for (size_t i = 0; i < p->n; i++) {
+		free(p->ev[i].kv.key);
+		free(p->ev[i].kv.value);
+	}
+	free(p->ev);
+	*p = (struct pend){0};
+}
+
+/* mlfs_mirror.c's wait_created: until etcd created the watch (@created)
+ * or its stream ended (@dead), at most 5 s (@lock held): 0 or -EIO. */
+static int wait_created(pthread_cond_t *cond, pthread_mutex_t *lock, const bool *created,
+			const bool *dead, struct ptc_error *err)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_REALTIME, &t);
+	t.tv_sec += 5;
+	while (!*created && !*dead)
+		if (pthread_cond_timedwait(cond, lock, &t))
+			break;
+	if (*created && !*dead)
+		return 0;
+	snprintf(err->text, sizeof(err->text), "the watch %s",
+		 *dead ? "ended" : "was not created within 5 s");
+	return -EIO;
+}
+
 /* One put or delete into view @g (mlfs_mirror.c's apply, as
  * mlfs_jobkeys.c's parse then reads it). Lock held. */
 static void apply(struct group *g, const struct net_etcd_kv *kv, bool deleted)
@@ -672,20 +792,8 @@ static void apply(struct group *g, const struct net_etcd_kv *kv, bool deleted)
 	} else if (strcmp(nm, "attempt") == 0) {
 		att_put(g->att);
 		g->att = deleted ? NULL : att_get(kv->value, kv->len, kv->mod_revision);
-	} else if (strncmp(nm, "nodes/", 6) == 0) {
-		int i = node_index(nm + 6, strlen(nm + 6));
-		if (i < 0)
-			return;
-		if (deleted && (g->ent[i] & E_UP) && i >= g->first && i < g->first + g->count)
-			c_add(C_ENTRY_GONE, 1);
-		uint32_t e = 0;
-		if (!deleted) {
-			const char *v = strstr(kv->value, "\"version\":");
-			e = E_UP | ((uint32_t)(v ? strtoll(v + 10, NULL, 10) : 0) & E_VERSION);
-			if (strstr(kv->value, "\"state\":\"lost\""))
-				e |= E_LOST;
-		}
-		g->ent[i] = e;
+	} else if (strcmp(nm, "released") == 0) {
+		g->released = deleted ? 0 : strtoll(kv->value, NULL, 10);
 	}
 }
 
@@ -695,57 +803,55 @@ static void view_reset(struct group *g)
 	g->att = NULL;
 	g->config_id[0] = '\0';
 	g->has_schema = false;
-	g->committed = 0;
-	memset(g->ent, 0, (size_t)S.n * sizeof(*g->ent));
+	g->committed = g->released = 0;
 }
 
-/* The watch's function: mlfs_mirror.c's on_watch, then mlfs_cluster.c's
- * keys_changed for every node of the stream. */
+/* The watch's function: mlfs_mirror.c's on_watch (while group_sync reads,
+ * the events are kept for after; else those newer than the view's
+ * revision applied), then mlfs_cluster.c's keys_changed for every node of
+ * the stream: any event, or the watch's end, wakes it. */
 static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64_t revision)
 {
 	struct group *g = arg;
-	size_t plen = strlen(S.prefix);
 	int64_t bytes = 0;
-	/* mlfs_mirror.c's on_watch: URGENT for anything but entries and saved
-	 * marks, and the stream's end; VOTES for an entry created or deleted */
-	int urgent = n == 0 && revision < 0 ? MLFS_MIRROR_URGENT : 0;
-	for (size_t i = 0; i < n; i++) {
-		const char *nm = ev[i].kv.key + (strlen(ev[i].kv.key) >= plen ? plen : 0);
-		if (strncmp(nm, "nodes/", 6) == 0 && (ev[i].deleted || ev[i].kv.version == 1))
-			urgent |= MLFS_MIRROR_VOTES;
-		else if (strncmp(nm, "nodes/", 6) && strncmp(nm, "saved/", 6))
-			urgent |= MLFS_MIRROR_URGENT;
+	for (size_t i = 0; i < n; i++)
 		bytes += (int64_t)(strlen(ev[i].kv.key) + ev[i].kv.len);
-	}
 	pthread_mutex_lock(&g->lock);
-	int64_t stale = 0, last = g->last_event, puts = 0, dels = 0;
-	for (size_t i = 0; i < n; i++) { /* etcd sent it before (to a slow watcher) */
-		stale += ev[i].kv.mod_revision <= last;
-		if (strlen(ev[i].kv.key) > plen && strncmp(ev[i].kv.key + plen, "nodes/", 6) == 0)
-			*(ev[i].deleted ? &dels : &puts) += 1;
-		if (ev[i].kv.mod_revision > g->last_event)
-			g->last_event = ev[i].kv.mod_revision;
-	}
+	int64_t stale = 0, dropped = 0;
 	bool ended = n == 0 && revision < 0, setup = atomic_load(&S.in_setup);
-	bool created = n == 0 && revision > 0 && !g->created && !ended;
+	bool created = n == 0 && revision > 0 && !g->created && !ended, syncing = g->syncing;
 	if (ended) {
 		if (g->created)
 			c_add(C_CREATED, -1);
 		g->created = false;
-		if (setup) /* start-up (not measured): restarted as it was */
+		g->dead = true;
+		if (setup && !syncing) /* start-up (not measured): restarted as it was */
 			g->ended = true;
 		else
 			g->live = false;
-		if (!atomic_load(&S.stop) && !setup)
+		if (!atomic_load(&S.stop) && !setup && !syncing)
 			fprintf(stderr, "sim_control: stream %d: the watch ended: %s\n", g->idx,
 				strerror((int)-revision));
 	}
 	if (created)
 		g->created = true;
-	for (size_t i = 0; i < n; i++)
-		apply(g, &ev[i].kv, ev[i].deleted);
-	if (revision > g->revision)
-		g->revision = revision;
+	if (syncing) {
+		pend_keep(&g->pend, ev, n);
+	} else {
+		int64_t last = g->last_event; /* a message's events may share a revision */
+		for (size_t i = 0; i < n; i++) {
+			int64_t mod = ev[i].kv.mod_revision;
+			stale += mod <= last; /* etcd sent it before (to a slow watcher) */
+			dropped += mod > last && mod <= g->revision;
+			if (mod > g->revision) /* mlfs_mirror.c's apply_new */
+				apply(g, &ev[i].kv, ev[i].deleted);
+			if (mod > g->last_event)
+				g->last_event = mod;
+		}
+		if (revision > g->revision)
+			g->revision = revision;
+	}
+	pthread_cond_broadcast(&g->cond);
 	pthread_mutex_unlock(&g->lock);
 	if (n) {
 		c_max(C_LAST_EVENT, wall_ns());
@@ -753,32 +859,27 @@ static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64
 		c_add(C_MESSAGES, 1);
 		c_add(C_BYTES, bytes);
 		c_add(C_STALE, stale);
-		c_add(C_EV_PUT, puts);
-		c_add(C_EV_DEL, dels);
+		c_add(C_DROPPED, dropped);
 	} else if (created) {
 		c_add(C_CREATED, 1); /* etcd's "created" */
 	}
-	if (!urgent || atomic_load(&S.stop) || (ended && setup))
+	if (syncing || !(n || ended) || atomic_load(&S.stop) || (ended && setup))
 		return;
-	/* keys_changed: URGENT wakes every node, VOTES a coordinator */
-	pthread_mutex_lock(&S.lock);
-	for (int i = g->first; i < g->first + g->count; i++) {
-		struct node *nd = node_at(i);
-		if ((urgent & MLFS_MIRROR_URGENT) ||
-		    ((urgent & MLFS_MIRROR_VOTES) && atomic_load(&nd->coordinating)))
-			wake_locked(nd);
-	}
+	pthread_mutex_lock(&S.lock); /* keys_changed */
+	for (int i = g->first; i < g->first + g->count; i++)
+		wake_locked(node_at(i));
 	pthread_mutex_unlock(&S.lock);
 }
 
-/* mlfs_mirror_sync for stream @g: when it is not live, one range of the
- * job's keys and a watch from the next revision. */
+/* mlfs_mirror_sync for stream @g: when it is not live, a watch from now,
+ * its "created" awaited, one range of the job's keys, and the events that
+ * came meanwhile applied when newer than the range. */
 static int group_sync(struct worker *w, struct group *g)
 {
-	struct net_etcd_kv *kvs;
-	size_t n;
-	int64_t rev;
-	struct ptc_error err;
+	struct net_etcd_kv *kvs = NULL;
+	size_t n = 0;
+	int64_t rev = 0;
+	struct ptc_error err = {.text = ""};
 	int rc = 0;
 
 	pthread_mutex_lock(&g->sync_lock);
@@ -789,29 +890,285 @@ static int group_sync(struct worker *w, struct group *g)
 		goto out;
 	net_etcd_watch_stop(g->watch);
 	g->watch = NULL;
-	c_add(C_RANGE, 1);
-	if ((rc = net_etcd_range(w->etcd, S.prefix, true, &kvs, &n, &rev, NULL, &err))) {
-		fprintf(stderr, "sim_control: stream %d: range: %s\n", g->idx, err.text);
-		goto out;
+	pthread_mutex_lock(&g->lock);
+	g->syncing = true;
+	g->created = g->dead = false;
+	pend_free(&g->pend);
+	pthread_mutex_unlock(&g->lock);
+	c_add(C_WATCH, 1);
+	rc = net_etcd_watch_start(w->etcd, S.prefix, 0, on_watch, g, &g->watch, &err);
+	pthread_mutex_lock(&g->lock);
+	if (rc == 0)
+		rc = wait_created(&g->cond, &g->lock, &g->created, &g->dead, &err);
+	pthread_mutex_unlock(&g->lock);
+	if (rc == 0) {
+		c_add(C_RANGE, 1);
+		rc = net_etcd_range(w->etcd, S.prefix, true, &kvs, &n, &rev, NULL, &err);
 	}
 	pthread_mutex_lock(&g->lock);
-	view_reset(g);
-	for (size_t i = 0; i < n; i++)
-		apply(g, &kvs[i], false);
-	g->revision = g->last_event = rev;
-	g->live = true;
+	if (rc == 0) {
+		view_reset(g);
+		for (size_t i = 0; i < n; i++)
+			apply(g, &kvs[i], false);
+		g->revision = rev;
+		for (size_t i = 0; i < g->pend.n; i++)
+			if (g->pend.ev[i].kv.mod_revision > rev)
+				apply(g, &g->pend.ev[i].kv, g->pend.ev[i].deleted);
+		for (size_t i = 0; i < g->pend.n; i++)
+			if (g->pend.ev[i].kv.mod_revision > g->revision)
+				g->revision = g->pend.ev[i].kv.mod_revision;
+		g->last_event = g->revision;
+		if (g->dead) {
+			rc = -EIO;
+			snprintf(err.text, sizeof(err.text), "the watch ended during the read");
+		}
+	}
+	g->syncing = false;
+	pend_free(&g->pend);
+	g->live = rc == 0;
 	pthread_mutex_unlock(&g->lock);
 	net_etcd_kvs_free(kvs, n);
-	c_add(C_WATCH, 1);
-	if ((rc = net_etcd_watch_start(w->etcd, S.prefix, rev + 1, on_watch, g, &g->watch, &err))) {
-		fprintf(stderr, "sim_control: stream %d: watch: %s\n", g->idx, err.text);
-		pthread_mutex_lock(&g->lock);
-		g->live = false;
-		pthread_mutex_unlock(&g->lock);
-	}
+	if (rc)
+		fprintf(stderr, "sim_control: stream %d: sync: %s\n", g->idx, err.text);
 out:
 	pthread_mutex_unlock(&g->sync_lock);
 	return rc;
+}
+
+/* ------------------------------------------------ the nodes' entries */
+
+/* Node entry @kv put or deleted into @ent (mlfs_jobkeys.c's parse_nodes,
+ * reduced to what the decisions read; saved/<id> marks are skipped). */
+static void entry_apply(uint32_t *ent, const struct net_etcd_kv *kv, bool deleted)
+{
+	size_t plen = strlen(S.nprefix);
+	if (strncmp(kv->key, S.nprefix, plen) != 0 || strchr(kv->key + plen, '/'))
+		return;
+	int i = node_index(kv->key + plen, strlen(kv->key + plen));
+	if (i < 0)
+		return;
+	uint32_t e = 0;
+	if (!deleted) {
+		const char *v = strstr(kv->value, "\"version\":");
+		e = E_UP | ((uint32_t)(v ? strtoll(v + 10, NULL, 10) : 0) & E_VERSION);
+		if (strstr(kv->value, "\"state\":\"lost\""))
+			e |= E_LOST;
+	}
+	ent[i] = e;
+}
+
+/* How many of @n keys are entries (not saved/<id> marks). */
+static int64_t entries_in(const struct net_etcd_kv *kvs, size_t n)
+{
+	size_t plen = strlen(S.nprefix);
+	int64_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		k += strlen(kvs[i].key) > plen && !strchr(kvs[i].key + plen, '/');
+	return k;
+}
+
+/* mlfs_cluster.c's peers_changed: a node's entry changed, came or went;
+ * it wakes a node that coordinates or waits for the swaps of a commit. */
+static void peers_changed(void *arg)
+{
+	struct node *nd = arg;
+	if (!atomic_load(&S.stop) &&
+	    (atomic_load(&nd->coordinating) || atomic_load(&nd->swap_waiting)))
+		wake(nd);
+}
+
+/* The watch's function of a node's entries (mlfs_mirror.c's on_watch),
+ * then peers_changed. */
+static void on_peers(void *arg, const struct net_etcd_event *ev, size_t n, int64_t revision)
+{
+	struct peers *p = arg;
+	pthread_mutex_lock(&p->lock);
+	if (n == 0 && revision < 0) {
+		p->live = false;
+		p->dead = true;
+	} else if (n == 0) {
+		p->created = true;
+	}
+	bool syncing = p->syncing;
+	if (syncing) {
+		pend_keep(&p->pend, ev, n);
+	} else {
+		for (size_t i = 0; i < n; i++)
+			if (ev[i].kv.mod_revision > p->revision)
+				entry_apply(p->ent, &ev[i].kv, ev[i].deleted);
+		if (revision > p->revision)
+			p->revision = revision;
+	}
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	c_add(C_EN_EVENTS, (int64_t)n);
+	if (!syncing && (n || revision < 0))
+		peers_changed(p->nd);
+}
+
+/* mlfs_mirror_stop of a node's entries (its view freed). */
+static void peers_stop(struct node *nd)
+{
+	struct peers *p = nd->pv;
+	if (!p)
+		return;
+	net_etcd_watch_stop(p->watch); /* its thread ends first */
+	nd->pv = NULL;
+	pend_free(&p->pend);
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->cond);
+	free(p->ent);
+	free(p);
+}
+
+/* mlfs_mirror_sync of a node's entries: when not live, a watch from now,
+ * its "created" awaited, one range, the events meanwhile applied. */
+static int peers_sync(struct worker *w, struct node *nd, struct ptc_error *err)
+{
+	struct peers *p = nd->pv;
+	struct net_etcd_kv *kvs = NULL;
+	size_t n = 0;
+	int64_t rev = 0;
+
+	if (!p) {
+		p = nd->pv = xcalloc(1, sizeof(*p));
+		pthread_mutex_init(&p->lock, NULL);
+		pthread_cond_init(&p->cond, NULL);
+		p->nd = nd;
+		p->ent = xcalloc((size_t)S.n, sizeof(*p->ent));
+	}
+	pthread_mutex_lock(&p->lock);
+	bool live = p->live;
+	pthread_mutex_unlock(&p->lock);
+	if (live)
+		return 0;
+	net_etcd_watch_stop(p->watch);
+	p->watch = NULL;
+	pthread_mutex_lock(&p->lock);
+	p->syncing = true;
+	p->created = p->dead = false;
+	pend_free(&p->pend);
+	pthread_mutex_unlock(&p->lock);
+	c_add(C_WATCH, 1);
+	int rc = net_etcd_watch_start(w->etcd, S.nprefix, 0, on_peers, p, &p->watch, err);
+	pthread_mutex_lock(&p->lock);
+	if (rc == 0)
+		rc = wait_created(&p->cond, &p->lock, &p->created, &p->dead, err);
+	pthread_mutex_unlock(&p->lock);
+	if (rc == 0) {
+		c_add(C_RANGE, 1);
+		rc = net_etcd_range(w->etcd, S.nprefix, true, &kvs, &n, &rev, NULL, err);
+	}
+	pthread_mutex_lock(&p->lock);
+	if (rc == 0) {
+		memset(p->ent, 0, (size_t)S.n * sizeof(*p->ent));
+		for (size_t i = 0; i < n; i++)
+			entry_apply(p->ent, &kvs[i], false);
+		p->revision = rev;
+		for (size_t i = 0; i < p->pend.n; i++)
+			if (p->pend.ev[i].kv.mod_revision > rev)
+				entry_apply(p->ent, &p->pend.ev[i].kv, p->pend.ev[i].deleted);
+		for (size_t i = 0; i < p->pend.n; i++)
+			if (p->pend.ev[i].kv.mod_revision > p->revision)
+				p->revision = p->pend.ev[i].kv.mod_revision;
+		if (p->dead) {
+			rc = -EIO;
+			snprintf(err->text, sizeof(err->text), "the watch ended during the read");
+		}
+	}
+	p->syncing = false;
+	pend_free(&p->pend);
+	p->live = rc == 0;
+	pthread_mutex_unlock(&p->lock);
+	if (rc == 0) {
+		c_add(C_EN_READ, entries_in(kvs, n));
+		c_add(C_FOLLOWS, 1);
+		c_add(C_FALLBACKS, !nd->mine && !nd->announce);
+	}
+	net_etcd_kvs_free(kvs, n);
+	return rc;
+}
+
+/* mlfs_cluster.c's follow() on one of n0's real mirrors (the votes or
+ * the entries, @entries): started when @need and not live, stopped when
+ * not @need; its requests and what its read found counted. */
+static int mirror_follow(struct mlfs_mirror *m, bool need, bool entries, struct ptc_error *err)
+{
+	if (!need) {
+		if (m->watch)
+			mlfs_mirror_stop(m);
+		return 0;
+	}
+	if (mlfs_mirror_live(m))
+		return 0;
+	int64_t ranges = m->ranges;
+	c_add(C_WATCH, 1);
+	int rc = mlfs_mirror_sync(m, err);
+	if (m->ranges == ranges)
+		return rc;
+	c_add(C_RANGE, 1);
+	pthread_mutex_lock(&m->lock);
+	int64_t found = entries ? entries_in(m->kvs, m->n) : (int64_t)m->n;
+	pthread_mutex_unlock(&m->lock);
+	if (!entries) {
+		atomic_fetch_add(&S.votes_read, found);
+		return rc;
+	}
+	struct node *nd = node_at(0);
+	c_add(C_EN_READ, found);
+	c_add(C_FOLLOWS, 1);
+	c_add(C_FALLBACKS, !nd->mine && !nd->announce);
+	return rc;
+}
+
+/* mlfs_cluster.c's need_peers: it coordinates an attempt; it made the
+ * last commit (from its commit transaction on) and waits for every
+ * participant's swap to announce it; or its retained layout waited 2 s
+ * for the announcement. */
+static bool need_peers(const struct node *nd)
+{
+	return nd->mine || nd->announce || (nd->swap_wait && wall_ms() - nd->swap_since_ms >= 2000);
+}
+
+/* follow(&c->peers, need_peers(c)) for @nd. */
+static int follow_entries(struct worker *w, struct node *nd, struct ptc_error *err)
+{
+	bool need = need_peers(nd);
+	if (nd->idx == 0 && S.votes_init)
+		return mirror_follow(&S.peers, need, true, err);
+	if (!need) {
+		peers_stop(nd);
+		return 0;
+	}
+	return peers_sync(w, nd, err);
+}
+
+/* The entries as @nd follows them into @ent (mlfs_jobkeys_mirrored's
+ * nodes): true when it follows them (nodes_known). */
+static bool entries_of(struct node *nd, uint32_t *ent)
+{
+	if (nd->idx == 0 && S.votes_init) {
+		struct net_etcd_kv *kvs;
+		size_t n;
+		int64_t rev;
+		struct ptc_error err;
+		if (mlfs_mirror_copy(&S.peers, &kvs, &n, &rev, &err))
+			return false;
+		memset(ent, 0, (size_t)S.n * sizeof(*ent));
+		for (size_t i = 0; i < n; i++)
+			entry_apply(ent, &kvs[i], false);
+		net_etcd_kvs_free(kvs, n);
+		return true;
+	}
+	struct peers *p = nd->pv;
+	if (!p)
+		return false;
+	pthread_mutex_lock(&p->lock);
+	bool live = p->live;
+	if (live)
+		memcpy(ent, p->ent, (size_t)S.n * sizeof(*ent));
+	pthread_mutex_unlock(&p->lock);
+	return live;
 }
 
 /* ------------------------------------------------------- node actions */
@@ -852,7 +1209,8 @@ static char *entry_text(const struct node *nd, char *state)
 	return s;
 }
 
-/* mlfs_nodeentry_publish: its entry put when it changed. */
+/* mlfs_nodeentry_publish: its entry (/mlfs-nodes/<job>/<id>) put when it
+ * changed. */
 static void publish(struct worker *w, struct node *nd)
 {
 	char k[256];
@@ -864,7 +1222,7 @@ static void publish(struct worker *w, struct node *nd)
 		free(e);
 		return;
 	}
-	name(k, sizeof(k), "nodes/%s", nd->id);
+	snprintf(k, sizeof(k), "%s%s", S.nprefix, nd->id);
 	c_add(C_PUT, 1);
 	if (net_etcd_put(w->etcd, k, e, strlen(e), lease, NULL, &err)) {
 		fprintf(stderr, "sim_control: %s: put entry: %s\n", nd->id, err.text);
@@ -978,9 +1336,30 @@ static void finish(struct worker *w, struct node *nd, const struct att *a, int64
 	if (reason) {
 		abort_run("the coordinator aborted: %s", reason);
 	} else {
+		nd->announce = to; /* it follows the swaps and says when all are done */
 		atomic_store(&S.commit_sent_wall, sent);
 		atomic_store(&S.commit_wall, wall_ns());
 	}
+}
+
+/* mlfs_attempt.c's act_announce: "released" = @version, under the job's
+ * keys (every node's watch); a failed put only said (the others follow
+ * the entries themselves after 2 s). */
+static void announce(struct worker *w, struct node *nd, int64_t version)
+{
+	char k[256], v[32];
+	struct ptc_error err;
+	name(k, sizeof(k), "released");
+	snprintf(v, sizeof(v), "%" PRId64, version);
+	c_add(C_PUT, 1);
+	if (net_etcd_put(w->etcd, k, v, strlen(v), 0, NULL, &err) == 0) {
+		c_add(C_ANNOUNCED, 1);
+		c_max(C_LAST_ANNOUNCE, wall_ns());
+	} else {
+		fprintf(stderr, "sim_control: %s: announce: %s\n", nd->id, err.text);
+	}
+	if (nd->announce <= version)
+		nd->announce = 0;
 }
 
 /* The store starts preparing attempt @a (mlfs_attempt_prepare, then the
@@ -1008,11 +1387,12 @@ static bool prepare_done(struct node *nd)
 
 /*
  * mlfs_propose.c's propose_config on coordinator @nd for config 2: the
- * job's keys read (read_agreed: a range as mlfs_jobkeys_read, again every
- * 100 ms up to 20 times until every live node published the committed
- * version and its rank's step), the attempt built (propose_build,
- * move_nodes: every live node at the committed version takes part; job/
- * empty; no node down), created by one transaction that requires no
+ * job's keys read (read_agreed: mlfs_jobkeys_read's two ranges, the job's
+ * keys and the nodes' entries, again every 100 ms up to 20 times until
+ * every live node published the committed version and its rank's step),
+ * the attempt built (propose_build, move_nodes: every live node at the
+ * committed version takes part; job/ empty; no node down; "step" the one
+ * every live rank saved), created by one transaction that requires no
  * attempt and "config" unmoved, bound to its lease, deleting the votes an
  * earlier attempt to 2 left (propose_create); then its prepare starts at
  * once (propose_attempt). On the daemon an I/O worker runs it. 0: created;
@@ -1021,8 +1401,8 @@ static bool prepare_done(struct node *nd)
  */
 static int propose_once(struct node *nd)
 {
-	struct net_etcd_kv *kvs = NULL;
-	size_t n = 0, plen = strlen(S.prefix);
+	struct net_etcd_kv *kvs = NULL, *ekvs = NULL;
+	size_t n = 0, en = 0, plen = strlen(S.prefix), nplen = strlen(S.nprefix);
 	struct ptc_error err;
 	char ka[256], kc[256], kv[256], aid[24];
 	bool ok = false, has_config = false, has_attempt = false;
@@ -1030,14 +1410,28 @@ static int propose_once(struct node *nd)
 	json_t *nodes = NULL;
 
 	for (int tries = 0;; tries++) {
-		/* mlfs_jobkeys_read: one range of the job's keys, every entry
-		 * parsed (a proposal's read is fresh, not the mirror's) */
+		/* mlfs_jobkeys_read: one range of the job's keys, then one of
+		 * the nodes' entries, every entry parsed (a proposal's read is
+		 * fresh, not the mirrors') */
 		c_add(C_RANGE, 1);
-		if (net_etcd_range(S.cetcd, S.prefix, true, &kvs, &n, &rev, NULL, &err)) {
+		int rrc = net_etcd_range(S.cetcd, S.prefix, true, &kvs, &n, &rev, NULL, &err);
+		if (rrc == 0) {
+			c_add(C_RANGE, 1);
+			if ((rrc = net_etcd_range(S.cetcd, S.nprefix, true, &ekvs, &en, NULL, NULL,
+						  &err)))
+				net_etcd_kvs_free(kvs, n);
+		}
+		if (rrc) {
 			fprintf(stderr, "sim_control: propose: read: %s\n", err.text);
 			return 1; /* "the control plane (etcd) is unreachable" */
 		}
 		nodes = json_object();
+		for (size_t i = 0; i < en; i++) /* parse_nodes: not the saved/<id> marks */
+			if (!strchr(ekvs[i].key + nplen, '/'))
+				json_object_set_new(nodes, ekvs[i].key + nplen,
+						    json_loadb(ekvs[i].value, ekvs[i].len, 0, NULL)
+							?: json_object());
+		net_etcd_kvs_free(ekvs, en);
 		has_config = has_attempt = false;
 		for (size_t i = 0; i < n; i++) {
 			const char *nm = kvs[i].key + plen;
@@ -1047,10 +1441,6 @@ static int propose_once(struct node *nd)
 				config_mod = kvs[i].mod_revision;
 			} else if (strcmp(nm, "attempt") == 0) {
 				has_attempt = true;
-			} else if (strncmp(nm, "nodes/", 6) == 0) {
-				json_object_set_new(nodes, nm + 6,
-						    json_loadb(kvs[i].value, kvs[i].len, 0, NULL)
-							?: json_object());
 			}
 		}
 		net_etcd_kvs_free(kvs, n);
@@ -1091,11 +1481,12 @@ static int propose_once(struct node *nd)
 	if (getentropy(&rnd, sizeof(rnd)))
 		rnd = (uint64_t)wall_ms() * 2654435761u ^ (uint64_t)getpid();
 	snprintf(aid, sizeof(aid), "%016" PRIx64, rnd);
-	json_t *a = json_pack("{sssIsIsssssOsososIsoso}", "id", aid, "from", (json_int_t)committed,
-			      "to", (json_int_t)2, "config", S.config2, "coordinator", nd->id,
-			      "participants", parts, "down", json_array(), "backups", json_object(),
-			      "deadline_ms", (json_int_t)(wall_ms() + ATTEMPT_MS), "job",
-			      json_array(), "job_missing", json_array());
+	json_t *a =
+	    json_pack("{sssIsIsssssOsososIsososI}", "id", aid, "from", (json_int_t)committed, "to",
+		      (json_int_t)2, "config", S.config2, "coordinator", nd->id, "participants",
+		      parts, "down", json_array(), "backups", json_object(), "deadline_ms",
+		      (json_int_t)(wall_ms() + ATTEMPT_MS), "job", json_array(), "job_missing",
+		      json_array(), "step", (json_int_t)0);
 	char *att = a ? json_dumps(a, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
 	json_decref(a);
 	json_decref(parts);
@@ -1222,6 +1613,7 @@ static void act(struct worker *w, struct node *nd, const struct mlfs_action *a, 
 			nd->swap_wait = nd->prep_parts;
 			nd->prep_parts = NULL;
 			nd->swap_since_ms = wall_ms();
+			atomic_store(&nd->swap_waiting, true);
 			*woken = true;
 			if (nd->have == atomic_load(&S.target) && nd->swapped_v != nd->have) {
 				nd->swapped_v = nd->have;
@@ -1251,7 +1643,12 @@ static void act(struct worker *w, struct node *nd, const struct mlfs_action *a, 
 			nd->retained = 0;
 			att_put(nd->swap_wait);
 			nd->swap_wait = NULL;
+			atomic_store(&nd->swap_waiting, false);
+			nd->announce = 0;
 		}
+		break;
+	case MLFS_ACT_ANNOUNCE_RELEASED:
+		announce(w, nd, a->version);
 		break;
 	default: /* none other comes in this scenario (no node lost, no restore) */
 		fprintf(stderr, "sim_control: %s: %s: not simulated\n", nd->id,
@@ -1265,16 +1662,40 @@ static int64_t round_cost(const struct node *nd)
 {
 	if (!S.delay)
 		return 0;
-	return S.cost.base + (nd->seen.att ? S.cost.att + S.cost.ids : 0) +
-	       (nd->swap_wait ? S.cost.ids : 0) + (nd->mine ? S.cost.votes : 0);
+	return S.cost.base + (nd->seen.nodes_known ? S.cost.peers : 0) +
+	       (nd->seen.att ? S.cost.att + S.cost.ids : 0) + (nd->swap_wait ? S.cost.ids : 0) +
+	       (nd->mine ? S.cost.votes : 0);
+}
+
+/* mlfs_nodeentry_read_saved: this node's saved/<id> mark, read once (its
+ * first round): 0, or etcd's error with @err. None is ever put here. */
+static int read_saved(struct worker *w, struct node *nd, struct ptc_error *err)
+{
+	char k[256];
+	struct net_etcd_kv kv;
+	if (nd->saved_read)
+		return 0;
+	snprintf(k, sizeof(k), "%ssaved/%s", S.nprefix, nd->id);
+	c_add(C_RANGE, 1);
+	int rc = net_etcd_get(w->etcd, k, &kv, NULL, err);
+	if (rc && rc != -ENOENT)
+		return rc;
+	if (rc == 0) {
+		free(kv.key);
+		free(kv.value);
+	}
+	nd->saved_read = true;
+	c_add(C_STARTED, 1);
+	return 0;
 }
 
 /*
  * A round's first half (mlfs_cluster.c's round_once up to mlfs_decide):
- * the mirror synced (a range and a watch when it is not live), the votes
- * mirror synced and copied while this node coordinates (stopped when it no
- * longer does), the snapshot (mlfs_attempt.c's snapshot) and the decision.
- * The actions wait for the daemon's CPU of this round (round_act).
+ * the job's mirror synced (a watch and a range when it is not live), the
+ * saved/<id> mark read once, the entries followed while need_peers() says
+ * so, the votes while this node coordinates (each stopped when no longer
+ * needed), the snapshot (mlfs_attempt.c's snapshot) and the decision. The
+ * actions wait for the daemon's CPU of this round (round_act).
  */
 static void round_decide(struct worker *w, struct node *nd)
 {
@@ -1290,25 +1711,24 @@ static void round_decide(struct worker *w, struct node *nd)
 		nd->propose_pending = false;
 		propose(nd);
 	}
+	bool coordinating = nd->mine != NULL;
 	if (group_sync(w, g))
 		return; /* rule 1: without etcd nothing is decided */
-	if (!nd->mine && S.votes_init && S.votes.watch && nd->idx == 0)
-		mlfs_mirror_stop(&S.votes);
-	if (nd->mine) {
-		pthread_mutex_lock(&S.votes.lock);
-		bool live = S.votes.live;
-		pthread_mutex_unlock(&S.votes.lock);
-		int64_t ranges = S.votes.ranges, rev;
-		if (!live)
-			c_add(C_RANGE, 1);
-		int rc = mlfs_mirror_sync(&S.votes, &err);
-		if (S.votes.ranges > ranges) {
-			c_add(C_WATCH, 1);
-			pthread_mutex_lock(&S.votes.lock);
-			atomic_fetch_add(&S.votes_read, (int64_t)S.votes.n);
-			pthread_mutex_unlock(&S.votes.lock);
-		}
-		if (rc || mlfs_mirror_copy(&S.votes, &vk, &nvk, &rev, &err)) {
+	if (read_saved(w, nd, &err)) {
+		fprintf(stderr, "sim_control: %s: saved mark: %s\n", nd->id, err.text);
+		return;
+	}
+	if (follow_entries(w, nd, &err)) {
+		fprintf(stderr, "sim_control: %s: entries: %s\n", nd->id, err.text);
+		return;
+	}
+	if (nd->idx == 0 && S.votes_init && mirror_follow(&S.votes, coordinating, false, &err)) {
+		fprintf(stderr, "sim_control: %s: votes: %s\n", nd->id, err.text);
+		return;
+	}
+	if (coordinating) {
+		int64_t rev;
+		if (mlfs_mirror_copy(&S.votes, &vk, &nvk, &rev, &err)) {
 			fprintf(stderr, "sim_control: %s: votes: %s\n", nd->id, err.text);
 			return;
 		}
@@ -1325,6 +1745,8 @@ static void round_decide(struct worker *w, struct node *nd)
 	}
 	c_add(C_ROUNDS, 1);
 	char commit_id[24];
+	bool known = entries_of(nd, w->ent);
+	nd->seen.nodes_known = known;
 	pthread_mutex_lock(&g->lock);
 	struct att *a = att_ref(g->att);
 	nd->seen.etcd_ok = g->live;
@@ -1336,10 +1758,12 @@ static void round_decide(struct worker *w, struct node *nd)
 	    .committed = g->committed > 0 ? g->committed : 0,
 	    .commit_id = commit_id,
 	    .saved_step = -1,
+	    .nodes_known = known,
+	    .released = g->released,
 	};
 	snprintf(commit_id, sizeof(commit_id), "%s", g->config_id);
 	for (int i = 0; i < S.n; i++) {
-		uint32_t e = g->ent[i];
+		uint32_t e = known ? w->ent[i] : 0; /* mlfs_jobkeys: no entry when not read */
 		w->sn[i] = (struct mlfs_snap_node){
 		    .id = S.ids[i],
 		    .up = e & E_UP,
@@ -1414,6 +1838,14 @@ static int round_act(struct worker *w, struct node *nd, bool *woken)
 	nd->nacts = 0;
 	if (etcd_ok)
 		publish(w, nd);
+	/* round_once's last step: a release this round may end the need for
+	 * the entries */
+	if (!need_peers(nd)) {
+		if (nd->idx == 0 && S.votes_init)
+			mirror_follow(&S.peers, false, true, &(struct ptc_error){0});
+		else
+			peers_stop(nd);
+	}
 	if (prepare_done(nd)) /* the build worker's set_state(PREPARED) */
 		*woken = true;
 	int target = atomic_load(&S.target);
@@ -1423,13 +1855,15 @@ static int round_act(struct worker *w, struct node *nd, bool *woken)
 		c_add(C_RELEASED, 1);
 		c_max(C_LAST_RELEASE, wall_ns());
 	}
-	/* nap_ms: a retained layout waits for the swaps every 50 ms for 2 s
-	 * after the commit, then every second */
+	/* nap_ms: a retained layout waits for the announcement until 2 s
+	 * after its swap (then it follows the entries itself: need_peers),
+	 * then every second */
 	int64_t swap = nd->swap_wait ? wall_ms() - nd->swap_since_ms : -1;
-	return !etcd_ok			       ? 200
-	       : swap >= 0 && swap < 2000      ? 50
-	       : nd->attempt_seen || swap >= 0 ? 1000
-					       : 30000;
+	if (!etcd_ok)
+		return 200;
+	if (swap >= 0 && swap < 2000)
+		return (int)(2000 - swap) + 10;
+	return nd->attempt_seen || swap >= 0 ? 1000 : 30000;
 }
 
 static void *round_main(void *arg)
@@ -1576,10 +2010,13 @@ static struct net_etcd_kv *kvs_copy(const struct net_etcd_kv *kv, size_t n)
  * The CPU one round of the daemon's own code costs at this N, on a copy of
  * that code over keys shaped as the simulation's, the cheapest of three
  * tries of each part:
- *   base:  mlfs_mirror_copy of the job's keys, mlfs_jobkeys.c's parse (every
- *          entry from its cache of entries parsed per revision,
- *          entry_parsed; the config parsed), mlfs_nodeentry_sync_steps, and
- *          the snapshot's loop over the nodes (their entries' fields);
+ *   base:  mlfs_mirror_copy of the job's keys, mlfs_jobkeys.c's parse (the
+ *          config parsed), and the snapshot's loop over the nodes (no
+ *          entries: this node does not follow them);
+ *   peers: while it follows the entries (need_peers): mlfs_mirror_copy of
+ *          them, parse_nodes (every entry from its cache of entries parsed
+ *          per revision, entry_parsed), mlfs_nodeentry_sync_steps, and the
+ *          snapshot's reading of each entry's fields;
  *   att:   the attempt copied and parsed (while one is in etcd);
  *   ids:   the snapshot's mlfs_cluster_ids_has for every node over an N-id
  *          list: paid once for the attempt's participants, once for
@@ -1589,20 +2026,21 @@ static struct net_etcd_kv *kvs_copy(const struct net_etcd_kv *kv, size_t n)
  */
 static struct cost daemon_cost(void)
 {
-	size_t n = (size_t)S.n, k = 0;
-	struct net_etcd_kv *kv = xcalloc(n + 3, sizeof(*kv)), *vk = xcalloc(n, sizeof(*vk));
+	size_t n = (size_t)S.n, k = 0, nplen = strlen(S.nprefix);
+	struct net_etcd_kv *kv = xcalloc(2, sizeof(*kv)), *ek = xcalloc(n, sizeof(*ek));
+	struct net_etcd_kv *vk = xcalloc(n, sizeof(*vk));
 	char key[256], val[128];
 	struct node tmp = {0};
 	json_t *parts = json_array();
-	struct cost best = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+	struct cost best = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
 
 	for (size_t i = 0; i < n; i++)
 		json_array_append_new(parts, json_string(S.ids[i]));
-	json_t *a =
-	    json_pack("{sssIsIsssssOsososIsoso}", "id", "0123456789abcdef", "from", (json_int_t)1,
-		      "to", (json_int_t)2, "config", S.config2, "coordinator", "n0", "participants",
-		      parts, "down", json_array(), "backups", json_object(), "deadline_ms",
-		      (json_int_t)wall_ms(), "job", json_array(), "job_missing", json_array());
+	json_t *a = json_pack("{sssIsIsssssOsososIsososI}", "id", "0123456789abcdef", "from",
+			      (json_int_t)1, "to", (json_int_t)2, "config", S.config2,
+			      "coordinator", "n0", "participants", parts, "down", json_array(),
+			      "backups", json_object(), "deadline_ms", (json_int_t)wall_ms(), "job",
+			      json_array(), "job_missing", json_array(), "step", (json_int_t)0);
 	const char *texts[] = {S.config1, S.schema}, *names[] = {"config", "schema"};
 	for (int i = 0; i < 2; i++, k++) {
 		name(key, sizeof(key), "%s", names[i]);
@@ -1610,14 +2048,14 @@ static struct cost daemon_cost(void)
 		kv[k].value = strdup(texts[i]);
 		kv[k].len = strlen(texts[i]);
 	}
-	for (size_t i = 0; i < n; i++, k++) {
+	for (size_t i = 0; i < n; i++) {
 		char st[16] = "";
 		tmp.idx = (int)i;
 		tmp.have = 1;
-		name(key, sizeof(key), "nodes/%s", S.ids[i]);
-		kv[k].key = strdup(key);
-		kv[k].value = entry_text(&tmp, st);
-		kv[k].len = strlen(kv[k].value);
+		snprintf(key, sizeof(key), "%s%s", S.nprefix, S.ids[i]);
+		ek[i].key = strdup(key);
+		ek[i].value = entry_text(&tmp, st);
+		ek[i].len = strlen(ek[i].value);
 	}
 	struct net_etcd_kv att = {.key = strdup("attempt"),
 				  .value = json_dumps(a, JSON_COMPACT | JSON_SORT_KEYS)};
@@ -1633,29 +2071,37 @@ static struct cost daemon_cost(void)
 	size_t plen = strlen(S.prefix);
 	int64_t found = 0;
 	json_t *parsed = json_object(); /* c->parsed: {id: [mod_revision, entry]} */
-	for (size_t i = 0; i < k; i++)
-		if (strncmp(kv[i].key + plen, "nodes/", 6) == 0)
-			json_object_set_new(parsed, kv[i].key + plen + 6,
-					    json_pack("[Io]", (json_int_t)kv[i].mod_revision,
-						      json_loadb(kv[i].value, kv[i].len, 0, NULL)));
+	for (size_t i = 0; i < n; i++)
+		json_object_set_new(parsed, ek[i].key + nplen,
+				    json_pack("[Io]", (json_int_t)ek[i].mod_revision,
+					      json_loadb(ek[i].value, ek[i].len, 0, NULL)));
 	for (int rep = 0; rep < 3; rep++) {
 		double t0 = cpu_ns();
 		struct net_etcd_kv *c = kvs_copy(kv, k);
-		json_t *nodes = json_object();
+		json_t *none = json_object();
 		int64_t committed = 0;
 		for (size_t i = 0; i < k; i++) {
-			const char *nm = c[i].key + plen;
-			if (strncmp(nm, "nodes/", 6) == 0) { /* entry_parsed: a hit */
-				json_t *hit = json_object_get(parsed, nm + 6), *j = NULL;
-				if (hit &&
-				    json_integer_value(json_array_get(hit, 0)) == c[i].mod_revision)
-					j = json_incref(json_array_get(hit, 1));
-				json_object_set_new(nodes, nm + 6, j ?: json_object());
-			} else if (strcmp(nm, "config") == 0) {
+			if (strcmp(c[i].key + plen, "config") == 0) {
 				json_t *j = json_loadb(c[i].value, c[i].len, 0, NULL);
 				committed = json_integer_value(json_object_get(j, "version"));
 				json_decref(j);
 			}
+		}
+		for (size_t i = 0; i < n; i++) { /* snapshot: no entry known */
+			const json_t *en = json_object_get(none, S.ids[i]);
+			found -= json_integer_value(json_object_get(en, "version"));
+		}
+		double t1 = cpu_ns();
+		struct net_etcd_kv *ce = kvs_copy(ek, n);
+		json_t *nodes = json_object();
+		for (size_t i = 0; i < n; i++) { /* parse_nodes, entry_parsed: a hit */
+			const char *id = ce[i].key + nplen;
+			if (strchr(id, '/'))
+				continue;
+			json_t *hit = json_object_get(parsed, id), *j = NULL;
+			if (hit && json_integer_value(json_array_get(hit, 0)) == ce[i].mod_revision)
+				j = json_incref(json_array_get(hit, 1));
+			json_object_set_new(nodes, id, j ?: json_object());
 		}
 		const char *id;
 		json_t *e;
@@ -1673,14 +2119,14 @@ static struct cost daemon_cost(void)
 			found += json_string_value(json_object_get(en, "state")) != NULL;
 			found += json_integer_value(json_object_get(en, "version"));
 		}
-		double t1 = cpu_ns();
+		double t2 = cpu_ns();
 		struct net_etcd_kv *ca = kvs_copy(&att, 1);
 		json_t *aj = json_loadb(ca->value, ca->len, 0, NULL);
-		double t2 = cpu_ns();
+		double t3 = cpu_ns();
 		const json_t *ps = json_object_get(aj, "participants");
 		for (size_t i = 0; i < n; i++)
 			found += mlfs_cluster_ids_has(ps, S.ids[i]);
-		double t3 = cpu_ns();
+		double t4 = cpu_ns();
 		struct net_etcd_kv *cv = kvs_copy(vk, n);
 		for (size_t i = 0; i < n; i++) { /* vote_of */
 			char want[256];
@@ -1691,24 +2137,28 @@ static struct cost daemon_cost(void)
 					break;
 				}
 		}
-		double t4 = cpu_ns();
+		double t5 = cpu_ns();
+		json_decref(none);
 		json_decref(nodes);
 		json_decref(aj);
 		net_etcd_kvs_free(c, k);
+		net_etcd_kvs_free(ce, n);
 		net_etcd_kvs_free(ca, 1);
 		net_etcd_kvs_free(cv, n);
-		int64_t p[4] = {(int64_t)(t1 - t0), (int64_t)(t2 - t1), (int64_t)(t3 - t2),
-				(int64_t)(t4 - t3)};
+		int64_t p[5] = {(int64_t)(t1 - t0), (int64_t)(t2 - t1), (int64_t)(t3 - t2),
+				(int64_t)(t4 - t3), (int64_t)(t5 - t4)};
 		best.base = p[0] < best.base ? p[0] : best.base;
-		best.att = p[1] < best.att ? p[1] : best.att;
-		best.ids = p[2] < best.ids ? p[2] : best.ids;
-		best.votes = p[3] < best.votes ? p[3] : best.votes;
+		best.peers = p[1] < best.peers ? p[1] : best.peers;
+		best.att = p[2] < best.att ? p[2] : best.att;
+		best.ids = p[3] < best.ids ? p[3] : best.ids;
+		best.votes = p[4] < best.votes ? p[4] : best.votes;
 	}
 	if (found != (int64_t)(3 * 5 * n)) /* what each part looked for, every time */
 		fprintf(stderr, "sim_control: round cost: %" PRId64 " found of %zu\n", found,
 			3 * 5 * n);
 	json_decref(parsed);
 	net_etcd_kvs_free(kv, k);
+	net_etcd_kvs_free(ek, n);
 	net_etcd_kvs_free(vk, n);
 	free(att.key);
 	free(att.value);
@@ -1811,7 +2261,7 @@ static void counts_window(bool target)
 	atomic_store(&counts[C_FIRST_EXPIRED], 0);
 	if (!target)
 		return;
-	for (int k = C_SWAPPED; k <= C_VOTES; k++)
+	for (int k = C_SWAPPED; k <= C_FALLBACKS; k++)
 		atomic_store(&counts[k], 0);
 	for (int k = C_LAST_SWAP; k < NC; k++)
 		if (k != C_LAST_KA_ERR && k != C_LAST_EXPIRED && k != C_FIRST_KA_ERR &&
@@ -1940,8 +2390,8 @@ static void start_slice(void)
 		g->first = gi * S.per;
 		g->count = g->first + S.per <= S.n ? S.per : S.n - g->first;
 		pthread_mutex_init(&g->lock, NULL);
+		pthread_cond_init(&g->cond, NULL);
 		pthread_mutex_init(&g->sync_lock, NULL);
-		g->ent = xcalloc((size_t)S.n, sizeof(*g->ent));
 		for (int i = g->first; i < g->first + g->count; i++)
 			node_at(i)->g = g;
 	}
@@ -1953,6 +2403,7 @@ static void start_slice(void)
 		ws[i].ka = i >= S.nworkers;
 		if (!ws[i].ka) {
 			ws[i].sn = xcalloc((size_t)S.n, sizeof(*ws[i].sn));
+			ws[i].ent = xcalloc((size_t)S.n, sizeof(*ws[i].ent));
 			ws[i].vote = xcalloc((size_t)S.n, sizeof(*ws[i].vote));
 		}
 		if (pthread_create(&ws[i].thread, NULL, ws[i].ka ? ka_main : round_main, &ws[i]))
@@ -1976,7 +2427,8 @@ static void *register_main(void *arg)
 }
 
 /* "sync": one read of the job, every stream's view from it and its watch
- * from the next revision (start-up, DESIGN), then every node's first
+ * from now (start-up, DESIGN: nothing is put under /mlfs/<job>/ between
+ * the read and the watches, so none is missed), then every node's first
  * round. */
 static void sync_slice(void)
 {
@@ -1984,7 +2436,7 @@ static void sync_slice(void)
 	size_t n;
 	int64_t rev;
 	struct ptc_error err;
-	struct group tpl = {.ent = xcalloc((size_t)S.n, sizeof(uint32_t))};
+	struct group tpl = {0};
 	/* not a daemon's request: a patient client (etcd may be busy with the
 	 * keep-alives of thousands of nodes) */
 	struct net_etcd *e = client_with(60000, 120000);
@@ -2009,17 +2461,16 @@ static void sync_slice(void)
 		while (now_ns() < due) /* the nodes start --join-rate a second */
 			nap_ms(1);
 		pthread_mutex_lock(&g->lock);
-		memcpy(g->ent, tpl.ent, (size_t)S.n * sizeof(uint32_t));
 		g->has_schema = tpl.has_schema;
 		g->committed = tpl.committed;
+		g->released = tpl.released;
 		memcpy(g->config_id, tpl.config_id, sizeof(g->config_id));
 		g->att = att_ref(tpl.att);
 		g->revision = g->last_event = rev;
 		g->live = true;
 		pthread_mutex_unlock(&g->lock);
 		c_add(C_WATCH, 1);
-		if (net_etcd_watch_start(main_etcd, S.prefix, rev + 1, on_watch, g, &g->watch,
-					 &err)) {
+		if (net_etcd_watch_start(main_etcd, S.prefix, 0, on_watch, g, &g->watch, &err)) {
 			fprintf(stderr, "sim_control: stream %d: watch: %s\n", g->idx, err.text);
 			pthread_mutex_lock(&g->lock);
 			g->live = false; /* the node's next round syncs it */
@@ -2027,26 +2478,32 @@ static void sync_slice(void)
 		}
 	}
 	att_put(tpl.att);
-	free(tpl.ent);
 	for (int i = S.lo; i < S.hi; i++)
 		wake(node_at(i));
 }
 
 /* mlfs_cluster.c's votes_changed: the votes mirror (live only while n0
  * coordinates) wakes it. */
-static void votes_changed(void *arg, int urgent)
+static void votes_changed(void *arg)
 {
 	(void)arg;
-	(void)urgent;
 	if (!atomic_load(&S.stop))
 		wake(node_at(0));
 }
 
-static int64_t votes_events(void)
+/* peers_changed for n0's real entries mirror (S.peers). */
+static void n0_peers_changed(void *arg)
 {
-	pthread_mutex_lock(&S.votes.lock);
-	int64_t n = S.votes.events;
-	pthread_mutex_unlock(&S.votes.lock);
+	(void)arg;
+	peers_changed(node_at(0));
+}
+
+/* The events mirror @m applied (its watch's, every sync's). */
+static int64_t mirror_events(struct mlfs_mirror *m)
+{
+	pthread_mutex_lock(&m->lock);
+	int64_t n = m->events;
+	pthread_mutex_unlock(&m->lock);
 	return n;
 }
 
@@ -2128,21 +2585,26 @@ static void stop_slice(void)
 		pthread_join(ws[i].thread, NULL);
 		net_etcd_free(ws[i].etcd);
 		free(ws[i].sn);
+		free(ws[i].ent);
 		free(ws[i].vote);
 	}
 	free(ws);
-	if (S.votes_init) /* its watch's thread ends first: it wakes n0 */
+	if (S.votes_init) { /* their watches' threads end first: they wake n0 */
 		mlfs_mirror_release(&S.votes);
+		mlfs_mirror_release(&S.peers);
+	}
 	for (int gi = 0; gi < S.ghi - S.glo; gi++) {
 		struct group *g = &S.groups[gi];
 		net_etcd_watch_stop(g->watch);
 		att_put(g->att);
-		free(g->ent);
+		pend_free(&g->pend);
 		pthread_mutex_destroy(&g->lock);
+		pthread_cond_destroy(&g->cond);
 		pthread_mutex_destroy(&g->sync_lock);
 	}
 	for (int i = S.lo; i < S.hi; i++) {
 		struct node *nd = node_at(i);
+		peers_stop(nd);
 		free(nd->mine);
 		free(nd->published);
 		att_put(nd->prep_parts);
@@ -2259,17 +2721,15 @@ static json_t *diff(const struct snapshot *a, const struct snapshot *b)
 			    json_real((double)b->c[C_KA_LAT_MAX] / 1e9));
 	json_object_set_new(o, "keepalive_gap_max_s", json_real((double)b->c[C_GAP_MAX] / 1e9));
 	json_object_set_new(o, "keepalive_errors", json_integer(b->c[C_KA_ERR] - a->c[C_KA_ERR]));
-	json_object_set_new(o, "leases_expired",
-			    json_integer(b->c[C_ENTRY_GONE] - a->c[C_ENTRY_GONE]));
-	json_object_set_new(o, "expiries_noticed", json_integer(b->c[C_EXPIRED] - a->c[C_EXPIRED]));
+	/* etcd expired a lease: the node's next keep-alive found it gone (no
+	 * node watches the entries all the time, so none sees the delete) */
+	json_object_set_new(o, "leases_expired", json_integer(b->c[C_EXPIRED] - a->c[C_EXPIRED]));
 	json_object_set_new(o, "watch_events", json_integer(b->c[C_EVENTS] - a->c[C_EVENTS]));
 	json_object_set_new(o, "watch_messages", json_integer(b->c[C_MESSAGES] - a->c[C_MESSAGES]));
 	json_object_set_new(o, "watch_bytes", json_integer(b->c[C_BYTES] - a->c[C_BYTES]));
 	json_object_set_new(o, "watch_events_stale", json_integer(b->c[C_STALE] - a->c[C_STALE]));
-	json_object_set_new(o, "watch_events_entry_puts",
-			    json_integer(b->c[C_EV_PUT] - a->c[C_EV_PUT]));
-	json_object_set_new(o, "watch_events_entry_deletes",
-			    json_integer(b->c[C_EV_DEL] - a->c[C_EV_DEL]));
+	json_object_set_new(o, "watch_events_dropped",
+			    json_integer(b->c[C_DROPPED] - a->c[C_DROPPED]));
 	bool cpu = a->etcd_cpu >= 0 && b->etcd_cpu >= 0; /* else /proc was not read */
 	json_object_set_new(o, "etcd_cpu_s",
 			    cpu ? json_real(b->etcd_cpu - a->etcd_cpu) : json_null());
@@ -2315,7 +2775,7 @@ static bool wait_for(bool (*done)(const int64_t *c), double timeout_s, const cha
 				" leases expired\n",
 				what, (double)(t - t0) / 1e9, c[C_REGISTERED], c[C_CREATED],
 				c[C_VOTES], c[C_SWAPPED], c[C_RELEASED], S.n, c[C_EVENTS],
-				c[C_ENTRY_GONE]);
+				c[C_EXPIRED]);
 			next = t + 5000000000LL;
 		}
 		nap_ms(100);
@@ -2330,6 +2790,11 @@ static bool all_registered(const int64_t *c)
 static bool all_watching(const int64_t *c)
 {
 	return c[C_CREATED] >= S.ngroups;
+}
+
+static bool all_started(const int64_t *c)
+{
+	return c[C_STARTED] >= S.n;
 }
 
 static bool all_released(const int64_t *c)
@@ -2364,7 +2829,7 @@ int main(int argc, char **argv)
 	double idle_s = 10, timeout_s = 600;
 	int per_process = 2500;
 	const char *child = NULL;
-	int64_t cost_ns[4] = {-1, -1, -1, -1};
+	int64_t cost_ns[5] = {-1, -1, -1, -1, -1};
 
 	S.job = "sim";
 	S.delay = true;
@@ -2407,15 +2872,16 @@ int main(int argc, char **argv)
 		else if (strcmp(a, "--child") == 0)
 			child = v;
 		else if (strcmp(a, "--cost") == 0) /* a child's: the first's measure */
-			sscanf(v, "%" SCNd64 ":%" SCNd64 ":%" SCNd64 ":%" SCNd64, &cost_ns[0],
-			       &cost_ns[1], &cost_ns[2], &cost_ns[3]);
+			sscanf(v, "%" SCNd64 ":%" SCNd64 ":%" SCNd64 ":%" SCNd64 ":%" SCNd64,
+			       &cost_ns[0], &cost_ns[1], &cost_ns[2], &cost_ns[3], &cost_ns[4]);
 		else
 			usage();
 	}
 	if (!S.url || S.n < 2 || S.n > 1000000 || per_process < 1)
 		usage();
-	snprintf(S.prefix, sizeof(S.prefix), "/mlfs/%s/", S.job);
-	snprintf(S.vprefix, sizeof(S.vprefix), "/mlfs-votes/%s/", S.job);
+	snprintf(S.prefix, sizeof(S.prefix), MLFS_KEYS_JOB, S.job);
+	snprintf(S.vprefix, sizeof(S.vprefix), MLFS_KEYS_VOTES, S.job);
+	snprintf(S.nprefix, sizeof(S.nprefix), MLFS_KEYS_NODES, S.job);
 	if (S.ka_ms <= 0)
 		S.ka_ms = 1000; /* mlfs_nodeentry_keepalive_main */
 	if (S.ttl <= 0)
@@ -2480,7 +2946,7 @@ int main(int argc, char **argv)
 	main_etcd = client();
 	int rc = 1;
 	if (child) {
-		S.cost = (struct cost){cost_ns[0], cost_ns[1], cost_ns[2], cost_ns[3]};
+		S.cost = (struct cost){cost_ns[0], cost_ns[1], cost_ns[2], cost_ns[3], cost_ns[4]};
 		rc = child_main();
 		goto end;
 	}
@@ -2489,18 +2955,20 @@ int main(int argc, char **argv)
 	if (net_http_new(NULL, &metrics_http, &err))
 		die("%s", err.text);
 	S.cost = daemon_cost();
-	/* the coordinator's client and votes mirror */
+	/* the coordinator's client, votes and entries mirrors */
 	S.cetcd = client();
-	if (mlfs_mirror_init(&S.votes, S.cetcd, S.vprefix, votes_changed, NULL))
-		die("votes mirror");
+	if (mlfs_mirror_init(&S.votes, S.cetcd, S.vprefix, votes_changed, NULL) ||
+	    mlfs_mirror_init(&S.peers, S.cetcd, S.nprefix, n0_peers_changed, NULL))
+		die("mirrors");
 	S.votes_init = true;
+	double coord_ms =
+	    (double)(S.cost.base + S.cost.peers + S.cost.att + S.cost.ids + S.cost.votes) / 1e6;
 	fprintf(stderr,
 		"sim_control: %d nodes, %d watch streams (%d nodes each) in %d processes, "
 		"%d round and %d keep-alive workers here; a daemon's round: %.2f ms, with an "
 		"attempt %.2f ms, coordinating %.2f ms; etcd %s\n",
 		S.n, S.ngroups, S.per, nproc, S.nworkers, S.nka, (double)S.cost.base / 1e6,
-		(double)(S.cost.base + S.cost.att + S.cost.ids) / 1e6,
-		(double)(S.cost.base + S.cost.att + S.cost.ids + S.cost.votes) / 1e6, S.url);
+		(double)(S.cost.base + S.cost.att + S.cost.ids) / 1e6, coord_ms, S.url);
 
 	json_t *out = json_object();
 	json_object_set_new(out, "nodes", json_integer(S.n));
@@ -2519,12 +2987,13 @@ int main(int argc, char **argv)
 			    json_boolean(S.per == 1 && S.ka_ms == 1000 && S.ttl == LEASE_TTL));
 	json_object_set_new(out, "round_delay", json_boolean(S.delay));
 	json_object_set_new(out, "join_rate", json_integer(S.join_rate));
-	json_object_set_new(
-	    out, "daemon_round_ms",
-	    json_pack("{sfsfsfsf}", "idle", (double)S.cost.base / 1e6, "attempt",
-		      (double)(S.cost.base + S.cost.att + S.cost.ids) / 1e6, "after_commit",
-		      (double)(S.cost.base + S.cost.ids) / 1e6, "coordinator",
-		      (double)(S.cost.base + S.cost.att + S.cost.ids + S.cost.votes) / 1e6));
+	json_object_set_new(out, "daemon_round_ms",
+			    json_pack("{sfsfsfsfsf}", "idle", (double)S.cost.base / 1e6, "attempt",
+				      (double)(S.cost.base + S.cost.att + S.cost.ids) / 1e6,
+				      "after_commit", (double)(S.cost.base + S.cost.ids) / 1e6,
+				      "after_commit_following_entries",
+				      (double)(S.cost.base + S.cost.peers + S.cost.ids) / 1e6,
+				      "coordinator", coord_ms));
 
 	/* ---- setup: the job's schema and first config, then the other
 	 * processes, every node registered, every stream's watch */
@@ -2535,8 +3004,8 @@ int main(int argc, char **argv)
 	children = xcalloc((size_t)nproc, sizeof(*children));
 	char costs[128], nodes_s[16], watches_s[16], ka_s[16], jr_s[16], spp_s[16], rw_s[16],
 	    kw_s[16], ttl_s[16];
-	snprintf(costs, sizeof(costs), "%" PRId64 ":%" PRId64 ":%" PRId64 ":%" PRId64, S.cost.base,
-		 S.cost.att, S.cost.ids, S.cost.votes);
+	snprintf(costs, sizeof(costs), "%" PRId64 ":%" PRId64 ":%" PRId64 ":%" PRId64 ":%" PRId64,
+		 S.cost.base, S.cost.peers, S.cost.att, S.cost.ids, S.cost.votes);
 	snprintf(nodes_s, sizeof(nodes_s), "%d", S.n);
 	snprintf(watches_s, sizeof(watches_s), "%d", S.ngroups);
 	snprintf(ka_s, sizeof(ka_s), "%d", S.ka_ms);
@@ -2579,6 +3048,8 @@ int main(int argc, char **argv)
 		broadcast_recv(NULL);
 		ok = wait_for(all_watching, timeout_s, "watching");
 	}
+	if (ok) /* every node's first round done (its saved/<id> mark read) */
+		ok = wait_for(all_started, timeout_s, "first rounds");
 	quiet_since = wall_ns();
 	if (ok) /* every stream's backlog delivered: no event for 2 s */
 		ok = wait_for(quiet, timeout_s, "quiet");
@@ -2588,9 +3059,10 @@ int main(int argc, char **argv)
 	if (!ok) {
 		json_object_set_new(out, "failed",
 				    json_sprintf("setup: %" PRId64 " of %d registered, %" PRId64
-						 " of %d watches after %.0f s",
+						 " of %d watches, %" PRId64
+						 " first rounds after %.0f s",
 						 s1.c[C_REGISTERED], S.n, s1.c[C_CREATED],
-						 S.ngroups, timeout_s));
+						 S.ngroups, s1.c[C_STARTED], timeout_s));
 		goto report;
 	}
 	fprintf(stderr, "sim_control: every node registered and watching (%.1f s)\n",
@@ -2613,7 +3085,7 @@ int main(int argc, char **argv)
 	counts_window(true);
 	atomic_store(&S.target, 2);
 	broadcast("target 2\n", NULL);
-	int64_t vm_events0 = votes_events();
+	int64_t vm_events0 = mirror_events(&S.votes), pm_events0 = mirror_events(&S.peers);
 	take(&s3);
 	node_at(0)->propose_pending = true;
 	wake(node_at(0));
@@ -2647,6 +3119,9 @@ int main(int argc, char **argv)
 	if (commit && c[C_PUBLISHED] == S.n)
 		json_object_set_new(rec, "commit_to_last_swap_published_s",
 				    json_real(secs(commit, c[C_LAST_PUBLISHED])));
+	if (commit && c[C_LAST_ANNOUNCE])
+		json_object_set_new(rec, "commit_to_announce_s",
+				    json_real(secs(commit, c[C_LAST_ANNOUNCE])));
 	if (commit && c[C_RELEASED] == S.n)
 		json_object_set_new(rec, "commit_to_last_release_s",
 				    json_real(secs(commit, c[C_LAST_RELEASE])));
@@ -2657,8 +3132,20 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 4; i++)
 		if (created && c[ks[i]])
 			json_object_set_new(rec, at[i], json_real(secs(created, c[ks[i]])));
-	json_object_set_new(rec, "votes_watch_events", json_integer(votes_events() - vm_events0));
+	int64_t votes_ev = mirror_events(&S.votes) - vm_events0;
+	int64_t entries_ev =
+	    mirror_events(&S.peers) - pm_events0 + c[C_EN_EVENTS] - s3.c[C_EN_EVENTS];
+	json_object_set_new(rec, "votes_watch_events", json_integer(votes_ev));
 	json_object_set_new(rec, "votes_read", json_integer(atomic_load(&S.votes_read)));
+	/* the nodes' entries: who followed them (n0, and any node whose 2 s
+	 * ran out), what their ranges read and their watches got */
+	json_object_set_new(rec, "announced", json_integer(c[C_ANNOUNCED]));
+	json_object_set_new(rec, "entries_follows", json_integer(c[C_FOLLOWS]));
+	json_object_set_new(rec, "entries_follows_fallback", json_integer(c[C_FALLBACKS]));
+	json_object_set_new(rec, "entries_read", json_integer(c[C_EN_READ] - s3.c[C_EN_READ]));
+	json_object_set_new(rec, "entries_watch_events", json_integer(entries_ev));
+	json_object_set_new(rec, "watch_events_all",
+			    json_integer(s4.c[C_EVENTS] - s3.c[C_EVENTS] + votes_ev + entries_ev));
 	json_object_set_new(rec, "proposals", json_integer(S.propose_tries));
 	int64_t all = json_integer_value(json_object_get(rec, "requests"));
 	int64_t kas = s4.c[C_KEEPALIVE] - s3.c[C_KEEPALIVE];

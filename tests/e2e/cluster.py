@@ -210,8 +210,14 @@ class Etcd:
         return {kv.key: kv for kv in map(self._kv, r.get("kvs", []))}
 
     def job(self, job):
-        prefix = f"/mlfs/{job}/"
-        return {k[len(prefix):]: v for k, v in self.range(prefix).items()}
+        """The job's keys by name: /mlfs/<job>/<name>, and the nodes' entries and saved
+        marks (under /mlfs-nodes/<job>/) as nodes/<id> and saved/<id>."""
+        prefix, nodes = f"/mlfs/{job}/", f"/mlfs-nodes/{job}/"
+        keys = {k[len(prefix):]: v for k, v in self.range(prefix).items()}
+        for k, v in self.range(nodes).items():
+            name = k[len(nodes):]
+            keys[name if name.startswith("saved/") else f"nodes/{name}"] = v
+        return keys
 
     def lease_ttl(self, lease):
         """(remaining TTL, granted TTL) of @lease; (-1, 0) when it does not exist."""
@@ -546,11 +552,11 @@ class Cluster:
     def wait_registered(self, ids=None, timeout=20):
         ids = ids or [n.id for n in self.live()]
         self.wait(lambda: all(f"nodes/{i}" in self.keys() for i in ids),
-                  f"{ids} registered in etcd under /mlfs/{self.job}/nodes/", timeout)
+                  f"{ids} registered in etcd under /mlfs-nodes/{self.job}/", timeout)
 
     def wait_down(self, node_id, timeout=30):
         self.wait(lambda: f"nodes/{node_id}" not in self.keys(),
-                  f"/mlfs/{self.job}/nodes/{node_id} gone (its lease expired)", timeout)
+                  f"/mlfs-nodes/{self.job}/{node_id} gone (its lease expired)", timeout)
 
     def committed(self):
         """The config in etcd's "config" key (a dict), or None."""

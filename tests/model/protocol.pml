@@ -8,7 +8,16 @@
  *                                votes, leases (nodes/<id>)
  *   proctype node                a daemon's control thread: each step reads
  *                                a snapshot and acts as mlfs_decide
- *                                (cluster/mlfs_decide.c) says, rules 2-8
+ *                                (cluster/mlfs_decide.c) says, rules 2-8.
+ *                                Rule 8 is modelled as each node's own
+ *                                check that every participant swapped; the
+ *                                daemon's others release on the "released"
+ *                                key put by the node that checked it (the
+ *                                coordinator of the commit), the same fact
+ *                                a moment later. A death after every swap
+ *                                is outside rule 8 either way: a node that
+ *                                read the entries itself saw a death only
+ *                                when its lease expired, 5 s later.
  *   proctype proposer            a config.json write on a node (the attempt
  *                                transaction of cluster/mlfs_propose.c)
  *   proctype env                 the world: a lease expiring (a node frozen

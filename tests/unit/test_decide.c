@@ -46,6 +46,7 @@ static void job_init(struct job *j, int me, int nnodes)
 				  .saved_step = 7,
 				  .nodes = j->nodes,
 				  .nnodes = nnodes,
+				  .nodes_known = true,
 				  .me = me,
 				  .now_ms = 1000,
 				  .store_schema = true,
@@ -138,7 +139,58 @@ static void test_happy_path(void **state)
 	j.nodes[1].version = j.nodes[0].version = 2;
 	assert_string_equal(decide(&j, NULL, 0), "");
 	j.nodes[2].version = 2;
+	assert_string_equal(decide(&j, NULL, 0), "announce-released(2) release-retained(1)");
+}
+
+/* Rule 8 without the entries: a node that does not follow them releases
+ * on the announcement of the version it serves, and only then; one that
+ * reads them and sees every swap announces it, unless it is announced. */
+static void test_release_announced(void **state)
+{
+	(void)state;
+	struct job j;
+
+	job_init(&j, 1, 3);
+	j.s.committed = j.s.have = 2;
+	j.s.commit_id = "A";
+	j.s.retained = 1;
+	j.s.nodes_known = false;
+	for (int i = 0; i < 3; i++)
+		j.nodes[i].swap_waited = true, j.nodes[i].up = false, j.nodes[i].version = 0;
+	assert_string_equal(decide(&j, NULL, 0), "");
+	j.s.released = 1; /* the previous commit's */
+	assert_string_equal(decide(&j, NULL, 0), "");
+	j.s.released = 2;
 	assert_string_equal(decide(&j, NULL, 0), "release-retained(1)");
+	/* Not while a reconfiguration runs here, nor for a node that missed
+	 * the commit of a later version (rule 4 marks it lost instead). */
+	job_store(&j, MLFS_RECONF_PREPARING, "B", 3, 130);
+	assert_string_equal(decide(&j, NULL, 0), "");
+	job_store(&j, MLFS_RECONF_IDLE, "", 0, 0);
+	j.s.committed = 3;
+	j.s.commit_id = "B";
+	assert_string_equal(decide(&j, NULL, 0), "mark-lost(3)");
+	/* Reading the entries: every swap seen, announced already. */
+	j.s.committed = 2;
+	j.s.commit_id = "A";
+	j.s.nodes_known = true;
+	for (int i = 0; i < 3; i++)
+		j.nodes[i].up = true, j.nodes[i].version = 2;
+	assert_string_equal(decide(&j, NULL, 0), "release-retained(1)");
+	j.s.released = 1;
+	assert_string_equal(decide(&j, NULL, 0), "announce-released(2) release-retained(1)");
+	/* A coordinator that does not have the entries decides nothing about
+	 * its attempt (who is down?) until it reads them. */
+	struct job c;
+	job_init(&c, 0, 3);
+	job_attempt(&c, "C", 1, 2, "n0");
+	job_store(&c, MLFS_RECONF_PREPARED, "C", 2, 100);
+	for (int i = 0; i < 3; i++)
+		c.nodes[i].vote = MLFS_VOTE_READY;
+	c.s.nodes_known = false;
+	assert_string_equal(decide(&c, NULL, 0), "");
+	c.s.nodes_known = true;
+	assert_string_equal(decide(&c, NULL, 0), "finish-commit(2)");
 }
 
 /* Issue 17, item 1: n3 votes ready for version 2 = X and is frozen; the
@@ -255,7 +307,7 @@ static void test_death_after_the_vote(void **state)
 	assert_string_equal(decide(&j, NULL, 0), "");
 	/* A next commit (without n2) replaces what is waited for. */
 	j.nodes[2].swap_waited = false;
-	assert_string_equal(decide(&j, NULL, 0), "release-retained(1)");
+	assert_string_equal(decide(&j, NULL, 0), "announce-released(2) release-retained(1)");
 }
 
 /* Issue 17, item 4: daemons restarted without their memory. */
@@ -530,6 +582,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_happy_path),
+	    cmocka_unit_test(test_release_announced),
 	    cmocka_unit_test(test_frozen_through_an_aborted_attempt),
 	    cmocka_unit_test(test_reproposed_version),
 	    cmocka_unit_test(test_coordinator_aborts),

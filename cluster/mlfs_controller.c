@@ -1,0 +1,345 @@
+/*
+ * mlfs_controller.c - the elastic controller: with "elastic" in the
+ * committed config, one daemon of the job chooses a new layout when nodes
+ * die or join, and proposes it like any config.json write.
+ *
+ * DESIGN
+ * Who: etcd decides. The controller is the node whose id is in the job's
+ * "controller" key, created by a transaction that requires the key absent
+ * and bound to that node's lease: when the node dies or freezes past its
+ * lease, the key goes with it and the next node to see it absent takes it
+ * (every node follows the job's keys; no other leader logic). What: the
+ * pure function of mlfs_elastic.c, on what the controller sees: the
+ * committed config, the nodes' entries (it follows them while it leads:
+ * need_peers), and, as its baseline, which nodes were live when it first
+ * saw that config (a node live then and left out by a person's config
+ * stays out). When: whenever the job's keys or the entries change, at
+ * most once per back-off after a proposal failed (1 s, doubling to 30 s;
+ * a change of the live nodes resets it), never while an attempt is in
+ * progress. How: mlfs_propose, on this thread (not the control thread,
+ * which must go on voting): it waits for the ranks' saved steps to agree,
+ * builds the attempt with this node as its coordinator, and the control
+ * plane does the rest as for any config. What it decided and why goes to
+ * the log and to status.json ("elastic").
+ *
+ * status.json's "elastic": the controller's id, whether it is this node,
+ * its last decision, and the version it last proposed with the decision
+ * that made it ("why") and its refusal ("error").
+ *
+ * Threads: one controller thread per daemon ("mlfs-elastic"), asleep
+ * unless kicked (the mirrors' hooks) or 5 s passed; t->lock guards what
+ * status.json reads and the kick flag; nothing is taken under it.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "cluster/cluster_i.h"
+#include "cluster/elastic_i.h"
+
+struct mlfs_controller {
+	struct mlfs_cluster *c;
+	pthread_t thread;
+	atomic_bool stop, leading;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool kicked; /* lock */
+	/* The controller thread's own. */
+	int64_t base_version; /* the committed version the baseline is of */
+	bool *base;	      /* per cluster node: live when it was first seen */
+	int base_n;
+	bool *last_live; /* the live nodes at the last decision */
+	int fails;
+	int64_t next_ms; /* no proposal before (back-off) */
+	/* lock: for status.json */
+	char holder[128];	 /* the controller's id ("": none) */
+	char decision[1024];	 /* the last decision and why */
+	char error[1024];	 /* the last proposal's refusal ("": none) */
+	int64_t proposed;	 /* the version it last proposed (0: none) */
+	char proposed_why[1024]; /* the decision that proposed it */
+};
+
+static void note(struct mlfs_controller *t, const char *decision, const char *error)
+{
+	pthread_mutex_lock(&t->lock);
+	bool same = strcmp(t->decision, decision) == 0;
+	snprintf(t->decision, sizeof(t->decision), "%s", decision);
+	if (error)
+		snprintf(t->error, sizeof(t->error), "%s", error);
+	pthread_mutex_unlock(&t->lock);
+	if (!same)
+		mlfs_log(MLFS_LOG_INFO, "elastic: %s", decision);
+}
+
+/* Takes the "controller" key when it is absent: true when this node did. */
+static bool campaign(struct mlfs_controller *t)
+{
+	struct mlfs_cluster *c = t->c;
+	char k[512];
+	struct ptc_error why;
+	bool ok = false;
+	int64_t lease = atomic_load(&c->lease);
+
+	if (!lease)
+		return false;
+	mlfs_jobkeys_name(c, k, sizeof(k), "controller");
+	struct net_etcd_cmp absent = {
+	    .key = k, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL};
+	struct net_etcd_op put = {
+	    .kind = NET_ETCD_PUT, .key = k, .value = c->me, .len = strlen(c->me), .lease = lease};
+	if (net_etcd_txn(c->etcd, &absent, 1, &put, 1, NULL, 0, &ok, NULL, NULL, &why))
+		return false;
+	if (ok)
+		mlfs_log(MLFS_LOG_INFO, "elastic: this node is the job's controller");
+	return ok;
+}
+
+/* Per node of @cl: up (an entry) and not lost, from @nodes. */
+static void live_nodes(const struct ptc_cluster *cl, const json_t *nodes, bool *live)
+{
+	for (int i = 0; i < cl->nnodes; i++) {
+		const json_t *e = json_object_get(nodes, cl->nodes[i].id);
+		const char *state = json_string_value(json_object_get(e, "state"));
+		live[i] = e && !(state && strcmp(state, "lost") == 0);
+	}
+}
+
+/* The backup holder of each node under @cur, when it is live (-1: none). */
+static void backup_holders(struct mlfs_store *st, const struct ptc_config *cur, const bool *live,
+			   int *backup_of)
+{
+	const struct ptc_cluster *cl = mlfs_store_cluster(st);
+	struct ptc_layout l;
+	struct ptc_error why;
+
+	for (int i = 0; i < cl->nnodes; i++)
+		backup_of[i] = -1;
+	if (!cur->replicas || !st->schema ||
+	    ptc_layout_init(&l, st->schema, cur, cl, "the committed config", &why))
+		return;
+	for (int i = 0; i < cl->nnodes; i++) {
+		int h = ptc_layout_backup_holder(&l, i);
+		backup_of[i] = h >= 0 && live[h] ? h : -1;
+	}
+	ptc_layout_release(&l);
+}
+
+/* The leader's turn: decide on @k and @cur, and propose. */
+static void lead(struct mlfs_controller *t, const struct mlfs_jobkeys *k,
+		 const struct ptc_config *cur)
+{
+	struct mlfs_cluster *c = t->c;
+	struct mlfs_store *st = c->st;
+	const struct ptc_cluster *cl = mlfs_store_cluster(st);
+	int n = cl->nnodes;
+	bool *live = calloc((size_t)n, sizeof(bool));
+	int *backup_of = calloc((size_t)n, sizeof(int));
+	struct mlfs_elastic_out out = {0};
+
+	if (!live || !backup_of || !st->schema)
+		goto out;
+	live_nodes(cl, k->nodes, live);
+	if (t->base_version != cur->version || t->base_n != n) { /* a new baseline */
+		bool *b = realloc(t->base, (size_t)n * sizeof(bool));
+		bool *l = realloc(t->last_live, (size_t)n * sizeof(bool));
+		if (b)
+			t->base = b;
+		if (l)
+			t->last_live = l;
+		if (!b || !l)
+			goto out;
+		memcpy(t->base, live, (size_t)n * sizeof(bool));
+		memcpy(t->last_live, live, (size_t)n * sizeof(bool));
+		t->base_version = cur->version;
+		t->base_n = n;
+	}
+	if (memcmp(t->last_live, live, (size_t)n * sizeof(bool))) { /* the nodes changed */
+		memcpy(t->last_live, live, (size_t)n * sizeof(bool));
+		t->fails = 0;
+		t->next_ms = 0;
+	}
+	if (mlfs_cluster_now_ms() < t->next_ms)
+		goto out;
+	backup_holders(st, cur, live, backup_of);
+	struct mlfs_elastic_in in = {.schema = st->schema,
+				     .cluster = cl,
+				     .cur = cur,
+				     .live = live,
+				     .baseline = t->base,
+				     .backup_of = backup_of};
+	if (mlfs_elastic_decide(&in, &out))
+		goto out;
+	if (!out.config) {
+		note(t, out.why, NULL);
+		goto out;
+	}
+	char *text = json_dumps(out.config, JSON_COMPACT);
+	struct ptc_error err = {.text = ""};
+	int64_t to = json_integer_value(json_object_get(out.config, "version"));
+	note(t, out.why, "");
+	int rc = text ? mlfs_propose(c, true, text, strlen(text), &err) : -ENOMEM;
+	free(text);
+	pthread_mutex_lock(&t->lock);
+	t->proposed = to;
+	snprintf(t->proposed_why, sizeof(t->proposed_why), "%s", out.why);
+	snprintf(t->error, sizeof(t->error), "%s", rc ? err.text : "");
+	pthread_mutex_unlock(&t->lock);
+	if (rc) {
+		int64_t wait = 1000LL << (t->fails < 5 ? t->fails : 5);
+		t->fails++;
+		t->next_ms = mlfs_cluster_now_ms() + (wait < 30000 ? wait : 30000);
+		mlfs_log(MLFS_LOG_WARNING,
+			 "elastic: version %" PRId64 " refused: %s (again in %" PRId64
+			 " s unless the nodes change)",
+			 to, err.text, (t->next_ms - mlfs_cluster_now_ms() + 999) / 1000);
+	} else {
+		t->fails = 0;
+		mlfs_log(MLFS_LOG_INFO, "elastic: proposed version %" PRId64, to);
+	}
+out:
+	json_decref(out.config);
+	free(live);
+	free(backup_of);
+}
+
+static void tick(struct mlfs_controller *t)
+{
+	struct mlfs_cluster *c = t->c;
+	struct mlfs_jobkeys k;
+	struct ptc_error why;
+	struct ptc_config *cur = NULL;
+
+	if (mlfs_jobkeys_mirrored(c, &k, &why))
+		return; /* etcd unreachable: the control thread says so */
+	if (k.config)
+		ptc_config_parse_text(k.config->value, k.config->len, "the committed config", &cur,
+				      &why);
+	const char *holder = k.controller ? k.controller->value : "";
+	bool elastic = cur && cur->elastic;
+	if (elastic && !k.controller && campaign(t))
+		holder = c->me;
+	bool leading = elastic && strcmp(holder, c->me) == 0 &&
+		       (!k.controller || k.controller->lease == atomic_load(&c->lease));
+	bool was = atomic_exchange(&t->leading, leading);
+	pthread_mutex_lock(&t->lock);
+	snprintf(t->holder, sizeof(t->holder), "%s", elastic ? holder : "");
+	pthread_mutex_unlock(&t->lock);
+	if (leading && !was)
+		mlfs_cluster_wake(c); /* its control thread follows the entries now */
+	if (!elastic)
+		note(t, "the committed config is not elastic", NULL);
+	else if (leading && !k.nodes_known)
+		; /* the entries are not followed yet: the next kick */
+	else if (leading && k.attempt)
+		note(t, "a reconfiguration is in progress", NULL);
+	else if (leading)
+		lead(t, &k, cur);
+	ptc_config_free(cur);
+	mlfs_jobkeys_free(&k);
+}
+
+static void *controller_main(void *arg)
+{
+	pthread_setname_np(pthread_self(), "mlfs-elastic"); /* for top -H, perf */
+	struct mlfs_controller *t = arg;
+
+	pthread_mutex_lock(&t->lock);
+	while (!atomic_load(&t->stop)) {
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += 5;
+		while (!t->kicked && !atomic_load(&t->stop))
+			if (pthread_cond_timedwait(&t->cond, &t->lock, &until))
+				break;
+		t->kicked = false;
+		if (atomic_load(&t->stop))
+			break;
+		pthread_mutex_unlock(&t->lock);
+		tick(t);
+		pthread_mutex_lock(&t->lock);
+	}
+	pthread_mutex_unlock(&t->lock);
+	return NULL;
+}
+
+int mlfs_controller_start(struct mlfs_cluster *c, struct mlfs_controller **out)
+{
+	struct mlfs_controller *t = calloc(1, sizeof(*t));
+	int rc;
+
+	*out = NULL;
+	if (!t)
+		return -ENOMEM;
+	t->c = c;
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->cond, NULL);
+	if ((rc = -pthread_create(&t->thread, NULL, controller_main, t))) {
+		pthread_cond_destroy(&t->cond);
+		pthread_mutex_destroy(&t->lock);
+		free(t);
+		return rc;
+	}
+	*out = t;
+	return 0;
+}
+
+void mlfs_controller_stop(struct mlfs_controller *t)
+{
+	if (!t)
+		return;
+	atomic_store(&t->stop, true);
+	pthread_mutex_lock(&t->lock);
+	pthread_cond_signal(&t->cond);
+	pthread_mutex_unlock(&t->lock);
+	pthread_join(t->thread, NULL);
+}
+
+void mlfs_controller_free(struct mlfs_controller *t)
+{
+	if (!t)
+		return;
+	pthread_cond_destroy(&t->cond);
+	pthread_mutex_destroy(&t->lock);
+	free(t->base);
+	free(t->last_live);
+	free(t);
+}
+
+void mlfs_controller_kick(struct mlfs_controller *t)
+{
+	if (!t)
+		return;
+	pthread_mutex_lock(&t->lock);
+	t->kicked = true;
+	pthread_cond_signal(&t->cond);
+	pthread_mutex_unlock(&t->lock);
+}
+
+bool mlfs_controller_leading(struct mlfs_controller *t)
+{
+	return t && atomic_load(&t->leading);
+}
+
+void mlfs_controller_status(struct mlfs_controller *t, json_t *o)
+{
+	if (!t)
+		return;
+	pthread_mutex_lock(&t->lock);
+	if (t->holder[0] || t->decision[0])
+		json_object_set_new(
+		    o, "elastic",
+		    json_pack("{sosbsssososo}", "controller",
+			      t->holder[0] ? json_string(t->holder) : json_null(), "this_node",
+			      atomic_load(&t->leading), "decision", t->decision, "proposed",
+			      t->proposed ? json_integer(t->proposed) : json_null(), "why",
+			      t->proposed ? json_string(t->proposed_why) : json_null(), "error",
+			      t->error[0] ? json_string(t->error) : json_null()));
+	pthread_mutex_unlock(&t->lock);
+}

@@ -1,0 +1,233 @@
+/*
+ * mlfs_elastic.c - the elastic controller's choice of layout (elastic_i.h):
+ * which nodes, and which (tp, pp, dp) on them, the job should run in now.
+ *
+ * DESIGN
+ * The controller acts only when the nodes changed under the committed
+ * config: a node of it is down or lost (its layout cannot serve), or a
+ * node joined since the config was first seen (the job can grow). A
+ * person's config therefore stands until then, whatever the controller
+ * would have chosen. The nodes it chooses are the live ones, the config's
+ * own first and in their order (their ranks keep their place where the
+ * new layout allows, so most partitions are reused), then the others in
+ * cluster order, at most max_nodes; fewer than min_nodes is no layout at
+ * all (it waits). On them, ptc_suggest ranks every (tp, pp, dp) the schema
+ * admits by its cost model, and the first whose plan from the committed
+ * layout exists with the down nodes' partitions taken from DP replicas or
+ * backups (ptc_plan_compute_backups) wins: a layout that needs state no
+ * live node holds is not a candidate, whatever its speed.
+ *
+ * Pure: no I/O, no clock, no globals; the same inputs give the same
+ * config.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/elastic_i.h"
+
+static void say(struct mlfs_elastic_out *out, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void say(struct mlfs_elastic_out *out, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(out->why, sizeof(out->why), fmt, ap);
+	va_end(ap);
+}
+
+/* Appends the ids of cluster nodes @idx (@n) to @buf, comma-separated. */
+static void ids(const struct ptc_cluster *cl, const int *idx, int n, char *buf, size_t cap)
+{
+	size_t k = 0;
+	buf[0] = '\0';
+	for (int i = 0; i < n && k < cap; i++)
+		k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? "," : "", cl->nodes[idx[i]].id);
+}
+
+/* The nodes to run on into @pick (cluster indices): the config's live
+ * nodes in its order, then the other live ones, at most @max. Their
+ * number. */
+static int choose_nodes(const struct mlfs_elastic_in *in, int max, int *pick)
+{
+	const struct ptc_cluster *cl = in->cluster;
+	bool *taken = calloc((size_t)cl->nnodes, sizeof(*taken));
+	int n = 0;
+
+	if (!taken)
+		return -ENOMEM;
+	for (int i = 0; i < in->cur->nnodes && n < max; i++) {
+		int k = ptc_cluster_find(cl, in->cur->nodes[i]);
+		if (k >= 0 && in->live[k] && !taken[k])
+			taken[k] = true, pick[n++] = k;
+	}
+	for (int k = 0; k < cl->nnodes && n < max; k++)
+		if (in->live[k] && !taken[k])
+			taken[k] = true, pick[n++] = k;
+	free(taken);
+	return n;
+}
+
+/* Whether the committed config needs a new layout: one of its nodes is
+ * not live, or a live node not in it joined since the baseline (and there
+ * is room for it). Its reason into @out. */
+static bool changed(const struct mlfs_elastic_in *in, struct mlfs_elastic_out *out)
+{
+	const struct ptc_cluster *cl = in->cluster;
+	int in_cfg = 0;
+
+	for (int i = 0; i < in->cur->nnodes; i++) {
+		int k = ptc_cluster_find(cl, in->cur->nodes[i]);
+		if (k < 0 || !in->live[k]) {
+			say(out, "node %s of version %lld is down or lost", in->cur->nodes[i],
+			    (long long)in->cur->version);
+			return true;
+		}
+		in_cfg++;
+	}
+	for (int k = 0; k < cl->nnodes; k++) {
+		bool listed = false;
+		for (int i = 0; i < in->cur->nnodes; i++)
+			listed |= strcmp(in->cur->nodes[i], cl->nodes[k].id) == 0;
+		if (!listed && in->live[k] && !(in->baseline && in->baseline[k]) &&
+		    in_cfg < in->cur->elastic_max) {
+			say(out, "node %s joined", cl->nodes[k].id);
+			return true;
+		}
+	}
+	say(out, "every node of version %lld is live and none joined", (long long)in->cur->version);
+	return false;
+}
+
+/* 0 when the plan from @from to @to exists with @down served from
+ * replicas or backups, 1 when it does not (its reason in @why), -ENOMEM. */
+static int servable(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
+		    int ndown, const int *backup_of, struct ptc_error *why)
+{
+	struct ptc_plan *p = NULL;
+	int rc = ptc_plan_compute_backups(from, to, down, ndown, backup_of, &p, why);
+	ptc_plan_free(p);
+	return rc == -ENOMEM ? rc : rc ? 1 : 0;
+}
+
+/* The first suggestion of @r servable from @from: its config (a new
+ * reference) or NULL; *@refused counts those that were not, the first
+ * one's reason in @first. */
+static json_t *first_servable(const struct mlfs_elastic_in *in, const struct ptc_suggest_result *r,
+			      const struct ptc_layout *from, const int *down, int ndown,
+			      int *refused, struct ptc_error *first, int *rc)
+{
+	for (int i = 0; i < r->nfit; i++) {
+		json_t *j = ptc_suggest_config_to_json(r, i);
+		struct ptc_config *c = NULL;
+		struct ptc_layout to;
+		struct ptc_error why = {.text = ""};
+		if (!j || ptc_config_parse(j, "elastic", &c, &why) ||
+		    ptc_layout_init(&to, in->schema, c, in->cluster, "elastic", &why)) {
+			json_decref(j);
+			ptc_config_free(c);
+			*rc = -ENOMEM; /* a suggestion is a valid layout: only memory fails */
+			return NULL;
+		}
+		int s = servable(from, &to, down, ndown, in->backup_of, &why);
+		ptc_layout_release(&to);
+		ptc_config_free(c);
+		if (s == 0)
+			return j;
+		json_decref(j);
+		if (s < 0) {
+			*rc = s;
+			return NULL;
+		}
+		if ((*refused)++ == 0)
+			*first = why;
+	}
+	return NULL;
+}
+
+int mlfs_elastic_decide(const struct mlfs_elastic_in *in, struct mlfs_elastic_out *out)
+{
+	const struct ptc_cluster *cl = in->cluster;
+	const struct ptc_config *cur = in->cur;
+	int *pick = malloc((size_t)cl->nnodes * sizeof(int));
+	int *down = malloc((size_t)cl->nnodes * sizeof(int)), ndown = 0, rc = 0;
+	struct ptc_layout from;
+	struct ptc_error why = {.text = ""};
+	char names[PTC_ERROR_MAX / 2];
+
+	out->config = NULL;
+	out->why[0] = '\0';
+	if (!pick || !down) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (!cur->elastic) {
+		say(out, "the config is not elastic");
+		goto out;
+	}
+	if (!changed(in, out))
+		goto out;
+	char change[PTC_ERROR_MAX]; /* what changed, said first */
+	memcpy(change, out->why, sizeof(change));
+	int n = choose_nodes(in, cur->elastic_max, pick);
+	if (n < 0) {
+		rc = n;
+		goto out;
+	}
+	if (n < cur->elastic_min) {
+		say(out, "%s, and %d node(s) are live, fewer than min_nodes %d: waiting for more",
+		    change, n, cur->elastic_min);
+		goto out;
+	}
+	for (int i = 0; i < cur->nnodes; i++) {
+		int k = ptc_cluster_find(cl, cur->nodes[i]);
+		if (k >= 0 && !in->live[k])
+			down[ndown++] = k;
+	}
+	struct ptc_suggest_profile prof;
+	struct ptc_suggest_params params = {.from_name = "the committed config"};
+	struct ptc_suggest_result r;
+	if (!in->profile)
+		ptc_suggest_profile_default(&prof);
+	if (ptc_layout_init(&from, in->schema, cur, cl, "the committed config", &why)) {
+		say(out, "the committed config does not fit the cluster: %s", why.text);
+		goto out;
+	}
+	rc = ptc_suggest(in->schema, cl, pick, n, cur, &params, in->profile ? in->profile : &prof,
+			 &r, &why);
+	if (rc == -ENOMEM) {
+		ptc_layout_release(&from);
+		goto out;
+	}
+	ids(cl, pick, n, names, sizeof(names));
+	if (rc) {
+		say(out, "%s; no layout on %s: %s", change, names, why.text);
+		rc = 0;
+	} else {
+		int refused = 0;
+		struct ptc_error first = {.text = ""};
+		out->config = first_servable(in, &r, &from, down, ndown, &refused, &first, &rc);
+		if (out->config)
+			say(out,
+			    "%s: version %lld on %s as tp%lld pp%lld dp%lld, the fastest of %d "
+			    "layouts that fit whose state survives (%d needed lost state)",
+			    change, (long long)cur->version + 1, names,
+			    json_integer_value(json_object_get(out->config, "tp")),
+			    json_integer_value(json_object_get(out->config, "pp")),
+			    json_integer_value(json_object_get(out->config, "dp")), r.nfit,
+			    refused);
+		else if (rc == 0)
+			say(out,
+			    "%s; none of the %d layouts on %s can be served from the surviving "
+			    "state%s%s",
+			    change, r.nfit, names, refused ? ": " : "", refused ? first.text : "");
+		ptc_suggest_result_release(&r);
+	}
+	ptc_layout_release(&from);
+out:
+	free(pick);
+	free(down);
+	return rc;
+}

@@ -1,0 +1,109 @@
+"""The elastic controller (issue 20, item 2): with "elastic" in the config, one daemon of
+the job (etcd's "controller" key, bound to its lease) chooses a new layout when a node
+dies or joins, and proposes it like any config write; every partition is then checked
+against NumPy slices of the checkpoint.
+
+Contract asserted here: status.json has "elastic": {"controller": id, "this_node":
+bool, "decision": text, "proposed": version or null, "why": the decision that proposed
+it, "error": text or null} on every
+node of an elastic job; the controller key's lease is its node's.
+"""
+import json
+
+import numpy as np
+
+from cluster import cluster_factory, etcd  # noqa: F401
+from test_store import MIXED, make_full
+
+ALL = ["n0", "n1", "n2", "n3"]
+
+
+def elastic(version, tp, pp, dp, nodes, lo=2, hi=4):
+    return {"version": version, "tp": tp, "pp": pp, "dp": dp, "nodes": nodes,
+            "elastic": {"min_nodes": lo, "max_nodes": hi, "policy": "auto"}}
+
+
+def controller(cl):
+    kv = cl.keys().get("controller")
+    return kv.value.decode() if isinstance(kv.value, bytes) else kv.value if kv else None
+
+
+def wait_committed(cl, version, timeout=60):
+    return cl.wait(lambda: (c := cl.committed()) and c["version"] >= version and c,
+                   f"version {version} committed", timeout)
+
+
+def test_controller_replaces_a_dead_node_and_grows_back(cluster_factory):
+    """Four nodes of two devices at tp 2 pp 1 dp 4 (every stage on every node: each
+    node's partitions have three DP replicas). The elected controller's node stays; one
+    other node is killed with kill -9: once its lease expires the controller proposes a
+    layout of the three survivors by itself, served from the replicas, bit-exact at the
+    saved step. The killed node restarts (empty): the job grows back onto it."""
+    cl = cluster_factory()
+    full = make_full(MIXED, np.random.default_rng(20))
+    v1 = elastic(1, 2, 1, 4, ALL)
+    cl.start_job(MIXED, v1, "n0", full, step=6)
+
+    # One controller, elected by etcd, its key bound to its node's lease.
+    boss = cl.wait(lambda: controller(cl), "a controller elected")
+    assert boss in ALL, boss
+    assert cl.keys()["controller"].lease == cl.keys()[f"nodes/{boss}"].lease
+    st = cl[boss].status()["elastic"]
+    assert st["controller"] == boss and st["this_node"] is True, st
+    other = next(n for n in ALL if n != boss)
+    assert cl[other].status()["elastic"]["this_node"] is False
+    assert cl.committed()["version"] == 1  # nothing changed: nothing proposed
+
+    # kill -9 of a node that is not the controller: its lease expires, the controller
+    # proposes the survivors.
+    victim = next(n for n in reversed(ALL) if n != boss)
+    cl.kill(victim)
+    v2 = wait_committed(cl, 2)
+    survivors = [n for n in ALL if n != victim]
+    assert v2["nodes"] == survivors, v2
+    assert v2["tp"] * v2["pp"] * v2["dp"] == 2 * len(survivors), v2
+    assert v2["elastic"] == v1["elastic"], v2
+    cl.wait_version(2, nodes=survivors)
+    cl.check_layout(MIXED, v2, full, step=6, nodes=survivors)
+    st = cl[boss].status()["elastic"]
+    assert st["proposed"] == 2 and st["error"] is None, st
+    assert f"node {victim} of version 1 is down or lost" in st["why"], st
+    assert "version 2 on " + ",".join(survivors) in st["why"], st
+
+    # It restarts without its memory: it joins the job again, which grows onto it.
+    cl.restart(victim)
+    v3 = wait_committed(cl, 3, timeout=90)
+    assert sorted(v3["nodes"]) == sorted(ALL), v3
+    assert v3["nodes"][:3] == survivors, v3  # the config's nodes first, in their order
+    cl.wait_version(3)
+    cl.check_layout(MIXED, v3, full, step=6)
+    assert f"node {victim} joined" in cl[controller(cl)].status()["elastic"]["why"]
+
+
+def test_controller_dies_and_another_takes_over_never_below_min(cluster_factory):
+    """The controller's own node is killed: its key goes with its lease, another node
+    takes it and lays the job out on the survivors. Then two more die: one node is
+    below min_nodes 2, and the controller proposes nothing, saying why."""
+    cl = cluster_factory()
+    full = make_full(MIXED, np.random.default_rng(21))
+    v1 = elastic(1, 2, 1, 4, ALL, lo=2, hi=4)
+    cl.start_job(MIXED, v1, "n0", full, step=2)
+    boss = cl.wait(lambda: controller(cl), "a controller elected")
+    cl.kill(boss)
+    new = cl.wait(lambda: (c := controller(cl)) and c != boss and c, "a new controller",
+                  timeout=30)
+    v2 = wait_committed(cl, 2)
+    survivors = [n for n in ALL if n != boss]
+    assert v2["nodes"] == survivors, v2
+    cl.wait_version(2, nodes=survivors)
+    cl.check_layout(MIXED, v2, full, step=2, nodes=survivors)
+    st = cl[new].status()["elastic"]
+    assert st["this_node"] and st["proposed"] == 2, st
+
+    # Two more die: one node left, below min_nodes 2: nothing is proposed.
+    for victim in [n for n in survivors if n != new]:
+        cl.kill(victim)
+    cl.wait(lambda: "fewer than min_nodes 2" in cl[new].status()["elastic"]["decision"],
+            "the controller waiting for nodes", timeout=30)
+    assert cl.committed()["version"] == 2
+    assert cl[new].status()["elastic"]["proposed"] == 2
