@@ -349,6 +349,11 @@ void mlfs_controller_free(struct mlfs_controller *t);
 /* Something changed: the job's keys, or the entries it follows. Any
  * thread, no lock held but the caller's leaves. */
 void mlfs_controller_kick(struct mlfs_controller *t);
+/* The control thread's round read the job's keys @k: the controller
+ * thread is kicked when it may have work (an elastic config, and the
+ * controller key absent or this node's), not at every change. The control
+ * thread. */
+void mlfs_controller_note(struct mlfs_controller *t, const struct mlfs_jobkeys *k);
 /* Whether this node is the job's controller now. Any thread. */
 bool mlfs_controller_leading(struct mlfs_controller *t);
 /* Adds "elastic" (the controller, its last decision and why, the version

@@ -192,6 +192,7 @@ static void round_once(struct mlfs_cluster *c)
 		mlfs_nodeentry_sync_steps(c, k.nodes);
 	mlfs_backup_kick(mlfs_backup_of(c->st));
 	mlfs_attempt_round(c, &k, true);
+	mlfs_controller_note(c->ctl, &k);
 	pthread_mutex_lock(&c->lock);
 	json_decref(c->attempt);
 	c->attempt = json_incref(k.attempt_j);
@@ -275,9 +276,7 @@ static void status_add(void *arg, json_t *o)
  * decision: every node's rounds run on them), or the watch ended. */
 static void keys_changed(void *arg)
 {
-	struct mlfs_cluster *c = arg;
-	mlfs_cluster_wake(c);
-	mlfs_controller_kick(c->ctl);
+	mlfs_cluster_wake(arg);
 }
 
 /* The votes mirror's hook (live only while this node coordinates). */

@@ -27,7 +27,9 @@
  * that made it ("why") and its refusal ("error").
  *
  * Threads: one controller thread per daemon ("mlfs-elastic"), asleep
- * unless kicked (the mirrors' hooks) or 5 s passed; t->lock guards what
+ * unless kicked (by the control thread's rounds when it may have work:
+ * mlfs_controller_note; by the peers mirror while it leads) or 5 s
+ * passed; t->lock guards what
  * status.json reads and the kick flag; nothing is taken under it.
  */
 #include <errno.h>
@@ -58,6 +60,9 @@ struct mlfs_controller {
 	bool *last_live; /* the live nodes at the last decision */
 	int fails;
 	int64_t next_ms; /* no proposal before (back-off) */
+	/* The control thread's: the config last noted and whether elastic. */
+	int64_t noted_mod, noted_holder; /* the config's and the controller key's revisions */
+	bool noted_elastic;
 	/* lock: for status.json */
 	char holder[128];	 /* the controller's id ("": none) */
 	char decision[1024];	 /* the last decision and why */
@@ -310,6 +315,32 @@ void mlfs_controller_free(struct mlfs_controller *t)
 	free(t->base);
 	free(t->last_live);
 	free(t);
+}
+
+void mlfs_controller_note(struct mlfs_controller *t, const struct mlfs_jobkeys *k)
+{
+	if (!t || !k->config)
+		return;
+	if (k->config_mod != t->noted_mod) { /* parsed once per config */
+		struct ptc_config *cur = NULL;
+		struct ptc_error why;
+		ptc_config_parse_text(k->config->value, k->config->len, "the committed config",
+				      &cur, &why);
+		bool was = t->noted_elastic;
+		t->noted_elastic = cur && cur->elastic;
+		t->noted_mod = k->config_mod;
+		ptc_config_free(cur);
+		if (was != t->noted_elastic) {
+			mlfs_controller_kick(t); /* elastic now, or no more */
+			return;
+		}
+	}
+	bool mine = k->controller && strcmp(k->controller->value, t->c->me) == 0;
+	int64_t holder = k->controller ? k->controller->mod_revision : 0;
+	bool moved = holder != t->noted_holder; /* status.json names the controller */
+	t->noted_holder = holder;
+	if (t->noted_elastic && (!k->controller || mine || moved))
+		mlfs_controller_kick(t);
 }
 
 void mlfs_controller_kick(struct mlfs_controller *t)
