@@ -262,6 +262,7 @@ struct mlfs_jobkeys {
 	/* the keys of these names, in @kvs, or NULL */
 	const struct net_etcd_kv *schema, *cluster, *config, *attempt;
 	const struct net_etcd_kv *controller; /* the elastic controller's id, or NULL */
+	json_t *draining;		      /* {id: true}: the drain/<id> keys (mlfs drain) */
 	json_t *nodes;			      /* {id: entry}; empty unless @nodes_known */
 	bool nodes_known;  /* the entries were read (not every round reads them) */
 	int64_t released;  /* the "released" key: 0 none (mlfs_decide's rule 8) */
@@ -354,6 +355,11 @@ void mlfs_controller_kick(struct mlfs_controller *t);
  * controller key absent or this node's), not at every change. The control
  * thread. */
 void mlfs_controller_note(struct mlfs_controller *t, const struct mlfs_jobkeys *k);
+/* The store's st->drain hook (@arg: the cluster): marks @node for
+ * draining (etcd's drain/<id>, no lease: it stays until undone), or
+ * (@undo) no longer. 0, or -EINVAL (no such node), -EIO (etcd) with
+ * @err. I/O workers (.mlfs-ctl). */
+int mlfs_controller_drain(void *arg, const char *node, bool undo, struct ptc_error *err);
 /* Whether this node is the job's controller now. Any thread. */
 bool mlfs_controller_leading(struct mlfs_controller *t);
 /* Adds "elastic" (the controller, its last decision and why, the version

@@ -20,9 +20,12 @@ struct mlfs_elastic_in {
 	const struct ptc_schema *schema;
 	const struct ptc_cluster *cluster; /* the job's, joined nodes included */
 	const struct ptc_config *cur;	   /* the committed config */
-	/* Per cluster node: its lease alive, its partitions the job's (not
-	 * lost), not draining. */
+	/* Per cluster node: its lease alive and its partitions the job's
+	 * (not lost): it can serve them. */
 	const bool *live;
+	/* Per cluster node: marked for draining (mlfs drain): no layout
+	 * places it, though it still serves what it holds; NULL: none. */
+	const bool *draining;
 	/* Per cluster node: live when the committed config was first seen
 	 * (the baseline): a node that joined since is new; NULL: none. */
 	const bool *baseline;
@@ -42,8 +45,8 @@ struct mlfs_elastic_out {
 /*
  * The layout the job should run in, given @in:
  *  - nothing while the config is not elastic, or every node of it is live
- *    and no node joined since the baseline (a person's config stands
- *    until the nodes change);
+ *    and not draining and no node joined since the baseline (a person's
+ *    config stands until the nodes change);
  *  - nothing below min_nodes live nodes (it waits for more);
  *  - else the fastest layout by ptc_suggest on the live nodes (the
  *    config's own first, in its order, then the others in cluster order,

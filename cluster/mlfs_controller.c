@@ -106,13 +106,16 @@ static bool campaign(struct mlfs_controller *t)
 	return ok;
 }
 
-/* Per node of @cl: up (an entry) and not lost, from @nodes. */
-static void live_nodes(const struct ptc_cluster *cl, const json_t *nodes, bool *live)
+/* Per node of @cl: up (an entry) and not lost, from @nodes; marked for
+ * draining, from @drain. */
+static void live_nodes(const struct ptc_cluster *cl, const json_t *nodes, const json_t *drain,
+		       bool *live, bool *draining)
 {
 	for (int i = 0; i < cl->nnodes; i++) {
 		const json_t *e = json_object_get(nodes, cl->nodes[i].id);
 		const char *state = json_string_value(json_object_get(e, "state"));
 		live[i] = e && !(state && strcmp(state, "lost") == 0);
+		draining[i] = json_object_get(drain, cl->nodes[i].id) != NULL;
 	}
 }
 
@@ -144,13 +147,16 @@ static void lead(struct mlfs_controller *t, const struct mlfs_jobkeys *k,
 	struct mlfs_store *st = c->st;
 	const struct ptc_cluster *cl = mlfs_store_cluster(st);
 	int n = cl->nnodes;
-	bool *live = calloc((size_t)n, sizeof(bool));
+	bool *live = calloc((size_t)n, sizeof(bool)), *drain = calloc((size_t)n, sizeof(bool));
+	bool *usable = calloc((size_t)n, sizeof(bool));
 	int *backup_of = calloc((size_t)n, sizeof(int));
 	struct mlfs_elastic_out out = {0};
 
-	if (!live || !backup_of || !st->schema)
+	if (!live || !drain || !usable || !backup_of || !st->schema)
 		goto out;
-	live_nodes(cl, k->nodes, live);
+	live_nodes(cl, k->nodes, k->draining, live, drain);
+	for (int i = 0; i < n; i++) /* a drained node, undrained, joins again */
+		usable[i] = live[i] && !drain[i];
 	if (t->base_version != cur->version || t->base_n != n) { /* a new baseline */
 		bool *b = realloc(t->base, (size_t)n * sizeof(bool));
 		bool *l = realloc(t->last_live, (size_t)n * sizeof(bool));
@@ -160,13 +166,13 @@ static void lead(struct mlfs_controller *t, const struct mlfs_jobkeys *k,
 			t->last_live = l;
 		if (!b || !l)
 			goto out;
-		memcpy(t->base, live, (size_t)n * sizeof(bool));
-		memcpy(t->last_live, live, (size_t)n * sizeof(bool));
+		memcpy(t->base, usable, (size_t)n * sizeof(bool));
+		memcpy(t->last_live, usable, (size_t)n * sizeof(bool));
 		t->base_version = cur->version;
 		t->base_n = n;
 	}
-	if (memcmp(t->last_live, live, (size_t)n * sizeof(bool))) { /* the nodes changed */
-		memcpy(t->last_live, live, (size_t)n * sizeof(bool));
+	if (memcmp(t->last_live, usable, (size_t)n * sizeof(bool))) { /* the nodes changed */
+		memcpy(t->last_live, usable, (size_t)n * sizeof(bool));
 		t->fails = 0;
 		t->next_ms = 0;
 	}
@@ -177,6 +183,7 @@ static void lead(struct mlfs_controller *t, const struct mlfs_jobkeys *k,
 				     .cluster = cl,
 				     .cur = cur,
 				     .live = live,
+				     .draining = drain,
 				     .baseline = t->base,
 				     .backup_of = backup_of};
 	if (mlfs_elastic_decide(&in, &out))
@@ -211,6 +218,8 @@ static void lead(struct mlfs_controller *t, const struct mlfs_jobkeys *k,
 out:
 	json_decref(out.config);
 	free(live);
+	free(drain);
+	free(usable);
 	free(backup_of);
 }
 
@@ -341,6 +350,24 @@ void mlfs_controller_note(struct mlfs_controller *t, const struct mlfs_jobkeys *
 	t->noted_holder = holder;
 	if (t->noted_elastic && (!k->controller || mine || moved))
 		mlfs_controller_kick(t);
+}
+
+int mlfs_controller_drain(void *arg, const char *node, bool undo, struct ptc_error *err)
+{
+	struct mlfs_cluster *c = arg;
+	char k[512];
+	struct ptc_error why;
+
+	if (ptc_cluster_find(mlfs_store_cluster(c->st), node) < 0)
+		return ptc_errorf(err, "drain: no node \"%s\" in the job's cluster", node);
+	mlfs_jobkeys_name(c, k, sizeof(k), "drain/%s", node);
+	int rc = undo ? net_etcd_delete(c->etcd, k, false, NULL, NULL, &why)
+		      : net_etcd_put(c->etcd, k, "1", 1, 0, NULL, &why);
+	if (rc)
+		return ptc_error_set(err, -EIO, "drain: etcd: %s", why.text);
+	mlfs_log(MLFS_LOG_INFO, "elastic: node %s %s", node,
+		 undo ? "no longer marked for draining" : "marked for draining");
+	return 0;
 }
 
 void mlfs_controller_kick(struct mlfs_controller *t)

@@ -4,8 +4,11 @@
  *
  * DESIGN
  * The controller acts only when the nodes changed under the committed
- * config: a node of it is down or lost (its layout cannot serve), or a
- * node joined since the config was first seen (the job can grow). A
+ * config: a node of it is down or lost (its layout cannot serve) or
+ * marked for draining, or a node joined since the config was first seen
+ * (the job can grow). A draining node hosts no rank of the new layout but
+ * is no down node: it still serves what it holds, so draining loses
+ * nothing even without replicas. A
  * person's config therefore stands until then, whatever the controller
  * would have chosen. The nodes it chooses are the live ones, the config's
  * own first and in their order (their ranks keep their place where the
@@ -47,8 +50,14 @@ static void ids(const struct ptc_cluster *cl, const int *idx, int n, char *buf, 
 		k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? "," : "", cl->nodes[idx[i]].id);
 }
 
-/* The nodes to run on into @pick (cluster indices): the config's live
- * nodes in its order, then the other live ones, at most @max. Their
+/* Whether node @k may host ranks: live and not draining. */
+static bool usable(const struct mlfs_elastic_in *in, int k)
+{
+	return in->live[k] && !(in->draining && in->draining[k]);
+}
+
+/* The nodes to run on into @pick (cluster indices): the config's usable
+ * nodes in its order, then the other usable ones, at most @max. Their
  * number. */
 static int choose_nodes(const struct mlfs_elastic_in *in, int max, int *pick)
 {
@@ -60,11 +69,11 @@ static int choose_nodes(const struct mlfs_elastic_in *in, int max, int *pick)
 		return -ENOMEM;
 	for (int i = 0; i < in->cur->nnodes && n < max; i++) {
 		int k = ptc_cluster_find(cl, in->cur->nodes[i]);
-		if (k >= 0 && in->live[k] && !taken[k])
+		if (k >= 0 && usable(in, k) && !taken[k])
 			taken[k] = true, pick[n++] = k;
 	}
 	for (int k = 0; k < cl->nnodes && n < max; k++)
-		if (in->live[k] && !taken[k])
+		if (usable(in, k) && !taken[k])
 			taken[k] = true, pick[n++] = k;
 	free(taken);
 	return n;
@@ -85,13 +94,18 @@ static bool changed(const struct mlfs_elastic_in *in, struct mlfs_elastic_out *o
 			    (long long)in->cur->version);
 			return true;
 		}
+		if (!usable(in, k)) {
+			say(out, "node %s of version %lld is draining", in->cur->nodes[i],
+			    (long long)in->cur->version);
+			return true;
+		}
 		in_cfg++;
 	}
 	for (int k = 0; k < cl->nnodes; k++) {
 		bool listed = false;
 		for (int i = 0; i < in->cur->nnodes; i++)
 			listed |= strcmp(in->cur->nodes[i], cl->nodes[k].id) == 0;
-		if (!listed && in->live[k] && !(in->baseline && in->baseline[k]) &&
+		if (!listed && usable(in, k) && !(in->baseline && in->baseline[k]) &&
 		    in_cfg < in->cur->elastic_max) {
 			say(out, "node %s joined", cl->nodes[k].id);
 			return true;

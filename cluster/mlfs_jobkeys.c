@@ -51,6 +51,7 @@ void mlfs_jobkeys_free(struct mlfs_jobkeys *k)
 	json_decref(k->nodes);
 	json_decref(k->attempt_j);
 	json_decref(k->restore_j);
+	json_decref(k->draining);
 	memset(k, 0, sizeof(*k));
 }
 
@@ -94,6 +95,7 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 	k->revision = revision;
 	k->config_id = "";
 	k->nodes = json_object();
+	k->draining = json_object();
 	for (size_t i = 0; i < k->n; i++) {
 		const struct net_etcd_kv *kv = &k->kvs[i];
 		const char *name = kv->key + plen;
@@ -109,6 +111,8 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 			k->attempt = kv;
 		else if (strcmp(name, "controller") == 0)
 			k->controller = kv;
+		else if (strncmp(name, "drain/", 6) == 0)
+			json_object_set_new(k->draining, name + 6, json_true());
 		else if (strcmp(name, "released") == 0)
 			k->released = strtoll(kv->value, NULL, 10);
 		else if (strcmp(name, "restore") == 0)

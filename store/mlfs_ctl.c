@@ -185,6 +185,17 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 			rc = mlfs_store_snapshot(
 			    st, dir, jl ? (int)json_integer_value(jl) : MLFS_SNAP_LEVEL,
 			    jw ? (int)json_integer_value(jw) : 600, extra, &err);
+	} else if (strcmp(op, "drain") == 0) {
+		const char *node = json_string_value(json_object_get(req, "node"));
+		json_t *undo = json_object_get(req, "undo");
+		if (!node)
+			ptc_errorf(&err, "drain: \"node\" must be a node id");
+		else if (undo && !json_is_boolean(undo))
+			ptc_errorf(&err, "drain: \"undo\" must be true or false");
+		else if (!st->drain)
+			ptc_errorf(&err, "drain: a job of one node has no node to drain");
+		else
+			rc = st->drain(st->cluster_arg, node, json_is_true(undo), &err);
 	} else if (strcmp(op, "verify") == 0) {
 		rc = (extra = json_object()) ? mlfs_store_verify(st, extra, &err)
 					     : ptc_error_set(&err, -ENOMEM, "out of memory");

@@ -265,6 +265,9 @@ struct mlfs_store {
 	/* The same from what the control plane follows of them, no request
 	 * (the backup thread, four times a second); NULL on one node. */
 	void (*steps_mirrored)(void *arg);
+	/* `mlfs drain`: marks a node of the job for draining (@undo: no
+	 * longer); NULL on one node. I/O workers (.mlfs-ctl). */
+	int (*drain)(void *arg, const char *node, bool undo, struct ptc_error *err);
 	/* Set when an attempt aborts, cleared when one starts: fetches in
 	 * flight give up at once (-ECANCELED) instead of running out their
 	 * retries. */

@@ -28,6 +28,7 @@ static const struct {
      "              [--shard-mib N]"},
     {"snapshot", cmd_snapshot, "snapshot <mnt> --to DIR [--level N] [--wait SECONDS]"},
     {"verify", cmd_verify, "verify <mnt>      (every partition of the node against its checksum)"},
+    {"drain", cmd_drain, "drain <mnt> NODE [--undo]   (an elastic job leaves NODE out)"},
     {"reset", cmd_reset, "reset --cluster cluster.json      (every node down: the job afresh)"},
     {"resume", cmd_resume,
      "resume --cluster cluster.json [--from DIR] [--wait SECONDS]\n"

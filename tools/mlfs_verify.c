@@ -5,14 +5,11 @@
  * prints the mismatches, exit status 1 when there is any.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "mount/mount.h"
 #include "ptc/ptc.h"
 #include "tools/tools.h"
 
@@ -21,32 +18,15 @@
 
 int cmd_verify(int argc, char **argv)
 {
-	const char *req = "{\"op\":\"verify\"}";
-	char path[4096];
-
 	if (argc != 2 || argv[1][0] == '-') {
 		fprintf(stderr, "usage: mlfs verify <mnt>\n");
 		return 2;
 	}
-	snprintf(path, sizeof(path), "%s/%s", argv[1], MLFS_CTL_NAME);
-	int fd = open(path, O_RDWR | O_CLOEXEC);
-	if (fd < 0) {
-		fprintf(stderr, "mlfs verify: %s: %s\n", path, strerror(errno));
+	json_t *req = json_pack("{ss}", "op", "verify");
+	json_t *r = req ? tools_control(argv[1], req, VERIFY_REPLY_MAX, "verify") : NULL;
+	json_decref(req);
+	if (!r)
 		return 1;
-	}
-	ssize_t n = write(fd, req, strlen(req));
-	int err = n < 0 ? errno : 0;
-	char *reply = malloc(VERIFY_REPLY_MAX);
-	ssize_t got = reply ? pread(fd, reply, VERIFY_REPLY_MAX - 1, 0) : -1;
-	close(fd);
-	json_t *r = got > 0 ? json_loadb(reply, (size_t)got, 0, NULL) : NULL;
-	free(reply);
-	if (err || !json_is_true(json_object_get(r, "ok"))) {
-		const char *e = json_string_value(json_object_get(r, "error"));
-		fprintf(stderr, "mlfs verify: %s\n", e && *e ? e : strerror(err ? err : EIO));
-		json_decref(r);
-		return 1;
-	}
 	json_t *bad = json_object_get(r, "mismatches");
 	size_t i;
 	json_t *m;

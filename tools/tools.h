@@ -20,6 +20,7 @@ int cmd_import(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_snapshot(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
+int cmd_drain(int argc, char **argv);
 int cmd_dataset(int argc, char **argv);
 int cmd_reset(int argc, char **argv);
 int cmd_resume(int argc, char **argv);
@@ -58,5 +59,10 @@ int tools_create_tmp(const char *dst, char *tmp, size_t cap);
 				rc_ == -ENOMEM ? "out of memory" : err_.text);                     \
 		rc_ ? -1 : 0;                                                                      \
 	})
+
+/* Request @req on mount @mnt's control file, its reply parsed (at most
+ * @reply_max bytes): the reply when it says "ok", else NULL after printing
+ * "mlfs <@cmd>: <why>" on stderr. */
+json_t *tools_control(const char *mnt, const json_t *req, size_t reply_max, const char *cmd);
 
 #endif

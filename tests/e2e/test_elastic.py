@@ -107,3 +107,32 @@ def test_controller_dies_and_another_takes_over_never_below_min(cluster_factory)
             "the controller waiting for nodes", timeout=30)
     assert cl.committed()["version"] == 2
     assert cl[new].status()["elastic"]["proposed"] == 2
+
+
+def test_drain_moves_the_job_off_a_live_node(cluster_factory):
+    """`mlfs drain <mnt> NODE`: tp 2 pp 2 on n0 and n1, no DP replica, no backup; n1 is
+    marked for draining: the controller lays the job out without it, its stage fetched
+    from n1 itself (up, so nothing is lost), bit-exact. A node that is not the job's is
+    refused, naming it; --undo removes the mark."""
+    cl = cluster_factory()
+    full = make_full(MIXED, np.random.default_rng(22))
+    v1 = elastic(1, 2, 2, 1, ["n0", "n1"], lo=1, hi=2)
+    cl.start_job(MIXED, v1, "n0", full, step=4)
+    cl.wait(lambda: controller(cl), "a controller elected")
+
+    p = cl["n2"].mlfs("drain", "n9", check=False)
+    assert p.returncode == 1 and 'no node "n9"' in p.stderr, p.stderr
+    assert "drain/n9" not in cl.keys()
+
+    p = cl["n2"].mlfs("drain", "n1")
+    assert "n1: marked for draining" in p.stdout, p.stdout
+    assert "drain/n1" in cl.keys()
+    v2 = wait_committed(cl, 2)
+    assert v2["nodes"] == ["n0", "n2"], v2  # the config's usable node, then the first other
+    cl.wait_version(2, nodes=["n0", "n1", "n2", "n3"])
+    cl.check_layout(MIXED, v2, full, step=4, nodes=["n0", "n2"])
+    st = cl[controller(cl)].status()["elastic"]
+    assert "node n1 of version 1 is draining" in st["why"], st
+
+    cl["n2"].mlfs("drain", "n1", "--undo")
+    assert "drain/n1" not in cl.keys()

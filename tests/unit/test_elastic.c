@@ -4,7 +4,8 @@
  * the survivors that their state can serve when one dies, none when every
  * layout needs lost state (and one again with backups), min_nodes and
  * max_nodes, growing onto a node that joined but not onto one a person
- * left out; and the "elastic" config key's checks.
+ * left out, draining a node without losing its state; and the "elastic"
+ * config key's checks.
  */
 #include "cluster/elastic_i.h"
 #include "tests/unit/unit.h"
@@ -37,7 +38,7 @@ struct job {
 	struct ptc_schema *s;
 	struct ptc_cluster *cl;
 	struct ptc_config *cur;
-	bool live[4], base[4];
+	bool live[4], base[4], drain[4];
 	int backup_of[4];
 	struct mlfs_elastic_out out;
 };
@@ -67,6 +68,7 @@ static void decide(struct job *j, bool backups, char *nodes, size_t cap)
 				     .cluster = j->cl,
 				     .cur = j->cur,
 				     .live = j->live,
+				     .draining = j->drain,
 				     .baseline = j->base,
 				     .backup_of = backups ? j->backup_of : NULL};
 	json_decref(j->out.config);
@@ -191,6 +193,41 @@ static void test_growth(void **state)
 	job_free(&j);
 }
 
+static void test_drain(void **state)
+{
+	(void)state;
+	struct job j;
+	char nodes[64];
+
+	/* tp 2, pp 2 on n0 and n1, no replicas; n2 and n3 down. n1 is marked
+	 * for draining: it hosts nothing in the new layout, but it is no down
+	 * node, so its stage is fetched from it and nothing is lost. */
+	job_init(&j, 2,
+		 "{'version': 2, 'tp': 2, 'pp': 2, 'dp': 1, 'nodes': ['n0', 'n1'],"
+		 " 'elastic': {'min_nodes': 1}}");
+	j.live[2] = j.live[3] = false;
+	decide(&j, false, nodes, sizeof(nodes));
+	assert_null(j.out.config);
+	j.drain[1] = true;
+	decide(&j, false, nodes, sizeof(nodes));
+	assert_non_null(j.out.config);
+	assert_string_equal(nodes, "n0");
+	assert_non_null(strstr(j.out.why, "node n1 of version 2 is draining"));
+	/* Drained (version 3 on n0; n1 was draining at its baseline), then
+	 * undone: n1 counts as joined, and the job grows back onto it. */
+	ptc_config_free(j.cur);
+	j.cur = config_ok("{'version': 3, 'tp': 2, 'pp': 1, 'dp': 1, 'nodes': ['n0'],"
+			  " 'elastic': {'min_nodes': 1}}");
+	j.base[1] = false;
+	decide(&j, false, nodes, sizeof(nodes));
+	assert_null(j.out.config); /* still draining */
+	j.drain[1] = false;
+	decide(&j, false, nodes, sizeof(nodes));
+	assert_non_null(j.out.config);
+	assert_string_equal(nodes, "n0,n1");
+	job_free(&j);
+}
+
 static void test_elastic_key(void **state)
 {
 	(void)state;
@@ -230,6 +267,7 @@ int main(void)
 	    cmocka_unit_test(test_death_served_from_replicas),
 	    cmocka_unit_test(test_lost_state_is_no_candidate),
 	    cmocka_unit_test(test_growth),
+	    cmocka_unit_test(test_drain),
 	    cmocka_unit_test(test_elastic_key),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
