@@ -171,6 +171,7 @@ struct mlfs_cluster {
 	char voted_id[24];
 	bool voted_ready;
 	char *mine;	     /* lock: the text of the attempt this node created */
+	int64_t mine_rev;    /* lock: the revision that created it (0: not yet) */
 	int64_t cluster_mod; /* lock: the "cluster" key's revision last taken */
 	int64_t saved_put;   /* publock: the step in saved/<id>, put or read (-1: none) */
 	/* job/ as the coordinator has it, staged for attempt @job_to (the
@@ -423,6 +424,11 @@ void mlfs_attempt_waiting(struct mlfs_cluster *c, char *buf, size_t cap);
  * (another attempt), -EIO (etcd), -ENOMEM, with the reason in @err. I/O
  * workers. */
 int mlfs_propose(void *arg, bool config, const char *text, size_t len, struct ptc_error *err);
+/* The same for a config the elastic controller proposes: its attempt says
+ * so ("by": "controller"), and a person's config replaces it while it has
+ * not committed. The controller thread. */
+int mlfs_propose_for_controller(struct mlfs_cluster *c, const char *text, size_t len,
+				struct ptc_error *err);
 
 /* ------------------------------------------------------- mlfs_jobsync.c */
 

@@ -109,6 +109,7 @@ static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t
 		pthread_mutex_lock(&c->lock);
 		free(c->mine);
 		c->mine = NULL;
+		c->mine_rev = 0;
 		if (!reason) /* it follows the swaps and says when all are done */
 			c->announce = to;
 		pthread_mutex_unlock(&c->lock);
@@ -358,6 +359,14 @@ static void act_prepare(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, co
 	pthread_mutex_unlock(&c->lock);
 	if (!start)
 		return;
+	const char *by = json_string_value(json_object_get(k->attempt_j, "by"));
+	if (strcmp(c->failpoint, "ignore-controller-attempts") == 0 && by &&
+	    strcmp(by, "controller") == 0) {
+		/* a participant that never prepares the controller's attempts */
+		mlfs_log(MLFS_LOG_WARNING, "cluster: failpoint ignore-controller-attempts: "
+					   "not preparing");
+		return;
+	}
 	const char *config = json_string_value(json_object_get(k->attempt_j, "config"));
 	struct mlfs_reconf_down dn;
 	int rc = mlfs_attempt_down(c->st, k->attempt_j, &dn);

@@ -158,6 +158,21 @@ static int follow(struct mlfs_mirror *m, bool need, struct ptc_error *err)
 	return mlfs_mirror_sync(m, err);
 }
 
+/* The attempt this node created vanished from etcd without its own
+ * commit or abort (a person's config replaced the controller's): it no
+ * longer coordinates it. Not before etcd as read is past its creation. */
+static void forget_vanished(struct mlfs_cluster *c, const struct mlfs_jobkeys *k)
+{
+	pthread_mutex_lock(&c->lock);
+	if (c->mine && c->mine_rev && k->revision >= c->mine_rev &&
+	    !(k->attempt && strcmp(k->attempt->value, c->mine) == 0)) {
+		free(c->mine);
+		c->mine = NULL;
+		c->mine_rev = 0;
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
 static void round_once(struct mlfs_cluster *c)
 {
 	struct mlfs_jobkeys k;
@@ -187,6 +202,7 @@ static void round_once(struct mlfs_cluster *c)
 	if (rc) /* rule 1: without etcd nothing is decided */
 		return;
 	c->rounds++;
+	forget_vanished(c, &k);
 	mlfs_join_sync(c, &k);
 	if (k.nodes_known)
 		mlfs_nodeentry_sync_steps(c, k.nodes);

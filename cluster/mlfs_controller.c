@@ -196,7 +196,7 @@ static void lead(struct mlfs_controller *t, const struct mlfs_jobkeys *k,
 	struct ptc_error err = {.text = ""};
 	int64_t to = json_integer_value(json_object_get(out.config, "version"));
 	note(t, out.why, "");
-	int rc = text ? mlfs_propose(c, true, text, strlen(text), &err) : -ENOMEM;
+	int rc = text ? mlfs_propose_for_controller(c, text, strlen(text), &err) : -ENOMEM;
 	free(text);
 	pthread_mutex_lock(&t->lock);
 	t->proposed = to;

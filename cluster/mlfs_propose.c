@@ -132,15 +132,24 @@ static bool versions_agree(const struct mlfs_jobkeys *k)
 	return true;
 }
 
+/* Whether the attempt of @k is one the elastic controller proposed ("by":
+ * "controller"): a person's config replaces it while it has not
+ * committed (propose_create, on its exact value). */
+static bool controllers(const struct mlfs_jobkeys *k)
+{
+	const char *by = json_string_value(json_object_get(k->attempt_j, "by"));
+	return by && strcmp(by, "controller") == 0;
+}
+
 /*
  * Reads the job's keys into @k, giving the job a moment (20 tries, 100 ms
- * apart) to agree: steps are published within a round of being written,
- * versions within a round of a commit. 0 with *@agreed the step the live
- * ranks saved (-1: unknown), or job_steps_agree's refusal after the last
- * try, with @k read either way; -EIO when etcd is unreachable (@k empty).
- * Errors with @err.
+ * apart; none while an attempt is in progress, unless @person and it is the
+ * controller's, which a person's config replaces) to agree: steps are published within a round of
+ * being written, versions within a round of a commit. 0 with *@agreed the step the live ranks saved
+ * (-1: unknown), or job_steps_agree's refusal after the last try, with @k read either way; -EIO
+ * when etcd is unreachable (@k empty). Errors with @err.
  */
-static int read_agreed(struct mlfs_cluster *c, struct mlfs_jobkeys *k, int64_t *agreed,
+static int read_agreed(struct mlfs_cluster *c, struct mlfs_jobkeys *k, bool person, int64_t *agreed,
 		       struct ptc_error *err)
 {
 	struct ptc_error why;
@@ -153,7 +162,7 @@ static int read_agreed(struct mlfs_cluster *c, struct mlfs_jobkeys *k, int64_t *
 					     "unreachable: %s",
 					     why.text);
 		mlfs_join_sync(c, k); /* nodes that joined may be in the config */
-		if (!k->config || k->attempt)
+		if (!k->config || (k->attempt && !(person && controllers(k))))
 			return 0;
 		/* (the check runs every round, the last included) */
 		if (((rc = job_steps_agree(c, k, agreed, err)) == 0 && versions_agree(k)) ||
@@ -405,7 +414,7 @@ static void attempt_id(char aid[24])
 static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 			 const struct ptc_config *cfg, int64_t agreed, const char *text,
 			 const char *aid, char **att, struct mlfs_reconf_down *dn, bool *me_in,
-			 json_t **parts_out, struct ptc_error *err)
+			 json_t **parts_out, const char *by, struct ptc_error *err)
 {
 	struct mlfs_store *st = c->st;
 	json_t *parts, *down, *a = NULL;
@@ -425,6 +434,8 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 		    parts, "down", down, "backups", backups, "deadline_ms",
 		    (json_int_t)(mlfs_cluster_now_ms() + MLFS_ATTEMPT_MS), "job",
 		    job ? job : json_array(), "job_missing", missing, "step", (json_int_t)agreed);
+		if (a && by) /* a person's config replaces the controller's attempt */
+			json_object_set_new(a, "by", json_string(by));
 	}
 	json_decref(missing);
 	if (rc == 0 && a && (rc = mlfs_attempt_down(st, a, dn)) == 0)
@@ -452,8 +463,8 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
  * -EIO (etcd, or not registered yet), with @err.
  */
 static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
-			  char *att, const char *aid, bool me_in, int64_t *rev,
-			  struct ptc_error *err)
+			  char *att, const char *aid, bool me_in, const struct net_etcd_kv *replace,
+			  int64_t *rev, struct ptc_error *err)
 {
 	char ka[512], kc[512], kv[512];
 	struct ptc_error why;
@@ -467,6 +478,12 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 	struct net_etcd_cmp cmps[] = {
 	    {.key = ka, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL},
 	    {.key = kc, .target = NET_ETCD_MOD, .result = NET_ETCD_EQUAL, .num = k->config_mod}};
+	if (replace) /* the controller's attempt, exactly as read: replaced */
+		cmps[0] = (struct net_etcd_cmp){.key = ka,
+						.target = NET_ETCD_VALUE,
+						.result = NET_ETCD_EQUAL,
+						.value = replace->value,
+						.len = replace->len};
 	struct net_etcd_op put[] = {
 	    {.kind = NET_ETCD_PUT, .key = ka, .value = att, .len = strlen(att), .lease = lease},
 	    /* what an earlier attempt to this version left behind */
@@ -488,6 +505,10 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 		rc = ptc_error_set(err, -EBUSY,
 				   "config.json: another reconfiguration started, or the config "
 				   "changed, meanwhile");
+	pthread_mutex_lock(&c->lock);
+	if (rc == 0 && c->mine == att) /* from then on, its absence means it is gone */
+		c->mine_rev = *rev;
+	pthread_mutex_unlock(&c->lock);
 	if (rc && me_in) { /* no attempt of ours: the next one starts */
 		pthread_mutex_lock(&c->lock);
 		if (strcmp(c->started_id, aid) == 0)
@@ -502,7 +523,8 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
  * the step the live ranks saved. */
 static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 			   const struct ptc_config *cfg, int64_t agreed, const char *text,
-			   size_t len, struct ptc_error *err)
+			   size_t len, const char *by, const struct net_etcd_kv *replace,
+			   struct ptc_error *err)
 {
 	struct mlfs_reconf_down dn;
 	char aid[24], *att;
@@ -512,13 +534,20 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 
 	attempt_id(aid);
 	json_t *parts = NULL;
-	int rc = propose_build(c, k, cfg, agreed, text, aid, &att, &dn, &me_in, &parts, err);
+	int rc = propose_build(c, k, cfg, agreed, text, aid, &att, &dn, &me_in, &parts, by, err);
 	if (rc == 0)
-		rc = propose_create(c, k, cfg->version, att, aid, me_in, &rev, err);
+		rc = propose_create(c, k, cfg->version, att, aid, me_in && !replace, replace, &rev,
+				    err);
+	if (rc == 0 && replace)
+		mlfs_log(MLFS_LOG_WARNING,
+			 "elastic: a config written on node %s replaces the controller's attempt",
+			 c->me);
 	/* The coordinator prepares at once when it takes part: its
 	 * status.json (which mlfs reconfigure reads) shows the attempt from
-	 * now on. */
-	if (rc == 0 && me_in) {
+	 * now on. Not when it replaced the controller's attempt, which its
+	 * store may be preparing: its control thread discards that one
+	 * first, then prepares this one. */
+	if (rc == 0 && me_in && !replace) {
 		struct ptc_error perr = {.text = ""};
 		if ((rc =
 			 mlfs_attempt_prepare(c, agreed, aid, rev, text, len, &dn, parts, &perr))) {
@@ -534,7 +563,7 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 
 /* ------------------------------------------------------------------ config */
 
-static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
+static int propose_config(struct mlfs_cluster *c, const char *text, size_t len, const char *by,
 			  struct ptc_error *err)
 {
 	struct ptc_config *cfg;
@@ -550,10 +579,12 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 		ptc_config_free(cfg);
 		return ptc_errorf(err, "config.json: write schema.json first");
 	}
-	rc = read_agreed(c, &k, &agreed, err);
+	rc = read_agreed(c, &k, !by, &agreed, err);
+	const struct net_etcd_kv *replace =
+	    rc == 0 && k.attempt && !by && controllers(&k) ? k.attempt : NULL;
 	if (rc) {
 		/* etcd unreachable, or the steps' refusal: in err */
-	} else if (k.attempt) {
+	} else if (k.attempt && !replace) {
 		rc = ptc_errorf(err,
 				"config.json: a reconfiguration to version %" PRId64
 				" is in progress (coordinator %s)",
@@ -568,7 +599,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 	} else if (!k.config) {
 		rc = propose_first(c, cfg, text, len, err);
 	} else {
-		rc = propose_attempt(c, &k, cfg, agreed, text, len, err);
+		rc = propose_attempt(c, &k, cfg, agreed, text, len, by, replace, err);
 	}
 	mlfs_jobkeys_free(&k);
 	ptc_config_free(cfg);
@@ -578,5 +609,11 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len,
 int mlfs_propose(void *arg, bool config, const char *text, size_t len, struct ptc_error *err)
 {
 	struct mlfs_cluster *c = arg;
-	return config ? propose_config(c, text, len, err) : propose_schema(c, text, len, err);
+	return config ? propose_config(c, text, len, NULL, err) : propose_schema(c, text, len, err);
+}
+
+int mlfs_propose_for_controller(struct mlfs_cluster *c, const char *text, size_t len,
+				struct ptc_error *err)
+{
+	return propose_config(c, text, len, "controller", err);
 }

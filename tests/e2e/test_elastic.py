@@ -136,3 +136,35 @@ def test_drain_moves_the_job_off_a_live_node(cluster_factory):
 
     cl["n2"].mlfs("drain", "n1", "--undo")
     assert "drain/n1" not in cl.keys()
+
+
+def test_a_persons_config_replaces_the_controllers_attempt(cluster_factory):
+    """Every node ignores the controller's attempts (MLFS_FAILPOINT=
+    ignore-controller-attempts), so the controller's attempt after a death stays open; a person's config written
+    meanwhile replaces it (the attempt said "by": "controller") and commits, and the
+    controller leaves it standing."""
+    fp = {f"n{i}": {"MLFS_FAILPOINT": "ignore-controller-attempts"} for i in range(4)}
+    cl = cluster_factory(node_env=fp)
+    full = make_full(MIXED, np.random.default_rng(23))
+    cl.start_job(MIXED, elastic(1, 2, 1, 4, ALL), "n0", full, step=1)
+    boss = cl.wait(lambda: controller(cl), "a controller elected")
+    victim = next(n for n in reversed(ALL) if n != boss)
+    cl.kill(victim)
+    att = cl.wait(lambda: (kv := cl.keys().get("attempt")) and json.loads(kv.value),
+                  "the controller's attempt", timeout=30)
+    assert att["by"] == "controller" and att["coordinator"] == boss, att
+    survivors = [n for n in ALL if n != victim]
+    mine = {"version": 2, "tp": 1, "pp": 1, "dp": 6, "nodes": survivors}
+    person = next(n for n in survivors if n != boss)
+    try:
+        cl[person].write("config.json", json.dumps(mine))
+    except OSError as e:
+        raise AssertionError(f"{e!r}: {cl[person].status()['error']}\n{cl.describe()}")
+    assert wait_committed(cl, 2) == mine
+    cl.wait_version(2, nodes=survivors)
+    cl.check_layout(MIXED, mine, full, step=1, nodes=survivors)
+    assert "replaces the controller's attempt" in cl[person].stderr()
+    # Not elastic any more (the person's config has no "elastic"): nothing follows.
+    cl.wait(lambda: cl[boss].status().get("elastic", {}).get("decision")
+            == "the committed config is not elastic", "the controller standing down")
+    assert cl.committed() == mine
