@@ -25,8 +25,12 @@ json_t *tools_control(const char *mnt, const json_t *req, size_t reply_max, cons
 
 	snprintf(path, sizeof(path), "%s/%s", mnt, MLFS_CTL_NAME);
 	int fd = err ? -1 : open(path, O_RDWR | O_CLOEXEC);
-	if (!err && fd < 0)
-		err = errno;
+	if (!err && fd < 0) {
+		fprintf(stderr, "mlfs %s: %s: %s\n", cmd, path, strerror(errno));
+		free(text);
+		free(reply);
+		return NULL;
+	}
 	if (fd >= 0) {
 		if (write(fd, text, strlen(text)) < 0)
 			err = errno;

@@ -605,7 +605,7 @@ int cmd_import(int argc, char **argv)
 				"[--state NAME] [--names schema|hf] [--map FILE]\n");
 		return 2;
 	}
-	char dir[PATH_MAX], path[PATH_MAX], mapabs[PATH_MAX];
+	char dir[PATH_MAX], mapabs[PATH_MAX];
 	if (!realpath(from, dir) || (map && !realpath(map, mapabs))) {
 		fprintf(stderr, "mlfs import: %s: %s\n", realpath(from, dir) ? map : from,
 			strerror(errno));
@@ -620,33 +620,13 @@ int cmd_import(int argc, char **argv)
 		json_object_set_new(req, "step", json_integer(step));
 	if (state)
 		json_object_set_new(req, "state", json_string(state));
-	char *text = json_dumps(req, JSON_COMPACT);
+	json_t *r = req ? tools_control(argv[optind], req, 2048, "import") : NULL;
 	json_decref(req);
-	snprintf(path, sizeof(path), "%s/%s", argv[optind], MLFS_CTL_NAME);
-	int fd = open(path, O_RDWR | O_CLOEXEC);
-	if (fd < 0 || !text) {
-		fprintf(stderr, "mlfs import: %s: %s\n", path, strerror(errno));
-		free(text);
-		return 1;
-	}
-	ssize_t n = write(fd, text, strlen(text));
-	int err = n < 0 ? errno : 0;
-	free(text);
-	char reply[2048];
-	ssize_t got = pread(fd, reply, sizeof(reply) - 1, 0);
-	close(fd);
-	if (err) {
-		json_t *r = got > 0 ? json_loadb(reply, (size_t)got, 0, NULL) : NULL;
-		const char *e = json_string_value(json_object_get(r, "error"));
-		fprintf(stderr, "mlfs import: %s\n", e && *e ? e : strerror(err));
-		json_decref(r);
-		return 1;
-	}
-	return 0;
+	json_decref(r);
+	return r ? 0 : 1;
 }
 
-/* mkdir -p of the directories of @path. */
-static int make_parents(char *path)
+int tools_make_parents(char *path)
 {
 	for (char *p = path + 1; *p; p++) {
 		if (*p != '/')
@@ -669,7 +649,8 @@ static int copy_file(const char *src, char *dst)
 
 	if (in < 0)
 		return errno;
-	if ((err = -make_parents(dst)) || (out = tools_create_tmp(dst, tmp, sizeof(tmp))) < 0) {
+	if ((err = -tools_make_parents(dst)) ||
+	    (out = tools_create_tmp(dst, tmp, sizeof(tmp))) < 0) {
 		err = err ? err : errno;
 		close(in);
 		return err;

@@ -61,7 +61,7 @@ int cmd_snapshot(int argc, char **argv)
 			"usage: mlfs snapshot <mnt> --to DIR [--level N] [--wait SECONDS]\n");
 		return 2;
 	}
-	char dir[PATH_MAX], path[PATH_MAX + 32];
+	char dir[PATH_MAX];
 	if (mkdir(to, 0755) && errno != EEXIST) {
 		fprintf(stderr, "mlfs snapshot: %s: %s\n", to, strerror(errno));
 		return 1;
@@ -75,30 +75,10 @@ int cmd_snapshot(int argc, char **argv)
 		json_object_set_new(req, "level", json_integer(level));
 	if (wait >= 0)
 		json_object_set_new(req, "wait", json_integer(wait));
-	char *text = json_dumps(req, JSON_COMPACT);
+	json_t *r = req ? tools_control(argv[optind], req, 4096, "snapshot") : NULL;
 	json_decref(req);
-	snprintf(path, sizeof(path), "%s/%s", argv[optind], MLFS_CTL_NAME);
-	int fd = open(path, O_RDWR | O_CLOEXEC);
-	if (fd < 0 || !text) {
-		fprintf(stderr, "mlfs snapshot: %s: %s\n", path, strerror(errno));
-		free(text);
-		if (fd >= 0)
-			close(fd);
+	if (!r)
 		return 1;
-	}
-	ssize_t n = write(fd, text, strlen(text));
-	int err = n < 0 ? errno : 0;
-	free(text);
-	char reply[4096];
-	ssize_t got = pread(fd, reply, sizeof(reply) - 1, 0);
-	close(fd);
-	json_t *r = got > 0 ? json_loadb(reply, (size_t)got, 0, NULL) : NULL;
-	if (err || !json_is_true(json_object_get(r, "ok"))) {
-		const char *e = json_string_value(json_object_get(r, "error"));
-		fprintf(stderr, "mlfs snapshot: %s\n", e && *e ? e : strerror(err ? err : EIO));
-		json_decref(r);
-		return 1;
-	}
 	json_int_t bytes = json_integer_value(json_object_get(r, "bytes"));
 	json_int_t zbytes = json_integer_value(json_object_get(r, "compressed"));
 	printf("step %" JSON_INTEGER_FORMAT ": this node wrote %" JSON_INTEGER_FORMAT

@@ -257,21 +257,6 @@ out:
 	return rc;
 }
 
-/* mkdir -p of the directories of @path. */
-static int make_dirs(char *path)
-{
-	for (char *p = path + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = '\0';
-		int rc = mkdir(path, 0755);
-		*p = '/';
-		if (rc && errno != EEXIST)
-			return -errno;
-	}
-	return 0;
-}
-
 /* The pieces in output order: by schema tensor, then as the map lists them. */
 static int out_order(const struct ptc_hf_map *m, const struct ptc_schema *s, int si,
 		     struct out_tensor *o)
@@ -355,7 +340,7 @@ static int export_state(const struct ptc_schema *s, const struct ptc_hf_map *m, 
 		snprintf(dst, sizeof(dst), "%s/%s", to, name);
 		size_t dl = (size_t)(strrchr(dst, '/') - dst);
 		ptc_st_shard_name(base, k, ns, dst + dl + 1, sizeof(dst) - dl - 1);
-		if (!(rc = make_dirs(dst)))
+		if (!(rc = tools_make_parents(dst)))
 			rc = write_shard(s, m, &l, si, o, a, b, dst, &w);
 		if (rc)
 			fprintf(stderr, "mlfs export: %s: %s\n", dst, strerror(-rc));

@@ -65,4 +65,8 @@ int tools_create_tmp(const char *dst, char *tmp, size_t cap);
  * "mlfs <@cmd>: <why>" on stderr. */
 json_t *tools_control(const char *mnt, const json_t *req, size_t reply_max, const char *cmd);
 
+/* mkdir -p of the directories of @path (its last component is not made):
+ * 0 or -errno. @path is restored. */
+int tools_make_parents(char *path);
+
 #endif
