@@ -42,12 +42,7 @@ json_t *tools_control(const char *mnt, const json_t *req, size_t reply_max, cons
 	free(reply);
 	if (err || !json_is_true(json_object_get(r, "ok"))) {
 		const char *e = json_string_value(json_object_get(r, "error"));
-		fprintf(stderr, "mlfs %s: %s\n", cmd,
-			e && *e		? e
-			: fd < 0 && err ? path
-					: strerror(err ? err : EIO));
-		if (fd < 0 && err)
-			fprintf(stderr, "mlfs %s: %s\n", cmd, strerror(err));
+		fprintf(stderr, "mlfs %s: %s\n", cmd, e && *e ? e : strerror(err ? err : EIO));
 		json_decref(r);
 		return NULL;
 	}
