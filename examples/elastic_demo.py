@@ -138,8 +138,9 @@ def main():
 
         # Every rank saved step 100 (import set it); now change the layout.
         new = os.path.join(tmp, "tp4pp1dp2.json")
-        json.dump({"version": 2, "tp": 4, "pp": 1, "dp": 2, "nodes": ["n0"],
-                   "dataset": dataset}, open(new, "w"))
+        with open(new, "w") as f:  # checked close
+            json.dump({"version": 2, "tp": 4, "pp": 1, "dp": 2, "nodes": ["n0"],
+                       "dataset": dataset}, f)
         sh(MLFS, "reconfigure", mnt, new)
         sh(MLFS, "status", mnt)
         checked = 0
@@ -171,8 +172,9 @@ def main():
             with open(os.path.join(mnt, "ranks", r, "step"), "w") as f:
                 f.write("103\n")
         grow = os.path.join(tmp, "tp2pp1dp4.json")
-        json.dump({"version": 3, "tp": 2, "pp": 1, "dp": 4, "nodes": ["n0"],
-                   "dataset": dataset}, open(grow, "w"))
+        with open(grow, "w") as f:  # checked close
+            json.dump({"version": 3, "tp": 2, "pp": 1, "dp": 4, "nodes": ["n0"],
+                       "dataset": dataset}, f)
         sh(MLFS, "reconfigure", mnt, grow)
         after = []
         for s in range(103, 106):

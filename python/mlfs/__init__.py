@@ -21,7 +21,9 @@ A driver changes the layout between two runs of the workers:
     other.wait_version(3)                         # then each node's Mount waits for it
 
 Refusals raise MlfsError with status.json's reason. `mlfs.torch` (PyTorch,
-imported on first use) maps models and optimizers to partitions;
+imported on first use) maps models and optimizers to partitions, and imports and
+exports whole state dicts (import_state_dict, export_state_dict);
+`mlfs.megatron.import_checkpoint` imports a Megatron-LM checkpoint (mp_rank_*);
 `mlfs.testing` starts etcd and daemons on this machine for examples and tests.
 """
 import importlib
@@ -35,9 +37,9 @@ _LAZY = {"to_torch": "torch", "from_torch": "torch"}  # names of submodules that
 
 
 def __getattr__(name):
-    """mlfs.torch, mlfs.testing, mlfs.to_torch, ...: imported when first used, so that
+    """mlfs.torch, mlfs.testing, mlfs.megatron, mlfs.to_torch, ...: imported when first used, so that
     `import mlfs` costs no `import torch`."""
-    if name in ("torch", "testing"):
+    if name in ("torch", "testing", "megatron"):
         return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

@@ -136,6 +136,84 @@ class Mount:
         except OSError as e:
             raise self.refused(name, e) from e
 
+    def control(self, request):
+        """Sends one request ({"op": ...}) to the control file .mlfs-ctl, as `mlfs import`
+        does: one open, one write, the reply read back from the same open file. Returns
+        the reply; MlfsError with the reply's error (and the write's errno) on refusal."""
+        fd = os.open(self.p(".mlfs-ctl"), os.O_RDWR | os.O_CLOEXEC)
+        try:
+            err = None
+            try:
+                os.write(fd, json.dumps(request).encode())
+            except OSError as e:
+                err = e
+            try:
+                reply = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+            except (OSError, ValueError):
+                reply = {}
+        finally:
+            os.close(fd)
+        if err is not None:
+            why = reply.get("error") or err.strerror
+            raise MlfsError(f"{request.get('op')}: {why}", err.errno) from err
+        return reply
+
+    def import_from(self, path, state=None, step=None, names=None, map=None):
+        """`mlfs import` through the package: the daemon reads @path (a directory of
+        full tensors, `<state>/<tensor>.npy` or `<state>.safetensors`, a snapshot, or a
+        .safetensors file) and slices it into this node's partitions of the current
+        layout, all or nothing, as the saved state of @step (default: 0, or the
+        snapshot's). @state: that state only; @names "hf" or @map (a mapping file):
+        safetensors named otherwise (docs/formats.md). In a job of many nodes, every
+        node imports the partitions it hosts: call it on each node's mount."""
+        req = {"op": "import", "from": os.path.abspath(os.fspath(path))}
+        if state is not None:
+            req["state"] = state
+        if step is not None:
+            req["step"] = int(step)
+        if names is not None:
+            req["names"] = names
+        if map is not None:
+            req["map"] = os.path.abspath(os.fspath(map))
+        return self.control(req)
+
+    def tensors(self, state="model"):
+        """The schema's tensors of @state, every {L} template expanded for each layer, in
+        the schema's order: [{"name", "dtype" (the state's dtype where it sets one),
+        "shape", "split", "tied", ...}]. Tied tensors included (they hold their target's
+        data: no import or export file of their own)."""
+        schema = self.schema()
+        if state not in schema["states"]:
+            raise MlfsError(f"the schema has no state {state!r} (it has "
+                            f"{sorted(schema['states'])})")
+        sdt = (schema["states"][state] or {}).get("dtype")
+        out = []
+        for t in schema["tensors"]:
+            layers = range(schema["num_layers"]) if "{L}" in t["name"] else [None]
+            for i in layers:
+                e = {k: (v.replace("{L}", str(i)) if isinstance(v, str) and i is not None
+                         else v) for k, v in t.items()}
+                if sdt:
+                    e["dtype"] = sdt
+                out.append(e)
+        return out
+
+    def wait_writable(self, version, deadline):
+        """After a write refused with EBUSY: polls status.json until the reconfiguration
+        that refused it ends or @deadline (time.monotonic()) passes. Returns (True, v)
+        when writes are open again at layout version @version (the change was aborted
+        or failed: the refused write can be made again), (False, v) when the layout is
+        now version v != @version (the change committed: the writer's layout is gone),
+        (None, v) at the deadline."""
+        while True:
+            s = self.status()
+            v = s.get("version")
+            if s.get("state") in ("idle", "failed"):
+                return (v == version), v
+            if time.monotonic() >= deadline:
+                return None, v
+            time.sleep(0.01)
+
     def job_json(self, name, value=None):
         """Reads (or, with @value, writes) job/<name>: JSON shared by every rank and kept
         across reconfigurations (hyper-parameters, run metadata)."""
@@ -254,29 +332,67 @@ class Rank:
         """{name: tensor} for every tensor of this rank (or @names) in @state."""
         return {n: self.load(state, n, mapped) for n in (names or self.tensor_names(state))}
 
-    def save_tensor(self, state, name, tensor):
+    # Seconds a write refused with EBUSY (a reconfiguration is preparing) waits for the
+    # reconfiguration to end before it fails; 0: fail at once. See _busy_retry.
+    busy_wait = 60.0
+
+    def _busy_retry(self, what, write, wait):
+        """Runs @write() (one open, write, checked close); an OSError is MlfsError with
+        status.json's reason. A refusal with EBUSY is a reconfiguration in progress:
+        for up to @wait seconds (None: self.busy_wait) it waits for the reconfiguration
+        to end and then, if it was aborted (or failed) and the layout is still this
+        rank's, writes again; if it committed, the layout this rank saves is gone and
+        MlfsError (errno ESTALE) says so: the save is lost, the job goes on from the
+        step every rank saved before (docs/decisions.md, "A step written during a
+        reconfiguration")."""
+        wait = self.busy_wait if wait is None else wait
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            try:
+                return write()
+            except OSError as e:
+                if e.errno != errno.EBUSY or wait <= 0:
+                    raise self.mount.refused(what, e) from e
+                err = self.mount.refused(what, e)
+                again, v = self.mount.wait_writable(self.version, deadline)
+                if again:
+                    continue
+                if again is None:
+                    raise MlfsError(f"{err} (waited {wait:g} s for it)", e.errno) from e
+                raise MlfsError(
+                    f"{what}: the layout changed from version {self.version} to {v} during "
+                    f"this save: rank {self.rank}'s partitions of version {self.version} "
+                    "are gone and this save is lost; start again from the new rank.json "
+                    "and the step every rank saved", errno.ESTALE) from e
+
+    def save_tensor(self, state, name, tensor, wait=None):
         """Overwrites a partition (visible when closed): a torch tensor or a NumPy array of
         the partition's dtype and shape, written by one open, one write and a checked
-        close; MlfsError with status.json's reason if the mount refuses it."""
+        close; MlfsError with status.json's reason if the mount refuses it. Refused
+        with EBUSY (a reconfiguration is preparing), it waits up to @wait seconds
+        (default self.busy_wait) for the reconfiguration to end, and writes again if it
+        was aborted (_busy_retry)."""
         if _is_torch(tensor):
             from .torch import from_torch
             arr = from_torch(tensor)
         else:
             arr = np.ascontiguousarray(tensor)
-        try:
+
+        def write():
             with open(self.path(state, name), "wb") as f:
                 np.save(f, arr, allow_pickle=False)
-        except OSError as e:
-            raise self.mount.refused(self.where(state, name), e) from e
+        self._busy_retry(self.where(state, name), write, wait)
 
-    def save(self, model, optimizer=None, step=None, names=None, strict=True):
+    def save(self, model, optimizer=None, step=None, names=None, strict=True, wait=None):
         """A save of a PyTorch @model and @optimizer at @step: every partition, then
         `step` (mlfs.torch.save says what is written). With a state name first,
-        save(state, name, tensor) overwrites one partition (save_tensor)."""
+        save(state, name, tensor) overwrites one partition (save_tensor). A write
+        refused with EBUSY waits up to @wait seconds (default self.busy_wait) for the
+        reconfiguration to end, and goes on if it was aborted."""
         if isinstance(model, str):
-            return self.save_tensor(model, optimizer, step)
+            return self.save_tensor(model, optimizer, step, wait=wait)
         from . import torch as mt
-        return mt.save(self, model, optimizer, step, names=names, strict=strict)
+        return mt.save(self, model, optimizer, step, names=names, strict=strict, wait=wait)
 
     def load_into(self, model, optimizer=None, names=None, strict=True):
         """Loads this rank's partitions into a PyTorch @model (and @optimizer's state);
@@ -289,17 +405,23 @@ class Rank:
         with open(os.path.join(self.dir, "step"), "rb") as f:
             return int(f.read().decode().strip() or 0)
 
-    def mark_step(self, step):
+    def mark_step(self, step, wait=None):
         """Writes `step`, the rank's promise that its state of @step is complete; the close
-        is checked (a refused step raises MlfsError)."""
-        self.mount.write(os.path.join("ranks", str(self.rank), "step"), f"{int(step)}\n")
+        is checked (a refused step raises MlfsError). Refused with EBUSY, it waits for
+        the reconfiguration as save_tensor does."""
+        text = f"{int(step)}\n".encode()
 
-    def save_state(self, states, step):
+        def write():
+            with open(os.path.join(self.dir, "step"), "wb") as f:
+                f.write(text)
+        self._busy_retry(f"ranks/{self.rank}/step", write, wait)
+
+    def save_state(self, states, step, wait=None):
         """A save: every partition of {state: {name: tensor}}, then `step`."""
         for state, tensors in states.items():
             for name, t in tensors.items():
-                self.save_tensor(state, name, t)
-        self.mark_step(step)
+                self.save_tensor(state, name, t, wait=wait)
+        self.mark_step(step, wait=wait)
 
     def data(self, step):
         """(records, ids) of @step's view: this DP rank's slice of the global batch."""

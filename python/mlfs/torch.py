@@ -27,14 +27,27 @@ None is not a partition (left alone). With @strict, every parameter mapped
 must be a partition of the rank and every model partition of the rank a
 parameter: a save that left one out would promise a step it did not save.
 
+Whole state dicts of full tensors go in and out of the mount's current layout:
+import_state_dict(mount, state_dict_or_path, names=..., state=, step=) through the
+daemon's import, and export_state_dict(mount, state=, names=...) from the live view
+full/<state>.safetensors (names: None, a dict, a callable, "hf" or a name map;
+docs/formats.md).
+
 This module imports torch; `import mlfs` does not import it.
 """
 import collections
+import errno
+import json
+import os
+import shutil
+import subprocess
+import tempfile
 
 import numpy as np
 import torch
 
-from .client import MlfsError
+from . import _st
+from .client import MlfsError, read_npy
 
 MODEL = "model"
 OPTIM = "optim/"
@@ -172,11 +185,14 @@ def load_optimizer(rank, model, optimizer, pairs, step):
                                       device=q.device if on_device else "cpu")
 
 
-def save(rank, model, optimizer, step, names=None, strict=True):
+def save(rank, model, optimizer, step, names=None, strict=True, wait=None):
     """Saves @model and @optimizer into @rank's partitions (every root of the schema:
     model, optim/<key>, optim/main), each close checked, then `step` = @step. A
-    refusal (EBUSY during a reconfiguration, EINVAL for a wrong shape) raises
-    MlfsError with status.json's reason; `step` is then not written."""
+    refusal raises MlfsError with status.json's reason (EINVAL for a wrong shape);
+    `step` is then not written. A write refused with EBUSY (a reconfiguration is
+    preparing) waits up to @wait seconds (default rank.busy_wait, 60) for it to end:
+    aborted, the save goes on; committed, MlfsError (ESTALE): this rank's layout is
+    gone and the save is lost."""
     if step is None:
         raise TypeError("save(model, optimizer, step): the step is required")
     pairs = params(rank, model, names, strict)
@@ -189,8 +205,8 @@ def save(rank, model, optimizer, step, names=None, strict=True):
                         "(an optimizer, or strict=False)")
     for state, tensors in writes.items():
         for n, t in tensors.items():
-            write(rank, state, n, t)
-    rank.mark_step(step)
+            write(rank, state, n, t, wait)
+    rank.mark_step(step, wait=wait)
 
 
 def optimizer_tensors(rank, model, optimizer, pairs):
@@ -219,9 +235,229 @@ def moment(optimizer, q, key, p, name):
     return st[key]
 
 
-def write(rank, state, name, t):
+def write(rank, state, name, t, wait=None):
     """One partition from tensor @t, converted to the partition's true dtype."""
     want = torch_dtype(rank.dtype(state, name))
     if t.dtype != want:
         t = t.detach().to(want)
-    rank.save_tensor(state, name, t)
+    rank.save_tensor(state, name, t, wait=wait)
+
+
+# ------------------------------------------------------------ whole state dicts
+
+def _mount(mount):
+    from .client import Mount
+    return mount if isinstance(mount, Mount) else Mount(mount)
+
+
+def schema_dtype(t):
+    """The schema dtype name of torch tensor @t ("bfloat16" for torch.bfloat16)."""
+    name = str(t.dtype).replace("torch.", "")
+    if name not in _st.BY_SCHEMA:
+        raise MlfsError(f"{t.dtype}: no such dtype in mlfs (it has {sorted(_st.BY_SCHEMA)})")
+    return name
+
+
+def _bytes(t):
+    """Tensor @t's bytes as the NumPy array mlfs stores (bfloat16 as <u2, fp8 as u1)."""
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view("<u2")
+    if t.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+        return t.view(torch.uint8).numpy()
+    return t.numpy()
+
+
+def _entry(name, t):
+    return (name, schema_dtype(t), tuple(t.shape), lambda: _bytes(t))
+
+
+def load_file(path, weights_only=True):
+    """A state dict torch.save'd at @path, on the CPU (torch.load with @weights_only)."""
+    try:
+        return torch.load(os.fspath(path), map_location="cpu", weights_only=weights_only)
+    except Exception as e:  # pickle's refusals have no common base
+        raise MlfsError(f"{path}: torch.load(weights_only={weights_only}): {e}") from e
+
+
+def _is_map_file(names):
+    return isinstance(names, dict) and isinstance(names.get("tensors"), dict)
+
+
+def import_state_dict(mount, state_dict, names=None, state="model", step=None,
+                      tmpdir=None, weights_only=True):
+    """Imports a state dict of FULL tensors into @mount's current layout: every
+    partition of @state on this node (every local rank's), all or nothing, as the saved
+    state of @step (default 0), through the daemon's import (`mlfs import` of one
+    safetensors file written to a temporary directory under @tmpdir, removed after).
+    dtypes are kept: a tensor must have the schema's dtype (bfloat16 as
+    torch.bfloat16) and shape, or the import is refused naming it; so must every
+    tensor of the state be there (tied tensors excepted).
+
+    @state_dict: {key: tensor}, or the path of a torch.save'd one (loaded with
+    @weights_only). @names maps keys to schema names:
+      None       dots to slashes ("layers.0.fc.weight" is "layers/0/fc/weight")
+      a dict     {key: schema name}; keys it lacks get the default; None: left out
+      a callable key -> schema name (None: left out)
+      "hf"       Hugging Face names (`mlfs import --names hf`: Llama or GPT-2, fused
+                 q/k/v and gate/up assembled by the daemon; docs/formats.md)
+      {"tensors": {...}, "ignore": [...]}: a name map, as `mlfs import --map` reads it
+    A key mapped to a tied tensor (output_layer/weight tied to the embedding) is left
+    out if it equals its target (the tie holds it), refused otherwise. Returns the
+    daemon's reply."""
+    mnt = _mount(mount)
+    if isinstance(state_dict, (str, os.PathLike)):
+        state_dict = load_file(state_dict, weights_only)
+    if not hasattr(state_dict, "items"):
+        raise MlfsError(f"state_dict: a mapping of tensors, not {type(state_dict).__name__}")
+    req = {}
+    if names == "hf" or _is_map_file(names):
+        entries = []
+        for k, t in state_dict.items():
+            if not isinstance(t, torch.Tensor):
+                raise MlfsError(f"state_dict[{k!r}]: not a tensor ({type(t).__name__})")
+            entries.append(_entry(k, t))
+        if names == "hf":
+            req["names"] = "hf"
+    elif isinstance(names, str):
+        raise MlfsError(f"names={names!r}: a dict, a callable, 'hf' or a name map")
+    else:
+        entries = _schema_entries(mnt, state, state_dict, mapper(names))
+    tmp = tempfile.mkdtemp(prefix="mlfs-import-", dir=tmpdir)
+    try:
+        path = os.path.join(tmp, state + ".safetensors")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _st.write(path, entries)
+        if _is_map_file(names):
+            req["map"] = os.path.join(tmp, "names.json")
+            with open(req["map"], "w") as f:
+                json.dump(names, f)
+        return mnt.import_from(tmp, state=state, step=step, **req)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _schema_entries(mnt, state, state_dict, to):
+    """[safetensors entry] of @state_dict's tensors under schema names (@to maps keys),
+    in the schema's order, tied tensors left out once checked against their targets."""
+    by_name, src = {}, {}
+    for k, t in state_dict.items():
+        n = to(k)
+        if n is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise MlfsError(f"state_dict[{k!r}]: not a tensor ({type(t).__name__}); "
+                            "names= may map it to None")
+        if n in by_name:
+            raise MlfsError(f"names= maps both {src[n]!r} and {k!r} to {n!r}")
+        by_name[n], src[n] = t, k
+    order = {}
+    for e in mnt.tensors(state):
+        order[e["name"]] = len(order)
+        if e.get("tied") and e["name"] in by_name:
+            t, target = by_name.pop(e["name"]), by_name.get(e["tied"])
+            if target is not None and not (t.dtype == target.dtype and t.shape == target.shape
+                                           and torch.equal(t, target)):
+                raise MlfsError(f"{src[e['name']]!r} ({e['name']}) is tied to {e['tied']} "
+                                "in the schema, but differs from it")
+    names = sorted(by_name, key=lambda n: (order.get(n, len(order)), n))
+    return [_entry(n, by_name[n]) for n in names]
+
+
+def _alloc(name, dtype, shape):
+    t = torch.empty(shape, dtype=torch_dtype(dtype))
+    return t, t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _read_state(base):
+    """{name: tensor} of the safetensors state at @base (+ .safetensors, or
+    .safetensors.index.json and its shards beside it), each file with one open."""
+    index = base + ".safetensors.index.json"
+    if os.path.exists(index):
+        with open(index, "rb") as f:
+            files = sorted(set(json.loads(f.read())["weight_map"].values()))
+        out = {}
+        for fn in files:
+            out.update(_st.read(os.path.join(os.path.dirname(base), fn), _alloc))
+        return out
+    return _st.read(base + ".safetensors", _alloc)
+
+
+def export_state_dict(mount, state="model", names=None, tmpdir=None):
+    """The FULL tensors of @state on @mount as a state dict {key: tensor} (CPU, the
+    schema's dtypes: bfloat16 as torch.bfloat16), read from the live view
+    full/<state>.safetensors (one open per file: one version of the state; where
+    that view answers EIO, because parts are on other nodes, from
+    full/<state>/<tensor>.npy, one open per tensor). Tied tensors are given under
+    their own key too, as the same tensor as their target (as a tied PyTorch
+    model's state_dict() does).
+
+    @names gives the keys:
+      None       slashes to dots ("layers/0/fc/weight" is "layers.0.fc.weight")
+      a dict     {key: schema name}, as import_state_dict takes it (inverted here);
+                 schema names it lacks get the default
+      a callable schema name -> key (None: left out)
+      "hf" or a name map {"tensors": ...}: Hugging Face names (or the map's), fused
+                 tensors split back (`mlfs export --format safetensors --names hf`,
+                 which runs the mlfs binary: $MLFS, the tree's build, or the PATH)"""
+    mnt = _mount(mount)
+    if names == "hf" or _is_map_file(names):
+        return _export_named(mnt, state, names, tmpdir)
+    if isinstance(names, str):
+        raise MlfsError(f"names={names!r}: a dict, a callable, 'hf' or a name map")
+    if isinstance(names, dict):
+        inv = {}
+        for k, n in names.items():
+            if n is not None:
+                if n in inv:
+                    raise MlfsError(f"names= maps both {inv[n]!r} and {k!r} to {n!r}")
+                inv[n] = k
+        to = lambda n: inv[n] if n in inv else n.replace("/", ".")  # noqa: E731
+    elif names is None:
+        to = lambda n: n.replace("/", ".")  # noqa: E731
+    elif callable(names):
+        to = names
+    else:
+        raise TypeError(f"names: a dict or a callable, not {type(names).__name__}")
+    tensors = mnt.tensors(state)
+    try:
+        full = _read_state(mnt.p("full", state))
+    except OSError as e:
+        if e.errno not in (errno.EIO, errno.ENOENT):
+            raise MlfsError(f"full/{state}.safetensors: {e.strerror}", e.errno) from e
+        full = {}
+        for t in tensors:
+            if not t.get("tied"):
+                arr = read_npy(mnt.p("full", state, t["name"] + ".npy"))
+                full[t["name"]] = to_torch(arr, t["dtype"]).clone()
+    out = {}
+    for t in tensors:
+        key = to(t["name"])
+        if key is None:
+            continue
+        src = t["tied"] if t.get("tied") else t["name"]
+        if src not in full:
+            raise MlfsError(f"full/{state}: no tensor {src}")
+        out[key] = full[src]
+    return out
+
+
+def _export_named(mnt, state, names, tmpdir):
+    """export_state_dict with Hugging Face names or a name map: `mlfs export`."""
+    from .testing import find_mlfs
+    tmp = tempfile.mkdtemp(prefix="mlfs-export-", dir=tmpdir)
+    try:
+        cmd = [find_mlfs(), "export", mnt.path, "--to", os.path.join(tmp, "out"),
+               "--format", "safetensors"]
+        if names == "hf":
+            cmd += ["--names", "hf"]
+        else:
+            with open(os.path.join(tmp, "names.json"), "w") as f:
+                json.dump(names, f)
+            cmd += ["--map", os.path.join(tmp, "names.json")]
+        p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise MlfsError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+        return _read_state(os.path.join(tmp, "out", state))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -302,15 +302,16 @@ def test_refused_step_raises_in_save(mount):
     mnt = mlfs.Mount(mount.path)
     mnt.set_up(small_schema(), config(1, 1))
     me = mnt.rank(0)
+    me.busy_wait = 0  # fail at once (test_save_busy.py: the wait)
     job = Job(1, seed=1, main=False)
     job.step(grads(1, 0, seed=2))
     job.save(me, 1)
     real_mark_step = me.mark_step
 
-    def prepared_first(step):
+    def prepared_first(step, wait=None):
         assert prepare(mount, config(2, 2))[0] == 0
         wait_state(mount, "prepared")
-        real_mark_step(step)
+        real_mark_step(step, wait=wait)
     me.mark_step = prepared_first
     job.step(grads(1, 0, seed=3))
     with pytest.raises(mlfs.MlfsError, match="in progress") as e:
