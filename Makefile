@@ -168,10 +168,12 @@ $(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS)
 
-# The control plane of N nodes simulated against one etcd (tests/bench/bench_sim.py).
-$(BUILD)/tests/sim_%: tests/bench/sim_%.c $(LIBS)
+# The control plane of N nodes simulated against one etcd (tests/bench/bench_sim.py):
+# sim_control.c (its DESIGN block, main) and the other files of sim_i.h.
+SIM_SRC := $(wildcard tests/bench/sim_*.c)
+$(BUILD)/tests/sim_control: $(SIM_SRC) tests/bench/sim_i.h $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(SIM_SRC) $(LIBS) $(LDLIBS)
 
 # The protocol model (spin), bounded: a few seconds.
 model: deps

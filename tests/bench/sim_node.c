@@ -1,0 +1,472 @@
+/*
+ * sim_node.c - a simulated node's rounds (mlfs_cluster.c's round_once,
+ * mlfs_attempt.c's mlfs_attempt_round): the snapshot handed to the real
+ * mlfs_decide, and the actions carried out with the daemon's etcd
+ * requests (its entry, its lease, its votes, the announcement) on its
+ * simulated store.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "tests/bench/sim_i.h"
+
+/* ------------------------------------------------------- node actions */
+
+/* Layout 1 places rank i on node i; layout 2 rank i on node i of the
+ * first half. */
+static bool hosts_ranks(const struct node *nd)
+{
+	return nd->have == 1 || (nd->have == 2 && nd->idx < (S.n + 1) / 2);
+}
+
+/* Its entry as mlfs_nodeentry.c's node_entry and mlfs_nodeentry_publish
+ * write it: addr, devices, pid, version, its ranks' saved steps, and its
+ * last settled state (idle, failed, lost: never a passing one). */
+char *entry_text(const struct node *nd, char *state)
+{
+	char addr[32], rank[16];
+	json_t *steps = json_object();
+	snprintf(addr, sizeof(addr), "10.%d.%d.%d:7070", nd->idx >> 16 & 255, nd->idx >> 8 & 255,
+		 nd->idx & 255);
+	if (hosts_ranks(nd)) {
+		snprintf(rank, sizeof(rank), "%d", nd->idx);
+		json_object_set_new(steps, rank, json_integer(0));
+	}
+	bool settled = nd->reconf == MLFS_RECONF_IDLE || nd->reconf == MLFS_RECONF_FAILED;
+	if (nd->lost)
+		snprintf(state, 16, "lost");
+	else if (settled || !state[0])
+		snprintf(state, 16, "%s",
+			 mlfs_reconf_state_name(settled ? nd->reconf : MLFS_RECONF_IDLE));
+	json_t *o = json_pack("{sssisisIsOss}", "addr", addr, "devices", 1, "pid", 4242 + nd->idx,
+			      "version", (json_int_t)nd->have, "steps", steps, "state", state);
+	char *s = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	json_decref(o);
+	json_decref(steps);
+	if (!s)
+		die("out of memory");
+	return s;
+}
+
+/* mlfs_nodeentry_publish: its entry (/mlfs-nodes/<job>/<id>) put when it
+ * changed. */
+static void publish(struct worker *w, struct node *nd)
+{
+	char k[256];
+	struct ptc_error err;
+	int64_t lease = atomic_load(&nd->lease);
+	char *e = entry_text(nd, nd->entry_state);
+
+	if (!lease || (nd->published && strcmp(nd->published, e) == 0)) {
+		free(e);
+		return;
+	}
+	snprintf(k, sizeof(k), "%s%s", S.nprefix, nd->id);
+	c_add(C_PUT, 1);
+	if (net_etcd_put(w->etcd, k, e, strlen(e), lease, NULL, &err)) {
+		fprintf(stderr, "sim_control: %s: put entry: %s\n", nd->id, err.text);
+		free(e);
+		return;
+	}
+	free(nd->published);
+	nd->published = e;
+	int target = atomic_load(&S.target);
+	if (nd->have == target && nd->published_v != target) { /* the job sees its swap */
+		nd->published_v = target;
+		c_add(C_PUBLISHED, 1);
+		c_max(C_LAST_PUBLISHED, wall_ns());
+	}
+}
+
+/* mlfs_nodeentry_register: a new lease and its entry put under it. */
+int do_register(struct worker *w, struct node *nd)
+{
+	struct ptc_error err;
+	int64_t lease;
+	c_add(C_GRANT, 1);
+	if (net_etcd_lease_grant(w->etcd, S.ttl, &lease, NULL, &err)) {
+		fprintf(stderr, "sim_control: %s: lease grant: %s\n", nd->id, err.text);
+		return -1;
+	}
+	free(nd->published); /* the entry went with the old lease */
+	nd->published = NULL;
+	atomic_store(&nd->lease, lease);
+	atomic_store(&nd->lease_expired, false);
+	publish(w, nd);
+	return 0;
+}
+
+/* mlfs_attempt.c's vote: "<attempt id> ready" or "... failed: <reason>"
+ * under /mlfs-votes/<job>/<to>/<id>. */
+static void vote(struct worker *w, struct node *nd, int64_t to, const char *aid, const char *what)
+{
+	char k[256], v[1024];
+	struct ptc_error err;
+	snprintf(k, sizeof(k), "%s%" PRId64 "/%s", S.vprefix, to, nd->id);
+	snprintf(v, sizeof(v), "%s %s", aid, what);
+	c_add(C_PUT, 1);
+	if (net_etcd_put(w->etcd, k, v, strlen(v), 0, NULL, &err) == 0) {
+		snprintf(nd->voted_id, sizeof(nd->voted_id), "%s", aid);
+		nd->voted_ready = strcmp(what, "ready") == 0;
+		c_add(C_VOTES, 1);
+		c_max(C_LAST_VOTE, wall_ns());
+	} else {
+		fprintf(stderr, "sim_control: %s: vote: %s\n", nd->id, err.text);
+	}
+}
+
+/* mlfs_attempt.c's act_announce: "released" = @version, under the job's
+ * keys (every node's watch); a failed put only said (the others follow
+ * the entries themselves after 2 s). */
+static void announce(struct worker *w, struct node *nd, int64_t version)
+{
+	char k[256], v[32];
+	struct ptc_error err;
+	name(k, sizeof(k), "released");
+	snprintf(v, sizeof(v), "%" PRId64, version);
+	c_add(C_PUT, 1);
+	if (net_etcd_put(w->etcd, k, v, strlen(v), 0, NULL, &err) == 0) {
+		c_add(C_ANNOUNCED, 1);
+		c_max(C_LAST_ANNOUNCE, wall_ns());
+	} else {
+		fprintf(stderr, "sim_control: %s: announce: %s\n", nd->id, err.text);
+	}
+	if (nd->announce <= version)
+		nd->announce = 0;
+}
+
+/* The store starts preparing attempt @a (mlfs_attempt_prepare, then the
+ * store's prepare: state "preparing", its hook wakes the node). It takes
+ * no time: done at the end of this round (round_act). */
+void prepare_start(struct node *nd, struct att *a, int64_t rev)
+{
+	nd->reconf = MLFS_RECONF_PREPARING;
+	nd->target = a->to;
+	nd->prepare_rev = rev;
+	snprintf(nd->prepare_id, sizeof(nd->prepare_id), "%s", a->id);
+	att_put(nd->prep_parts);
+	nd->prep_parts = att_ref(a);
+}
+
+/* The prepare done (the build worker's set_state(PREPARED)): its hook
+ * wakes the node. */
+bool prepare_done(struct node *nd)
+{
+	if (nd->reconf != MLFS_RECONF_PREPARING)
+		return false;
+	nd->reconf = MLFS_RECONF_PREPARED;
+	return true;
+}
+
+/* mlfs_attempt.c's act(): one action's etcd side, and the store's. Sets
+ * *@woken when the store's state changed (its reconf_changed hook). */
+static void act(struct worker *w, struct node *nd, const struct mlfs_action *a, bool *woken)
+{
+	const struct seen *v = &nd->seen;
+	switch (a->kind) {
+	case MLFS_ACT_REGISTER:
+		if (do_register(w, nd) == 0)
+			fprintf(stderr,
+				"sim_control: %s: its lease had expired: registered again\n",
+				nd->id);
+		break;
+	case MLFS_ACT_INSTALL_SCHEMA:
+		nd->store_schema = true;
+		break;
+	case MLFS_ACT_INSTALL_CONFIG:
+		nd->have = a->version;
+		break;
+	case MLFS_ACT_MARK_LOST: /* act_mark_lost */
+		if (hosts_ranks(nd))
+			nd->lost = true;
+		break;
+	case MLFS_ACT_CLEAR_LOST:
+		nd->lost = false;
+		break;
+	case MLFS_ACT_PREPARE: /* act_prepare: once per attempt id */
+		if (strcmp(nd->started_id, v->aid) != 0 && v->att) {
+			snprintf(nd->started_id, sizeof(nd->started_id), "%s", v->aid);
+			prepare_start(nd, v->att, v->attempt_mod);
+			*woken = true;
+		}
+		break;
+	case MLFS_ACT_VOTE_READY: /* act_vote_ready: job/ is empty, nothing staged */
+		if (strcmp(nd->voted_id, v->aid) != 0)
+			vote(w, nd, a->version, v->aid, "ready");
+		break;
+	case MLFS_ACT_VOTE_FAILED:
+		if (strcmp(nd->voted_id, v->aid) != 0) {
+			char r[300];
+			snprintf(r, sizeof(r), "failed: %s", a->reason[0] ? a->reason : "prepare");
+			vote(w, nd, a->version, v->aid, r);
+		}
+		break;
+	case MLFS_ACT_COMMIT: /* act_commit: the planned-from layout retained */
+		if (nd->reconf == MLFS_RECONF_PREPARED && nd->target == a->version) {
+			nd->retained = nd->have;
+			nd->have = a->version;
+			nd->reconf = MLFS_RECONF_IDLE;
+			att_put(nd->swap_wait);
+			nd->swap_wait = nd->prep_parts;
+			nd->prep_parts = NULL;
+			nd->swap_since_ms = wall_ms();
+			atomic_store(&nd->swap_waiting, true);
+			*woken = true;
+			if (nd->have == atomic_load(&S.target) && nd->swapped_v != nd->have) {
+				nd->swapped_v = nd->have;
+				int64_t t = wall_ns();
+				c_add(C_SWAPPED, 1);
+				c_max(C_LAST_SWAP, t);
+				c_min(C_FIRST_SWAP, t);
+			}
+		}
+		break;
+	case MLFS_ACT_DISCARD: /* act_discard */
+		nd->reconf = MLFS_RECONF_FAILED;
+		att_put(nd->prep_parts);
+		nd->prep_parts = NULL;
+		*woken = true;
+		if (atomic_fetch_add(&counts[C_DISCARDS], 1) == 0)
+			fprintf(stderr, "sim_control: %s: discard: %s\n", nd->id, a->reason);
+		break;
+	case MLFS_ACT_FINISH_COMMIT:
+		finish(w, nd, v->att, a->version, NULL);
+		break;
+	case MLFS_ACT_FINISH_ABORT:
+		finish(w, nd, v->att, a->version, a->reason);
+		break;
+	case MLFS_ACT_RELEASE_RETAINED: /* act_release: nothing put */
+		if (nd->retained == a->version) {
+			nd->retained = 0;
+			att_put(nd->swap_wait);
+			nd->swap_wait = NULL;
+			atomic_store(&nd->swap_waiting, false);
+			nd->announce = 0;
+		}
+		break;
+	case MLFS_ACT_ANNOUNCE_RELEASED:
+		announce(w, nd, a->version);
+		break;
+	default: /* none other comes in this scenario (no node lost, no restore) */
+		fprintf(stderr, "sim_control: %s: %s: not simulated\n", nd->id,
+			mlfs_act_name(a->kind));
+		break;
+	}
+}
+
+/* The daemon's CPU for a round of @nd's, as measured (daemon_cost). */
+int64_t round_cost(const struct node *nd)
+{
+	if (!S.delay)
+		return 0;
+	return S.cost.base + (nd->seen.nodes_known ? S.cost.peers : 0) +
+	       (nd->seen.att ? S.cost.att + S.cost.ids : 0) + (nd->swap_wait ? S.cost.ids : 0) +
+	       (nd->mine ? S.cost.votes : 0);
+}
+
+/* mlfs_nodeentry_read_saved: this node's saved/<id> mark, read once (its
+ * first round): 0, or etcd's error with @err. None is ever put here. */
+static int read_saved(struct worker *w, struct node *nd, struct ptc_error *err)
+{
+	char k[256];
+	struct net_etcd_kv kv;
+	if (nd->saved_read)
+		return 0;
+	snprintf(k, sizeof(k), "%ssaved/%s", S.nprefix, nd->id);
+	c_add(C_RANGE, 1);
+	int rc = net_etcd_get(w->etcd, k, &kv, NULL, err);
+	if (rc && rc != -ENOENT)
+		return rc;
+	if (rc == 0) {
+		free(kv.key);
+		free(kv.value);
+	}
+	nd->saved_read = true;
+	c_add(C_STARTED, 1);
+	return 0;
+}
+
+/*
+ * A round's first half (mlfs_cluster.c's round_once up to mlfs_decide):
+ * the job's mirror synced (a watch and a range when it is not live), the
+ * saved/<id> mark read once, the entries followed while need_peers() says
+ * so, the votes while this node coordinates (each stopped when no longer
+ * needed), the snapshot (mlfs_attempt.c's snapshot) and the decision. The
+ * actions wait for the daemon's CPU of this round (round_act).
+ */
+void round_decide(struct worker *w, struct node *nd)
+{
+	struct group *g = nd->g;
+	struct net_etcd_kv *vk = NULL;
+	size_t nvk = 0;
+	struct ptc_error err;
+	struct mlfs_snap_attempt sa = {0};
+
+	nd->nacts = 0;
+	nd->seen = (struct seen){.aid = ""};
+	if (nd->propose_pending) { /* config.json written on this node */
+		nd->propose_pending = false;
+		propose(nd);
+	}
+	bool coordinating = nd->mine != NULL;
+	if (group_sync(w, g))
+		return; /* rule 1: without etcd nothing is decided */
+	if (read_saved(w, nd, &err)) {
+		fprintf(stderr, "sim_control: %s: saved mark: %s\n", nd->id, err.text);
+		return;
+	}
+	if (follow_entries(w, nd, &err)) {
+		fprintf(stderr, "sim_control: %s: entries: %s\n", nd->id, err.text);
+		return;
+	}
+	if (nd->idx == 0 && S.votes_init && mirror_follow(&S.votes, coordinating, false, &err)) {
+		fprintf(stderr, "sim_control: %s: votes: %s\n", nd->id, err.text);
+		return;
+	}
+	if (coordinating) {
+		int64_t rev;
+		if (mlfs_mirror_copy(&S.votes, &vk, &nvk, &rev, &err)) {
+			fprintf(stderr, "sim_control: %s: votes: %s\n", nd->id, err.text);
+			return;
+		}
+		/* vote_of's linear search, indexed here (its CPU is in the wait) */
+		memset(w->vote, 0, (size_t)S.n * sizeof(*w->vote));
+		size_t vl = strlen(S.vprefix);
+		for (size_t i = 0; i < nvk; i++) {
+			char *end;
+			long long to = strtoll(vk[i].key + vl, &end, 10);
+			int k = *end == '/' ? node_index(end + 1, strlen(end + 1)) : -1;
+			if (k >= 0 && to == 2)
+				w->vote[k] = &vk[i];
+		}
+	}
+	c_add(C_ROUNDS, 1);
+	char commit_id[24];
+	bool known = entries_of(nd, w->ent);
+	nd->seen.nodes_known = known;
+	pthread_mutex_lock(&g->lock);
+	struct att *a = att_ref(g->att);
+	nd->seen.etcd_ok = g->live;
+	nd->seen.attempt_mod = a ? a->mod : 0;
+	struct mlfs_snap s = {
+	    .etcd_ok = g->live,
+	    .revision = g->revision,
+	    .has_schema = g->has_schema,
+	    .committed = g->committed > 0 ? g->committed : 0,
+	    .commit_id = commit_id,
+	    .saved_step = -1,
+	    .nodes_known = known,
+	    .released = g->released,
+	};
+	snprintf(commit_id, sizeof(commit_id), "%s", g->config_id);
+	for (int i = 0; i < S.n; i++) {
+		uint32_t e = known ? w->ent[i] : 0; /* mlfs_jobkeys: no entry when not read */
+		w->sn[i] = (struct mlfs_snap_node){
+		    .id = S.ids[i],
+		    .up = e & E_UP,
+		    .version = e & E_VERSION,
+		    .lost = e & E_LOST,
+		    .participant = a && bit(a->parts, i),
+		    .swap_waited = nd->swap_wait && bit(nd->swap_wait->parts, i),
+		};
+	}
+	pthread_mutex_unlock(&g->lock);
+	if (a) {
+		snprintf(nd->seen.aid, sizeof(nd->seen.aid), "%s", a->id);
+		sa = (struct mlfs_snap_attempt){.id = a->id,
+						.from = a->from,
+						.to = a->to,
+						.coordinator = a->coordinator,
+						.deadline_ms = a->deadline_ms};
+		s.attempt = &sa;
+		/* every participant's vote for the coordinator (vote_on), this
+		 * node's own as it put it for the others (own_vote) */
+		size_t n = strlen(a->id);
+		for (int i = 0; i < S.n; i++) {
+			struct mlfs_snap_node *sn = &w->sn[i];
+			const struct net_etcd_kv *v = vk ? w->vote[i] : NULL;
+			if (!sn->participant)
+				continue;
+			if (vk && v && strncmp(v->value, a->id, n) == 0 && v->value[n] == ' ') {
+				if (strncmp(v->value + n + 1, "ready", 5) == 0) {
+					sn->vote = MLFS_VOTE_READY;
+				} else {
+					sn->vote = MLFS_VOTE_FAILED;
+					sn->reason = v->value + n + 1;
+					if (strncmp(sn->reason, "failed: ", 8) == 0)
+						sn->reason += 8;
+				}
+			} else if (!vk && i == nd->idx && strcmp(nd->voted_id, a->id) == 0) {
+				sn->vote = nd->voted_ready ? MLFS_VOTE_READY : MLFS_VOTE_FAILED;
+			}
+		}
+	}
+	s.lease_expired = atomic_load(&nd->lease_expired);
+	s.nodes = w->sn;
+	s.nnodes = S.n;
+	s.me = nd->idx;
+	s.now_ms = wall_ms();
+	s.store_schema = nd->store_schema;
+	s.have = nd->have;
+	s.hosts_ranks = hosts_ranks(nd);
+	s.lost = nd->lost;
+	s.reconf = nd->reconf;
+	s.target = nd->target;
+	s.prepare_id = nd->prepare_id;
+	s.prepare_rev = nd->prepare_rev;
+	s.retained = nd->retained;
+	s.coordinating = nd->mine && a && strcmp(nd->mine, a->raw) == 0;
+	nd->nacts = mlfs_decide(&s, nd->acts); /* reasons are copied into acts */
+	nd->seen.att = a;
+	nd->attempt_seen = a != NULL; /* c->attempt, for nap_ms */
+	net_etcd_kvs_free(vk, nvk);
+}
+
+/* A round's second half: its actions, its entry published (round_once's
+ * last step), and the nap (mlfs_cluster.c's nap_ms). Returns the nap in
+ * ms; *@woken when the store's hook woke it meanwhile. */
+int round_act(struct worker *w, struct node *nd, bool *woken)
+{
+	bool etcd_ok = nd->seen.etcd_ok;
+	for (int i = 0; i < nd->nacts; i++)
+		act(w, nd, &nd->acts[i], woken);
+	att_put(nd->seen.att);
+	nd->seen.att = NULL;
+	nd->nacts = 0;
+	if (etcd_ok)
+		publish(w, nd);
+	/* round_once's last step: a release this round may end the need for
+	 * the entries */
+	if (!need_peers(nd)) {
+		if (nd->idx == 0 && S.votes_init)
+			mirror_follow(&S.peers, false, true, &(struct ptc_error){0});
+		else
+			peers_stop(nd);
+	}
+	if (prepare_done(nd)) /* the build worker's set_state(PREPARED) */
+		*woken = true;
+	int target = atomic_load(&S.target);
+	if (nd->have == target && nd->swapped_v == target && nd->retained == 0 &&
+	    nd->released_v != target) {
+		nd->released_v = target;
+		c_add(C_RELEASED, 1);
+		c_max(C_LAST_RELEASE, wall_ns());
+	}
+	/* nap_ms: a retained layout waits for the announcement until 2 s
+	 * after its swap (then it follows the entries itself: need_peers),
+	 * then every second */
+	int64_t swap = nd->swap_wait ? wall_ms() - nd->swap_since_ms : -1;
+	if (!etcd_ok)
+		return 200;
+	if (swap >= 0 && swap < 2000)
+		return (int)(2000 - swap) + 10;
+	return nd->attempt_seen || swap >= 0 ? 1000 : 30000;
+}
