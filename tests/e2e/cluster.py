@@ -565,12 +565,17 @@ class Cluster:
 
     # ------------------------------------------------------------ commands
 
-    def reconfigure(self, n, cfg, wait=True, timeout=60):
+    def reconfigure(self, n, cfg, wait=True, timeout=60, follow=True):
         """`mlfs reconfigure <mnt of n> <cfg file>`: the CompletedProcess, or with
         wait=False the running Popen (text pipes). Fails, showing every node, when it
-        has not returned after @timeout seconds."""
+        has not returned after @timeout seconds. follow=False: `--no-wait`, the command
+        only writes config.json (a test that freezes the node must not leave it reading
+        status.json: killed there, its exit would wait for the frozen daemon's answer to
+        the close)."""
         path = self.file(f"config-v{cfg['version']}-{secrets.token_hex(3)}.json", cfg)
         args = [str(MLFS), "reconfigure", str(self[n].path), str(path)]
+        if not follow:
+            args.append("--no-wait")
         if not wait:
             return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
