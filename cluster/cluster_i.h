@@ -293,6 +293,10 @@ int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc
  * the peers mirror is live (@k->nodes_known): -EIO with @err while the
  * job's mirror is not live. Any thread. */
 int mlfs_jobkeys_mirrored(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err);
+/* The nodes' entries as the peers mirror has them ({id: entry}, a new
+ * reference), no request: NULL while this node does not follow them. Any
+ * thread. */
+json_t *mlfs_jobkeys_mirrored_nodes(struct mlfs_cluster *c);
 /* The nodes' entries read from etcd now ({id: entry}, a new reference):
  * NULL with @err when etcd did not answer. Any thread. */
 json_t *mlfs_jobkeys_read_nodes(struct mlfs_cluster *c, struct ptc_error *err);

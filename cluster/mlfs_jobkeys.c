@@ -173,10 +173,22 @@ int mlfs_jobkeys_read(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc
 	return rc;
 }
 
+json_t *mlfs_jobkeys_mirrored_nodes(struct mlfs_cluster *c)
+{
+	struct net_etcd_kv *kvs;
+	size_t n;
+
+	if (mlfs_mirror_copy(&c->peers, &kvs, &n, &(int64_t){0}, &(struct ptc_error){0}))
+		return NULL;
+	json_t *nodes = parse_nodes(c, kvs, n);
+	net_etcd_kvs_free(kvs, n);
+	return nodes;
+}
+
 int mlfs_jobkeys_mirrored(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct ptc_error *err)
 {
-	struct net_etcd_kv *kvs, *nkvs;
-	size_t n, nn;
+	struct net_etcd_kv *kvs;
+	size_t n;
 	int64_t rev = 0;
 	int rc = mlfs_mirror_copy(&c->mirror, &kvs, &n, &rev, err);
 
@@ -184,15 +196,11 @@ int mlfs_jobkeys_mirrored(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct
 	if (rc)
 		return rc;
 	parse(c, kvs, n, rev, k);
-	/* The entries, when this node follows them now. */
-	if (mlfs_mirror_copy(&c->peers, &nkvs, &nn, &(int64_t){0}, &(struct ptc_error){0}) == 0) {
-		json_t *nodes = parse_nodes(c, nkvs, nn);
-		net_etcd_kvs_free(nkvs, nn);
-		if (nodes) {
-			json_decref(k->nodes);
-			k->nodes = nodes;
-			k->nodes_known = true;
-		}
+	json_t *nodes = mlfs_jobkeys_mirrored_nodes(c); /* when this node follows them */
+	if (nodes) {
+		json_decref(k->nodes);
+		k->nodes = nodes;
+		k->nodes_known = true;
 	}
 	return 0;
 }

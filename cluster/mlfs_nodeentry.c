@@ -80,6 +80,12 @@ static int64_t newest_step(struct mlfs_store *st)
 	return s;
 }
 
+/* This node's saved/<id> key into @k (@cap bytes). */
+static void saved_key(const struct mlfs_cluster *c, char *k, size_t cap)
+{
+	snprintf(k, cap, "%ssaved/%s", c->nprefix, c->me);
+}
+
 int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err)
 {
 	char k[512];
@@ -137,7 +143,7 @@ void mlfs_nodeentry_steps_saved(void *arg)
 	pthread_mutex_lock(&c->publock);
 	if (step >= 0 && step > c->saved_put) {
 		snprintf(v, sizeof(v), "%" PRId64, step);
-		snprintf(k, sizeof(k), "%ssaved/%s", c->nprefix, c->me);
+		saved_key(c, k, sizeof(k));
 		if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why) == 0)
 			c->saved_put = step;
 	}
@@ -151,7 +157,7 @@ int mlfs_nodeentry_read_saved(struct mlfs_cluster *c, struct ptc_error *err)
 
 	if (c->saved_read)
 		return 0;
-	snprintf(k, sizeof(k), "%ssaved/%s", c->nprefix, c->me);
+	saved_key(c, k, sizeof(k));
 	int rc = net_etcd_get(c->etcd, k, &kv, NULL, err);
 	if (rc && rc != -ENOENT)
 		return rc;
@@ -258,15 +264,11 @@ void mlfs_nodeentry_sync_steps(struct mlfs_cluster *c, const json_t *nodes)
  * older and etcd answers); a new reference, or NULL. */
 static json_t *seen_nodes(struct mlfs_cluster *c)
 {
-	struct mlfs_jobkeys k;
 	struct ptc_error why;
+	json_t *followed = mlfs_jobkeys_mirrored_nodes(c);
 
-	if (mlfs_mirror_live(&c->peers) && mlfs_jobkeys_mirrored(c, &k, &why) == 0) {
-		json_t *n = k.nodes_known ? json_incref(k.nodes) : NULL;
-		mlfs_jobkeys_free(&k);
-		if (n)
-			return n;
-	}
+	if (followed)
+		return followed;
 	pthread_mutex_lock(&c->seen_lock);
 	pthread_mutex_lock(&c->lock);
 	bool etcd = c->etcd_error[0] == '\0';
@@ -287,32 +289,25 @@ static json_t *seen_nodes(struct mlfs_cluster *c)
 
 void mlfs_nodeentry_keep_seen(struct mlfs_cluster *c)
 {
-	struct mlfs_jobkeys k;
-	struct ptc_error why;
+	json_t *nodes = mlfs_jobkeys_mirrored_nodes(c);
 
-	if (mlfs_jobkeys_mirrored(c, &k, &why))
+	if (!nodes)
 		return;
-	if (k.nodes_known) {
-		pthread_mutex_lock(&c->seen_lock);
-		json_decref(c->seen);
-		c->seen = json_incref(k.nodes);
-		c->seen_ms = mlfs_cluster_now_ms();
-		pthread_mutex_unlock(&c->seen_lock);
-	}
-	mlfs_jobkeys_free(&k);
+	pthread_mutex_lock(&c->seen_lock);
+	json_decref(c->seen);
+	c->seen = nodes;
+	c->seen_ms = mlfs_cluster_now_ms();
+	pthread_mutex_unlock(&c->seen_lock);
 }
 
 void mlfs_nodeentry_steps_mirrored(void *arg)
 {
 	struct mlfs_cluster *c = arg;
-	struct mlfs_jobkeys k;
-	struct ptc_error why;
+	json_t *nodes = mlfs_jobkeys_mirrored_nodes(c);
 
-	if (!mlfs_mirror_live(&c->peers) || mlfs_jobkeys_mirrored(c, &k, &why))
-		return;
-	if (k.nodes_known)
-		mlfs_nodeentry_sync_steps(c, k.nodes);
-	mlfs_jobkeys_free(&k);
+	if (nodes)
+		mlfs_nodeentry_sync_steps(c, nodes);
+	json_decref(nodes);
 }
 
 void mlfs_nodeentry_steps_refresh(void *arg)
