@@ -134,6 +134,13 @@ int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
 		       const struct ptc_layout *to, const struct mlfs_snap_node *nodes, int nnodes,
 		       int *rdown, int *nrdown);
 
+/* 0 when the plan from @from to @to exists with the down nodes @down
+ * (@ndown) served from replicas or backups (@backup_of, NULL: none), 1
+ * when it does not (the reason in @why), -ENOMEM. Pure: rule 9 and the
+ * elastic controller's choice (mlfs_elastic.c) ask it. */
+int mlfs_decide_servable(const struct ptc_layout *from, const struct ptc_layout *to,
+			 const int *down, int ndown, const int *backup_of, struct ptc_error *why);
+
 /* The name of @a ("commit", "vote-ready", ...), for logs and tests. */
 const char *mlfs_act_name(enum mlfs_act a);
 

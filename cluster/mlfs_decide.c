@@ -232,15 +232,13 @@ int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts)
 	return o.n;
 }
 
-/* -1: no plan (a partition without a copy), 0: a plan, or -ENOMEM. */
-static int plan_ok(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
-		   int ndown, const int *backup_of)
+int mlfs_decide_servable(const struct ptc_layout *from, const struct ptc_layout *to,
+			 const int *down, int ndown, const int *backup_of, struct ptc_error *why)
 {
 	struct ptc_plan *p = NULL;
-	struct ptc_error why;
-	int rc = ptc_plan_compute_backups(from, to, down, ndown, backup_of, &p, &why);
+	int rc = ptc_plan_compute_backups(from, to, down, ndown, backup_of, &p, why);
 	ptc_plan_free(p);
-	return rc == -ENOMEM ? rc : rc ? -1 : 0;
+	return rc == -ENOMEM ? rc : rc ? 1 : 0;
 }
 
 int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
@@ -248,10 +246,12 @@ int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
 		       const struct ptc_layout *to, const struct mlfs_snap_node *nodes, int nnodes,
 		       int *rdown, int *nrdown)
 {
+	struct ptc_error why;
 	int rc;
 
 	*nrdown = 0;
-	if (!ndown || !ret || ret == cur || (rc = plan_ok(cur, to, down, ndown, backup_of)) == 0)
+	if (!ndown || !ret || ret == cur ||
+	    (rc = mlfs_decide_servable(cur, to, down, ndown, backup_of, &why)) == 0)
 		return 0;
 	if (rc == -ENOMEM)
 		return rc;
@@ -260,7 +260,7 @@ int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
 		if (ret->node_nranks[n] > 0 && (!e || !e->up || e->lost || e->retained != rv))
 			rdown[(*nrdown)++] = n;
 	}
-	if ((rc = plan_ok(ret, to, rdown, *nrdown, NULL)) == -ENOMEM)
+	if ((rc = mlfs_decide_servable(ret, to, rdown, *nrdown, NULL, &why)) == -ENOMEM)
 		return rc;
 	if (rc)
 		*nrdown = 0;

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cluster/decide_i.h"
 #include "cluster/elastic_i.h"
 
 static void say(struct mlfs_elastic_out *out, const char *fmt, ...)
@@ -115,17 +116,6 @@ static bool changed(const struct mlfs_elastic_in *in, struct mlfs_elastic_out *o
 	return false;
 }
 
-/* 0 when the plan from @from to @to exists with @down served from
- * replicas or backups, 1 when it does not (its reason in @why), -ENOMEM. */
-static int servable(const struct ptc_layout *from, const struct ptc_layout *to, const int *down,
-		    int ndown, const int *backup_of, struct ptc_error *why)
-{
-	struct ptc_plan *p = NULL;
-	int rc = ptc_plan_compute_backups(from, to, down, ndown, backup_of, &p, why);
-	ptc_plan_free(p);
-	return rc == -ENOMEM ? rc : rc ? 1 : 0;
-}
-
 /* The first suggestion of @r servable from @from: its config (a new
  * reference) or NULL; *@refused counts those that were not, the first
  * one's reason in @first. */
@@ -145,7 +135,7 @@ static json_t *first_servable(const struct mlfs_elastic_in *in, const struct ptc
 			*rc = -ENOMEM; /* a suggestion is a valid layout: only memory fails */
 			return NULL;
 		}
-		int s = servable(from, &to, down, ndown, in->backup_of, &why);
+		int s = mlfs_decide_servable(from, &to, down, ndown, in->backup_of, &why);
 		ptc_layout_release(&to);
 		ptc_config_free(c);
 		if (s == 0)
