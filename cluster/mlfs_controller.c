@@ -24,7 +24,11 @@
  *
  * status.json's "elastic": the controller's id, whether it is this node,
  * its last decision, and the version it last proposed with the decision
- * that made it ("why") and its refusal ("error").
+ * that made it ("why"), its refusal ("error"), when the change of nodes it
+ * answered was seen ("seen_at": a dead node's lease expired, a node's
+ * entry appeared) and when it proposed ("proposed_at"), wall-clock
+ * seconds, so that a driver can split the time from a death to the new
+ * layout into detection, decision and reconfiguration.
  *
  * Threads: one controller thread per daemon ("mlfs-elastic"), asleep
  * unless kicked (by the control thread's rounds when it may have work:
@@ -57,7 +61,8 @@ struct mlfs_controller {
 	int64_t base_version; /* the committed version the baseline is of */
 	bool *base;	      /* per cluster node: live when it was first seen */
 	int base_n;
-	bool *last_live; /* the live nodes at the last decision */
+	bool *last_live;   /* the live nodes at the last decision */
+	double changed_at; /* when it saw them change (wall clock, s) */
 	int fails;
 	int64_t next_ms; /* no proposal before (back-off) */
 	/* The control thread's: the config last noted and whether elastic. */
@@ -69,7 +74,18 @@ struct mlfs_controller {
 	char error[1024];	 /* the last proposal's refusal ("": none) */
 	int64_t proposed;	 /* the version it last proposed (0: none) */
 	char proposed_why[1024]; /* the decision that proposed it */
+	double seen_at;		 /* when the change it answered was seen (wall clock, s) */
+	double proposed_at;	 /* when it was proposed (wall clock, s) */
 };
+
+/* The wall clock in seconds: status.json's times, comparable across nodes
+ * and with a training script's (time.time()). */
+static double wall_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 static void note(struct mlfs_controller *t, const char *decision, const char *error)
 {
@@ -170,9 +186,11 @@ static void lead(struct mlfs_controller *t, const struct mlfs_jobkeys *k,
 		memcpy(t->last_live, usable, (size_t)n * sizeof(bool));
 		t->base_version = cur->version;
 		t->base_n = n;
+		t->changed_at = wall_s();
 	}
 	if (memcmp(t->last_live, usable, (size_t)n * sizeof(bool))) { /* the nodes changed */
 		memcpy(t->last_live, usable, (size_t)n * sizeof(bool));
+		t->changed_at = wall_s();
 		t->fails = 0;
 		t->next_ms = 0;
 	}
@@ -200,6 +218,8 @@ static void lead(struct mlfs_controller *t, const struct mlfs_jobkeys *k,
 	free(text);
 	pthread_mutex_lock(&t->lock);
 	t->proposed = to;
+	t->seen_at = t->changed_at;
+	t->proposed_at = wall_s();
 	snprintf(t->proposed_why, sizeof(t->proposed_why), "%s", out.why);
 	snprintf(t->error, sizeof(t->error), "%s", rc ? err.text : "");
 	pthread_mutex_unlock(&t->lock);
@@ -399,5 +419,10 @@ void mlfs_controller_status(struct mlfs_controller *t, json_t *o)
 			      t->proposed ? json_integer(t->proposed) : json_null(), "why",
 			      t->proposed ? json_string(t->proposed_why) : json_null(), "error",
 			      t->error[0] ? json_string(t->error) : json_null()));
+	json_t *el = json_object_get(o, "elastic");
+	if (el && t->proposed) { /* the proposal's timeline: seen, then proposed */
+		json_object_set_new(el, "seen_at", json_real(t->seen_at));
+		json_object_set_new(el, "proposed_at", json_real(t->proposed_at));
+	}
 	pthread_mutex_unlock(&t->lock);
 }

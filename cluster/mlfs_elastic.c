@@ -15,10 +15,17 @@
  * new layout allows, so most partitions are reused), then the others in
  * cluster order, at most max_nodes; fewer than min_nodes is no layout at
  * all (it waits). On them, ptc_suggest ranks every (tp, pp, dp) the schema
- * admits by its cost model, and the first whose plan from the committed
+ * and the batch admit by its cost model (the DP degree must split the
+ * dataset's global batch into whole micro-batches of elastic.micro_batch
+ * samples: the training keeps its global batch), and the first whose plan
+ * from the committed
  * layout exists with the down nodes' partitions taken from DP replicas or
  * backups (ptc_plan_compute_backups) wins: a layout that needs state no
- * live node holds is not a candidate, whatever its speed.
+ * live node holds is not a candidate, whatever its speed. When no layout
+ * of all the chosen nodes fits (6 devices, and a batch of 16 or 4 layers
+ * that 3 cannot divide) or can be served, the first n - 1 of them are
+ * tried, and so on down to min_nodes: the job runs on as many nodes as
+ * some layout uses, the rest idle until the nodes change again.
  *
  * Pure: no I/O, no clock, no globals; the same inputs give the same
  * config.
@@ -32,15 +39,17 @@
 #include "cluster/decide_i.h"
 #include "cluster/elastic_i.h"
 
-static void say(struct mlfs_elastic_out *out, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void say(struct mlfs_elastic_out *out, const char *fmt, ...)
+/* printf into @buf of @cap bytes, cut to fit. */
+static void text(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void text(char *buf, size_t cap, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(out->why, sizeof(out->why), fmt, ap);
+	vsnprintf(buf, cap, fmt, ap);
 	va_end(ap);
 }
+
+#define say(out, ...) text((out)->why, sizeof((out)->why), __VA_ARGS__)
 
 /* Appends the ids of cluster nodes @idx (@n) to @buf, comma-separated. */
 static void ids(const struct ptc_cluster *cl, const int *idx, int n, char *buf, size_t cap)
@@ -151,6 +160,15 @@ static json_t *first_servable(const struct mlfs_elastic_in *in, const struct ptc
 	return NULL;
 }
 
+/* The first reason ptc_suggest gave for dropping a layout. */
+static const char *first_drop(const struct ptc_suggest_result *r)
+{
+	for (int d = 0; d < PTC_SUGGEST_DROP_COUNT; d++)
+		if (r->ndropped[d])
+			return r->first_reason[d];
+	return "no layout has that many devices";
+}
+
 int mlfs_elastic_decide(const struct mlfs_elastic_in *in, struct mlfs_elastic_out *out)
 {
 	const struct ptc_cluster *cl = in->cluster;
@@ -191,44 +209,58 @@ int mlfs_elastic_decide(const struct mlfs_elastic_in *in, struct mlfs_elastic_ou
 			down[ndown++] = k;
 	}
 	struct ptc_suggest_profile prof;
-	struct ptc_suggest_params params = {.from_name = "the committed config"};
-	struct ptc_suggest_result r;
+	struct ptc_suggest_params params = {.from_name = "the committed config",
+					    .micro_batch = cur->elastic_micro_batch};
 	if (!in->profile)
 		ptc_suggest_profile_default(&prof);
 	if (ptc_layout_init(&from, in->schema, cur, cl, "the committed config", &why)) {
 		say(out, "the committed config does not fit the cluster: %s", why.text);
 		goto out;
 	}
-	rc = ptc_suggest(in->schema, cl, pick, n, cur, &params, in->profile ? in->profile : &prof,
-			 &r, &why);
-	if (rc == -ENOMEM) {
-		ptc_layout_release(&from);
-		goto out;
-	}
-	ids(cl, pick, n, names, sizeof(names));
-	if (rc) {
-		say(out, "%s; no layout on %s: %s", change, names, why.text);
-		rc = 0;
-	} else {
+	/* All the chosen nodes, else the first n - 1 of them, ... down to
+	 * min_nodes: the job runs on as many as some layout fits (a number of
+	 * devices the schema or the batch cannot divide leaves a node idle). */
+	char first_why[PTC_ERROR_MAX] = "";
+	for (int k = n; k >= cur->elastic_min && !out->config && rc == 0; k--) {
+		struct ptc_suggest_result r;
+		rc = ptc_suggest(in->schema, cl, pick, k, cur, &params,
+				 in->profile ? in->profile : &prof, &r, &why);
+		if (rc == -ENOMEM)
+			break;
+		ids(cl, pick, k, names, sizeof(names));
+		if (rc) {
+			if (k == n)
+				text(first_why, sizeof(first_why), "no layout on %s: %s", names,
+				     why.text);
+			rc = 0;
+			continue;
+		}
 		int refused = 0;
 		struct ptc_error first = {.text = ""};
 		out->config = first_servable(in, &r, &from, down, ndown, &refused, &first, &rc);
 		if (out->config)
 			say(out,
 			    "%s: version %lld on %s as tp%lld pp%lld dp%lld, the fastest of %d "
-			    "layouts that fit whose state survives (%d needed lost state)",
+			    "layouts that fit whose state survives (%d needed lost state)%s%s",
 			    change, (long long)cur->version + 1, names,
 			    json_integer_value(json_object_get(out->config, "tp")),
 			    json_integer_value(json_object_get(out->config, "pp")),
-			    json_integer_value(json_object_get(out->config, "dp")), r.nfit,
-			    refused);
-		else if (rc == 0)
-			say(out,
-			    "%s; none of the %d layouts on %s can be served from the surviving "
-			    "state%s%s",
-			    change, r.nfit, names, refused ? ": " : "", refused ? first.text : "");
+			    json_integer_value(json_object_get(out->config, "dp")), r.nfit, refused,
+			    k < n ? "; " : "", k < n ? first_why : "");
+		else if (rc == 0 && k == n && r.nfit == 0)
+			text(first_why, sizeof(first_why), "no layout on %s fits: %s", names,
+			     first_drop(&r));
+		else if (rc == 0 && k == n)
+			text(first_why, sizeof(first_why),
+			     "none of the %d layouts on %s can be served from the surviving "
+			     "state%s%s",
+			     r.nfit, names, refused ? ": " : "", refused ? first.text : "");
 		ptc_suggest_result_release(&r);
 	}
+	if (!out->config && rc == 0)
+		say(out, "%s; %s%s", change, first_why,
+		    n > cur->elastic_min ? " (nor on fewer of these nodes, down to min_nodes)"
+					 : "");
 	ptc_layout_release(&from);
 out:
 	free(pick);

@@ -158,13 +158,14 @@ def make_checkpoint(folder, sch, seed=0):
                 np.save(path, w if state == "model" else np.zeros_like(w))
 
 
-def set_up(mnt_path, work, layout, dtype="float32"):
+def set_up(mnt_path, work, layout, dtype="float32", extra=None):
     """A new job on an empty mount: schema, dataset, first layout, hyper-parameters
     (job/train.json) and the initial weights (mlfs import, step 0). @mnt_path: a mount,
     or {node id: mount} for a job of many nodes (@layout then (tp, pp, dp, nodes)): the
     schema and config are written on the first node and reach the others through etcd;
     job/train.json (a job/ file reaches the other nodes at a reconfiguration) and the
-    import (each node fills the partitions it hosts) are done on every node."""
+    import (each node fills the partitions it hosts) are done on every node. @extra:
+    more keys of the first config ("elastic", ...)."""
     mounts = mounts_of(mnt_path)
     mnt = mlfs.Mount(next(iter(mounts.values())))
     sch = schema(dtype)
@@ -178,7 +179,8 @@ def set_up(mnt_path, work, layout, dtype="float32"):
     nodes = list(layout[3]) if len(layout) > 3 else ["n0"]
     mnt.set_up(sch, {"version": 1, "tp": tp, "pp": pp, "dp": dp, "nodes": nodes,
                      "dataset": {"index": "file://" + os.path.join(data_dir, "index.json"),
-                                 "global_batch": GLOBAL_BATCH, "shuffle": False}})
+                                 "global_batch": GLOBAL_BATCH, "shuffle": False},
+                     **(extra or {})})
     for path in mounts.values():
         m = mlfs.Mount(path)
         m.wait_version(1, timeout=60)

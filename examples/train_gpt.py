@@ -59,6 +59,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "python"))  # the mlfs package, not installed
 import mlfs  # noqa: E402
+import mlfs.elastic  # noqa: E402
 
 STATES = ("model", "optim/exp_avg", "optim/exp_avg_sq")
 
@@ -319,102 +320,143 @@ def train(args):
     names = sorted(P)
     stage = Stage(me, schema, hp, P, groups)
     gb = cfg["dataset"]["global_batch"]
-    local_batch, mbs = gb // me.dp, hp["micro_batch"]
-    assert gb % me.dp == 0 and local_batch % mbs == 0, "global batch / dp / micro-batch"
-    micro = local_batch // mbs
-    data = (MountData(me, start, args.steps) if args.data == "mount"
+    # The global batch is the config's in every layout: fewer DP ranks accumulate
+    # more micro-batches (mlfs.elastic.batch_plan refuses a dp that cannot).
+    local_batch, micro = mlfs.elastic.batch_plan(cfg, hp["micro_batch"], me.dp)
+    mbs = hp["micro_batch"]
+    end = args.until if args.until is not None else start + args.steps
+    data = (MountData(me, start, end - start) if args.data == "mount"
             else RestartedData(mnt, me, start, gb))
+    version = cfg["version"]
     t_load = time.monotonic()
+    t_train = t_save = 0.0
 
-    for step in range(start, start + args.steps):
-        records, ids = data.batch(step)
-        assert len(records) == local_batch, (step, records.shape)
-        tokens = torch.from_numpy(records[:, :-1].astype(np.int64))
-        labels = torch.from_numpy(records[:, 1:].astype(np.int64))
-        tokens_in_batch = gb * tokens.shape[1]
-        for p in P.values():
-            p.grad = None
+    step = start
+    while step < end:
+        # --save-every K (elastic): save every K steps and stop when the layout changes;
+        # else one save at the end.
+        chunk_end = min(end, step + args.save_every) if args.save_every else end
+        t = time.monotonic()
+        for step in range(step, chunk_end):
+            train_step(step, data, stage, groups, P, M, V, names, hp, gb, local_batch, mbs,
+                       micro, me, version)
+        step = chunk_end
+        t_train += time.monotonic() - t
 
-        # All forwards, then all backwards (GPipe); activations and their gradients go
-        # to the same TP rank of the neighbouring stage.
-        ins, outs = [], []
-        for k in range(micro):
-            sl = slice(k * mbs, (k + 1) * mbs)
-            if stage.first:
-                x = stage.embed(tokens[sl])
-            else:
-                x = torch.empty(mbs, tokens.shape[1], stage.hidden, dtype=stage.dtype)
-                dist.recv(x, groups.prev)
-                x.requires_grad_()
-            y = stage.forward(x)
-            if stage.last:
-                y = stage.loss_sum(y, labels[sl]) / tokens_in_batch
-            else:
-                dist.send(y.detach().contiguous(), groups.next)
-            ins.append(x)
-            outs.append(y)
-        for k in range(micro):
-            if stage.last:
-                outs[k].backward()
-            else:
-                g = torch.empty_like(outs[k])
-                dist.recv(g, groups.next)
-                outs[k].backward(g)
-            if not stage.first:
-                dist.send(ins[k].grad.contiguous(), groups.prev)
-
-        # Data parallelism: sum the gradients of the DP ranks (each is already divided
-        # by the global token count), in one flat buffer as Megatron's DDP buckets do.
-        grads = [P[n].grad for n in names]
-        if groups.dp is not None:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            all_reduce(flat, groups.dp)
-            off = 0
-            for g in grads:
-                g.copy_(flat[off:off + g.numel()].view_as(g))
-                off += g.numel()
-        # Tied embedding: the first stage's input embedding and the last stage's output
-        # layer are one parameter; each copy gets the sum of both gradients.
-        if groups.embedding is not None:
-            tied = "embedding/word_embeddings/weight" if stage.first else "output_layer/weight"
-            all_reduce(P[tied].grad, groups.embedding)
-
-        # Adam (no weight decay); the mount's step count is the bias correction's.
-        b1, b2 = hp["betas"]
-        n_upd = step + 1
-        with torch.no_grad():
-            for n in names:
-                g, m, v = P[n].grad, M[n], V[n]
-                m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                denom = (v / (1 - b2 ** n_upd)).sqrt_().add_(hp["eps"])
-                P[n].addcdiv_(m, denom, value=-hp["lr"] / (1 - b1 ** n_upd))
-
-        if stage.last:
-            loss = all_reduce(sum(o.detach() for o in outs).reshape(1), groups.dp)
-            if me.t == 0 and me.d == 0:
-                emit(kind="loss", step=step, loss=float(loss))
-        if stage.first and me.t == 0:
-            emit(kind="ids", step=step, d=me.d, ids=[int(i) for i in ids],
-                 tokens_sum=int(records.astype(np.int64).sum()))
-    t_train = time.monotonic()
-
-    # The save: every partition of every state, then step (the rank's promise).
-    me.save_state({"model": P, "optim/exp_avg": M, "optim/exp_avg_sq": V}, start + args.steps)
-    t_save = time.monotonic()
-    dist.barrier()
+        # The save: every partition of every state, then step (the rank's promise).
+        t = time.monotonic()
+        try:
+            me.save_state({"model": P, "optim/exp_avg": M, "optim/exp_avg_sq": V}, step)
+        except mlfs.MlfsError as e:
+            if not mlfs.elastic.stale(e):
+                raise
+            emit(kind="relayout", rank=me.rank, step=step, why=str(e))
+            sys.exit(mlfs.elastic.EXIT_RELAYOUT)  # the layout changed under the save
+        t_save += time.monotonic() - t
+        dist.barrier()
+        if args.save_every and step < end:
+            # Every rank stops, or none: the flag is all-reduced.
+            flag = torch.tensor([1.0 if mlfs.elastic.layout_changed(mnt, version) else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item():
+                if me.rank == 0:
+                    emit(kind="relayout", rank=me.rank, step=step, why="layout changed")
+                sys.exit(mlfs.elastic.EXIT_RELAYOUT)
     if me.rank == 0:
-        emit(kind="time", start=start, steps=args.steps, init_s=t_init - t0,
-             load_s=t_load - t_init, train_s=t_train - t_load, save_s=t_save - t_train,
+        emit(kind="time", start=start, steps=end - start, init_s=t_init - t0,
+             load_s=t_load - t_init, train_s=t_train, save_s=t_save,
              partitions=len(names) * len(STATES))
     dist.destroy_process_group()
+
+
+def train_step(step, data, stage, groups, P, M, V, names, hp, gb, local_batch, mbs, micro, me,
+               version):
+    """One step of the global batch: micro-batches forward and backward through the
+    pipeline, DP all-reduce, tied embedding, Adam."""
+    records, ids = data.batch(step)
+    assert len(records) == local_batch, (step, records.shape)
+    tokens = torch.from_numpy(records[:, :-1].astype(np.int64))
+    labels = torch.from_numpy(records[:, 1:].astype(np.int64))
+    tokens_in_batch = gb * tokens.shape[1]
+    for p in P.values():
+        p.grad = None
+
+    # All forwards, then all backwards (GPipe); activations and their gradients go
+    # to the same TP rank of the neighbouring stage.
+    ins, outs = [], []
+    for k in range(micro):
+        sl = slice(k * mbs, (k + 1) * mbs)
+        if stage.first:
+            x = stage.embed(tokens[sl])
+        else:
+            x = torch.empty(mbs, tokens.shape[1], stage.hidden, dtype=stage.dtype)
+            dist.recv(x, groups.prev)
+            x.requires_grad_()
+        y = stage.forward(x)
+        if stage.last:
+            y = stage.loss_sum(y, labels[sl]) / tokens_in_batch
+        else:
+            dist.send(y.detach().contiguous(), groups.next)
+        ins.append(x)
+        outs.append(y)
+    for k in range(micro):
+        if stage.last:
+            outs[k].backward()
+        else:
+            g = torch.empty_like(outs[k])
+            dist.recv(g, groups.next)
+            outs[k].backward(g)
+        if not stage.first:
+            dist.send(ins[k].grad.contiguous(), groups.prev)
+
+    # Data parallelism: sum the gradients of the DP ranks (each is already divided
+    # by the global token count), in one flat buffer as Megatron's DDP buckets do.
+    grads = [P[n].grad for n in names]
+    if groups.dp is not None:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        all_reduce(flat, groups.dp)
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+    # Tied embedding: the first stage's input embedding and the last stage's output
+    # layer are one parameter; each copy gets the sum of both gradients.
+    if groups.embedding is not None:
+        tied = "embedding/word_embeddings/weight" if stage.first else "output_layer/weight"
+        all_reduce(P[tied].grad, groups.embedding)
+
+    # Adam (no weight decay); the mount's step count is the bias correction's.
+    b1, b2 = hp["betas"]
+    n_upd = step + 1
+    with torch.no_grad():
+        for n in names:
+            g, m, v = P[n].grad, M[n], V[n]
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v / (1 - b2 ** n_upd)).sqrt_().add_(hp["eps"])
+            P[n].addcdiv_(m, denom, value=-hp["lr"] / (1 - b1 ** n_upd))
+
+    if stage.last:
+        loss = all_reduce(sum(o.detach() for o in outs).reshape(1), groups.dp)
+        if me.t == 0 and me.d == 0:
+            emit(kind="loss", step=step, loss=float(loss), version=version, t=time.time())
+    if stage.first and me.t == 0:
+        emit(kind="ids", step=step, d=me.d, version=version, ids=[int(i) for i in ids],
+             tokens_sum=int(records.astype(np.int64).sum()))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mnt", required=True, help="the mlfs mount point")
-    ap.add_argument("--steps", type=int, required=True,
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--steps", type=int,
                     help="steps to train from the saved step, then save and exit")
+    g.add_argument("--until", type=int,
+                   help="train until this step (elastic: run again after a change, "
+                        "the workers go on from the saved step)")
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="save every K steps, and after each save stop with exit "
+                         "code 75 if the layout changed (mlfs.elastic)")
     ap.add_argument("--data", choices=("mount", "restart"), default="mount",
                     help="mount: the mount's data views (exactly once); restart: a "
                          "loader that starts from the first record at every start")

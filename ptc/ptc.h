@@ -233,9 +233,12 @@ struct ptc_config {
 	int64_t snap_every, snap_max_mib_s; /* 0: no bandwidth bound */
 	int snap_keep, snap_threads, snap_level;
 	/* "elastic": the job's controller chooses the layout for the live
-	 * nodes, never fewer than elastic_min nor more than elastic_max. */
+	 * nodes, never fewer than elastic_min nor more than elastic_max; its
+	 * DP degree divides the global batch into micro-batches of
+	 * elastic_micro_batch samples (default 1). */
 	bool elastic;
 	int elastic_min, elastic_max;
+	int64_t elastic_micro_batch;
 };
 
 /* Parses config syntax and ranges; fitting it to a cluster and schema is

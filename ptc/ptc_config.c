@@ -14,7 +14,7 @@
 
 static const char *const config_keys[] = {"version",  "tp",	 "pp",	     "dp",	"nodes",
 					  "replicas", "dataset", "snapshot", "elastic", NULL};
-static const char *const elastic_keys[] = {"min_nodes", "max_nodes", "policy", NULL};
+static const char *const elastic_keys[] = {"min_nodes", "max_nodes", "policy", "micro_batch", NULL};
 static const char *const snapshot_keys[] = {"dir",	 "every", "keep", "threads",
 					    "max_mib_s", "level", NULL};
 static const char *const dataset_keys[] = {"index",   "seed",	"global_batch",
@@ -75,20 +75,22 @@ static int parse_dataset(struct ptc_config *c, const json_t *ds, const char *fil
 	return 0;
 }
 
-/* "elastic": {"min_nodes": N, "max_nodes": M, "policy": "auto"}: the
- * job's controller chooses the layout when nodes die or join
- * (cluster/mlfs_elastic.c). */
+/* "elastic": {"min_nodes": N, "max_nodes": M, "policy": "auto",
+ * "micro_batch": B}: the job's controller chooses the layout when nodes die
+ * or join (cluster/mlfs_elastic.c), with a DP degree that splits the
+ * dataset's global batch into whole micro-batches of B samples. */
 static int parse_elastic(struct ptc_config *c, const json_t *o, const char *file,
 			 struct ptc_error *err)
 {
-	int64_t lo = 1, hi = MAX_DEGREE;
+	int64_t lo = 1, hi = MAX_DEGREE, mb = 1;
 
 	if (!json_is_object(o))
 		return ptc_errorf(err, "%s: \"elastic\" must be an object", file);
 	if (ptc_json_known(o, elastic_keys, file, "elastic", err))
 		return -EINVAL;
 	if (ptc_json_int(o, "min_nodes", false, 1, MAX_DEGREE, &lo, file, "elastic", err) < 0 ||
-	    ptc_json_int(o, "max_nodes", false, 1, MAX_DEGREE, &hi, file, "elastic", err) < 0)
+	    ptc_json_int(o, "max_nodes", false, 1, MAX_DEGREE, &hi, file, "elastic", err) < 0 ||
+	    ptc_json_int(o, "micro_batch", false, 1, INT32_MAX, &mb, file, "elastic", err) < 0)
 		return -EINVAL;
 	if (lo > hi)
 		return ptc_errorf(
@@ -101,6 +103,7 @@ static int parse_elastic(struct ptc_config *c, const json_t *o, const char *file
 	c->elastic = true;
 	c->elastic_min = (int)lo;
 	c->elastic_max = (int)hi;
+	c->elastic_micro_batch = mb;
 	return 0;
 }
 
@@ -262,10 +265,14 @@ json_t *ptc_config_to_json(const struct ptc_config *c)
 					      "threads", c->snap_threads, "max_mib_s",
 					      (json_int_t)c->snap_max_mib_s, "level",
 					      c->snap_level));
-	if (c->elastic)
-		json_object_set_new(o, "elastic",
-				    json_pack("{sisiss}", "min_nodes", c->elastic_min, "max_nodes",
-					      c->elastic_max, "policy", "auto"));
+	if (c->elastic) {
+		json_t *el = json_pack("{sisiss}", "min_nodes", c->elastic_min, "max_nodes",
+				       c->elastic_max, "policy", "auto");
+		if (el && c->elastic_micro_batch != 1) /* the default left out */
+			json_object_set_new(el, "micro_batch",
+					    json_integer((json_int_t)c->elastic_micro_batch));
+		json_object_set_new(o, "elastic", el);
+	}
 	return o;
 }
 

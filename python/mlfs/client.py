@@ -348,6 +348,7 @@ class Rank:
         wait = self.busy_wait if wait is None else wait
         deadline = time.monotonic() + max(0.0, wait)
         while True:
+            self._check_layout(what)
             try:
                 return write()
             except OSError as e:
@@ -364,6 +365,26 @@ class Rank:
                     f"this save: rank {self.rank}'s partitions of version {self.version} "
                     "are gone and this save is lost; start again from the new rank.json "
                     "and the step every rank saved", errno.ESTALE) from e
+
+    def _check_layout(self, what):
+        """MlfsError (errno ESTALE) when the mount's committed layout is no longer this
+        rank's version: a write opened now would land in the new layout's partitions
+        (same path, another rank's slice, or the same slice at an older step). The
+        daemon refuses a write whose file was opened before a commit (ESTALE at its
+        close); this check keeps a writer that opens after one from writing at all.
+        The window left is a commit between this check and the open, microseconds
+        against the milliseconds of a reconfiguration's prepare, during which every
+        write is refused (docs/decisions.md)."""
+        try:
+            v = self.mount.status().get("version")
+        except OSError:
+            return  # the write itself says what is wrong with the mount
+        if v is not None and v != self.version:
+            raise MlfsError(
+                f"{what}: the layout is version {v}, not this rank's {self.version}: rank "
+                f"{self.rank}'s partitions of version {self.version} are gone and this save "
+                "is lost; start again from the new rank.json and the step every rank saved",
+                errno.ESTALE)
 
     def save_tensor(self, state, name, tensor, wait=None):
         """Overwrites a partition (visible when closed): a torch tensor or a NumPy array of

@@ -8,6 +8,7 @@
         cl.status("n1")      # that node's status.json
         cl.wait_version(2)   # every running node at version 2, idle
         cl.kill("n1")        # kill -9 of n1's daemon (its dead mount lazily unmounted)
+        cl.restart("n1")     # started again, empty: it joins the job
 
     with mlfs.testing.start(nnodes=1, devices=8) as cl:   # one node: no etcd, no token
         mnt = cl.mount("n0")
@@ -91,6 +92,7 @@ class LocalCluster:
         self.tmp, self.job, self.mlfs = tmp, job, mlfs
         self.etcd = None
         self.procs, self.mounts, self.killed = {}, {}, set()
+        self.ever_killed = False  # a kill makes the others log errors about it
         ports = set()
         while len(ports) < nnodes + 2:
             ports.add(free_port())
@@ -148,9 +150,19 @@ class LocalCluster:
     def kill(self, node_id):
         """kill -9 of a daemon; its dead mount is lazily unmounted."""
         self.killed.add(node_id)
+        self.ever_killed = True
         self.procs[node_id].send_signal(signal.SIGKILL)
         self.procs[node_id].wait()
         subprocess.run(["fusermount3", "-u", "-z", self.mounts[node_id]], capture_output=True)
+
+    def restart(self, node_id):
+        """Starts a killed node's daemon again, empty (its memory is gone): it registers
+        and joins the job; returns when it is mounted."""
+        if node_id not in self.killed:
+            raise ClusterError(f"{node_id} is running: kill it first")
+        self.killed.discard(node_id)
+        self._spawn(node_id, "a")
+        self._wait_mounted(node_id)
 
     # ---------------------------------------------------------------- start, stop
 
@@ -184,20 +196,25 @@ class LocalCluster:
         with open(self.cluster_path, "w") as f:
             json.dump(self.spec, f)
         for i in self.ids:
-            mnt = os.path.join(self.tmp, i)
-            os.mkdir(mnt)
-            with open(os.path.join(self.tmp, f"{i}.log"), "w") as err:
-                self.procs[i] = subprocess.Popen(
-                    [self.mlfs, "mount", mnt, "--node", i, "--cluster", self.cluster_path, "-f"],
-                    stdout=subprocess.DEVNULL, stderr=err)
-            self.mounts[i] = mnt
-        for i, mnt in self.mounts.items():
-            def mounted(i=i, mnt=mnt):
-                if self.procs[i].poll() is not None:
-                    raise ClusterError(f"mlfs mount --node {i} exited "
-                                       f"{self.procs[i].returncode}: {self.log(i)}")
-                return os.path.ismount(mnt)
-            wait_for(f"the mount of {i}", mounted)
+            self.mounts[i] = os.path.join(self.tmp, i)
+            os.mkdir(self.mounts[i])
+            self._spawn(i, "w")
+        for i in self.ids:
+            self._wait_mounted(i)
+
+    def _spawn(self, i, mode):
+        with open(os.path.join(self.tmp, f"{i}.log"), mode) as err:
+            self.procs[i] = subprocess.Popen(
+                [self.mlfs, "mount", self.mounts[i], "--node", i, "--cluster",
+                 self.cluster_path, "-f"], stdout=subprocess.DEVNULL, stderr=err)
+
+    def _wait_mounted(self, i):
+        def mounted():
+            if self.procs[i].poll() is not None:
+                raise ClusterError(f"mlfs mount --node {i} exited "
+                                   f"{self.procs[i].returncode}: {self.log(i)}")
+            return os.path.ismount(self.mounts[i])
+        wait_for(f"the mount of {i}", mounted)
 
     def _stop(self, check):
         problems = []
@@ -205,7 +222,7 @@ class LocalCluster:
             if p.poll() is None:
                 problems += self._umount(i, p)
             # After a kill the others may log what they saw of it: only their exit counts.
-            if i not in self.killed and (p.returncode or not self.killed
+            if i not in self.killed and (p.returncode or not self.ever_killed
                                          and "error" in self.log(i).lower()):
                 problems.append(f"{i}: the daemon exited {p.returncode}: {self.log(i)[-2000:]}")
         if self.etcd:

@@ -176,3 +176,41 @@ def test_elastic_training_across_nodes(mount_factory, tmp_path):
 
     check_same_training(el, ref, n, work)
 
+
+
+def test_elastic_without_a_human(tmp_path):
+    """Issue 20's proof (examples/elastic_auto.py, run by `make demo`): four daemons of
+    one device with "elastic" in the config, an mlfs.elastic agent per node. kill -9 of
+    a node (daemon, agent, worker) in the middle of a step: its lease expires, the
+    controller relays the job on the three survivors by itself (from the DP replicas),
+    the agents restart the workers; the node comes back empty, and the job grows onto it
+    by itself. The loss is the never-changed run's, every record is read once per epoch,
+    the steps trained twice (after the last save before the death, and during the
+    growth) agree, and every change's time is split into its parts."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import elastic_auto as ea
+    steps = 14
+    ref = ea.run_reference(str(tmp_path), steps, say=lambda line: None)
+    res = ea.run_elastic(str(tmp_path), steps, say=lambda line: None)
+    diff, epochs, samples = ea.check(res, ref, steps)
+    assert samples == steps * et.GLOBAL_BATCH and epochs == 1
+    death, join = res["changes"]
+    assert death["what"] == "death" and join["what"] == "join" and death["node"] == join["node"]
+    victim = death["node"]
+    # The death's layout is the survivors' (every device of them: tp * pp * dp = 3); the
+    # return's is all four nodes again; both chosen and explained by the controller.
+    assert victim not in death["to"][3] and len(death["to"][3]) == 3, death
+    assert death["to"][0] * death["to"][1] * death["to"][2] == 3, death
+    assert f"node {victim} of version 1 is down or lost" in death["why"], death
+    assert sorted(join["to"][3]) == ea.NODES, join
+    assert f"node {victim} joined" in join["why"], join
+    # The death was after the third save, in the middle of a step: training resumed from
+    # that save, and at least that step was trained twice.
+    assert death["step"] == 3 * ea.SAVE_EVERY, death
+    assert death["step"] in res["redone"], res["redone"]
+    # Detection is the lease (5 s TTL, kept alive every second), the rest is small.
+    tl = death["timeline"]
+    assert 3.0 < tl["detection_s"] < 15.0, tl
+    assert 0 <= tl["decision_s"] < 5.0 and 0 <= tl["reconfiguration_s"] < 30.0, tl
+    assert tl["restart_s"] > 0 and abs(sum(tl[k] for k in (
+        "detection_s", "decision_s", "reconfiguration_s", "restart_s")) - tl["total_s"]) < 1e-6

@@ -4,8 +4,9 @@
  * the survivors that their state can serve when one dies, none when every
  * layout needs lost state (and one again with backups), min_nodes and
  * max_nodes, growing onto a node that joined but not onto one a person
- * left out, draining a node without losing its state; and the "elastic"
- * config key's checks.
+ * left out, draining a node without losing its state, fewer nodes than
+ * are live when no layout fits them all, a DP degree that keeps whole
+ * micro-batches; and the "elastic" config key's checks.
  */
 #include "cluster/elastic_i.h"
 #include "tests/unit/unit.h"
@@ -43,14 +44,19 @@ struct job {
 	struct mlfs_elastic_out out;
 };
 
-static void job_init(struct job *j, int devices, const char *config)
+static void job_init_schema(struct job *j, const char *schema, int devices, const char *config)
 {
 	memset(j, 0, sizeof(*j));
-	j->s = schema_ok(schema_text);
+	j->s = schema_ok(schema);
 	j->cl = four(devices);
 	j->cur = config_ok(config);
 	for (int i = 0; i < 4; i++)
 		j->live[i] = j->base[i] = true, j->backup_of[i] = -1;
+}
+
+static void job_init(struct job *j, int devices, const char *config)
+{
+	job_init_schema(j, schema_text, devices, config);
 }
 
 static void job_free(struct job *j)
@@ -228,6 +234,76 @@ static void test_drain(void **state)
 	job_free(&j);
 }
 
+static void test_fewer_nodes_when_none_fits(void **state)
+{
+	(void)state;
+	struct job j;
+	char nodes[64];
+
+	/* Two layers: with n3 dead, no layout fits the three survivors' three
+	 * devices (pp 3 > 2 layers, 64 rows in 3, a batch of 16 in 3): the job
+	 * runs on two of them, the config's first, from the replicas. */
+	job_init_schema(
+	    &j,
+	    "{'model': 'm', 'num_layers': 2, 'states': {'model': {}},"
+	    " 'tensors': [{'name': 'layers/{L}/w', 'dtype': 'float32', 'shape': [64, 64],"
+	    " 'split': {'dim': 0}}]}",
+	    1,
+	    "{'version': 2, 'tp': 1, 'pp': 1, 'dp': 4, 'nodes': ['n0', 'n1', 'n2', 'n3'],"
+	    " 'dataset': {'index': 'file:///d/index.json', 'global_batch': 16},"
+	    " 'elastic': {'min_nodes': 2}}");
+	j.live[3] = false;
+	decide(&j, false, nodes, sizeof(nodes));
+	assert_non_null(j.out.config);
+	assert_string_equal(nodes, "n0,n1");
+	assert_int_equal(degree(&j, "tp") * degree(&j, "pp") * degree(&j, "dp"), 2);
+	assert_non_null(strstr(j.out.why, "version 3 on n0,n1"));
+	assert_non_null(strstr(j.out.why, "no layout on n0,n1,n2"));
+	/* n2, live but idle, was live at that version's baseline: nothing joined. */
+	ptc_config_free(j.cur);
+	j.cur = config_ok("{'version': 3, 'tp': 1, 'pp': 1, 'dp': 2, 'nodes': ['n0', 'n1'],"
+			  " 'dataset': {'index': 'file:///d/index.json', 'global_batch': 16},"
+			  " 'elastic': {'min_nodes': 2}}");
+	j.base[3] = false;
+	decide(&j, false, nodes, sizeof(nodes));
+	assert_null(j.out.config);
+	/* With min_nodes 3, two nodes are not enough: nothing, and why. */
+	ptc_config_free(j.cur);
+	j.cur =
+	    config_ok("{'version': 2, 'tp': 1, 'pp': 1, 'dp': 4, 'nodes': ['n0', 'n1', 'n2', 'n3'],"
+		      " 'dataset': {'index': 'file:///d/index.json', 'global_batch': 16},"
+		      " 'elastic': {'min_nodes': 3}}");
+	j.base[3] = true;
+	decide(&j, false, nodes, sizeof(nodes));
+	assert_null(j.out.config);
+	assert_non_null(strstr(j.out.why, "no layout on n0,n1,n2"));
+	job_free(&j);
+}
+
+static void test_whole_micro_batches(void **state)
+{
+	(void)state;
+	struct job j;
+	char nodes[64];
+
+	/* A global batch of 16 in micro-batches of 8: at most dp 2, whatever
+	 * the devices; the key is kept in the proposal. */
+	job_init(&j, 2,
+		 "{'version': 4, 'tp': 1, 'pp': 1, 'dp': 2, 'nodes': ['n0'],"
+		 " 'dataset': {'index': 'file:///d/index.json', 'global_batch': 16},"
+		 " 'elastic': {'min_nodes': 1, 'micro_batch': 8}}");
+	j.base[1] = j.base[2] = j.base[3] = false; /* n1..n3 joined */
+	decide(&j, false, nodes, sizeof(nodes));
+	assert_non_null(j.out.config);
+	assert_string_equal(nodes, "n0,n1,n2,n3");
+	assert_int_equal(degree(&j, "tp") * degree(&j, "pp") * degree(&j, "dp"), 8);
+	assert_true(degree(&j, "dp") <= 2);
+	assert_int_equal(json_integer_value(json_object_get(
+			     json_object_get(j.out.config, "elastic"), "micro_batch")),
+			 8);
+	job_free(&j);
+}
+
 static void test_elastic_key(void **state)
 {
 	(void)state;
@@ -238,9 +314,11 @@ static void test_elastic_key(void **state)
 	assert_true(c->elastic);
 	assert_int_equal(c->elastic_min, 2);
 	assert_int_equal(c->elastic_max, 9);
+	assert_int_equal(c->elastic_micro_batch, 1);
 	json_t *j = ptc_config_to_json(c);
 	assert_int_equal(
 	    json_integer_value(json_object_get(json_object_get(j, "elastic"), "max_nodes")), 9);
+	assert_null(json_object_get(json_object_get(j, "elastic"), "micro_batch")); /* default */
 	json_decref(j);
 	ptc_config_free(c);
 	config_fails_at(__FILE__, __LINE__,
@@ -258,6 +336,10 @@ static void test_elastic_key(void **state)
 	config_fails_at(__FILE__, __LINE__,
 			"{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0'], 'elastic': 3}",
 			"config.json: \"elastic\" must be an object", NULL);
+	config_fails_at(__FILE__, __LINE__,
+			"{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0'],"
+			" 'elastic': {'micro_batch': 0}}",
+			NULL, "elastic", "micro_batch", NULL);
 }
 
 int main(void)
@@ -268,6 +350,8 @@ int main(void)
 	    cmocka_unit_test(test_lost_state_is_no_candidate),
 	    cmocka_unit_test(test_growth),
 	    cmocka_unit_test(test_drain),
+	    cmocka_unit_test(test_fewer_nodes_when_none_fits),
+	    cmocka_unit_test(test_whole_micro_batches),
 	    cmocka_unit_test(test_elastic_key),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
