@@ -1,21 +1,26 @@
-"""Megatron-LM's per-rank checkpoints (`--ckpt-format torch`) into a mount, in any layout.
+"""Megatron-LM's per-rank checkpoints (`--ckpt-format torch`) into a mount, in any
+layout, with the optimizer's states; and a mount back out as such a checkpoint.
 
     import mlfs, mlfs.megatron
     mnt = mlfs.Mount("/mnt/mlfs")             # schema.json (`mlfs schema megatron-gpt|llama`)
     mnt.set_up(schema, {"version": 1, "tp": 4, "pp": 1, "dp": 2, "nodes": ["n0"]})
     mlfs.megatron.import_checkpoint(mnt, "/ckpt/gpt")   # latest_checkpointed_iteration.txt
     # every rank of the mount's layout now holds its slices of the checkpoint's
-    # weights; the ranks' step is the checkpoint's iteration
+    # weights and Adam moments; the ranks' step is the checkpoint's iteration
+    mlfs.megatron.export_checkpoint(mnt, "/ckpt/gpt-tp2", tp=2, pp=1)
 
 What is read (docs/formats.md#megatron-lm-checkpoints says more):
 
   <dir>/latest_checkpointed_iteration.txt          "N" or "release"
   <dir>/iter_000000N/mp_rank_TT/model_optim_rng.pt        pp = 1
   <dir>/iter_000000N/mp_rank_TT_PPP/model_optim_rng.pt    pp > 1
+  <dir>/iter_000000N/mp_rank_TT[_PPP]/distrib_optim.pt    the distributed optimizer
 
 each a torch.save'd dict: "model" (or "model0", "model1", ... with virtual pipeline
 stages) holds the rank's state dict, "args" the run's argparse.Namespace,
-"iteration" the steps trained; "optimizer" and "rng_state" are not imported.
+"iteration" the steps trained, "optimizer" the non-distributed optimizer's state
+(_megatron_optim.py: which parameter each of its indices is, and distrib_optim.pt's
+layout); "rng_state" and the scheduler are not imported.
 Names are Megatron-Core's (decoder.layers.<i>.self_attention.linear_qkv.weight, the
 local or the Transformer Engine spec) or legacy Megatron-LM's
 (language_model.encoder.layers.<i>.self_attention.query_key_value.weight), layer
@@ -28,12 +33,14 @@ pads it), everything else from TP rank 0. The fused QKV is Megatron's, interleav
 per query group: kept so for `mlfs schema megatron-gpt` (its split unit is a query
 group), split into [all q; all k; all v] for `mlfs schema llama` (its chunks); a
 SwiGLU fc1, [gate_r; up_r] on each TP rank, becomes [gate; up] for llama's two
-chunks. dtypes are kept (bf16 stays bf16): a tensor of another dtype than the
-schema's is refused unless cast=True.
+chunks. Adam's moments and the fp32 main params have their parameter's shard shape
+and are put together the same way, into the schema's roots optim/exp_avg,
+optim/exp_avg_sq and optim/main (where the schema has them). dtypes are kept (bf16
+stays bf16): a tensor of another dtype than the schema's is refused unless cast=True.
 
-The full tensors are written, one at a time, to one safetensors file in a temporary
-directory and imported by the daemon (`mlfs import`: all or nothing, every
-partition of this node's ranks).
+The full tensors are written, one at a time, to one safetensors file per state in a
+temporary directory and imported by the daemon (`mlfs import`: all or nothing, every
+partition of this node's ranks, every state at once).
 
 Loading: weights_only=True (the default) unpickles with an allowlist (tensors,
 containers, argparse.Namespace, torch dtypes and sizes, NumPy arrays of the RNG
@@ -54,11 +61,12 @@ import zipfile
 
 import torch
 
+from . import _megatron_optim as _optim
 from . import _st
 from .client import MlfsError
 from .torch import _bytes, _mount, schema_dtype
 
-__all__ = ["import_checkpoint", "load_rank_file", "find_checkpoint"]
+__all__ = ["import_checkpoint", "export_checkpoint", "load_rank_file", "find_checkpoint"]
 
 FILE = "model_optim_rng.pt"
 RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
@@ -386,19 +394,37 @@ def _gather(chunks):
     return out, offset
 
 
+def _is_param(k):
+    """Whether state dict key @k is a parameter mlfs maps (not _extra_state, no buffer)."""
+    m = LAYER_PREFIX.match(k)
+    return (m is not None and m.group(2) in LAYER) or k in TOP
+
+
+def _optim_roots(mnt, optimizer):
+    """{state root: Megatron's key} of the schema's optimizer roots (optim/main is the
+    fp32 main copy, "main"); empty when @optimizer is False."""
+    if not optimizer:
+        return {}
+    return {s: s[len("optim/"):] for s in mnt.schema()["states"] if s.startswith("optim/")}
+
+
 def import_checkpoint(mount, ckpt_dir, iteration=None, step=None, weights_only=True,
-                      cast=False, tmpdir=None):
-    """Imports the model weights of the Megatron-LM checkpoint @ckpt_dir (see the
-    module's doc) into @mount's current layout: every partition of the state "model"
-    on this node, all or nothing; the ranks' step becomes @step (default: the
-    checkpoint's iteration). @iteration picks an iter_NNNNNNN/ directory ("release":
-    release/) instead of latest_checkpointed_iteration.txt. @cast converts tensors of
-    another dtype than the schema's (otherwise refused). In a job of many nodes, call
-    it on every node's mount. Returns {"iteration", "tp", "pp", "vpp", "layers",
-    "tensors", "step"}."""
+                      cast=False, tmpdir=None, optimizer=True):
+    """Imports the Megatron-LM checkpoint @ckpt_dir (see the module's doc) into @mount's
+    current layout: every partition of this node, all or nothing, of the state "model"
+    and, with @optimizer (default) when the checkpoint saved its optimizer, of the
+    schema's optimizer roots (optim/exp_avg, optim/exp_avg_sq: Adam's moments;
+    optim/main: the fp32 main parameters); the ranks' step becomes @step (default:
+    the checkpoint's iteration). @iteration picks an iter_NNNNNNN/ directory
+    ("release": release/) instead of latest_checkpointed_iteration.txt. @cast converts
+    tensors of another dtype than the schema's (otherwise refused). In a job of many
+    nodes, call it on every node's mount. Returns {"iteration", "tp", "pp", "vpp",
+    "layers", "tensors", "step", "optimizer" (None, "local" or "distributed"),
+    "states"}."""
     mnt = _mount(mount)
     d, files, tp, pp = find_checkpoint(ckpt_dir, iteration)
-    loaded, it, args, version = {}, None, None, None
+    roots = _optim_roots(mnt, optimizer)
+    loaded, optim, kinds, it, args, version = {}, {}, set(), None, None, None
     for (t, p), path in sorted(files.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         ck = load_rank_file(path, weights_only)
         loaded[(t, p)] = _models(ck, path)
@@ -406,7 +432,14 @@ def import_checkpoint(mount, ckpt_dir, iteration=None, step=None, weights_only=T
             args = ck["args"]
         it = ck.get("iteration", it)
         version = ck.get("checkpoint_version", version)
-        del ck  # the optimizer's state and the RNG go now
+        if roots:
+            optim[(t, p)], kind = _optim.rank_states(ck, path, loaded[(t, p)], roots,
+                                                     _is_param, args, weights_only)
+            kinds.add(kind)
+        del ck  # the RNG and the rest go now
+    if len(kinds) > 1:
+        raise MlfsError(f"{d}: some ranks saved an optimizer and some did not")
+    kind = kinds.pop() if kinds else None
     if isinstance(version, (int, float)) and version < 2:
         raise MlfsError(f"{d}: checkpoint_version {version}: its QKV order predates "
                         "Megatron's interleaved one; convert it with Megatron first")
@@ -418,16 +451,46 @@ def import_checkpoint(mount, ckpt_dir, iteration=None, step=None, weights_only=T
     if len(vpp) != 1:
         raise MlfsError(f"{d}: ranks with different numbers of model chunks")
     vpp = vpp.pop()
-    chunks = [(f"{os.path.basename(os.path.dirname(files[(0, p)]))}"
-               + (f" model{v}" if vpp > 1 else ""), [loaded[(t, p)][v] for t in range(tp)])
-              for v in range(vpp) for p in range(pp)]
-    tensors = mnt.tensors("model")
-    got, nlayers = _gather(chunks)
+
+    def chunks_of(per_rank):
+        return [(f"{os.path.basename(os.path.dirname(files[(0, p)]))}"
+                 + (f" model{v}" if vpp > 1 else ""), [per_rank[(t, p)][v] for t in range(tp)])
+                for v in range(vpp) for p in range(pp)]
+    got, nlayers = _gather(chunks_of(loaded))
     schema_layers = mnt.schema()["num_layers"]
     if nlayers != schema_layers:
         raise MlfsError(f"{d}: {nlayers} layers in the checkpoint, {schema_layers} in the schema")
+    untied = bool(getattr(args, "untie_embeddings_and_output_weights", False))
+    states = {"model": _entries(d, mnt.tensors("model"), got, untied, cast)}
+    if kind is not None:
+        for root in roots:
+            per_rank = {tp_pp: o[root] for tp_pp, o in optim.items()}
+            states[root] = _entries(d, mnt.tensors(root), _gather(chunks_of(per_rank))[0],
+                                    untied, cast)
+    if step is None:
+        step = it if isinstance(it, int) else 0
+    tmp = tempfile.mkdtemp(prefix="mlfs-megatron-", dir=tmpdir)
+    try:
+        for state, entries in states.items():
+            path = os.path.join(tmp, state + ".safetensors")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                _st.write(path, entries)
+            except ValueError as e:
+                raise MlfsError(f"{d}: {state}: {e}") from e
+        del loaded, optim
+        mnt.import_from(tmp, state="model" if len(states) == 1 else None, step=step)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"iteration": it, "tp": tp, "pp": pp, "vpp": vpp, "layers": nlayers,
+            "tensors": len(states["model"]), "step": step, "optimizer": kind,
+            "states": sorted(states)}
 
-    untied_ckpt = bool(getattr(args, "untie_embeddings_and_output_weights", False))
+
+def _entries(d, tensors, got, untied_ckpt, cast):
+    """[safetensors entry] of one state from @got {schema name: (kind, shards, where)},
+    in the schema's order (@tensors: mnt.tensors(state))."""
+    got = dict(got)
     entries, missing = [], []
     for e in tensors:
         n = e["name"]
@@ -447,20 +510,7 @@ def import_checkpoint(mount, ckpt_dir, iteration=None, step=None, weights_only=T
     if got:
         raise MlfsError(f"{d}: tensors the schema does not have: "
                         f"{sorted(w for _, _, w in got.values())[:8]}")
-    if step is None:
-        step = it if isinstance(it, int) else 0
-    tmp = tempfile.mkdtemp(prefix="mlfs-megatron-", dir=tmpdir)
-    try:
-        try:
-            _st.write(os.path.join(tmp, "model.safetensors"), entries)
-        except ValueError as e:
-            raise MlfsError(f"{d}: {e}") from e
-        del loaded, chunks
-        mnt.import_from(tmp, state="model", step=step)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return {"iteration": it, "tp": tp, "pp": pp, "vpp": vpp, "layers": nlayers,
-            "tensors": len(entries), "step": step}
+    return entries
 
 
 def _producer(name, found, e, cast):
@@ -479,3 +529,19 @@ def _producer(name, found, e, cast):
             full = full.to(getattr(torch, e["dtype"]))
         return _bytes(full)
     return produce
+
+
+def export_checkpoint(mount, out_dir, tp, pp, vpp=1, iteration=None, optimizer=True):
+    """Writes @mount's state as a Megatron-LM checkpoint for @tp, @pp (and @vpp virtual
+    stages) under @out_dir: iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt, then
+    latest_checkpointed_iteration.txt; NNNNNNN is @iteration (default: rank 0's saved
+    step). Read from the mount's full tensors (full/<state>/<tensor>.npy, assembled
+    from every node), Megatron-Core's names, each TP rank's shard cut as Megatron cuts
+    it (the per-rank QKV the contiguous block of its query groups; the padded
+    vocabulary's extra rows zero). With @optimizer (default) and the schema's
+    optim/exp_avg and optim/exp_avg_sq, each file also holds the non-distributed
+    optimizer's state (fp32 main params from optim/main where the schema has it, else
+    the weights in fp32). Returns {"iteration", "tp", "pp", "vpp", "dir", "states",
+    "optimizer"}. docs/formats.md#export-to-megatron-lm says what is not written."""
+    from ._megatron_export import export_checkpoint as export
+    return export(mount, out_dir, tp, pp, vpp, iteration, optimizer)

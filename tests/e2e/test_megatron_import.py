@@ -243,13 +243,7 @@ def write_checkpoint(root, model, tp, pp, vpp=1, spec="local", extra_args=None):
         else:
             for v, sd in enumerate(chunks):
                 ck[f"model{v}"] = sd
-        params = [x for sd in chunks for x in sd.values() if isinstance(x, torch.Tensor)]
-        ck["optimizer"] = {
-            "optimizer": {"state": {i: {"exp_avg": torch.zeros(x.shape),
-                                        "exp_avg_sq": torch.ones(x.shape)}
-                                    for i, x in enumerate(params)},
-                          "param_groups": [{"lr": 1e-4, "params": list(range(len(params)))}]},
-            "fp32_from_fp16_params": [[x.float() for x in params]]}
+        ck["optimizer"] = optimizer(chunks)
         ck["opt_param_scheduler"] = {"max_lr": 1e-4, "num_steps": ITERATION * 8}
         ck["rng_state"] = [{"random_rng_state": random.getstate(),
                             "np_rng_state": np.random.get_state(),
@@ -261,9 +255,32 @@ def write_checkpoint(root, model, tp, pp, vpp=1, spec="local", extra_args=None):
     return root
 
 
+def optimizer(chunks):
+    """Megatron's non-distributed optimizer of a rank holding @chunks: its parameters,
+    in the state dict's order, in two param groups (weight decay, then none: biases and
+    1-D tensors), Adam's moments zero and one (test_megatron_optim.py tests real ones)."""
+    def flat(tree, pre=""):
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{pre}{k}.")
+            elif isinstance(v, torch.Tensor):
+                yield pre + k, v
+    params = [kv for sd in chunks for kv in flat(sd)]
+    groups = [[x for k, x in params if not (k.endswith(".bias") or x.dim() == 1)],
+              [x for k, x in params if k.endswith(".bias") or x.dim() == 1]]
+    state, param_groups, i = {}, [], 0
+    for wd, xs in zip((1.0, 0.0), groups):
+        param_groups.append({"lr": 1e-4, "wd_mult": wd, "params": list(range(i, i + len(xs)))})
+        for x in xs:
+            state[i] = {"exp_avg": torch.zeros(x.shape), "exp_avg_sq": torch.ones(x.shape)}
+            i += 1
+    return {"optimizer": {"state": state, "param_groups": param_groups},
+            "fp32_from_fp16_params": [[x.float() for x in xs] for xs in groups]}
+
+
 def full_of(schema, model):
-    """{(state, name): NumPy array} of every non-tied tensor: the model's weights, zeros
-    for the optimizer's states (the import leaves them as they were: zero)."""
+    """{(state, name): NumPy array} of every non-tied tensor: the model's weights, and
+    the optimizer's states as optimizer() writes them (exp_avg zero, exp_avg_sq one)."""
     full = {}
     for state in schema["states"]:
         for name, spec, _ in expand(schema):
@@ -272,7 +289,8 @@ def full_of(schema, model):
             if state == "model":
                 full[(state, name)] = bits(model.schema[name])
             else:
-                full[(state, name)] = np.zeros(spec["shape"], np.float32)
+                fill = np.ones if state == "optim/exp_avg_sq" else np.zeros
+                full[(state, name)] = fill(spec["shape"], np.float32)
     return full
 
 
@@ -297,7 +315,8 @@ def test_import_into_another_layout(mount, tmp_path, kind, spec, src, dst):
     got = mlfs.megatron.import_checkpoint(mnt, ckpt, tmpdir=tmp_path)
     assert got == {"iteration": ITERATION, "tp": src[0], "pp": src[1], "vpp": src[2],
                    "layers": L, "tensors": len(full_of(schema, model)) // len(schema["states"]),
-                   "step": ITERATION}
+                   "step": ITERATION, "optimizer": "local",
+                   "states": ["model", "optim/exp_avg", "optim/exp_avg_sq"]}
     check_layout(mount, schema, cfg, full_of(schema, model), step=ITERATION)
     emb = mnt.rank(0).load("model", "embedding/word_embeddings/weight")
     assert emb.dtype == torch.bfloat16  # bf16 stayed bf16
