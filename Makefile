@@ -159,6 +159,7 @@ bench: deps
 	$(PY) tests/bench/bench_data.py --size-mib 512
 	$(PY) tests/bench/bench_data.py --size-mib 1024 --global-batch 2048 --steps 16
 	$(PY) tests/bench/bench_cluster.py --size-mib 1500
+	$(PY) tests/bench/bench_stview.py --size-mib 256
 	$(PY) tests/bench/bench_control.py --nodes 4,16,32,64
 	$(PY) tests/bench/bench_sim.py --nodes 1000,10000 --timeout 120
 	$(PY) tests/bench/bench_sim.py --nodes 10000 --watches 100 --timeout 150 \

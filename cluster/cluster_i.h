@@ -209,6 +209,13 @@ struct mlfs_cluster {
 	 * Published in the node's entry as "restore". */
 	char restore_tried[40];
 	char restore_error[PTC_ERROR_MAX];
+	/* lock: the last job-wide import this node started (mlfs_decide's
+	 * rule 11, mlfs_jobimport.c), and the last it finished with its error
+	 * ("": it imported): the import keys' ids ("": none). The finished one
+	 * is published in the node's entry as "import". */
+	char import_tried[40];
+	char import_done[40];
+	char import_error[PTC_ERROR_MAX];
 	/* parsed_lock: node entries as parsed, {id: [mod_revision, entry]}:
 	 * every round reads every entry, and most did not change since the
 	 * last (mlfs_jobkeys.c). The entries are shared, read-only. */
@@ -269,6 +276,7 @@ struct mlfs_jobkeys {
 	int64_t released;  /* the "released" key: 0 none (mlfs_decide's rule 8) */
 	json_t *attempt_j; /* @attempt parsed, or NULL */
 	json_t *restore_j; /* the "restore" key parsed (`mlfs resume`), or NULL */
+	json_t *import_j;  /* the "import" key parsed (`mlfs import --every-node`), or NULL */
 	int64_t config_mod;
 	int64_t committed;     /* @config's version: 0 without one, -1 unreadable */
 	const char *config_id; /* the attempt that committed it ("": a first config) */
@@ -482,5 +490,18 @@ void mlfs_peerclient_free(struct mlfs_peerclient *cl);
  * of @prows rows of @rb bytes (one row when the tensor is not split). */
 void mlfs_peer_part_geometry(const struct ptc_layout *l, int rank, int state, int tensor,
 			     int64_t *outer, int64_t *prows, int64_t *rb);
+
+/* ---------------------------------------------------- mlfs_jobimport.c */
+
+/* `mlfs import --every-node` (the store's import_all): puts etcd's
+ * "import" key for the .mlfs-ctl import request @req and waits up to
+ * @wait_s seconds for every node of the committed config to run it; @out
+ * gets "version" and "nodes" {id: "imported" | "failed: why"}. 0, or the
+ * refusal or the first node's failure with @err. I/O workers. */
+int mlfs_jobimport_start(void *arg, const json_t *req, int wait_s, json_t *out,
+			 struct ptc_error *err);
+/* IMPORT (rule 11): runs the import that etcd's "import" key @key names
+ * into this node's ranks and publishes the outcome. Control thread. */
+void mlfs_jobimport_act(struct mlfs_cluster *c, const json_t *key);
 
 #endif

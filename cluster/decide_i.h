@@ -79,6 +79,11 @@ struct mlfs_snap {
 	const char *restore_id;	   /* NULL: no such key */
 	int64_t restore_version;   /* the committed version it is for */
 	const char *restore_tried; /* the restore this node last ran ("": none) */
+	/* `mlfs import --every-node` (etcd's "import" key): every node at the
+	 * committed version @import_version imports the checkpoint it names. */
+	const char *import_id;	  /* NULL: no such key */
+	int64_t import_version;	  /* the committed version it is for */
+	const char *import_tried; /* the import this node last ran ("": none) */
 };
 
 /* What to do, in the order given. */
@@ -98,6 +103,7 @@ enum mlfs_act {
 	MLFS_ACT_RELEASE_RETAINED,  /* every participant swapped: drop the previous layout */
 	MLFS_ACT_ANNOUNCE_RELEASED, /* put "released" = @version: the others drop theirs */
 	MLFS_ACT_RESTORE,	    /* a lost node fills its layout from `mlfs resume`'s snapshot */
+	MLFS_ACT_IMPORT,	    /* this node imports the job-wide import's checkpoint */
 };
 
 struct mlfs_action {
@@ -140,6 +146,20 @@ int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
  * elastic controller's choice (mlfs_elastic.c) ask it. */
 int mlfs_decide_servable(const struct ptc_layout *from, const struct ptc_layout *to,
 			 const int *down, int ndown, const int *backup_of, struct ptc_error *why);
+
+/* `mlfs import --every-node` (mlfs_jobimport.c). Whether the import may
+ * start for config @c given the nodes' entries @nodes ({id: entry}) and
+ * whether an attempt is in etcd: 0, or -EBUSY / -EAGAIN with @err naming
+ * the node (down, lost, at another version) or the attempt. Pure. */
+int mlfs_jobimport_refusal(const struct ptc_config *c, const json_t *nodes, bool attempt,
+			   struct ptc_error *err);
+/* Where import @id of config @c stands given @nodes: true once every node
+ * of @c answered or can no longer (down, lost, at another version), @out
+ * then {id: "imported" | "failed: why"} (cleared and refilled: pending
+ * nodes are absent) and @err the first failure ("node n2: why", code
+ * -EIO; code 0 and empty when none). Pure. */
+bool mlfs_jobimport_outcome(const struct ptc_config *c, const json_t *nodes, const char *id,
+			    json_t *out, struct ptc_error *err);
 
 /* The name of @a ("commit", "vote-ready", ...), for logs and tests. */
 const char *mlfs_act_name(enum mlfs_act a);

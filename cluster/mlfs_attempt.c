@@ -222,6 +222,7 @@ struct round {
 	struct mlfs_snap_node *nodes;
 	char prepared_id[24];
 	char restore_tried[40];
+	char import_tried[40];
 	const char *aid; /* the attempt in etcd's id, or NULL */
 };
 
@@ -333,8 +334,12 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 	pthread_mutex_lock(&c->lock);
 	s->coordinating = c->mine && k->attempt && strcmp(c->mine, k->attempt->value) == 0;
 	snprintf(r->restore_tried, sizeof(r->restore_tried), "%s", c->restore_tried);
+	snprintf(r->import_tried, sizeof(r->import_tried), "%s", c->import_tried);
 	pthread_mutex_unlock(&c->lock);
 	s->restore_tried = r->restore_tried;
+	s->import_id = json_string_value(json_object_get(k->import_j, "id"));
+	s->import_version = json_integer_value(json_object_get(k->import_j, "version"));
+	s->import_tried = r->import_tried;
 	return 0;
 }
 
@@ -576,6 +581,9 @@ static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const stru
 		break;
 	case MLFS_ACT_RESTORE:
 		act_restore(c, k);
+		break;
+	case MLFS_ACT_IMPORT:
+		mlfs_jobimport_act(c, k->import_j);
 		break;
 	case MLFS_ACT_PREPARE:
 		act_prepare(c, k, r->aid, a->version);

@@ -405,6 +405,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	st->steps_refresh = mlfs_nodeentry_steps_refresh;
 	st->steps_mirrored = mlfs_nodeentry_steps_mirrored;
 	st->drain = mlfs_controller_drain;
+	st->import_all = mlfs_jobimport_start;
 	st->reconf_changed = reconf_changed;
 	if ((rc = -pthread_create(&c->keepalive_thread, NULL, mlfs_nodeentry_keepalive_main, c)) ||
 	    (c->keepalive_running = true,
@@ -412,6 +413,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 		ptc_error_set(err, rc, "cannot start a thread");
 		st->propose = NULL, st->status_add = NULL, st->steps_saved = NULL;
 		st->steps_refresh = NULL, st->steps_mirrored = NULL, st->drain = NULL;
+		st->import_all = NULL;
 		st->reconf_changed = NULL, st->cluster_arg = NULL;
 		goto err_threads;
 	}

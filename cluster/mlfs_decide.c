@@ -50,6 +50,10 @@
  *     partitions are the job's again (the command puts the key only while
  *     no node of the config is up with state in memory, so every node
  *     holds the snapshot's step; mlfs_resume_refusal).
+ * 11. A node that serves the committed version, not lost and with no
+ *     attempt in its store, runs the job-wide import that etcd's "import"
+ *     key names for that version (`mlfs import --every-node`; once per
+ *     key): into its own ranks, all or nothing, as a local import.
  * tests/model/protocol.pml models rules 1-8 for spin.
  */
 #include <errno.h>
@@ -214,6 +218,10 @@ int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts)
 		 s->have == s->committed && s->reconf == MLFS_RECONF_IDLE &&
 		 !same(s->restore_id, s->restore_tried)) /* rule 10 */
 		add(&o, MLFS_ACT_RESTORE, s->have, NULL);
+	if (s->import_id && s->import_version == s->committed && s->have == s->committed &&
+	    !s->lost && (s->reconf == MLFS_RECONF_IDLE || s->reconf == MLFS_RECONF_FAILED) &&
+	    !same(s->import_id, s->import_tried)) /* rule 11 */
+		add(&o, MLFS_ACT_IMPORT, s->have, NULL);
 	if (s->attempt) {
 		participate(s, &o);
 		coordinate(s, &o);
@@ -276,6 +284,7 @@ const char *mlfs_act_name(enum mlfs_act a)
 	    [MLFS_ACT_MARK_LOST] = "mark-lost",
 	    [MLFS_ACT_CLEAR_LOST] = "clear-lost",
 	    [MLFS_ACT_RESTORE] = "restore",
+	    [MLFS_ACT_IMPORT] = "import",
 	    [MLFS_ACT_PREPARE] = "prepare",
 	    [MLFS_ACT_VOTE_READY] = "vote-ready",
 	    [MLFS_ACT_VOTE_FAILED] = "vote-failed",

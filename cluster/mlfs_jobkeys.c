@@ -51,6 +51,7 @@ void mlfs_jobkeys_free(struct mlfs_jobkeys *k)
 	json_decref(k->nodes);
 	json_decref(k->attempt_j);
 	json_decref(k->restore_j);
+	json_decref(k->import_j);
 	json_decref(k->draining);
 	memset(k, 0, sizeof(*k));
 }
@@ -117,6 +118,8 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 			k->released = strtoll(kv->value, NULL, 10);
 		else if (strcmp(name, "restore") == 0)
 			k->restore_j = json_loadb(kv->value, kv->len, 0, NULL);
+		else if (strcmp(name, "import") == 0)
+			k->import_j = json_loadb(kv->value, kv->len, 0, NULL);
 	}
 	if (k->attempt)
 		k->attempt_j = json_loadb(k->attempt->value, k->attempt->len, 0, NULL);

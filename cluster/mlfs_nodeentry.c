@@ -59,6 +59,11 @@ static json_t *node_entry(struct mlfs_cluster *c, bool *lost, enum mlfs_reconf_s
 		    o, "restore",
 		    json_pack("{ssso}", "id", c->restore_tried, "error",
 			      c->restore_error[0] ? json_string(c->restore_error) : json_null()));
+	if (o && c->import_done[0])
+		json_object_set_new(
+		    o, "import",
+		    json_pack("{ssso}", "id", c->import_done, "error",
+			      c->import_error[0] ? json_string(c->import_error) : json_null()));
 	pthread_mutex_unlock(&c->lock);
 	json_decref(steps);
 	return o;

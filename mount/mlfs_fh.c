@@ -56,6 +56,9 @@ void mlfs_fh_put(struct mlfs_fh *f)
 	for (int64_t i = 0; i < f->nviews; i++)
 		mlfs_dview_put(f->views[i]);
 	free(f->views);
+	for (int i = 0; i < f->nsrcs; i++)
+		xf_buf_put(f->srcs[i]);
+	free(f->srcs);
 	mlfs_view_put(f->v);
 	mlfs_pin_put(f->pin);
 	free(f->text);

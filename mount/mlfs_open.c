@@ -112,9 +112,53 @@ static void open_job_cancel(struct mlfs_io_job *j)
 }
 
 /*
+ * Fetches part @t of @np of tensor (@state, @tensor), which rank
+ * remote[0] of layout p->version holds as its tensor remote[1], whole into
+ * a new buffer *@out from the node holding it (st->fetch: the bytes checked
+ * against the peer's XXH3; it may wait on the network: I/O workers only).
+ * 0, -ESTALE when the layout changed since the lookup (look up again), or
+ * a negative errno.
+ */
+static int fetch_part(struct mlfs_store *st, const struct mlfs_pin *p, int state, int tensor, int t,
+		      int np, const int *remote, struct xf_buf **out)
+{
+	const struct ptc_tensor *T = &st->schema->tensors[tensor];
+	int64_t outer, rowel, rows = 1;
+	int rc = 0;
+
+	ptc_tensor_geometry(T, &outer, &rowel);
+	if (T->split_dim >= 0) {
+		struct ptc_slice sl;
+		ptc_slice_compute(T, np, t, &sl);
+		rows = sl.rows;
+	}
+	int64_t rb = rowel * (int64_t)ptc_dtype_size(ptc_schema_dtype(st->schema, state, tensor));
+	if (!(*out = xf_buf_new(&st->mem, outer * rows * rb, &rc)))
+		return rc;
+	int r = remote[0];
+	struct mlfs_view *v = mlfs_store_view(st);
+	struct ptc_op op = {.kind = PTC_OP_FETCH,
+			    .dst_node = -1, /* not an attempt's */
+			    .state = (uint16_t)state,
+			    .src_rank = r,
+			    .src_tensor = remote[1],
+			    .src_node = v && r < v->layout.world ? v->layout.ranks[r].node : 0,
+			    .rows = rows};
+	bool same = v && v->config->version == p->version;
+	mlfs_view_put(v);
+	rc = same ? st->fetch(st->fetch_arg, p->version, &op, (*out)->data, rows, outer, rb)
+		  : -ESTALE;
+	if (rc) {
+		xf_buf_put(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
+/*
  * Assembles the full tensor of @f from its pin: local parts as they are,
- * the others fetched whole from the nodes holding them (st->fetch, which
- * may wait on the network: I/O workers only). 0 or a negative errno.
+ * the others fetched whole from the nodes holding them (fetch_part: I/O
+ * workers only). 0 or a negative errno.
  */
 static int assemble_full(struct mlfs_fh *f)
 {
@@ -126,38 +170,12 @@ static int assemble_full(struct mlfs_fh *f)
 
 	if (!fetched)
 		return -ENOMEM;
-	const struct ptc_tensor *T = &st->schema->tensors[f->tensor];
 	for (int t = 0; t < p->nbufs && rc == 0; t++) {
 		srcs[t] = p->bufs[t];
-		if (srcs[t])
-			continue;
-		int64_t outer, rowel, rows = 1;
-		ptc_tensor_geometry(T, &outer, &rowel);
-		if (T->split_dim >= 0) {
-			struct ptc_slice sl;
-			ptc_slice_compute(T, p->nbufs, t, &sl);
-			rows = sl.rows;
-		}
-		int64_t rb = rowel * (int64_t)ptc_dtype_size(
-					 ptc_schema_dtype(st->schema, f->state, f->tensor));
-		if (!(fetched[t] = xf_buf_new(&st->mem, outer * rows * rb, &rc)))
-			break;
-		int r = p->remote[2 * t];
-		struct mlfs_view *v = mlfs_store_view(st);
-		struct ptc_op op = {.kind = PTC_OP_FETCH,
-				    .dst_node = -1, /* not an attempt's */
-				    .state = (uint16_t)f->state,
-				    .src_rank = r,
-				    .src_tensor = p->remote[2 * t + 1],
-				    .src_node =
-					v && r < v->layout.world ? v->layout.ranks[r].node : 0,
-				    .rows = rows};
-		bool same = v && v->config->version == p->version;
-		mlfs_view_put(v);
-		rc = same ? st->fetch(st->fetch_arg, p->version, &op, fetched[t]->data, rows, outer,
-				      rb)
-			  : -ESTALE; /* the layout changed since the lookup: look up again */
-		srcs[t] = fetched[t];
+		if (!srcs[t])
+			rc = fetch_part(st, p, f->state, f->tensor, t, p->nbufs, p->remote + 2 * t,
+					&fetched[t]);
+		srcs[t] = srcs[t] ? srcs[t] : fetched[t];
 	}
 	if (rc == 0)
 		rc = mlfs_full_assemble(st->schema, f->state, f->tensor, srcs, p->nbufs, &st->mem,
@@ -168,6 +186,40 @@ static int assemble_full(struct mlfs_fh *f)
 	mlfs_pin_put(f->pin);
 	f->pin = NULL;
 	return rc;
+}
+
+/*
+ * The parts of the safetensors file of @f whose pin names some on other
+ * nodes: the local ones with a new reference, the others fetched, all into
+ * f->srcs, which its reads take instead of the pin's (fetched at each open:
+ * every part of layout p->version, as the pin's are). 0 or a negative errno.
+ */
+static int fetch_st(struct mlfs_fh *f)
+{
+	struct mlfs_store *st = f->d->st;
+	const struct mlfs_pin *p = f->pin;
+	const struct mlfs_st_shard *sh = p->sh;
+	int rc = 0;
+
+	if (!(f->srcs = calloc((size_t)p->nbufs, sizeof(*f->srcs))))
+		return -ENOMEM;
+	f->nsrcs = p->nbufs;
+	for (int i = 0; i < sh->n && rc == 0; i++) {
+		int np = sh->src0[i + 1] - sh->src0[i];
+		for (int k = sh->src0[i], t = 0; t < np && rc == 0; k++, t++)
+			rc = p->bufs[k] ? ((f->srcs[k] = xf_buf_get(p->bufs[k])), 0)
+					: fetch_part(st, p, sh->state, sh->tensor[i], t, np,
+						     p->remote + 2 * k, &f->srcs[k]);
+	}
+	return rc;
+}
+
+static void st_job_run(struct mlfs_io_job *j)
+{
+	struct open_job *o = (struct open_job *)j;
+	o->fi.direct_io = 1; /* fetched anew at every open: no page cache to go stale */
+	open_reply(o->req, &o->fi, o->f, o->ino, fetch_st(o->f));
+	free(o);
 }
 
 static void full_job_run(struct mlfs_io_job *j)
@@ -330,8 +382,10 @@ out_locked:
 		if (rc == 0)
 			return;
 	}
-	if (rc == 0 && f->kind == MLFS_K_FFILE && f->pin->remote) { /* parts on peers */
-		rc = open_queue(d, full_job_run, req, fi, f, ino);
+	if (rc == 0 && (f->kind == MLFS_K_FFILE || f->kind == MLFS_K_SFILE) &&
+	    f->pin->remote) { /* parts on peers */
+		rc = open_queue(d, f->kind == MLFS_K_FFILE ? full_job_run : st_job_run, req, fi, f,
+				ino);
 		if (rc == 0)
 			return;
 	}
@@ -438,7 +492,8 @@ static void reply_st(fuse_req_t req, struct mlfs_fh *f, size_t size, off_t off)
 	int rc = n && !buf ? -ENOMEM : 0;
 
 	if (n && !rc)
-		rc = mlfs_st_read(f->d->st->schema, sh, f->pin->bufs, buf, off, n);
+		rc = mlfs_st_read(f->d->st->schema, sh, f->srcs ? f->srcs : f->pin->bufs, buf, off,
+				  n);
 	if (rc)
 		fuse_reply_err(req, -rc);
 	else

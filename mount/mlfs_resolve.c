@@ -150,50 +150,88 @@ int mlfs_resolve(struct mlfs_daemon *d, const char *path, struct mlfs_view *v, s
 }
 
 /*
- * The parts of full tensor @e: the local ones pinned in p->bufs, the others
- * named in p->remote (a rank of another node holding it, and the tensor
- * index that rank holds: a tied tensor's copy). Returns the number of parts
- * or -EIO when one is nowhere. Lock held.
+ * The @n parts of full tensor (@state, @tensor) into @bufs and @remote
+ * ([n * 2]): part t is a local partition pinned in bufs[t] (remote[2t] -1),
+ * or, when no rank of this node holds it, bufs[t] NULL and remote[2t],
+ * remote[2t + 1] the rank of another node holding it and the tensor index
+ * that rank holds (a tied tensor's copy). Returns @n, or -EIO when a part is
+ * nowhere (nothing held then). Lock held.
  */
-static int remote_sources(struct mlfs_daemon *d, const struct mlfs_view *v,
-			  const struct mlfs_ent *e, struct mlfs_pin *p)
+static int part_sources(struct mlfs_daemon *d, const struct mlfs_view *v, int state, int tensor,
+			struct xf_buf **bufs, int *remote)
 {
 	const struct ptc_layout *l = &v->layout;
 	const struct ptc_schema *s = d->st->schema;
-	int n = s->tensors[e->tensor].split_dim < 0 ? 1 : l->tp;
+	int n = s->tensors[tensor].split_dim < 0 ? 1 : l->tp;
 
-	if (!(p->remote = malloc((size_t)n * 2 * sizeof(int))))
-		return -ENOMEM;
-	p->version = v->config->version;
 	for (int t = 0; t < n; t++) {
-		p->bufs[t] = NULL;
-		p->remote[2 * t] = -1;
-		for (int r = 0; r < l->world && !p->bufs[t] && p->remote[2 * t] < 0; r++) {
-			if (l->ranks[r].t != t)
-				continue;
-			for (int a = 0; a < s->ntensors; a++) {
-				if (ptc_schema_logical(s, a) != e->tensor ||
-				    !ptc_layout_holds(l, r, a))
+		bufs[t] = NULL;
+		remote[2 * t] = -1;
+		/* pass 0: a rank of this node; pass 1: any other */
+		for (int pass = 0; pass < 2 && !bufs[t] && remote[2 * t] < 0; pass++)
+			for (int r = 0; r < l->world && !bufs[t] && remote[2 * t] < 0; r++) {
+				if (l->ranks[r].t != t || (l->ranks[r].node == d->st->node) == pass)
 					continue;
-				if (l->ranks[r].node == d->st->node)
-					p->bufs[t] =
-					    xf_buf_get(xf_parts_at(&v->parts, r, e->state, a));
-				else
-					p->remote[2 * t] = r, p->remote[2 * t + 1] = a;
-				break;
+				for (int a = tensor; a >= 0;
+				     a = a == tensor ? s->tie_first[tensor] : s->tie_next[a]) {
+					if (!ptc_layout_holds(l, r, a))
+						continue;
+					if (pass == 0)
+						bufs[t] =
+						    xf_buf_get(xf_parts_at(&v->parts, r, state, a));
+					else
+						remote[2 * t] = r, remote[2 * t + 1] = a;
+					break;
+				}
 			}
-		}
-		if (!p->bufs[t] && p->remote[2 * t] < 0) {
+		if (!bufs[t] && remote[2 * t] < 0) {
 			while (t > 0)
-				xf_buf_put(p->bufs[--t]), p->bufs[t] = NULL;
+				xf_buf_put(bufs[--t]), bufs[t] = NULL;
 			return -EIO;
 		}
 	}
 	return n;
 }
 
-/* The pin of a safetensors file: its shard and the parts of its tensors,
- * all on this node (-EIO otherwise: not assembled from peers). */
+/* The parts of the full tensor of @e not all here: p->bufs and p->remote
+ * (part_sources) in layout p->version. */
+static int remote_sources(struct mlfs_daemon *d, const struct mlfs_view *v,
+			  const struct mlfs_ent *e, struct mlfs_pin *p)
+{
+	int n = d->st->schema->tensors[e->tensor].split_dim < 0 ? 1 : v->layout.tp;
+
+	if (!(p->remote = malloc((size_t)n * 2 * sizeof(int))))
+		return -ENOMEM;
+	p->version = v->config->version;
+	return part_sources(d, v, e->state, e->tensor, p->bufs, p->remote);
+}
+
+/* The parts of a safetensors file's tensors into p->bufs; where some are
+ * on other nodes (a job of many nodes), p->remote names them as for a full
+ * tensor, fetched at each open. 0 or a negative errno (nothing held). */
+static int st_sources(struct mlfs_daemon *d, const struct mlfs_view *v, struct mlfs_pin *p)
+{
+	const struct mlfs_st_shard *sh = p->sh;
+	int rc = mlfs_view_st_sources(v, d->st->schema, d->st->node, sh, p->bufs);
+
+	if (rc != -EIO || !d->st->fetch)
+		return rc;
+	if (!(p->remote = malloc((size_t)sh->src0[sh->n] * 2 * sizeof(int))))
+		return -ENOMEM;
+	for (int i = 0; i < sh->n; i++) {
+		int k = sh->src0[i];
+		rc = part_sources(d, v, sh->state, sh->tensor[i], p->bufs + k, p->remote + 2 * k);
+		if (rc >= 0)
+			continue;
+		for (k = 0; k < sh->src0[i]; k++)
+			xf_buf_put(p->bufs[k]), p->bufs[k] = NULL;
+		return rc;
+	}
+	return 0;
+}
+
+/* The pin of a safetensors file: its shard and the parts of its tensors
+ * (here, or named on other nodes: st_sources). */
 static int st_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct mlfs_ent *e,
 		  uint64_t *gen, struct mlfs_pin **pin)
 {
@@ -221,14 +259,14 @@ static int st_pin(struct mlfs_daemon *d, const struct mlfs_view *v, const struct
 	p->tensor = -1;
 	p->sh = sh;
 	p->version = v->config->version;
-	if ((rc = mlfs_view_st_sources(v, s, d->st->node, sh, p->bufs))) {
+	if ((rc = st_sources(d, v, p))) {
 		mlfs_pin_put(p); /* no part is held */
 		return rc;
 	}
 	p->nbufs = n;
 	uint64_t h = mlfs_hash_u64(0, (uint64_t)p->version);
-	for (int i = 0; i < n; i++)
-		h = mlfs_hash_u64(h, p->bufs[i]->id);
+	for (int i = 0; i < n; i++) /* a remote part: 0 */
+		h = mlfs_hash_u64(h, p->bufs[i] ? p->bufs[i]->id : 0);
 	*gen = (h & ~(3ull << 62)) | 1ull << 62;
 	*pin = p;
 	return 0;

@@ -198,6 +198,10 @@ struct mlfs_fh {
 	char *text;
 	size_t text_len;
 	struct mlfs_pin *pin; /* full tensors: the sources, until assembled at open */
+	/* a safetensors file with parts on other nodes: the pin's local parts
+	 * and the ones fetched at the open, read instead of the pin's */
+	struct xf_buf **srcs; /* [nsrcs] */
+	int nsrcs;
 	/* dataset views: a step's (nsteps 0), or a window's, one a step */
 	struct mlfs_dview **views; /* [nviews] */
 	int64_t nviews;

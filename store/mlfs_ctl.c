@@ -148,6 +148,8 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 		json_t *jstep = json_object_get(req, "step");
 		const char *names = json_string_value(json_object_get(req, "names"));
 		const char *map = json_string_value(json_object_get(req, "map"));
+		json_t *every = json_object_get(req, "every_node"),
+		       *jw = json_object_get(req, "wait");
 		int only = -1;
 		if (!dir || dir[0] != '/') {
 			ptc_errorf(&err, "import: \"from\" must be an absolute path");
@@ -157,17 +159,35 @@ int mlfs_store_control(struct mlfs_store *st, const char *text, size_t len, char
 			ptc_errorf(&err, "import: set schema.json and config.json first");
 		} else if (state && (only = ptc_schema_find_state(st->schema, state)) < 0) {
 			ptc_errorf(&err, "import: the schema has no state \"%s\"", state);
-		} else if (names || map) { /* safetensors named otherwise */
-			if (map && map[0] != '/')
-				ptc_errorf(&err, "import: \"map\" must be an absolute path");
+		} else if (map && map[0] != '/') {
+			ptc_errorf(&err, "import: \"map\" must be an absolute path");
+		} else if (every && !json_is_boolean(every)) {
+			ptc_errorf(&err, "import: \"every_node\" must be true or false");
+		} else if (jw && (!json_is_integer(jw) || json_integer_value(jw) < 1 ||
+				  json_integer_value(jw) > 86400)) {
+			ptc_errorf(&err, "import: \"wait\" must be 1 to 86400 seconds");
+		} else if (json_is_true(every)) { /* every node of the job, its own ranks */
+			if (!st->import_all)
+				ptc_errorf(&err, "import: \"every_node\": a job of one node has no "
+						 "other node");
+			else if (!(extra = json_object()))
+				rc = ptc_error_set(&err, -ENOMEM, "out of memory");
 			else
-				rc = mlfs_store_import_st(st, dir, only,
-							  jstep ? json_integer_value(jstep) : -1,
-							  names, map, &err);
+				rc = st->import_all(st->cluster_arg, req,
+						    jw ? (int)json_integer_value(jw) : 600, extra,
+						    &err);
+		} else if (names || map) { /* safetensors named otherwise */
+			rc = mlfs_store_import_st(st, dir, only,
+						  jstep ? json_integer_value(jstep) : -1, names,
+						  map, &err);
 		} else {
 			rc = mlfs_store_import(st, dir, only,
 					       jstep ? json_integer_value(jstep) : -1, &err);
 		}
+		if (rc == 0 && st->import_all && !json_is_true(every))
+			extra = json_pack("{ss}", "note",
+					  "filled this node's ranks only: the job's other nodes "
+					  "import theirs with `--every-node` (or each its own)");
 	} else if (strcmp(op, "snapshot") == 0) {
 		const char *dir = json_string_value(json_object_get(req, "to"));
 		json_t *jl = json_object_get(req, "level"), *jw = json_object_get(req, "wait");

@@ -268,6 +268,12 @@ struct mlfs_store {
 	/* `mlfs drain`: marks a node of the job for draining (@undo: no
 	 * longer); NULL on one node. I/O workers (.mlfs-ctl). */
 	int (*drain)(void *arg, const char *node, bool undo, struct ptc_error *err);
+	/* `mlfs import --every-node`: the .mlfs-ctl import request @req run by
+	 * every node of the job, each into its own ranks; waits up to @wait_s
+	 * seconds for all, each node's outcome into @out ("nodes"). NULL on
+	 * one node. I/O workers (.mlfs-ctl). */
+	int (*import_all)(void *arg, const json_t *req, int wait_s, json_t *out,
+			  struct ptc_error *err);
 	/* Set when an attempt aborts, cleared when one starts: fetches in
 	 * flight give up at once (-ECANCELED) instead of running out their
 	 * retries. */

@@ -22,7 +22,8 @@ static const struct {
     {"reconfigure", cmd_reconfigure, "reconfigure <mnt> new.json [--no-wait]"},
     {"import", cmd_import,
      "import <mnt> --from DIR|F.safetensors [--step N] [--state NAME] [--names schema|hf]\n"
-     "              [--map FILE]   (DIR: .npy files, a snapshot or safetensors)"},
+     "              [--map FILE] [--every-node [--wait S]]   (DIR: .npy files, a snapshot or\n"
+     "              safetensors; --every-node: every node of the job its own ranks)"},
     {"export", cmd_export,
      "export <mnt> --to DIR [--format npy|safetensors] [--names schema|hf] [--map FILE]\n"
      "              [--shard-mib N]"},

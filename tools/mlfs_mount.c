@@ -566,9 +566,12 @@ int cmd_import(int argc, char **argv)
 	static const struct option opts[] = {
 	    {"from", required_argument, NULL, 'f'},  {"step", required_argument, NULL, 's'},
 	    {"state", required_argument, NULL, 't'}, {"names", required_argument, NULL, 'n'},
-	    {"map", required_argument, NULL, 'm'},   {NULL, 0, NULL, 0}};
+	    {"map", required_argument, NULL, 'm'},   {"every-node", no_argument, NULL, 'e'},
+	    {"wait", required_argument, NULL, 'w'},  {NULL, 0, NULL, 0}};
 	const char *from = NULL, *state = NULL, *names = NULL, *map = NULL;
 	long long step = -1; /* the snapshot's, or 0 */
+	int wait_ms = 600 * 1000;
+	bool every = false;
 	int c;
 
 	optind = 1;
@@ -586,6 +589,18 @@ int cmd_import(int argc, char **argv)
 		case 'm':
 			map = optarg;
 			break;
+		case 'e':
+			every = true;
+			break;
+		case 'w':
+			if (!parse_seconds(optarg, 86400, &wait_ms)) {
+				fprintf(stderr,
+					"mlfs import: --wait \"%s\" is not a number of "
+					"seconds (1 to 86400)\n",
+					optarg);
+				return 2;
+			}
+			break;
 		case 's': {
 			char *end;
 			step = strtoll(optarg, &end, 10);
@@ -602,7 +617,8 @@ int cmd_import(int argc, char **argv)
 	}
 	if (optind != argc - 1 || !from) {
 		fprintf(stderr, "usage: mlfs import <mnt> --from DIR|F.safetensors [--step N] "
-				"[--state NAME] [--names schema|hf] [--map FILE]\n");
+				"[--state NAME] [--names schema|hf] [--map FILE] [--every-node "
+				"[--wait S]]\n");
 		return 2;
 	}
 	char dir[PATH_MAX], mapabs[PATH_MAX];
@@ -620,8 +636,19 @@ int cmd_import(int argc, char **argv)
 		json_object_set_new(req, "step", json_integer(step));
 	if (state)
 		json_object_set_new(req, "state", json_string(state));
-	json_t *r = req ? tools_control(argv[optind], req, 2048, "import") : NULL;
+	if (every)
+		json_object_set_new(req, "every_node", json_true()),
+		    json_object_set_new(req, "wait", json_integer(wait_ms / 1000));
+	json_t *r = req ? tools_control(argv[optind], req, 65536, "import") : NULL;
 	json_decref(req);
+	const char *k, *note = json_string_value(json_object_get(r, "note"));
+	json_t *o;
+	json_object_foreach(json_object_get(r, "nodes"), k, o) /* only when all imported */
+	{
+		printf("node %s: %s\n", k, json_string_value(o));
+	}
+	if (note)
+		fprintf(stderr, "mlfs import: %s\n", note);
 	json_decref(r);
 	return r ? 0 : 1;
 }

@@ -158,15 +158,24 @@ class Mount:
             raise MlfsError(f"{request.get('op')}: {why}", err.errno) from err
         return reply
 
-    def import_from(self, path, state=None, step=None, names=None, map=None):
+    def import_from(self, path, state=None, step=None, names=None, map=None, every_node=False,
+                    wait=None):
         """`mlfs import` through the package: the daemon reads @path (a directory of
         full tensors, `<state>/<tensor>.npy` or `<state>.safetensors`, a snapshot, or a
         .safetensors file) and slices it into this node's partitions of the current
         layout, all or nothing, as the saved state of @step (default: 0, or the
         snapshot's). @state: that state only; @names "hf" or @map (a mapping file):
         safetensors named otherwise (docs/formats.md). In a job of many nodes, every
-        node imports the partitions it hosts: call it on each node's mount."""
+        node imports the partitions it hosts: call it on each node's mount, or once with
+        @every_node (`mlfs import --every-node`): every node of the job reads @path (it
+        must be on storage they all see) into its own ranks; the call returns once all
+        did (the reply's "nodes": {id: "imported"}), within @wait seconds (default
+        600), or raises MlfsError naming the node that failed and why."""
         req = {"op": "import", "from": os.path.abspath(os.fspath(path))}
+        if every_node:
+            req["every_node"] = True
+            if wait is not None:
+                req["wait"] = int(wait)
         if state is not None:
             req["state"] = state
         if step is not None:

@@ -64,7 +64,7 @@ import torch
 from . import _megatron_optim as _optim
 from . import _st
 from .client import MlfsError
-from .torch import _bytes, _mount, schema_dtype
+from .torch import _bytes, _mount, _shared_tmpdir, schema_dtype
 
 __all__ = ["import_checkpoint", "export_checkpoint", "load_rank_file", "find_checkpoint"]
 
@@ -409,7 +409,7 @@ def _optim_roots(mnt, optimizer):
 
 
 def import_checkpoint(mount, ckpt_dir, iteration=None, step=None, weights_only=True,
-                      cast=False, tmpdir=None, optimizer=True):
+                      cast=False, tmpdir=None, optimizer=True, every_node=False):
     """Imports the Megatron-LM checkpoint @ckpt_dir (see the module's doc) into @mount's
     current layout: every partition of this node, all or nothing, of the state "model"
     and, with @optimizer (default) when the checkpoint saved its optimizer, of the
@@ -418,10 +418,13 @@ def import_checkpoint(mount, ckpt_dir, iteration=None, step=None, weights_only=T
     the checkpoint's iteration). @iteration picks an iter_NNNNNNN/ directory
     ("release": release/) instead of latest_checkpointed_iteration.txt. @cast converts
     tensors of another dtype than the schema's (otherwise refused). In a job of many
-    nodes, call it on every node's mount. Returns {"iteration", "tp", "pp", "vpp",
-    "layers", "tensors", "step", "optimizer" (None, "local" or "distributed"),
-    "states"}."""
+    nodes, call it on every node's mount, or once with @every_node: every node imports
+    its own ranks from the files written under @tmpdir, which every node must read
+    (required then). Returns {"iteration", "tp", "pp", "vpp", "layers", "tensors",
+    "step", "optimizer" (None, "local" or "distributed"), "states"}, and "nodes" ({id:
+    "imported"}) with @every_node."""
     mnt = _mount(mount)
+    _shared_tmpdir(every_node, tmpdir)
     d, files, tp, pp = find_checkpoint(ckpt_dir, iteration)
     roots = _optim_roots(mnt, optimizer)
     loaded, optim, kinds, it, args, version = {}, {}, set(), None, None, None
@@ -479,12 +482,16 @@ def import_checkpoint(mount, ckpt_dir, iteration=None, step=None, weights_only=T
             except ValueError as e:
                 raise MlfsError(f"{d}: {state}: {e}") from e
         del loaded, optim
-        mnt.import_from(tmp, state="model" if len(states) == 1 else None, step=step)
+        reply = mnt.import_from(tmp, state="model" if len(states) == 1 else None, step=step,
+                                every_node=every_node)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"iteration": it, "tp": tp, "pp": pp, "vpp": vpp, "layers": nlayers,
-            "tensors": len(states["model"]), "step": step, "optimizer": kind,
-            "states": sorted(states)}
+    out = {"iteration": it, "tp": tp, "pp": pp, "vpp": vpp, "layers": nlayers,
+           "tensors": len(states["model"]), "step": step, "optimizer": kind,
+           "states": sorted(states)}
+    if every_node:
+        out["nodes"] = reply.get("nodes", {})
+    return out
 
 
 def _entries(d, tensors, got, untied_ckpt, cast):

@@ -285,7 +285,7 @@ def _is_map_file(names):
 
 
 def import_state_dict(mount, state_dict, names=None, state="model", step=None,
-                      tmpdir=None, weights_only=True):
+                      tmpdir=None, weights_only=True, every_node=False):
     """Imports a state dict of FULL tensors into @mount's current layout: every
     partition of @state on this node (every local rank's), all or nothing, as the saved
     state of @step (default 0), through the daemon's import (`mlfs import` of one
@@ -303,9 +303,12 @@ def import_state_dict(mount, state_dict, names=None, state="model", step=None,
                  q/k/v and gate/up assembled by the daemon; docs/formats.md)
       {"tensors": {...}, "ignore": [...]}: a name map, as `mlfs import --map` reads it
     A key mapped to a tied tensor (output_layer/weight tied to the embedding) is left
-    out if it equals its target (the tie holds it), refused otherwise. Returns the
-    daemon's reply."""
+    out if it equals its target (the tie holds it), refused otherwise. With @every_node,
+    every node of a job of many nodes imports it into its own ranks (`mlfs import
+    --every-node`): the file is then written under @tmpdir, which every node must read
+    (shared storage), and @tmpdir is required. Returns the daemon's reply."""
     mnt = _mount(mount)
+    _shared_tmpdir(every_node, tmpdir)
     if isinstance(state_dict, (str, os.PathLike)):
         state_dict = load_file(state_dict, weights_only)
     if not hasattr(state_dict, "items"):
@@ -332,9 +335,16 @@ def import_state_dict(mount, state_dict, names=None, state="model", step=None,
             req["map"] = os.path.join(tmp, "names.json")
             with open(req["map"], "w") as f:
                 json.dump(names, f)
-        return mnt.import_from(tmp, state=state, step=step, **req)
+        return mnt.import_from(tmp, state=state, step=step, every_node=every_node, **req)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _shared_tmpdir(every_node, tmpdir):
+    """A job-wide import reads a file every node sees: the caller names where."""
+    if every_node and tmpdir is None:
+        raise MlfsError("every_node=True: give tmpdir, a directory every node of the job "
+                        "reads (shared storage); the file to import is written there")
 
 
 def _schema_entries(mnt, state, state_dict, to):
