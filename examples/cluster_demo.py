@@ -89,7 +89,7 @@ def main():
             try:
                 demo(cl)
             except ClusterError:
-                sys.stderr.write(cl.logs())
+                sys.stderr.write(cl.describe() + "\n")
                 raise
     except ClusterError as e:
         print(f"cluster demo FAILED: {e}", file=sys.stderr)

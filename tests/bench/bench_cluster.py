@@ -59,8 +59,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 
-from cluster import Cluster, Etcd, free_port  # noqa: E402
-from conftest import MLFS  # noqa: E402
+from conftest import MLFS  # noqa: E402  (and python/ on sys.path)
+from mlfs.testing import Cluster, Etcd, free_port  # noqa: E402
 from test_store import (coords, expand, holds, make_full, np_dtype,  # noqa: E402
                         rank_tree, state_dtype, tp_slice)
 
@@ -653,7 +653,7 @@ def run(args, tmp):
     threads = args.threads or os.cpu_count()
     etcd = Etcd(tmp).start()
     extra = ["--threads", str(args.threads)] if args.threads else []
-    cl = Cluster(tmp, etcd, 4, DEVICES, "bench", extra)
+    cl = Cluster(tmp, etcd, 4, DEVICES, "bench", extra, mlfs=MLFS)
     results = []
     try:
         for n in cl.spec["nodes"]:

@@ -22,8 +22,8 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-import local_cluster  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "python"))  # the mlfs package of this tree
+from mlfs import testing  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 SCHEMA = {"model": "tiny", "num_layers": 2, "states": {"model": {}},
@@ -53,7 +53,7 @@ def etcd_requests(url):
 
 
 def one(n, idle_s):
-    with local_cluster.start(nnodes=n, devices=1, job=f"ctl{n}") as cl:
+    with testing.start(nnodes=n, devices=1, job=f"ctl{n}", etcd=True) as cl:
         n0 = cl.mounts["n0"]
         with open(os.path.join(n0, "schema.json"), "w") as f:
             f.write(json.dumps(SCHEMA))
@@ -62,7 +62,7 @@ def one(n, idle_s):
             f.write(json.dumps(v1))
         cl.wait_version(1, timeout=120)
         time.sleep(2)  # the last entries published
-        pids = [p.pid for p in cl.procs.values()]
+        pids = [node.pid for node in cl.nodes]
         r0, d0, e0 = etcd_requests(cl.etcd_url), cpu_seconds(pids), cpu_seconds([cl.etcd.pid])
         t0 = time.monotonic()
         time.sleep(idle_s)
@@ -76,7 +76,7 @@ def one(n, idle_s):
         r2 = etcd_requests(cl.etcd_url)
         c2 = cpu_seconds(pids) + cpu_seconds([cl.etcd.pid])
         t = time.monotonic()
-        p = subprocess.run([local_cluster.MLFS, "reconfigure", n0, path], capture_output=True,
+        p = subprocess.run([testing.MLFS, "reconfigure", n0, path], capture_output=True,
                            text=True, timeout=300)
         reconf = time.monotonic() - t
         if p.returncode:
@@ -93,7 +93,7 @@ def one(n, idle_s):
                 json.dump(cfg, f)
             time.sleep(0.5)  # the retained layout released, entries settled
             t = time.monotonic()
-            p = subprocess.run([local_cluster.MLFS, "reconfigure", n0, path],
+            p = subprocess.run([testing.MLFS, "reconfigure", n0, path],
                                capture_output=True, text=True, timeout=300)
             times.append(time.monotonic() - t)
             if p.returncode:

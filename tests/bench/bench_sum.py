@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 
 from bench_cluster import (DEVICES, N4, check, check_layout, fmt_bytes,  # noqa: E402
                            log, pick_schema, save_step, state_bytes)
-from cluster import Cluster, Etcd  # noqa: E402
+from conftest import MLFS  # noqa: E402  (and python/ on sys.path)
+from mlfs.testing import Cluster, Etcd  # noqa: E402
 from test_store import make_full  # noqa: E402
 
 START = {"tp": 2, "pp": 2, "dp": 2, "nodes": N4}
@@ -37,7 +38,7 @@ CASES = [("TP change", {"tp": 4, "pp": 2, "dp": 1, "nodes": N4}),
 def measure(tmp, schema, full, nosum, reps):
     env = {"MLFS_BENCH_NOSUM": "1"} if nosum else {}
     etcd = Etcd(tmp).start()
-    cl = Cluster(tmp, etcd, 4, DEVICES, "sum", [], {n: env for n in N4})
+    cl = Cluster(tmp, etcd, 4, DEVICES, "sum", [], {n: env for n in N4}, mlfs=MLFS)
     out = {}
     try:
         for n in cl.spec["nodes"]:

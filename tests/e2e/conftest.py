@@ -1,5 +1,19 @@
 """Shared fixtures for end-to-end tests: the built `mlfs` binary and examples, and the
-Python package python/mlfs on sys.path."""
+Python package python/mlfs on sys.path, whose mlfs.testing is the harness of local
+daemons and jobs (Daemon, Cluster, Etcd; see its doc). Fixtures:
+
+  mount_factory    make(devices=8, max_memory=None, name="mnt", extra_args=()) -> Mount
+  mount            a mount of node n0 with 8 devices
+  etcd             an mlfs.testing.Etcd on two free loopback ports, its data in the
+                   test's tmp dir; killed at teardown
+  cluster_factory  make(nnodes=4, devices=2, job="j", registered=True, extra_args=(),
+                   node_env=None) -> mlfs.testing.Cluster: a token file, cluster.json
+                   and one daemon per node, each waited for until mounted (and, with
+                   @registered, until every node's key is in etcd). At teardown every
+                   daemon still running is unmounted and must exit 0; in a test that
+                   injected no fault (no kill, freeze or etcd loss) its stderr must also
+                   be free of "error", as mount_factory asks of one node.
+"""
 import gc
 import json
 import os
@@ -13,6 +27,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The mlfs package of this tree (python/mlfs), never an installed copy.
 sys.path.insert(0, str(ROOT / "python"))
+from mlfs import testing  # noqa: E402
+
 MLFS = ROOT / os.environ.get("BUILD", "build") / "mlfs"
 EXAMPLE = ROOT / "examples" / "gpt-tiny"
 
@@ -35,58 +51,9 @@ def write_json(tmp_path):
     return write
 
 
-class Mount:
-    """A running `mlfs mount -f` daemon and helpers to use its mount."""
-
-    def __init__(self, path, proc, stderr_path, tmp):
-        self.path = path
-        self.proc = proc
-        self.stderr_path = stderr_path
-        self.tmp = tmp
-
-    def p(self, *parts):
-        """Path string of <mnt>/parts..."""
-        return os.path.join(str(self.path), *map(str, parts))
-
-    def write(self, rel, data):
-        """Writes text or bytes to <mnt>/rel in one open/write/close (OSError on refusal)."""
-        with open(self.p(rel), "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-
-    def read(self, rel):
-        with open(self.p(rel), "rb") as f:
-            return f.read()
-
-    def read_json(self, rel):
-        return json.loads(self.read(rel))
-
-    def status(self):
-        return self.read_json("status.json")
-
-    def setup(self, schema, config):
-        """Writes schema.json then config.json (dicts)."""
-        self.write("schema.json", json.dumps(schema))
-        self.write("config.json", json.dumps(config))
-
-    def mlfs(self, cmd, *args, check=True):
-        """Runs `mlfs cmd <mnt> args...`."""
-        return run_mlfs(cmd, self.path, *args, check=check)
-
-    def stderr(self):
-        return pathlib.Path(self.stderr_path).read_text(errors="replace")
-
-    def wait_exit(self, timeout=30):
-        rc = self.proc.wait(timeout=timeout)
-        assert rc == 0, f"mlfs mount exited {rc}: {self.stderr()}"
-        assert "error" not in self.stderr().lower(), self.stderr()
-        return rc
-
-    def umount(self):
-        """Unmounts with `mlfs umount` and checks the daemon exits 0 without errors."""
-        p = run_mlfs("umount", self.path, check=False)
-        assert p.returncode == 0, p.stderr
-        self.wait_exit()
-        assert not os.path.ismount(self.path)
+# A running `mlfs mount -f` daemon and helpers to use its mount (p, read, write,
+# read_json, status, setup, mlfs, stderr, wait_exit, umount): the harness's class.
+Mount = testing.Daemon
 
 
 @pytest.fixture
@@ -110,7 +77,7 @@ def mount_factory(tmp_path):
         args += [str(a) for a in extra_args]
         with open(errpath, "wb") as err:
             proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
-        m = Mount(mnt, proc, errpath, tmp_path)
+        m = Mount(mnt, proc, errpath, tmp_path, MLFS)
         mounts.append(m)
         deadline = time.monotonic() + 10
         while not os.path.ismount(mnt):
@@ -146,3 +113,31 @@ def mount_factory(tmp_path):
 def mount(mount_factory):
     """A mount of node n0 with 8 devices and the default memory limit."""
     return mount_factory()
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    e = testing.Etcd(tmp_path).start()
+    yield e
+    e.kill()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path, etcd):
+    made = []
+
+    def make(nnodes=4, devices=2, job="j", registered=True, extra_args=(), node_env=None):
+        cl = testing.Cluster(tmp_path, etcd, nnodes, devices, job, extra_args, node_env,
+                             mlfs=MLFS)
+        made.append(cl)
+        cl.mount_all(registered)
+        return cl
+
+    yield make
+    errors = []
+    for cl in made:
+        try:
+            cl.teardown()
+        except AssertionError as e:
+            errors.append(str(e))
+    assert not errors, "\n".join(errors)

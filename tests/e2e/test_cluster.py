@@ -4,7 +4,8 @@ checkpoint (test_store.py's reference, independent of the daemon's code), and th
 faults of issue 12: a node killed before or during an attempt, a coordinator killed
 before or after its commit, etcd lost, two configs at once, bad peer requests.
 
-The harness is cluster.py (fixtures `etcd` and `cluster_factory`).
+The harness is mlfs.testing (python/mlfs/testing; fixtures `etcd` and `cluster_factory` in
+conftest.py).
 
 Contract asserted here, where DESIGN leaves names open:
 
@@ -76,9 +77,8 @@ import time
 
 import numpy as np
 
-from cluster import (cluster_factory, etcd, expect_oserror, free_port,  # noqa: F401
-                     timed)
 from conftest import run_mlfs
+from mlfs.testing import expect_oserror, free_port, timed
 from test_store import MIXED, expand, expected_layout, make_full, write_full
 
 ALL = ["n0", "n1", "n2", "n3"]

@@ -1,5 +1,5 @@
 """The control plane keeps the atomic promise through freezes, deaths and restarts
-(issue 17), on four daemons and one etcd (cluster.py), every partition checked against
+(issue 17), on four daemons and one etcd (mlfs.testing), every partition checked against
 NumPy slices of the checkpoint:
 
 1. a node frozen through an aborted attempt never commits its stale layout under the
@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
-from cluster import cluster_factory, etcd, expect_oserror  # noqa: F401
 from conftest import MLFS
+from mlfs.testing import expect_oserror
 from test_cluster import full_of, wait_attempt
 from test_store import MIXED, make_full, write_full
 

@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 
-from cluster import cluster_factory, etcd  # noqa: F401
 from test_store import MIXED, make_full
 
 ALL = ["n0", "n1", "n2", "n3"]

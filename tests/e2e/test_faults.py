@@ -35,7 +35,7 @@ import time
 import numpy as np
 import pytest
 
-from cluster import Cluster, etcd  # noqa: F401
+from mlfs.testing import Cluster
 from proxy import Proxy
 from test_store import make_full
 
@@ -105,7 +105,7 @@ class ProxiedCluster(Cluster):
 
 
 @pytest.fixture
-def proxied(tmp_path, etcd):  # noqa: F811 - the fixture imported from cluster.py
+def proxied(tmp_path, etcd):
     """proxied(nnodes=3, devices=2, behind=("n1",)) -> ProxiedCluster, every node
     mounted and registered. At teardown the daemons stop as cluster_factory's do, then
     every proxy closes with all its threads and sockets."""

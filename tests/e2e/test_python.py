@@ -357,17 +357,29 @@ def test_reconfigure_raises_with_the_status_error(mount):
 # ----------------------------------------------------------------- the package itself
 
 def test_import_costs_no_torch_and_the_shims():
-    """`import mlfs` does not import torch (mlfs.torch does, when first used), and the
-    examples' first modules (mlfs_client, local_cluster) are shims of the package."""
+    """`import mlfs` does not import torch (mlfs.torch does, when first used), nor does
+    mlfs.testing (the harness) import pytest, and the examples' first client module
+    (mlfs_client) is a shim of the package."""
     code = (
         "import sys\n"
         f"sys.path[:0] = [{str(ROOT / 'python')!r}, {str(ROOT / 'examples')!r}]\n"
-        "import mlfs, mlfs_client, local_cluster\n"
+        "import mlfs, mlfs_client\n"
         "assert 'torch' not in sys.modules, 'import mlfs imported torch'\n"
         "assert mlfs_client.Mount is mlfs.Mount and mlfs_client.Rank is mlfs.Rank\n"
-        "assert local_cluster.LocalCluster is mlfs.testing.LocalCluster\n"
+        "assert mlfs.testing.Cluster and 'pytest' not in sys.modules, 'mlfs.testing: pytest'\n"
         "assert mlfs_client.to_torch is mlfs.torch.to_torch and 'torch' in sys.modules\n"
         "assert mlfs.__file__.startswith(sys.path[0]), mlfs.__file__\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=os.path.dirname(__file__), timeout=120)
     assert p.returncode == 0, p.stderr
+
+
+def test_testing_start_refuses_what_cannot_run(tmp_path):
+    """mlfs.testing.start names a job it cannot start, and starts nothing for it."""
+    for kw, msg in (({"nnodes": 0}, "nnodes = 0: a job needs at least one node"),
+                    ({"nnodes": 2, "etcd": False},
+                     "etcd = False with 2 nodes: a job of many nodes needs etcd")):
+        with pytest.raises(mlfs.testing.ClusterError, match=msg):
+            with mlfs.testing.start(tmp=str(tmp_path / "job"), **kw):
+                pass
+        assert not (tmp_path / "job").exists()

@@ -10,8 +10,6 @@ import subprocess
 import sys
 import time
 
-from cluster import cluster_factory, etcd  # noqa: F401
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "bench"))
 from bench_control import cpu_seconds, etcd_requests  # noqa: E402

@@ -160,7 +160,6 @@ def test_snapshot_damaged_files_refused(tmp_path, mount_factory):
 
 # ------------------------------------------------------------- many nodes
 
-from cluster import cluster_factory, etcd  # noqa: E402,F401  (fixtures)
 from conftest import MLFS  # noqa: E402
 
 

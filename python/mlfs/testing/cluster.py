@@ -1,244 +1,99 @@
-"""A job of many nodes on one machine, for end-to-end tests: one etcd and N mlfs
-daemons on 127.0.0.1, each with its own mount, port and stderr (DESIGN sections 5,
-7, 9, 10; issue 12).
-
-Fixtures (import them into a test module: `from cluster import etcd, cluster_factory`):
-
-  etcd             an Etcd: Debian's etcd-server (/usr/bin/etcd) on two free loopback
-                   ports (client, peer), its data in the test's tmp dir; killed at
-                   teardown.
-  cluster_factory  make(nnodes=4, devices=2, job="j", registered=True, extra_args=())
-                   -> Cluster: a token file (0600, 32 random hex characters), a
-                   cluster.json {"job", "etcd", "token_file", "nodes": [{"id": "n<i>",
-                   "addr": "127.0.0.1:<free port>", "devices"}]}, and one daemon per node
-                   (`mlfs mount <tmp>/n<i> --node n<i> --cluster cluster.json -f`),
-                   each waited for until mounted (and, with @registered, until every
-                   node's key is in etcd). At teardown every daemon still running is
-                   unmounted and must exit 0; in a test that injected no fault (no
-                   kill, freeze or etcd loss) its stderr must also be free of "error",
-                   as conftest.py asks of one node.
-
-Etcd (through its v3 JSON gateway, urllib only):
-  url, data_dir, alive
-  kv(key) -> KV | None             one key: KV(key, value bytes, lease, version,
-                                   create_revision, mod_revision)
-  range(prefix) -> {key: KV}
-  job(job) -> {rel: KV}            every key under /mlfs/<job>/, by the rest of its name
-  lease_ttl(lease) -> (ttl, granted_ttl)   (-1, 0) once the lease is gone
-  kill()                           SIGKILL (etcd unreachable); restart() on the same
-                                   ports and data dir, waited for
-
-Cluster:
-  cl[0], cl["n1"] -> Node          cl.nodes (all, in cluster.json order), cl.live()
-  cl.spec, cl.token, cl.cluster_path, cl.job, cl.etcd, cl.tmp
-  cl.keys() -> {rel: KV}           the job's etcd keys
-  cl.file(name, obj) -> path       a JSON file in the tmp dir (configs for the CLI)
-  cl.kill(n)                       kill -9 node n's daemon and lazily unmount its dead
-                                   mount (fusermount3 -u -z)
-  cl.freeze(n) / cl.thaw(n)        SIGSTOP / SIGCONT (a node that stops answering)
-  cl.restart(n) -> Node            mounts node n again on the same mount dir
-  cl.try_mount(id, spec) -> Node | (rc, stderr)   a daemon with another cluster.json
-  cl.statuses() -> {id: status.json or a string saying why it could not be read}
-  cl.describe() -> str             every node's status.json, the job's etcd keys and the
-                                   end of every daemon's stderr (for failure messages)
-  cl.wait(pred, what, timeout)     polls pred() until truthy, else fails with describe()
-  cl.wait_version(v, nodes=None)   every live node (or @nodes) reports version v, idle
-  cl.wait_settled()                no attempt in etcd and every live node idle or failed,
-                                   all at the committed version; returns that version
-  cl.wait_registered(ids) / cl.wait_down(id)   nodes/<id> present / gone in etcd
-  cl.reconfigure(n, cfg, wait=True) -> CompletedProcess | Popen   `mlfs reconfigure`
-  cl.plan(schema, a, b, down=()) -> dict   `mlfs plan ... --cluster cluster.json --json`
-  cl.allocation(cfg) -> {rank: (node id, device)}   DESIGN section 2's allocation
-  cl.hosted(cfg, id) -> [rank]
-  cl.start_job(schema, cfg, on, full, step)   schema.json then config.json on node @on,
-                                   waits for every node to have them, imports the
-                                   checkpoint of @full on every node, waits until
-                                   every node published its ranks' steps
-  cl.wait_published(cfg, step, others={})   every node's etcd entry has "steps"
-                                   {"<rank>": step} for its ranks of @cfg
-  cl.check_layout(schema, cfg, full, step=None, nodes=None)   every partition of every
-                                   (live) node against the NumPy reference
-  cl.snapshot(nodes=None) -> {id: {path: bytes}}   every file under ranks/
-
-Node (a conftest.Mount): id, addr, pid, p(), read(), write(), read_json(), status(),
-  hosted ranks via cl.hosted; get(path, token=TOKEN, headers=None, method="GET",
-  host=None) -> (HTTP status, body bytes): a request to the node's peer server, with
-  the cluster token by default (token=None: no Authorization header; a string: that
-  header value after "Bearer ").
-"""
-import base64
-import collections
-import errno
+"""The daemons of a local job: Daemon (one `mlfs mount -f`), Node (a daemon of a job of
+many), Cluster (cluster.json, its nodes, faults, waits and commands) and start(), the
+context manager around them. See the package's doc (mlfs.testing)."""
+import contextlib
 import gc
 import http.client
 import json
 import os
+import pathlib
 import secrets
+import shutil
 import signal
-import socket
 import subprocess
-import threading
+import tempfile
 import time
 import urllib.error
-import urllib.request
 
 import numpy as np
-import pytest
 
-from conftest import MLFS, Mount
-from test_store import coords, expected_layout, rank_tree, snapshot, stage_layers, write_full
+from .. import client
+from .etcd import Etcd
+from .layout import coords, expected_layout, rank_tree, snapshot, stage_layers, write_full
+from .util import MLFS, ClusterError, free_port, timed
 
-ETCD = "/usr/bin/etcd"
 TOKEN = object()  # Node.get's default: the cluster token
 
 
-def free_port():
-    """A TCP port of 127.0.0.1 that nothing listens on (now)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Daemon:
+    """A running `mlfs mount -f` daemon and helpers to use its mount: @path (the mount
+    point), @proc (its Popen), @stderr_path, @tmp (a directory for files the helpers
+    write), @binary (the mlfs binary that runs commands on it)."""
 
-
-def timed(fn, timeout=10):
-    """fn() on a daemon thread; raises TimeoutError when it does not return in time (a
-    FUSE request to a hung daemon never returns, and must not hang the test run)."""
-    out = {}
-
-    def run():
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: B902 - handed to the caller
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        raise TimeoutError(f"no answer in {timeout} s")
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
-# ------------------------------------------------------------------- etcd
-
-KV = collections.namedtuple("KV", "key value lease version create_revision mod_revision")
-
-
-def _b64(b):
-    return base64.b64encode(b if isinstance(b, bytes) else b.encode()).decode()
-
-
-def _prefix_end(prefix):
-    b = prefix.encode()
-    return b[:-1] + bytes([b[-1] + 1])
-
-
-class Etcd:
-    """One etcd member on loopback, its data in @tmp/etcd."""
-
-    def __init__(self, tmp):
+    def __init__(self, path, proc, stderr_path, tmp, binary=None):
+        self.path = path
+        self.proc = proc
+        self.stderr_path = stderr_path
         self.tmp = tmp
-        self.data_dir = tmp / "etcd" / "data"
-        self.log_path = tmp / "etcd" / "etcd.log"
-        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.client_port, self.peer_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
-        self.proc = None
+        self.binary = str(binary or MLFS)
 
-    @property
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
+    def p(self, *parts):
+        """Path string of <mnt>/parts..."""
+        return os.path.join(str(self.path), *map(str, parts))
 
-    def start(self, timeout=20):
-        if not os.access(ETCD, os.X_OK):
-            raise AssertionError(f"{ETCD} is missing: run `make deps` (Debian's etcd-server)")
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        args = [ETCD, "--name", "default", "--data-dir", str(self.data_dir),
-                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"default={peer}"]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
-        deadline = time.monotonic() + timeout
-        why = ""
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"etcd exited {self.proc.returncode}: {self.log()}")
-            try:
-                self.post("/v3/kv/range", {"key": _b64("/ping")}, timeout=1)
-                return self
-            except (OSError, urllib.error.URLError, ValueError) as e:
-                why = str(e)
-            time.sleep(0.05)
-        raise AssertionError(f"etcd did not answer in {timeout} s ({why}): {self.log()}")
+    def write(self, rel, data):
+        """Writes text or bytes to <mnt>/rel in one open/write/close (OSError on refusal)."""
+        with open(self.p(rel), "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
 
-    def log(self):
-        return self.log_path.read_text(errors="replace")[-3000:]
+    def read(self, rel):
+        with open(self.p(rel), "rb") as f:
+            return f.read()
 
-    def kill(self):
-        """SIGKILL: the control plane is unreachable until restart()."""
-        if self.alive:
-            self.proc.kill()
-        if self.proc is not None:
-            self.proc.wait()
+    def read_json(self, rel):
+        return json.loads(self.read(rel))
 
-    def restart(self):
-        self.kill()
-        return self.start()
+    def status(self):
+        return self.read_json("status.json")
 
-    def post(self, path, body, timeout=5):
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"},
-                                     method="POST")
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
+    def setup(self, schema, config):
+        """Writes schema.json then config.json (dicts)."""
+        self.write("schema.json", json.dumps(schema))
+        self.write("config.json", json.dumps(config))
 
-    @staticmethod
-    def _kv(j):
-        return KV(base64.b64decode(j["key"]).decode(), base64.b64decode(j.get("value", "")),
-                  int(j.get("lease", 0)), int(j.get("version", 0)),
-                  int(j.get("create_revision", 0)), int(j.get("mod_revision", 0)))
+    def mlfs(self, cmd, *args, check=True):
+        """Runs `mlfs cmd <mnt> args...`: the CompletedProcess (text); ClusterError when
+        it fails and @check."""
+        args = [self.binary, cmd, str(self.path), *map(str, args)]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        if check and p.returncode != 0:
+            raise ClusterError(f"mlfs {' '.join(args[1:])} failed: {p.stderr}")
+        return p
 
-    def kv(self, key):
-        r = self.post("/v3/kv/range", {"key": _b64(key)})
-        kvs = r.get("kvs", [])
-        return self._kv(kvs[0]) if kvs else None
+    def stderr(self):
+        return pathlib.Path(self.stderr_path).read_text(errors="replace")
 
-    def range(self, prefix):
-        r = self.post("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))})
-        return {kv.key: kv for kv in map(self._kv, r.get("kvs", []))}
+    def wait_exit(self, timeout=30):
+        rc = self.proc.wait(timeout=timeout)
+        assert rc == 0, f"mlfs mount exited {rc}: {self.stderr()}"
+        assert "error" not in self.stderr().lower(), self.stderr()
+        return rc
 
-    def job(self, job):
-        """The job's keys by name: /mlfs/<job>/<name>, and the nodes' entries and saved
-        marks (under /mlfs-nodes/<job>/) as nodes/<id> and saved/<id>."""
-        prefix, nodes = f"/mlfs/{job}/", f"/mlfs-nodes/{job}/"
-        keys = {k[len(prefix):]: v for k, v in self.range(prefix).items()}
-        for k, v in self.range(nodes).items():
-            name = k[len(nodes):]
-            keys[name if name.startswith("saved/") else f"nodes/{name}"] = v
-        return keys
-
-    def lease_ttl(self, lease):
-        """(remaining TTL, granted TTL) of @lease; (-1, 0) when it does not exist."""
-        r = self.post("/v3/lease/timetolive", {"ID": str(lease)})
-        return int(r.get("TTL", -1)), int(r.get("grantedTTL", 0))
+    def umount(self):
+        """Unmounts with `mlfs umount` and checks the daemon exits 0 without errors."""
+        p = subprocess.run([self.binary, "umount", str(self.path)], capture_output=True,
+                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert p.returncode == 0, p.stderr
+        self.wait_exit()
+        assert not os.path.ismount(self.path)
 
 
-@pytest.fixture
-def etcd(tmp_path):
-    e = Etcd(tmp_path).start()
-    yield e
-    e.kill()
-
-
-# ------------------------------------------------------------------ nodes
-
-class Node(Mount):
-    """One daemon of the job: a conftest.Mount with a node id and a peer address."""
+class Node(Daemon):
+    """One daemon of the job: a Daemon with a node id and a peer address."""
 
     def __init__(self, cluster, node_id, path, proc, stderr_path, spec=None):
-        super().__init__(path, proc, stderr_path, cluster.tmp)
+        super().__init__(path, proc, stderr_path, cluster.tmp, cluster.binary)
         self.cluster = cluster
         self.id = node_id
         spec = spec or cluster.spec
@@ -279,25 +134,32 @@ class Node(Mount):
 
 
 class Cluster:
-    """A job of daemons started by cluster_factory; see the module's docstring."""
+    """The cluster.json and the daemons of one job; see mlfs.testing's doc. Nothing runs
+    until mount() (or mount_all()); teardown() stops every daemon."""
 
-    def __init__(self, tmp, etcd, nnodes, devices, job, extra_args, node_env=None):
-        self.tmp = tmp
+    def __init__(self, tmp, etcd, nnodes, devices, job, extra_args=(), node_env=None,
+                 mlfs=None):
+        self.tmp = pathlib.Path(tmp)
         self.node_env = node_env or {}  # {node id: {VAR: value}} for its daemon
         self.etcd = etcd
         self.job = job
+        self.binary = str(mlfs or MLFS)
         self.extra_args = [str(a) for a in extra_args]
-        self.token = secrets.token_hex(16)
-        self.token_path = tmp / "token"
-        fd = os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.write(fd, (self.token + "\n").encode())
-        os.close(fd)
         ports = set()
         while len(ports) < nnodes:
             ports.add(free_port())
-        self.spec = {"job": job, "etcd": etcd.url, "token_file": str(self.token_path),
-                     "nodes": [{"id": f"n{i}", "addr": f"127.0.0.1:{p}", "devices": devices}
-                               for i, p in enumerate(sorted(ports))]}
+        nodes = [{"id": f"n{i}", "addr": f"127.0.0.1:{p}", "devices": devices}
+                 for i, p in enumerate(sorted(ports))]
+        self.token = self.token_path = None
+        self.spec = {"nodes": nodes}  # one node alone: no etcd, no token
+        if etcd is not None:
+            self.token = secrets.token_hex(16)
+            self.token_path = self.tmp / "token"
+            fd = os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.write(fd, (self.token + "\n").encode())
+            os.close(fd)
+            self.spec = {"job": job, "etcd": etcd.url, "token_file": str(self.token_path),
+                         "nodes": nodes}
         self.cluster_path = self.file("cluster.json", self.spec)
         self.nodes = []
         self.retired = []  # daemons of earlier runs of a node (restarts, try_mount)
@@ -324,7 +186,31 @@ class Cluster:
         return path
 
     def keys(self):
+        if self.etcd is None:
+            raise ClusterError("a job without etcd has no keys")
         return self.etcd.job(self.job)
+
+    @property
+    def ids(self):
+        """Every node's id, in cluster.json order."""
+        return [n["id"] for n in self.spec["nodes"]]
+
+    @property
+    def mounts(self):
+        """{id: mount point (a string)} of every node mounted, killed ones included."""
+        return {n.id: str(n.path) for n in self.nodes}
+
+    @property
+    def etcd_url(self):
+        return self.etcd.url if self.etcd is not None else None
+
+    def status(self, n):
+        """Node @n's status.json (a dict)."""
+        return self[n].status()
+
+    def client(self, n):
+        """An mlfs.Mount of node @n's mount point: the package's API on it."""
+        return client.Mount(str(self[n].path))
 
     def devices(self):
         return {n["id"]: n["devices"] for n in self.spec["nodes"]}
@@ -333,7 +219,7 @@ class Cluster:
 
     def _spawn(self, node_id, mnt, cluster_path, tag):
         errpath = self.tmp / f"{node_id}{tag}.stderr"
-        args = [str(MLFS), "mount", str(mnt), "--node", node_id, "--cluster",
+        args = [str(self.binary), "mount", str(mnt), "--node", node_id, "--cluster",
                 str(cluster_path), "-f", *self.extra_args]
         env = dict(os.environ, **self.node_env.get(node_id, {}))
         with open(errpath, "wb") as err:
@@ -346,7 +232,7 @@ class Cluster:
             if node.proc.poll() is not None:
                 return False
             if time.monotonic() > deadline:
-                raise AssertionError(f"{node.id}: {node.path} not mounted after {timeout} s: "
+                raise ClusterError(f"{node.id}: {node.path} not mounted after {timeout} s: "
                                      f"{node.stderr()}")
             time.sleep(0.01)
         return True
@@ -362,7 +248,7 @@ class Cluster:
                                     f".{runs}" if runs else "")
         node = Node(self, node_id, mnt, proc, errpath)
         if not self._wait_mounted(node):
-            raise AssertionError(f"mlfs mount --node {node_id} exited {proc.returncode}: "
+            raise ClusterError(f"mlfs mount --node {node_id} exited {proc.returncode}: "
                                  f"{node.stderr()}")
         old = [i for i, n in enumerate(self.nodes) if n.id == node_id]
         if old:
@@ -371,6 +257,15 @@ class Cluster:
         else:
             self.nodes.append(node)
         return node
+
+    def mount_all(self, registered=True):
+        """Mounts every node of cluster.json; with @registered (and etcd), waits until
+        every node's key is in etcd. Returns self."""
+        for n in self.spec["nodes"]:
+            self.mount(n["id"])
+        if registered and self.etcd is not None:
+            self.wait_registered()
+        return self
 
     def restart(self, n):
         """Mounts node @n again on the same mount dir; it must have been killed."""
@@ -488,7 +383,8 @@ class Cluster:
                 lines.append(f"--- {n.id} status.json: "
                              f"{st if isinstance(st, str) else json.dumps(st, sort_keys=True)}")
         try:
-            keys = self.keys() if self.etcd.alive else "etcd is down"
+            keys = ("no etcd" if self.etcd is None else
+                    self.keys() if self.etcd.alive else "etcd is down")
         except (OSError, urllib.error.URLError, ValueError) as e:
             keys = f"unreadable: {e!r}"
         if isinstance(keys, dict):
@@ -518,7 +414,7 @@ class Cluster:
                     urllib.error.URLError) as e:
                 last = e
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not after {timeout} s"
+                raise ClusterError(f"{what}: not after {timeout} s"
                                      f"{f' (last: {last!r})' if last else ''}\n{self.describe()}")
             time.sleep(interval)
 
@@ -573,7 +469,7 @@ class Cluster:
         status.json: killed there, its exit would wait for the frozen daemon's answer to
         the close)."""
         path = self.file(f"config-v{cfg['version']}-{secrets.token_hex(3)}.json", cfg)
-        args = [str(MLFS), "reconfigure", str(self[n].path), str(path)]
+        args = [str(self.binary), "reconfigure", str(self[n].path), str(path)]
         if not follow:
             args.append("--no-wait")
         if not wait:
@@ -582,12 +478,12 @@ class Cluster:
         try:
             return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
-            raise AssertionError(f"mlfs reconfigure of version {cfg['version']} on {self[n].id} "
+            raise ClusterError(f"mlfs reconfigure of version {cfg['version']} on {self[n].id} "
                                  f"still running after {timeout} s (stdout {e.stdout!r}, "
                                  f"stderr {e.stderr!r})\n{self.describe()}") from None
 
     def plan(self, schema, a, b, down=()):
-        args = [str(MLFS), "plan", "--schema", self.file("plan-schema.json", schema),
+        args = [str(self.binary), "plan", "--schema", self.file("plan-schema.json", schema),
                 "--from", self.file("plan-a.json", a), "--to", self.file("plan-b.json", b),
                 "--cluster", self.cluster_path, "--json"]
         if down:
@@ -617,7 +513,7 @@ class Cluster:
             try:
                 self[on].write(name, json.dumps(obj))
             except OSError as e:
-                raise AssertionError(f"writing {name} on {on}: {e!r}\n{self.describe()}")
+                raise ClusterError(f"writing {name} on {on}: {e!r}\n{self.describe()}")
         self.wait_version(cfg["version"])
         if full is not None:
             ckpt = self.tmp / "ckpt"
@@ -683,35 +579,43 @@ class Cluster:
                                             else [self[x] for x in nodes])}
 
 
-@pytest.fixture
-def cluster_factory(tmp_path, etcd):
-    made = []
-
-    def make(nnodes=4, devices=2, job="j", registered=True, extra_args=(), node_env=None):
-        cl = Cluster(tmp_path, etcd, nnodes, devices, job, extra_args, node_env)
-        made.append(cl)
-        for n in cl.spec["nodes"]:
-            cl.mount(n["id"])
-        if registered:
-            cl.wait_registered()
-        return cl
-
-    yield make
-    errors = []
-    for cl in made:
+@contextlib.contextmanager
+def start(nnodes, devices=2, job="demo", tmp=None, mlfs=None, etcd=None, extra_args=(),
+          node_env=None):
+    """A job of @nnodes daemons of @devices devices each, every one mounted (and, with
+    etcd, registered), with one etcd when @etcd (by default when @nnodes > 1), in @tmp (a
+    new temporary directory, removed at the end, when None); yields the Cluster. At the
+    end every daemon still running is unmounted and must exit 0 (with no "error" in its
+    stderr unless a fault was injected) and etcd is killed; ClusterError otherwise,
+    unless the body itself raised. @mlfs: the binary (default MLFS); @extra_args: more
+    `mlfs mount` options for every daemon; @node_env: {id: {VAR: value}}."""
+    if not isinstance(nnodes, int) or nnodes < 1:
+        raise ClusterError(f"nnodes = {nnodes!r}: a job needs at least one node")
+    if nnodes > 1 and etcd is not None and not etcd:
+        raise ClusterError(f"etcd = {etcd!r} with {nnodes} nodes: a job of many nodes needs "
+                           "etcd")
+    own = tmp is None
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"mlfs-{job}-") if own else tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    et = cl = None
+    ok = False
+    try:
+        if nnodes > 1 if etcd is None else etcd:
+            et = Etcd(tmp).start()
+        cl = Cluster(tmp, et, nnodes, devices, job, extra_args, node_env, mlfs)
+        cl.mount_all()
+        yield cl
+        ok = True
+    finally:
         try:
-            cl.teardown()
-        except AssertionError as e:
-            errors.append(str(e))
-    assert not errors, "\n".join(errors)
-
-
-def expect_oserror(codes, fn, *args, **kw):
-    """fn(...) fails with one of the errno values @codes; returns the OSError."""
-    codes = (codes,) if isinstance(codes, int) else tuple(codes)
-    with pytest.raises(OSError) as e:
-        fn(*args, **kw)
-    assert e.value.errno in codes, (
-        f"{getattr(fn, '__name__', fn)}: {e.value!r}, expected "
-        f"{'/'.join(errno.errorcode[c] for c in codes)}")
-    return e.value
+            if cl is not None:
+                try:
+                    cl.teardown()
+                except AssertionError:
+                    if ok:  # after a failure, the failure is what to report
+                        raise
+        finally:
+            if et is not None:
+                et.kill()
+            if own:
+                shutil.rmtree(tmp, ignore_errors=True)

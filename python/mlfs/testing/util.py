@@ -1,0 +1,90 @@
+"""What every part of mlfs.testing shares: the binaries it runs, its error, free ports
+and waiting with a bound."""
+import errno
+import os
+import shutil
+import socket
+import threading
+import time
+
+_TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+# The source tree this package was imported from (<ROOT>/python/mlfs/testing), or None.
+ROOT = _TREE if os.path.isfile(os.path.join(_TREE, "python", "pyproject.toml")) else None
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+
+
+def find_mlfs():
+    """The mlfs binary to run: $MLFS, else <source tree>/$BUILD/mlfs when this package is
+    imported from the source tree and that binary is built, else `mlfs` on the PATH."""
+    if os.environ.get("MLFS"):
+        return os.environ["MLFS"]
+    built = os.path.join(ROOT, os.environ.get("BUILD", "build"), "mlfs") if ROOT else None
+    if built and os.path.isfile(built):
+        return built
+    return shutil.which("mlfs") or built or "mlfs"
+
+
+MLFS = find_mlfs()
+
+
+class ClusterError(AssertionError):
+    """A daemon, etcd or a wait of the harness failed. An AssertionError, so that a test
+    runner reports it as a failed check; the message shows what was seen."""
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that nothing listens on (now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what, fn, timeout=30):
+    """Polls fn() until it returns something true, which is returned; ClusterError
+    naming @what after @timeout seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise ClusterError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def timed(fn, timeout=10):
+    """fn() on a daemon thread; raises TimeoutError when it does not return in time (a
+    FUSE request to a hung daemon never returns, and must not hang the caller)."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: B902 - handed to the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"no answer in {timeout} s")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def expect_oserror(codes, fn, *args, **kw):
+    """fn(...) fails with one of the errno values @codes; returns the OSError. Raises
+    ClusterError when it succeeds or fails with another errno (any other exception goes
+    through)."""
+    codes = (codes,) if isinstance(codes, int) else tuple(codes)
+    want = "/".join(errno.errorcode[c] for c in codes)
+    name = getattr(fn, "__name__", fn)
+    try:
+        fn(*args, **kw)
+    except OSError as e:
+        if e.errno not in codes:
+            raise ClusterError(f"{name}: {e!r}, expected {want}") from e
+        return e
+    raise ClusterError(f"{name}: no error, expected OSError {want}")
