@@ -27,7 +27,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
-from cluster import MLFS, Cluster, Etcd  # noqa: E402
+from conftest import MLFS  # noqa: E402  (and python/ on sys.path)
+from mlfs.testing import Cluster, Etcd  # noqa: E402
 from test_safetensors import st_bytes  # noqa: E402
 
 

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from cluster import cluster_factory, etcd  # noqa: F401
 from test_safetensors import ST_DTYPES, st_bytes, st_read, st_shards, state_tensors
 from test_store import make_full, write_full
 
