@@ -42,3 +42,6 @@ echo "== three nodes on this machine, one etcd: a node-set change, then a node k
 echo
 echo "== real training: a GPT (PyTorch, gloo on CPU) changes tp, pp and dp in the middle of its run"
 /usr/bin/python3 examples/elastic_train.py --steps-per-layout 4
+echo
+echo "== elastic without a human: kill -9 of a node mid-step, the job relays itself out, the node returns"
+/usr/bin/python3 examples/elastic_auto.py
