@@ -24,7 +24,9 @@ Refusals raise MlfsError with status.json's reason. `mlfs.torch` (PyTorch,
 imported on first use) maps models and optimizers to partitions, and imports and
 exports whole state dicts (import_state_dict, export_state_dict);
 `mlfs.megatron.import_checkpoint` imports a Megatron-LM checkpoint (mp_rank_*);
-`mlfs.testing` starts etcd and daemons on this machine for examples and tests.
+`mlfs.testing` starts etcd and daemons on this machine for examples and tests;
+`mlfs.elastic` is one node's agent that restarts its workers in each layout an
+elastic job's controller commits (`python3 -m mlfs.elastic --mnt M -- cmd`).
 """
 import importlib
 
@@ -39,7 +41,7 @@ _LAZY = {"to_torch": "torch", "from_torch": "torch"}  # names of submodules that
 def __getattr__(name):
     """mlfs.torch, mlfs.testing, mlfs.megatron, mlfs.to_torch, ...: imported when first used, so that
     `import mlfs` costs no `import torch`."""
-    if name in ("torch", "testing", "megatron"):
+    if name in ("torch", "testing", "megatron", "elastic"):
         return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

@@ -383,3 +383,29 @@ def test_testing_start_refuses_what_cannot_run(tmp_path):
             with mlfs.testing.start(tmp=str(tmp_path / "job"), **kw):
                 pass
         assert not (tmp_path / "job").exists()
+
+
+def test_elastic_batch_plan_and_agent_refusals(mount):
+    """mlfs.elastic: a DP rank's share of the global batch and its micro-batches, refused
+    when dp does not split the batch into whole micro-batches; an agent without a
+    worker command, or on a path that is not a mount, refuses to start."""
+    import mlfs.elastic as me
+    cfg = {"dataset": {"global_batch": 16}}
+    assert me.batch_plan(cfg, 2, 1) == (16, 8)
+    assert me.batch_plan(cfg, 2, 4) == (4, 2)
+    with pytest.raises(mlfs.MlfsError, match="over dp 3 is not whole micro-batches of 2"):
+        me.batch_plan(cfg, 2, 3)
+    with pytest.raises(mlfs.MlfsError, match="over dp 16 is not whole micro-batches of 2"):
+        me.batch_plan(cfg, 2, 16)
+    r = subprocess.run([sys.executable, "-m", "mlfs.elastic", "--mnt", str(mount.path)],
+                       capture_output=True, text=True, env=dict(os.environ,
+                       PYTHONPATH=str(ROOT / "python")))
+    assert r.returncode == 2 and "the worker's command line is missing" in r.stderr, r.stderr
+    with pytest.raises(mlfs.MlfsError, match="not an mlfs mount"):
+        me.Agent(str(ROOT), ["true"])
+    # A worker's view of its layout: unchanged, then changed by a reconfiguration.
+    mnt = mlfs.Mount(mount.path)
+    mnt.set_up(small_schema(), config(1, 1))
+    assert not me.layout_changed(mnt, 1)
+    mnt.reconfigure({"tp": 2})
+    assert me.layout_changed(mount.path, 1) and not me.layout_changed(mnt, 2)

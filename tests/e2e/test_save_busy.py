@@ -73,3 +73,30 @@ def test_save_fails_after_its_bound(mount):
     assert me.saved_step() == 1
     assert ctl(mount, op="abort", version=2, reason="test")[0] == 0
     me.mark_step(1)  # writes are open again
+
+
+def test_a_writer_of_an_old_layout_writes_nothing(mount):
+    """A rank that did not notice a reconfiguration (committed while it computed, as an
+    elastic job's controller does) saves after it: its paths exist in the new layout
+    (dp 1 -> 2 keeps rank 0's partitions, at the step the new layout was built from), so
+    without the package's check its save would write them there. It raises ESTALE
+    before the first open, and every partition and the step are the new layout's
+    (docs/decisions.md, "A writer of an old layout")."""
+    mnt = mlfs.Mount(mount.path)
+    mnt.set_up(small_schema(), config(1, 1))
+    me = mnt.rank(0)
+    job = Job(1, seed=1, main=False)
+    job.step(grads(1, 0, seed=2))
+    job.save(me, 1)
+    before = {(s, n): me.load(s, n, mapped=False).clone() for s, n in job.state()}
+    mnt.reconfigure({"dp": 2})  # version 2: rank 0 keeps its tensors, at step 1
+    job.step(grads(1, 0, seed=3))
+    with pytest.raises(mlfs.MlfsError, match="layout is version 2, not this rank's 1") as e:
+        job.save(me, 2)
+    assert e.value.errno == errno.ESTALE
+    now = mnt.rank(0)
+    assert now.version == 2 and now.saved_step() == 1
+    for key, want in before.items():  # nothing of the stale save reached the new layout
+        assert torch.equal(now.load(*key, mapped=False), want), key
+    job.save(now, 2)  # a rank of the new layout saves
+    assert now.saved_step() == 2
