@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from test_safetensors import ST_DTYPES, st_bytes, st_read, st_shards, state_tensors
+from test_safetensors import (ST_DTYPES, mixed_schema, st_bytes, st_read, st_shards,
+                              state_tensors)
 from test_store import make_full, write_full
 
 import mlfs
@@ -27,27 +28,8 @@ NODES = ["n0", "n1", "n2", "n3"]
 
 
 def schema(states=("model",)):
-    """bf16 weights (padded vocab, fused chunks, a dim-1 split), fp32 norms and fc, a
-    tied output; two layers, so that pp 2 puts each on its own stage."""
-    s = {
-        "model": "mixed", "num_layers": 2,
-        "states": {k: ({} if k == "model" else {"dtype": "float32"}) for k in states},
-        "tensors": [
-            {"name": "embedding/weight", "dtype": "bfloat16", "shape": [100, 64],
-             "split": {"dim": 0, "pad_multiple": 8}, "place": "first"},
-            {"name": "layers/{L}/qkv/weight", "dtype": "bfloat16", "shape": [192, 64],
-             "split": {"dim": 0, "chunks": 3}},
-            {"name": "layers/{L}/proj/weight", "dtype": "bfloat16", "shape": [64, 64],
-             "split": {"dim": 1}},
-            {"name": "layers/{L}/norm/weight", "dtype": "float32", "shape": [64]},
-            {"name": "layers/{L}/fc/weight", "dtype": "float32", "shape": [512, 128],
-             "split": {"dim": 0, "chunks": 2}},
-            {"name": "final_norm/weight", "dtype": "float32", "shape": [64], "place": "last"},
-            {"name": "output/weight", "dtype": "bfloat16", "shape": [100, 64],
-             "split": {"dim": 0, "pad_multiple": 8}, "place": "last",
-             "tied": "embedding/weight"},
-        ]}
-    return s
+    """test_safetensors.py's mixed schema with a smaller fc."""
+    return mixed_schema(states, fc=(512, 128))
 
 
 def cfg(version, tp, pp, dp=1, nodes=NODES):

@@ -73,11 +73,13 @@ def state_tensors(schema, full, state):
             for name, spec, _ in expand(schema) if "tied" not in spec]
 
 
-def mixed_schema():
-    """bf16 weights, fp32 norms, an fp32 optimizer state; fused and padded splits."""
+def mixed_schema(states=("model", "optim/exp_avg"), fc=(1024, 256)):
+    """bf16 weights, fp32 norms and fc (@fc: its shape), the @states beyond "model" in
+    fp32; fused and padded splits, a dim-1 split, a tied output; two layers, so that
+    pp 2 puts each on its own stage."""
     return {
         "model": "mixed", "num_layers": 2,
-        "states": {"model": {}, "optim/exp_avg": {"dtype": "float32"}},
+        "states": {k: ({} if k == "model" else {"dtype": "float32"}) for k in states},
         "tensors": [
             {"name": "embedding/weight", "dtype": "bfloat16", "shape": [100, 64],
              "split": {"dim": 0, "pad_multiple": 8}, "place": "first"},
@@ -86,7 +88,7 @@ def mixed_schema():
             {"name": "layers/{L}/proj/weight", "dtype": "bfloat16", "shape": [64, 64],
              "split": {"dim": 1}},
             {"name": "layers/{L}/norm/weight", "dtype": "float32", "shape": [64]},
-            {"name": "layers/{L}/fc/weight", "dtype": "float32", "shape": [1024, 256],
+            {"name": "layers/{L}/fc/weight", "dtype": "float32", "shape": list(fc),
              "split": {"dim": 0, "chunks": 2}},
             {"name": "final_norm/weight", "dtype": "float32", "shape": [64], "place": "last"},
             {"name": "output/weight", "dtype": "bfloat16", "shape": [100, 64],

@@ -24,13 +24,19 @@ def later(seconds, fn):
     return th
 
 
-def prepared_job(mount):
+def saved_job(mount):
+    """A job of one rank that saved step 1; (mount, rank, job)."""
     mnt = mlfs.Mount(mount.path)
     mnt.set_up(small_schema(), config(1, 1))
     me = mnt.rank(0)
     job = Job(1, seed=1, main=False)
     job.step(grads(1, 0, seed=2))
     job.save(me, 1)
+    return mnt, me, job
+
+
+def prepared_job(mount):
+    mnt, me, job = saved_job(mount)
     assert prepare(mount, config(2, 2))[0] == 0
     wait_state(mount, "prepared")
     job.step(grads(1, 0, seed=3))
@@ -82,12 +88,7 @@ def test_a_writer_of_an_old_layout_writes_nothing(mount):
     without the package's check its save would write them there. It raises ESTALE
     before the first open, and every partition and the step are the new layout's
     (docs/decisions.md, "A writer of an old layout")."""
-    mnt = mlfs.Mount(mount.path)
-    mnt.set_up(small_schema(), config(1, 1))
-    me = mnt.rank(0)
-    job = Job(1, seed=1, main=False)
-    job.step(grads(1, 0, seed=2))
-    job.save(me, 1)
+    mnt, me, job = saved_job(mount)
     before = {(s, n): me.load(s, n, mapped=False).clone() for s, n in job.state()}
     mnt.reconfigure({"dp": 2})  # version 2: rank 0 keeps its tensors, at step 1
     job.step(grads(1, 0, seed=3))
