@@ -83,23 +83,6 @@ class Node:
         return self.err.read()[-3000:]
 
 
-def master_port():
-    """A base for MASTER_PORT (plus the version) below the ephemeral ports (32768 and
-    up on Linux), which the daemons' and gloo's connections take: a port of that range
-    free now may be a connection's a moment later."""
-    import random
-    import socket
-    while True:
-        base = random.randrange(20000, 30000)
-        try:
-            for p in range(base, base + 8):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-
-
 def watch_versions(cl, live, stop, seen):
     """Records {version: wall time when every live node was idle at it} until @stop."""
     while not stop.is_set():
@@ -152,7 +135,7 @@ def run_elastic(tmp, steps, say=print):
         et.set_up(mounts, work, layout, extra={"elastic": ELASTIC})
         first = cl.client("n0")
         say(f"-- version 1: {et.layout_name(layout)}, elastic {json.dumps(ELASTIC)}")
-        port = master_port()  # MASTER_PORT's base, the same on every node
+        port = testing.free_port()  # MASTER_PORT's base (plus the version): every node's
         agents = {i: Node(i, mounts[i], steps, port, events, lock) for i in NODES}
         live = list(NODES)
         stop, seen = threading.Event(), {}

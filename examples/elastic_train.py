@@ -24,7 +24,6 @@ The functions (set_up, train_run, ...) are what tests/e2e/test_training.py runs.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -191,10 +190,7 @@ def set_up(mnt_path, work, layout, dtype="float32", extra=None):
 
 # --- running the workers -------------------------------------------------------------------
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = testing.free_port  # below the ephemeral ports: see its doc
 
 
 def run_workers(mnt_path, world, steps, data="mount", timeout=300):

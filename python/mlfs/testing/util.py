@@ -2,6 +2,7 @@
 and waiting with a bound."""
 import errno
 import os
+import random
 import shutil
 import socket
 import threading
@@ -33,9 +34,37 @@ class ClusterError(AssertionError):
     runner reports it as a failed check; the message shows what was seen."""
 
 
+def _ephemeral():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = map(int, f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_EPHEMERAL = _ephemeral()
+
+
 def free_port():
-    """A TCP port of 127.0.0.1 that nothing listens on (now)."""
-    with socket.socket() as s:
+    """A TCP port of 127.0.0.1 that nothing listens on (now), below the ephemeral range
+    the kernel gives outgoing connections (32768 and up): a port of that range free now
+    may be a connection's (etcd's, a daemon's, gloo's) a moment later, before the daemon
+    or etcd that was to listen on it starts; one below it is taken only by another
+    listener. Random, so that jobs started side by side do not pick the same ports."""
+    lo = 10000
+    hi = _EPHEMERAL[0] - 1000 if _EPHEMERAL[0] > lo + 2000 else 65535  # room for port + k
+    for _ in range(1000):
+        port = random.randrange(lo, hi)
+        if _EPHEMERAL[0] <= port <= _EPHEMERAL[1]:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the whole range is taken: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
