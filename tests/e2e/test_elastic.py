@@ -24,7 +24,9 @@ def elastic(version, tp, pp, dp, nodes, lo=2, hi=4):
 
 def controller(cl):
     kv = cl.keys().get("controller")
-    return kv.value.decode() if isinstance(kv.value, bytes) else kv.value if kv else None
+    if kv is None:  # none now: between the old controller's lease and the next election
+        return None
+    return kv.value.decode() if isinstance(kv.value, bytes) else kv.value
 
 
 def wait_committed(cl, version, timeout=60):
