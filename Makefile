@@ -162,6 +162,7 @@ bench: deps
 	$(PY) tests/bench/bench_stview.py --size-mib 256
 	$(PY) tests/bench/bench_control.py --nodes 4,16,32,64
 	$(PY) tests/bench/bench_sim.py --nodes 1000,10000 --timeout 120
+	$(PY) tests/bench/bench_sim.py --nodes 10000 --timeout 120 --sim-args "--to-nodes 1"
 	$(PY) tests/bench/bench_sim.py --nodes 10000 --watches 100 --timeout 150 \
 		--sim-args "--keepalive-ms 10000 --lease-ttl 30"
 

@@ -8,17 +8,18 @@
  *                        -> propose (as st->propose), attempt, nodeentry,
  *                           join, jobkeys, mirror, backup
  *   mlfs_propose.c     schema.json and config.json writes proposed to etcd
- *                        -> attempt, join, jobkeys, jobsync
+ *                        -> attempt, join, jobkeys, jobsync, idset
  *   mlfs_attempt.c     a round: a snapshot, mlfs_decide, its actions carried
  *                      out (prepare, vote, commit, discard, lost)
- *                        -> decide, nodeentry, jobkeys, jobsync
+ *                        -> decide, idset, nodeentry, jobkeys, jobsync
  *   mlfs_decide.c      the decisions: a pure function (decide_i.h)
+ *   mlfs_idset.c       node ids indexed and packed as ranges (decide_i.h)
  *   mlfs_nodeentry.c   this node's entry in etcd, the others' in status.json
  *                        -> jobkeys, backup
  *   mlfs_join.c        joining the job, the job's cluster.json growing
  *                        -> jobkeys
  *   mlfs_jobkeys.c     the job's etcd keys: names, one read of them all
- *                        -> mirror
+ *                        -> mirror, idset
  *   mlfs_mirror.c      the job's keys in memory: a range, then a watch
  *   mlfs_peerserver.c  the data plane's server: rows, job/ files, health
  *                        -> backup, jobsync, peerclient
@@ -158,6 +159,8 @@ struct mlfs_cluster {
 	pthread_cond_t keepalive_cond; /* the keep-alive thread's (stop) */
 	bool wake;		       /* wake_lock */
 	int64_t rounds;		       /* the control thread's, for figures */
+	bool publish_failed;	       /* the control thread's: its entry put failed */
+	int64_t publish_at_ms; /* the control thread's: no entry put before (after a commit) */
 
 	pthread_mutex_t lock;
 	json_t *attempt;      /* lock: the attempt as last read, or NULL */

@@ -13,6 +13,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "store/store.h"
 
 /* A node's vote on the attempt in progress (one naming that attempt's id). */
@@ -160,6 +162,78 @@ int mlfs_jobimport_refusal(const struct ptc_config *c, const json_t *nodes, bool
  * -EIO; code 0 and empty when none). Pure. */
 bool mlfs_jobimport_outcome(const struct ptc_config *c, const json_t *nodes, const char *id,
 			    json_t *out, struct ptc_error *err);
+
+/* The keep-alives a second a job's nodes send etcd, at most. */
+#define MLFS_KEEPALIVES_PER_S 1000
+
+/*
+ * The lease of a node of a job of @nnodes nodes: its TTL in seconds into
+ * *@ttl_s, the interval between its keep-alives in ms into *@every_ms.
+ * Up to MLFS_KEEPALIVES_PER_S nodes, 5 s and 1 s (a dead node is seen in
+ * about 5 s). Beyond, one keep-alive per node every N ms, so that etcd
+ * sees MLFS_KEEPALIVES_PER_S a second whatever N (7,400 a second took
+ * most of a 2-core etcd at 10,000 nodes), with a TTL of 3 intervals
+ * (two keep-alives may be lost or late): 10 s and 30 s at 10,000 nodes,
+ * as Kubernetes renews a node's lease of 40 s every 10 s. Pure.
+ */
+void mlfs_lease_schedule(int nnodes, int *ttl_s, int *every_ms);
+
+/*
+ * How long (ms) a node whose layout is retained after a commit waits for
+ * its coordinator's announcement (rule 8) before it reads every node's
+ * entry itself (its coordinator may be gone), in a job of @nnodes nodes:
+ * 2 s up to 1,000 nodes, 2 ms per node beyond (20 s at 10,000). The
+ * coordinator announces once it saw every participant's swap, which at
+ * 10,000 nodes takes etcd seconds (10,000 entry puts); a fallback before
+ * that made each of 10,000 nodes read 10,000 entries (2 MB each). Pure.
+ */
+int mlfs_release_wait_ms(int nnodes);
+
+/*
+ * How long (ms) node @node (its index in the cluster) of a job of @nnodes
+ * nodes waits after a commit before it puts its entry: 0 up to 1,000
+ * nodes; beyond, its index in ms, so that the N puts after a commit reach
+ * etcd at 1,000 a second (as the keep-alives do) instead of at once: at
+ * 10,000 nodes most of 10,000 puts at once timed out on the client's 2 s.
+ * The coordinator's announcement (rule 8) comes up to N ms later. Pure.
+ */
+int mlfs_publish_delay_ms(int nnodes, int node);
+
+/* One node of a snapshot by id (mlfs_snap_index). */
+struct mlfs_snap_key {
+	const char *id; /* borrowed from the node */
+	int node;	/* its index in the snapshot's nodes */
+};
+
+/*
+ * @keys (room for @nnodes) := the ids of @nodes sorted (strcmp), for
+ * mlfs_snap_find: the snapshot marks the attempt's participants, the last
+ * commit's and the coordinator's votes through it, once per id listed,
+ * not once per node and id listed (quadratic: 0.35 s a round at 10,000
+ * nodes). Pure; any thread.
+ */
+void mlfs_snap_index(const struct mlfs_snap_node *nodes, int nnodes, struct mlfs_snap_key *keys);
+
+/* The index in the snapshot's nodes of the node whose id is exactly the
+ * @len bytes at @id (no NUL needed), by @keys (mlfs_snap_index of
+ * @nnodes nodes); -1 when none. O(log N), pure; any thread. */
+int mlfs_snap_find(const struct mlfs_snap_key *keys, int nnodes, const char *id, size_t len);
+
+/*
+ * The node ids @ids (a JSON array of @cl's ids, in @cl's order, no
+ * repeats) as ranges of their indices in @cl, "0-4999,5001": what the
+ * attempt in etcd holds as its participants, so that every node's watch
+ * gets a few bytes, not every id. A new string (free()), or NULL when an
+ * id is not @cl's or out of its order, or out of memory (the caller then
+ * keeps the array). Pure; any thread.
+ */
+char *mlfs_ids_pack(const json_t *ids, const struct ptc_cluster *cl);
+
+/* The ids @packed names (mlfs_ids_pack's form) as a new JSON array of
+ * @cl's ids in its order; NULL with @err when @packed is malformed, not
+ * ascending or names a node outside @cl, or out of memory. Pure; any
+ * thread. */
+json_t *mlfs_ids_unpack(const char *packed, const struct ptc_cluster *cl, struct ptc_error *err);
 
 /* The name of @a ("commit", "vote-ready", ...), for logs and tests. */
 const char *mlfs_act_name(enum mlfs_act a);

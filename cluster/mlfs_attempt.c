@@ -52,19 +52,6 @@ void mlfs_attempt_vote_failed(struct mlfs_cluster *c, int64_t to, const char *ai
 	vote(c, to, aid, v);
 }
 
-/* The vote of @id on attempt @to (the votes mirror's: a coordinator's
- * @k): NULL when none. */
-static const struct net_etcd_kv *vote_of(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
-					 int64_t to, const char *id)
-{
-	char want[512];
-	mlfs_jobkeys_vote_name(c, want, sizeof(want), "%" PRId64 "/%s", to, id);
-	for (size_t i = 0; i < k->nvotes; i++)
-		if (strcmp(k->votes[i].key, want) == 0)
-			return &k->votes[i];
-	return NULL;
-}
-
 /* ---------------------------------------------------------- coordinator */
 
 /* The coordinator ends its attempt: commit (@reason NULL) or abort. Only
@@ -226,15 +213,13 @@ struct round {
 	const char *aid; /* the attempt in etcd's id, or NULL */
 };
 
-/* A node's vote on attempt @aid (to @to) in @k, and its reason. */
-static enum mlfs_vote vote_on(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
-			      const char *aid, const char *id, const char **reason)
+/* The vote @v (a vote key's value) on attempt @aid, and its reason. */
+static enum mlfs_vote vote_in(const struct net_etcd_kv *v, const char *aid, const char **reason)
 {
-	const struct net_etcd_kv *v = vote_of(c, k, to, id);
 	size_t n = strlen(aid);
 
 	*reason = NULL;
-	if (!v || strncmp(v->value, aid, n) != 0 || v->value[n] != ' ')
+	if (strncmp(v->value, aid, n) != 0 || v->value[n] != ' ')
 		return MLFS_VOTE_NONE; /* none yet for this attempt */
 	if (strncmp(v->value + n + 1, "ready", 5) == 0)
 		return MLFS_VOTE_READY;
@@ -242,6 +227,43 @@ static enum mlfs_vote vote_on(struct mlfs_cluster *c, const struct mlfs_jobkeys 
 	if (strncmp(*reason, "failed: ", 8) == 0)
 		*reason += 8;
 	return MLFS_VOTE_FAILED;
+}
+
+/* The participants' votes on attempt @aid (to @to) in @k (the votes
+ * mirror's: a coordinator's) into @r's nodes, found by @keys. */
+static void votes_on(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
+		     const char *aid, const struct mlfs_snap_key *keys, struct round *r, int nnodes)
+{
+	char pre[512];
+	mlfs_jobkeys_vote_name(c, pre, sizeof(pre), "%" PRId64 "/", to);
+	size_t plen = strlen(pre);
+	for (size_t i = 0; i < k->nvotes; i++) {
+		const char *key = k->votes[i].key;
+		if (strncmp(key, pre, plen) != 0)
+			continue;
+		int n = mlfs_snap_find(keys, nnodes, key + plen, strlen(key + plen));
+		if (n >= 0 && r->nodes[n].participant)
+			r->nodes[n].vote = vote_in(&k->votes[i], aid, &r->nodes[n].reason);
+	}
+}
+
+/* Marks each node named in the JSON array @ids, found by @keys: a
+ * participant of the attempt (@participant), else one the last commit
+ * waits for (swap_waited). */
+static void mark_ids(const json_t *ids, const struct mlfs_snap_key *keys, struct round *r,
+		     int nnodes, bool participant)
+{
+	size_t i;
+	json_t *p;
+	json_array_foreach(ids, i, p)
+	{
+		const char *id = json_string_value(p);
+		int n = id ? mlfs_snap_find(keys, nnodes, id, strlen(id)) : -1;
+		if (n >= 0 && participant)
+			r->nodes[n].participant = true;
+		else if (n >= 0)
+			r->nodes[n].swap_waited = true;
+	}
 }
 
 /* This node's vote on attempt @aid, as it put it. */
@@ -265,8 +287,11 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 	const json_t *parts = k->attempt_j ? json_object_get(k->attempt_j, "participants") : NULL;
 
 	memset(r, 0, sizeof(*r));
-	if (!(r->nodes = calloc((size_t)cl->nnodes, sizeof(*r->nodes))))
+	struct mlfs_snap_key *keys = calloc((size_t)(cl->nnodes ? cl->nnodes : 1), sizeof(*keys));
+	if (!keys || !(r->nodes = calloc((size_t)cl->nnodes, sizeof(*r->nodes)))) {
+		free(keys);
 		return -ENOMEM;
+	}
 	pthread_mutex_lock(&c->lock);
 	json_t *swap_wait = json_incref(c->swap_wait); /* replaced, never changed */
 	pthread_mutex_unlock(&c->lock);
@@ -289,15 +314,18 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 		sn->up = e != NULL;
 		sn->version = json_integer_value(json_object_get(e, "version"));
 		sn->lost = state && strcmp(state, "lost") == 0;
-		sn->participant = r->aid && mlfs_cluster_ids_has(parts, sn->id);
-		sn->swap_waited = mlfs_cluster_ids_has(swap_wait, sn->id);
-		/* Every participant's vote as etcd has it, for the coordinator;
-		 * this node's own as it put it (the others read no votes). */
-		if (sn->participant && k->votes)
-			sn->vote = vote_on(c, k, r->att.to, r->aid, sn->id, &sn->reason);
-		else if (sn->participant && n == st->node)
-			sn->vote = own_vote(c, r->aid);
 	}
+	mlfs_snap_index(r->nodes, cl->nnodes, keys);
+	if (r->aid)
+		mark_ids(parts, keys, r, cl->nnodes, true);
+	mark_ids(swap_wait, keys, r, cl->nnodes, false);
+	/* Every participant's vote as etcd has it, for the coordinator; this
+	 * node's own as it put it (the others read no votes). */
+	if (r->aid && k->votes)
+		votes_on(c, k, r->att.to, r->aid, keys, r, cl->nnodes);
+	else if (r->aid && r->nodes[st->node].participant)
+		r->nodes[st->node].vote = own_vote(c, r->aid);
+	free(keys);
 	s->etcd_ok = etcd_ok;
 	s->revision = k->revision;
 	s->lease_expired = atomic_load(&c->lease_expired);
@@ -433,6 +461,9 @@ static void act_commit(struct mlfs_cluster *c, int64_t version)
 	c->swap_since_ms = mlfs_cluster_now_ms();
 	c->prep_parts = NULL;
 	pthread_mutex_unlock(&c->lock);
+	/* the N entry puts after a commit, spread past 1,000 nodes */
+	c->publish_at_ms =
+	    mlfs_cluster_now_ms() + mlfs_publish_delay_ms(mlfs_store_cluster(st)->nnodes, st->node);
 	if (c->job && c->job_to == version) {
 		pthread_mutex_lock(&st->lock);
 		struct mlfs_job *old = st->job;

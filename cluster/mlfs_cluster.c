@@ -34,12 +34,14 @@
  *                    later one.
  * Keys under /mlfs-nodes/<job>/, which a node follows only while it needs
  * them (need_peers: it coordinates, or announces the release of its
- * commit, or waited 2 s for that announcement, or keeps backups);
+ * commit, or waited 2 s for that announcement (longer past 1,000 nodes:
+ * mlfs_release_wait_ms), or keeps backups);
  * status.json and mlfs snapshot read them when the node does not:
  *   <id>             {"addr","devices","pid","version","state","steps",
  *                    "backup","restore"}, bound to this node's lease (TTL
- *                    MLFS_LEASE_TTL s, kept alive every second): gone = the
- *                    node is down (mlfs_nodeentry.c). "state" is the last
+ *                    5 s, kept alive every second; longer past 1,000
+ *                    nodes: mlfs_lease_schedule): gone = the node is
+ *                    down (mlfs_nodeentry.c). "state" is the last
  *                    settled one (idle, failed, lost). A node's retained
  *                    layout is in its /v1/health, not here.
  *   saved/<id>       the newest step the node ever saved, bound to no
@@ -130,9 +132,10 @@ static void reconf_changed(void *arg)
 /* Whether this node follows the nodes' entries now: it coordinates an
  * attempt (who is down: rule 7), it made the last commit and waits for
  * every participant's swap to announce it (rule 8), a retained layout
- * waited for an announcement for 2 s (its coordinator may be gone: it
- * looks itself), or it keeps backups (the steps of the node it backs
- * up). Otherwise no node's entry put reaches it. */
+ * waited for an announcement for 2 s (mlfs_release_wait_ms; its
+ * coordinator may be gone: it looks itself), or it keeps backups (the
+ * steps of the node it backs up). Otherwise no node's entry put reaches
+ * it. */
 static bool need_peers(struct mlfs_cluster *c)
 {
 	struct mlfs_view *v = mlfs_store_view(c->st);
@@ -142,7 +145,8 @@ static bool need_peers(struct mlfs_cluster *c)
 	/* (announce is set by the commit transaction, before this node's
 	 * own swap sets swap_wait: the entries stay followed between) */
 	bool need = backups || c->mine != NULL || c->announce || mlfs_controller_leading(c->ctl) ||
-		    (c->swap_wait && mlfs_cluster_now_ms() - c->swap_since_ms >= 2000);
+		    (c->swap_wait && mlfs_cluster_now_ms() - c->swap_since_ms >=
+					 mlfs_release_wait_ms(mlfs_store_cluster(c->st)->nnodes));
 	pthread_mutex_unlock(&c->lock);
 	return need;
 }
@@ -217,7 +221,8 @@ static void round_once(struct mlfs_cluster *c)
 	/* What this round changed (a commit: the version; a state) is the
 	 * job's at once: a config proposed right after a commit waits for
 	 * every node's version. */
-	mlfs_nodeentry_publish(c, &why);
+	if (mlfs_cluster_now_ms() >= c->publish_at_ms) /* mlfs_publish_delay_ms */
+		c->publish_failed = mlfs_nodeentry_publish(c, &why) != 0;
 	/* This round may have changed the need for the entries: a release
 	 * ends it (no put of theirs should reach this node until its next
 	 * round), a first layout with backups starts it (the backup thread
@@ -233,10 +238,14 @@ static void round_once(struct mlfs_cluster *c)
 
 /* How long the control thread may sleep without a wake-up: while etcd is
  * unreachable it retries every 200 ms; while an attempt is in progress
- * (a deadline may pass) every second; while a retained layout waits for
- * its announcement, until it has waited 2 s (then it follows the entries
- * itself: need_peers) and every second after; otherwise only a change
- * wakes it (a long nap, as a safety net). */
+ * (a deadline may pass) every second; after its entry put failed, once
+ * per keep-alive interval (mlfs_lease_schedule: 1 s up to 1,000 nodes,
+ * then no more than 1,000 retries a second in the job); while a
+ * retained layout waits for its announcement, until it has waited 2 s
+ * (mlfs_release_wait_ms; then it follows the entries itself: need_peers)
+ * and every second after; until its entry put after a commit is due
+ * (mlfs_publish_delay_ms); otherwise only a change wakes it (a long nap,
+ * as a safety net). */
 static int nap_ms(struct mlfs_cluster *c)
 {
 	pthread_mutex_lock(&c->lock);
@@ -245,9 +254,19 @@ static int nap_ms(struct mlfs_cluster *c)
 	pthread_mutex_unlock(&c->lock);
 	if (etcd || (need_peers(c) && !mlfs_mirror_live(&c->peers)))
 		return 200;
-	if (swap >= 0 && swap < 2000)
-		return (int)(2000 - swap) + 10;
-	return att || swap >= 0 ? 1000 : 30000;
+	int wait = mlfs_release_wait_ms(mlfs_store_cluster(c->st)->nnodes);
+	int ms = swap >= 0 && swap < wait ? (int)(wait - swap) + 10
+		 : att || swap >= 0	  ? 1000
+					  : 30000;
+	if (c->publish_failed) { /* the job has not seen what this node did */
+		int ttl_s, every_ms;
+		mlfs_lease_schedule(mlfs_store_cluster(c->st)->nnodes, &ttl_s, &every_ms);
+		ms = every_ms < ms ? every_ms : ms;
+	}
+	int64_t put_in = c->publish_at_ms - mlfs_cluster_now_ms(); /* after a commit */
+	if (put_in > 0 && put_in < ms)
+		ms = (int)put_in + 1;
+	return ms;
 }
 
 static void *cluster_main(void *arg)

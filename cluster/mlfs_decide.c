@@ -275,6 +275,28 @@ int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
 	return rc == 0;
 }
 
+void mlfs_lease_schedule(int nnodes, int *ttl_s, int *every_ms)
+{
+	*every_ms = nnodes > MLFS_KEEPALIVES_PER_S
+			? (int)((int64_t)nnodes * 1000 / MLFS_KEEPALIVES_PER_S)
+			: 1000;
+	*ttl_s = *every_ms * 3 / 1000 > 5 ? *every_ms * 3 / 1000 : 5;
+}
+
+int mlfs_release_wait_ms(int nnodes)
+{
+	return nnodes > 1000 ? 2 * nnodes : 2000;
+}
+
+int mlfs_publish_delay_ms(int nnodes, int node)
+{
+	int ttl_s, every_ms;
+	mlfs_lease_schedule(nnodes, &ttl_s, &every_ms);
+	return nnodes > MLFS_KEEPALIVES_PER_S && node >= 0 && node < nnodes
+		   ? (int)((int64_t)node * every_ms / nnodes)
+		   : 0;
+}
+
 const char *mlfs_act_name(enum mlfs_act a)
 {
 	static const char *const names[] = {

@@ -123,6 +123,14 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 	}
 	if (k->attempt)
 		k->attempt_j = json_loadb(k->attempt->value, k->attempt->len, 0, NULL);
+	const char *packed = json_string_value(json_object_get(k->attempt_j, "participants"));
+	if (packed) { /* mlfs_ids_pack's ranges, as the coordinator put them */
+		struct ptc_error err;
+		json_t *ids = mlfs_ids_unpack(packed, mlfs_store_cluster(c->st), &err);
+		if (!ids)
+			mlfs_log(MLFS_LOG_WARNING, "cluster: etcd's attempt: %s", err.text);
+		json_object_set_new(k->attempt_j, "participants", ids ? ids : json_array());
+	}
 	k->committed = k->config ? config_version(k->config->value, k->config->len) : 0;
 }
 

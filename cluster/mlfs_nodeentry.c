@@ -19,8 +19,6 @@
 
 #include "cluster/cluster_i.h"
 
-#define MLFS_LEASE_TTL 5 /* seconds */
-
 /* This node's entry, but its state: what it serves (the current layout's
  * version) and its ranks' saved steps (not the retained layout's version:
  * its release would put every entry once more, and only a coordinator
@@ -181,7 +179,9 @@ int mlfs_nodeentry_read_saved(struct mlfs_cluster *c, struct ptc_error *err)
 int mlfs_nodeentry_register(struct mlfs_cluster *c, struct ptc_error *err)
 {
 	int64_t lease;
-	int rc = net_etcd_lease_grant(c->etcd, MLFS_LEASE_TTL, &lease, NULL, err);
+	int ttl_s, every_ms;
+	mlfs_lease_schedule(mlfs_store_cluster(c->st)->nnodes, &ttl_s, &every_ms);
+	int rc = net_etcd_lease_grant(c->etcd, ttl_s, &lease, NULL, err);
 
 	if (rc)
 		return rc;
@@ -204,8 +204,15 @@ void *mlfs_nodeentry_keepalive_main(void *arg)
 	pthread_mutex_lock(&c->wake_lock);
 	while (!atomic_load(&c->stop)) {
 		struct timespec t;
+		int ttl_s, every_ms;
+		mlfs_lease_schedule(mlfs_store_cluster(c->st)->nnodes, &ttl_s, &every_ms);
 		clock_gettime(CLOCK_REALTIME, &t);
-		t.tv_sec += 1;
+		t.tv_sec += every_ms / 1000;
+		t.tv_nsec += (long)(every_ms % 1000) * 1000000L;
+		if (t.tv_nsec >= 1000000000L) {
+			t.tv_sec++;
+			t.tv_nsec -= 1000000000L;
+		}
 		pthread_cond_timedwait(&c->keepalive_cond, &c->wake_lock, &t);
 		if (atomic_load(&c->stop))
 			break;

@@ -441,6 +441,12 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	if (rc == 0 && a && (rc = mlfs_attempt_down(st, a, dn)) == 0)
 		rc = choose_source(c, k, cfg, a, dn);
 	json_decref(down);
+	/* every node's watch gets the attempt: its participants as ranges of
+	 * node indices, a few bytes (mlfs_jobkeys.c's parse expands them) */
+	char *packed = a ? mlfs_ids_pack(parts, mlfs_store_cluster(st)) : NULL;
+	if (packed)
+		json_object_set_new(a, "participants", json_string(packed));
+	free(packed);
 	*att = a ? json_dumps(a, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
 	json_decref(a);
 	*parts_out = parts;

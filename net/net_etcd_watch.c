@@ -95,6 +95,14 @@ static int take_message(struct net_etcd_watch *w, const json_t *msg)
 	return rc;
 }
 
+/* Whether the last byte of @buf (@len) that is not white space is '}'. */
+static bool ends_object(const char *buf, size_t len)
+{
+	while (len && strchr(" \t\r\n", buf[len - 1]))
+		len--;
+	return len && buf[len - 1] == '}';
+}
+
 static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
 {
 	struct net_etcd_watch *w = arg;
@@ -120,6 +128,12 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
 	}
 	memcpy(w->buf + w->len, p, n);
 	w->len += n;
+	/* A message ends with '}' (and, from etcd's gateway, a newline): the
+	 * buffer is parsed only when these bytes may end one, not again from
+	 * its start at each piece of a large message (an attempt of 50 KB came
+	 * in pieces, and parsing it at each was quadratic). */
+	if (!memchr(p, '\n', n) && !ends_object(w->buf, w->len))
+		return n;
 	/* Every complete value at the front of the buffer. */
 	size_t pos = 0;
 	while (pos < w->len) {

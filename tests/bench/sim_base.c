@@ -215,13 +215,17 @@ struct att *att_get(const char *raw, size_t len, int64_t mod)
 	a->parts = xcalloc((size_t)(S.n + 7) / 8, 1);
 	size_t k;
 	json_t *p;
-	json_array_foreach(json_object_get(j, "participants"), k, p)
+	/* mlfs_jobkeys.c's parse: the packed ranges expanded */
+	const char *packed = json_string_value(json_object_get(j, "participants"));
+	json_t *ids = packed ? mlfs_ids_unpack(packed, &S.cl, &(struct ptc_error){0}) : NULL;
+	json_array_foreach(ids, k, p)
 	{
 		const char *s = json_string_value(p);
 		int i = s ? node_index(s, strlen(s)) : -1;
 		if (i >= 0)
 			a->parts[i >> 3] |= (uint8_t)(1u << (i & 7));
 	}
+	json_decref(ids);
 	json_decref(j);
 	a->refs = 1;
 	pthread_mutex_lock(&S.att_lock);

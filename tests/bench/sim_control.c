@@ -8,6 +8,7 @@
  *       [--idle-seconds 10] [--etcd-pid P] [--job NAME] [--workers R]
  *       [--ka-workers K] [--keepalive-ms MS] [--lease-ttl S] [--timeout S]
  *       [--no-round-delay] [--join-rate NODES_PER_S] [--streams-per-process S]
+ *       [--to-nodes K]
  *
  * Prints one JSON object on stdout (the figures; bench_sim.py reads it),
  * progress on stderr. Exit 0 when every node swapped to version 2 and let
@@ -18,12 +19,16 @@
  * The daemon modelled is cluster/ as of the change that moved the nodes'
  * entries out of the job's keys (after commit c121aff: entries and saved
  * marks under /mlfs-nodes/<job>/, the "released" announcement, the
- * attempt's "step", the mirror's watch before its read). Each simulated
+ * attempt's "step", the mirror's watch before its read), with the
+ * attempt's participants packed as index ranges (mlfs_ids_pack), the
+ * snapshot's ids indexed (mlfs_snap_index) and the lease schedule of
+ * mlfs_lease_schedule. Each simulated
  * node is what one daemon's control plane does, with the daemon function
  * it replicates named where it happens below:
- *   - its lease: granted (TTL 5 s) by mlfs_nodeentry_register and kept
- *     alive by its own keep-alive "thread" 1 s after the previous one
- *     answered (mlfs_nodeentry_keepalive_main), one POST
+ *   - its lease: granted (TTL 5 s; past 1,000 nodes longer, by
+ *     mlfs_lease_schedule: 30 s at 10,000) by mlfs_nodeentry_register and
+ *     kept alive by its own keep-alive "thread" 1 s (10 s at 10,000 nodes)
+ *     after the previous one answered (mlfs_nodeentry_keepalive_main), one POST
  *     /v3/lease/keepalive each; etcd saying it expired flags it, and the
  *     next round registers again (mlfs_decide's REGISTER); its entry is
  *     /mlfs-nodes/<job>/<id>, bound to the lease;
@@ -86,8 +91,8 @@
  * How a simulated node differs from a daemon:
  *   - the daemon's CPU. A round's CPU in the daemon (mirror copy of the
  *     job's keys, of every entry and their parse while it follows them,
- *     the snapshot's linear searches of the participants and swap_wait
- *     lists, and the coordinator's of the votes: quadratic in N) is spent
+ *     the snapshot's index of the nodes and the participants, swap_wait
+ *     and the coordinator's votes found in it: N log N) is spent
  *     on its own machine. The simulator measures
  *     it once at start on a copy of that code ("daemon_round_ms") and
  *     waits it between a round's decision and its actions (the daemon
@@ -135,7 +140,8 @@
  * --watches G < N shares watch streams: G streams, each the view of N / G
  * nodes. That is NOT what the daemon does (the output says
  * "one_watch_per_node": false); it shows what etcd's fan-out costs. So do
- * --keepalive-ms and --lease-ttl other than 1000 and 5 ("daemon_schedule":
+ * --keepalive-ms and --lease-ttl other than the daemon's at this N
+ * (mlfs_lease_schedule: 1000 and 5 up to 1,000 nodes) ("daemon_schedule":
  * false).
  *
  * Not simulated: the job's cluster.json key and joins, saved/<id> puts and
@@ -221,7 +227,7 @@ static void usage(void)
 		"usage: sim_control --etcd URL --nodes N [--watches G] [--idle-seconds S]\n"
 		"       [--etcd-pid P] [--job NAME] [--workers R] [--ka-workers K]\n"
 		"       [--keepalive-ms MS] [--lease-ttl S] [--timeout S] [--no-round-delay]\n"
-		"       [--join-rate NODES_PER_S] [--streams-per-process S]\n");
+		"       [--join-rate NODES_PER_S] [--streams-per-process S] [--to-nodes K]\n");
 	exit(2);
 }
 
@@ -273,6 +279,8 @@ int main(int argc, char **argv)
 			S.ttl = atoi(v);
 		else if (strcmp(a, "--join-rate") == 0)
 			S.join_rate = atoi(v);
+		else if (strcmp(a, "--to-nodes") == 0)
+			S.to_nodes = atoi(v);
 		else if (strcmp(a, "--streams-per-process") == 0)
 			per_process = atoi(v);
 		else if (strcmp(a, "--child") == 0)
@@ -288,10 +296,12 @@ int main(int argc, char **argv)
 	snprintf(S.prefix, sizeof(S.prefix), MLFS_KEYS_JOB, S.job);
 	snprintf(S.vprefix, sizeof(S.vprefix), MLFS_KEYS_VOTES, S.job);
 	snprintf(S.nprefix, sizeof(S.nprefix), MLFS_KEYS_NODES, S.job);
+	int ttl_d, ka_d; /* the daemon's at this N (mlfs_nodeentry.c) */
+	mlfs_lease_schedule(S.n, &ttl_d, &ka_d);
 	if (S.ka_ms <= 0)
-		S.ka_ms = 1000; /* mlfs_nodeentry_keepalive_main */
+		S.ka_ms = ka_d;
 	if (S.ttl <= 0)
-		S.ttl = LEASE_TTL;
+		S.ttl = ttl_d;
 	if (S.ngroups <= 0 || S.ngroups > S.n)
 		S.ngroups = S.n; /* the daemon's: one watch per node */
 	S.per = (S.n + S.ngroups - 1) / S.ngroups;
@@ -341,14 +351,20 @@ int main(int argc, char **argv)
 	pthread_cond_init(&S.tcond, &ca);
 	pthread_condattr_destroy(&ca);
 	S.ids = xcalloc((size_t)S.n, sizeof(*S.ids));
-	for (int i = 0; i < S.n; i++)
+	S.cl.nnodes = S.n;
+	S.cl.nodes = xcalloc((size_t)S.n, sizeof(*S.cl.nodes));
+	for (int i = 0; i < S.n; i++) {
 		snprintf(S.ids[i], sizeof(S.ids[i]), "n%d", i);
+		S.cl.nodes[i].id = S.ids[i];
+	}
 	snprintf(S.schema, sizeof(S.schema),
 		 "{\"model\":\"tiny\",\"num_layers\":2,\"states\":{\"model\":{}},\"tensors\":["
 		 "{\"name\":\"layers/{L}/w\",\"dtype\":\"float32\",\"shape\":[64,64],"
 		 "\"split\":{\"dim\":0}}]}");
 	S.config1 = config_text(1, S.n);
-	S.config2 = config_text(2, (S.n + 1) / 2);
+	if (S.to_nodes <= 0 || S.to_nodes > S.n)
+		S.to_nodes = (S.n + 1) / 2;
+	S.config2 = config_text(2, S.to_nodes);
 	main_etcd = client();
 	int rc = 1;
 	if (child) {
@@ -390,9 +406,10 @@ int main(int argc, char **argv)
 	json_object_set_new(out, "lease_ttl_s", json_integer(S.ttl));
 	/* the daemon's: a watch per node, a keep-alive every second on a 5 s TTL */
 	json_object_set_new(out, "daemon_schedule",
-			    json_boolean(S.per == 1 && S.ka_ms == 1000 && S.ttl == LEASE_TTL));
+			    json_boolean(S.per == 1 && S.ka_ms == ka_d && S.ttl == ttl_d));
 	json_object_set_new(out, "round_delay", json_boolean(S.delay));
 	json_object_set_new(out, "join_rate", json_integer(S.join_rate));
+	json_object_set_new(out, "to_nodes", json_integer(S.to_nodes));
 	json_object_set_new(out, "daemon_round_ms",
 			    json_pack("{sfsfsfsfsf}", "idle", (double)S.cost.base / 1e6, "attempt",
 				      (double)(S.cost.base + S.cost.att + S.cost.ids) / 1e6,
@@ -409,7 +426,7 @@ int main(int argc, char **argv)
 	nchildren = nproc - 1;
 	children = xcalloc((size_t)nproc, sizeof(*children));
 	char costs[128], nodes_s[16], watches_s[16], ka_s[16], jr_s[16], spp_s[16], rw_s[16],
-	    kw_s[16], ttl_s[16];
+	    kw_s[16], ttl_s[16], to_s[16];
 	snprintf(costs, sizeof(costs), "%" PRId64 ":%" PRId64 ":%" PRId64 ":%" PRId64 ":%" PRId64,
 		 S.cost.base, S.cost.peers, S.cost.att, S.cost.ids, S.cost.votes);
 	snprintf(nodes_s, sizeof(nodes_s), "%d", S.n);
@@ -420,6 +437,7 @@ int main(int argc, char **argv)
 	snprintf(rw_s, sizeof(rw_s), "%d", user_workers);
 	snprintf(kw_s, sizeof(kw_s), "%d", user_ka);
 	snprintf(ttl_s, sizeof(ttl_s), "%d", S.ttl);
+	snprintf(to_s, sizeof(to_s), "%d", S.to_nodes);
 	char *base[] = {"sim_control", "--etcd",
 			(char *)S.url, "--nodes",
 			nodes_s,       "--watches",
@@ -431,8 +449,9 @@ int main(int argc, char **argv)
 			costs,	       "--workers",
 			rw_s,	       "--ka-workers",
 			kw_s,	       "--lease-ttl",
-			ttl_s,	       "--no-round-delay"};
-	int nbase = S.delay ? 23 : 24;
+			ttl_s,	       "--to-nodes",
+			to_s,	       "--no-round-delay"};
+	int nbase = S.delay ? 25 : 26; /* all of @base, but its last without --no-round-delay */
 	for (int p = 1; p < nproc; p++) {
 		int glo = p * gpp, ghi = (p + 1) * gpp < S.ngroups ? (p + 1) * gpp : S.ngroups;
 		int lo = glo * S.per, hi = ghi * S.per < S.n ? ghi * S.per : S.n;

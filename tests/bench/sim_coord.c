@@ -175,6 +175,13 @@ static int propose_once(struct node *nd)
 			json_array_append_new(parts, json_string(S.ids[i]));
 	}
 	json_decref(nodes);
+	/* as mlfs_propose.c's propose_build puts them: index ranges */
+	char *packed = mlfs_ids_pack(parts, &S.cl);
+	if (!packed)
+		die("out of memory");
+	json_decref(parts);
+	parts = json_string(packed);
+	free(packed);
 	uint64_t rnd = 0;
 	if (getentropy(&rnd, sizeof(rnd)))
 		rnd = (uint64_t)wall_ms() * 2654435761u ^ (uint64_t)getpid();

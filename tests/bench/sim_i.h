@@ -28,7 +28,6 @@
 #include "cluster/decide_i.h"
 #include "net/net.h"
 
-#define LEASE_TTL  5		/* s, as mlfs_nodeentry.c's MLFS_LEASE_TTL (--lease-ttl) */
 #define ATTEMPT_MS (300 * 1000) /* an attempt's deadline, as mlfs_propose.c */
 #define E_UP	   0x80000000u	/* a view's entry: the node is up, */
 #define E_LOST	   0x40000000u	/* says it is lost, */
@@ -176,6 +175,8 @@ struct node {
 	struct att *prep_parts, *swap_wait; /* c->prep_parts, c->swap_wait */
 	char *mine;			    /* c->mine: the attempt it created */
 	char *published;		    /* c->published */
+	bool publish_failed;		    /* c->publish_failed */
+	int64_t publish_at_ms;		    /* c->publish_at_ms (wall) */
 	char entry_state[16];		    /* c->entry_state */
 	bool attempt_seen;		    /* c->attempt != NULL */
 	/* a round between its decision and its actions */
@@ -197,8 +198,8 @@ struct cost {
 	int64_t base;  /* the job's keys copied and parsed, the snapshot's loop */
 	int64_t peers; /* the entries copied and parsed, steps (while it follows them) */
 	int64_t att;   /* the attempt copied and parsed */
-	int64_t ids;   /* one linear search per node of an N-id list */
-	int64_t votes; /* the coordinator's: votes copied, a linear search each */
+	int64_t ids;   /* an N-id list marked through the index (mlfs_snap_find) */
+	int64_t votes; /* the coordinator's: votes copied, each found in the index */
 };
 
 struct sim {
@@ -209,12 +210,14 @@ struct sim {
 	int ngroups, per; /* watch streams of the job, nodes per stream */
 	int glo, ghi;	  /* this process's streams */
 	int nworkers, nka, ka_ms, ttl, join_rate, join_rate_here;
+	int to_nodes; /* the nodes of the config moved to (--to-nodes; N / 2) */
 	bool delay;
 	struct cost cost;
 	char prefix[128], vprefix[128], nprefix[128];
-	char (*ids)[16];      /* every node's id */
-	struct node *nodes;   /* [hi - lo] */
-	struct group *groups; /* [ghi - glo] */
+	char (*ids)[16];       /* every node's id */
+	struct ptc_cluster cl; /* the same ids as a cluster's nodes (mlfs_ids_pack) */
+	struct node *nodes;    /* [hi - lo] */
+	struct group *groups;  /* [ghi - glo] */
 	/* the coordinator's (n0's process) */
 	struct net_etcd *cetcd;		 /* its client (c->etcd): propose, the mirrors */
 	struct mlfs_mirror votes, peers; /* c->votes, c->peers */

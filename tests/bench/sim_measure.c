@@ -51,12 +51,13 @@ static struct net_etcd_kv *kvs_copy(const struct net_etcd_kv *kv, size_t n)
  *          them, parse_nodes (every entry from its cache of entries parsed
  *          per revision, entry_parsed), mlfs_nodeentry_sync_steps, and the
  *          snapshot's reading of each entry's fields;
- *   att:   the attempt copied and parsed (while one is in etcd);
- *   ids:   the snapshot's mlfs_cluster_ids_has for every node over an N-id
- *          list: paid once for the attempt's participants, once for
- *          swap_wait after a commit;
- *   votes: the coordinator's: mlfs_mirror_copy of the votes and vote_of's
- *          linear search for every participant.
+ *   att:   the attempt copied and parsed (while one is in etcd), its
+ *          participants' ranges expanded (mlfs_ids_unpack);
+ *   ids:   the snapshot's index of the nodes (mlfs_snap_index) and every
+ *          id of an N-id list found in it (mlfs_snap_find): paid once for
+ *          the attempt's participants, once for swap_wait after a commit;
+ *   votes: the coordinator's: mlfs_mirror_copy of the votes and each
+ *          vote's node found in the index (votes_on).
  */
 struct cost daemon_cost(void)
 {
@@ -67,9 +68,15 @@ struct cost daemon_cost(void)
 	struct node tmp = {0};
 	json_t *parts = json_array();
 	struct cost best = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+	struct mlfs_snap_node *sn = xcalloc(n, sizeof(*sn));
+	struct mlfs_snap_key *keys = xcalloc(n, sizeof(*keys));
 
 	for (size_t i = 0; i < n; i++)
 		json_array_append_new(parts, json_string(S.ids[i]));
+	char *packed = mlfs_ids_pack(parts, &S.cl);
+	json_decref(parts);
+	parts = json_string(packed ? packed : "");
+	free(packed);
 	json_t *a = json_pack("{sssIsIsssssOsososIsososI}", "id", "0123456789abcdef", "from",
 			      (json_int_t)1, "to", (json_int_t)2, "config", S.config2,
 			      "coordinator", "n0", "participants", parts, "down", json_array(),
@@ -156,22 +163,38 @@ struct cost daemon_cost(void)
 		double t2 = cpu_ns();
 		struct net_etcd_kv *ca = kvs_copy(&att, 1);
 		json_t *aj = json_loadb(ca->value, ca->len, 0, NULL);
+		const char *pk = json_string_value(json_object_get(aj, "participants"));
+		json_t *ps = pk ? mlfs_ids_unpack(pk, &S.cl, &(struct ptc_error){0}) : NULL;
 		double t3 = cpu_ns();
-		const json_t *ps = json_object_get(aj, "participants");
+		/* the snapshot: its index of the nodes, each listed id marked */
 		for (size_t i = 0; i < n; i++)
-			found += mlfs_cluster_ids_has(ps, S.ids[i]);
+			sn[i] = (struct mlfs_snap_node){.id = S.ids[i]};
+		mlfs_snap_index(sn, (int)n, keys);
+		size_t q;
+		json_t *pid;
+		json_array_foreach(ps, q, pid)
+		{
+			int x = mlfs_snap_find(keys, (int)n, json_string_value(pid),
+					       strlen(json_string_value(pid)));
+			if (x >= 0)
+				sn[x].participant = true;
+		}
+		for (size_t i = 0; i < n; i++)
+			found += sn[i].participant;
 		double t4 = cpu_ns();
 		struct net_etcd_kv *cv = kvs_copy(vk, n);
-		for (size_t i = 0; i < n; i++) { /* vote_of */
-			char want[256];
-			snprintf(want, sizeof(want), "%s%d/%s", S.vprefix, 2, S.ids[i]);
-			for (size_t q = 0; q < n; q++)
-				if (strcmp(cv[q].key, want) == 0) {
-					found += strncmp(cv[q].value, "0123456789abcdef ", 17) == 0;
-					break;
-				}
+		char pre[256];
+		size_t prelen = (size_t)snprintf(pre, sizeof(pre), "%s%d/", S.vprefix, 2);
+		for (size_t i = 0; i < n; i++) { /* votes_on */
+			if (strncmp(cv[i].key, pre, prelen) != 0)
+				continue;
+			int x = mlfs_snap_find(keys, (int)n, cv[i].key + prelen,
+					       strlen(cv[i].key + prelen));
+			if (x >= 0 && sn[x].participant)
+				found += strncmp(cv[i].value, "0123456789abcdef ", 17) == 0;
 		}
 		double t5 = cpu_ns();
+		json_decref(ps);
 		json_decref(none);
 		json_decref(nodes);
 		json_decref(aj);
@@ -197,6 +220,8 @@ struct cost daemon_cost(void)
 	free(att.key);
 	free(att.value);
 	json_decref(parts);
+	free(sn);
+	free(keys);
 	return best;
 }
 

@@ -73,9 +73,11 @@ static void publish(struct worker *w, struct node *nd)
 	c_add(C_PUT, 1);
 	if (net_etcd_put(w->etcd, k, e, strlen(e), lease, NULL, &err)) {
 		fprintf(stderr, "sim_control: %s: put entry: %s\n", nd->id, err.text);
+		nd->publish_failed = true;
 		free(e);
 		return;
 	}
+	nd->publish_failed = false;
 	free(nd->published);
 	nd->published = e;
 	int target = atomic_load(&S.target);
@@ -218,6 +220,7 @@ static void act(struct worker *w, struct node *nd, const struct mlfs_action *a, 
 			nd->swap_wait = nd->prep_parts;
 			nd->prep_parts = NULL;
 			nd->swap_since_ms = wall_ms();
+			nd->publish_at_ms = wall_ms() + mlfs_publish_delay_ms(S.n, nd->idx);
 			atomic_store(&nd->swap_waiting, true);
 			*woken = true;
 			if (nd->have == atomic_load(&S.target) && nd->swapped_v != nd->have) {
@@ -337,7 +340,7 @@ void round_decide(struct worker *w, struct node *nd)
 			fprintf(stderr, "sim_control: %s: votes: %s\n", nd->id, err.text);
 			return;
 		}
-		/* vote_of's linear search, indexed here (its CPU is in the wait) */
+		/* votes_on, indexed here by node number (its CPU is in the wait) */
 		memset(w->vote, 0, (size_t)S.n * sizeof(*w->vote));
 		size_t vl = strlen(S.vprefix);
 		for (size_t i = 0; i < nvk; i++) {
@@ -441,7 +444,7 @@ int round_act(struct worker *w, struct node *nd, bool *woken)
 	att_put(nd->seen.att);
 	nd->seen.att = NULL;
 	nd->nacts = 0;
-	if (etcd_ok)
+	if (etcd_ok && wall_ms() >= nd->publish_at_ms) /* mlfs_publish_delay_ms */
 		publish(w, nd);
 	/* round_once's last step: a release this round may end the need for
 	 * the entries */
@@ -461,12 +464,19 @@ int round_act(struct worker *w, struct node *nd, bool *woken)
 		c_max(C_LAST_RELEASE, wall_ns());
 	}
 	/* nap_ms: a retained layout waits for the announcement until 2 s
-	 * after its swap (then it follows the entries itself: need_peers),
-	 * then every second */
+	 * after its swap (mlfs_release_wait_ms: 20 s at 10,000 nodes; then it
+	 * follows the entries itself: need_peers), then every second */
 	int64_t swap = nd->swap_wait ? wall_ms() - nd->swap_since_ms : -1;
 	if (!etcd_ok)
 		return 200;
-	if (swap >= 0 && swap < 2000)
-		return (int)(2000 - swap) + 10;
-	return nd->attempt_seen || swap >= 0 ? 1000 : 30000;
+	int wait = mlfs_release_wait_ms(S.n);
+	int ms = swap >= 0 && swap < wait	 ? (int)(wait - swap) + 10
+		 : nd->attempt_seen || swap >= 0 ? 1000
+						 : 30000;
+	if (nd->publish_failed && S.ka_ms < ms) /* once per keep-alive interval */
+		ms = S.ka_ms;
+	int64_t put_in = nd->publish_at_ms - wall_ms(); /* after a commit */
+	if (put_in > 0 && put_in < ms)
+		ms = (int)put_in + 1;
+	return ms;
 }

@@ -428,7 +428,8 @@ int mirror_follow(struct mlfs_mirror *m, bool need, bool entries, struct ptc_err
  * for the announcement. */
 bool need_peers(const struct node *nd)
 {
-	return nd->mine || nd->announce || (nd->swap_wait && wall_ms() - nd->swap_since_ms >= 2000);
+	return nd->mine || nd->announce ||
+	       (nd->swap_wait && wall_ms() - nd->swap_since_ms >= mlfs_release_wait_ms(S.n));
 }
 
 /* follow(&c->peers, need_peers(c)) for @nd. */

@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -578,6 +579,174 @@ static void test_source_after_a_death_before_the_swap(void **state)
 	src_free(&k);
 }
 
+/* A job of @n nodes named "n<i>" in a shuffled order (ids like n1, n10,
+ * n100 are prefixes of each other), so that the index has to sort. */
+static void shuffled_nodes(struct mlfs_snap_node *nodes, char (*ids)[16], int n)
+{
+	for (int i = 0; i < n; i++)
+		snprintf(ids[i], sizeof(ids[i]), "n%d", (i * 7919) % n);
+	for (int i = 0; i < n; i++)
+		nodes[i] = (struct mlfs_snap_node){.id = ids[i]};
+}
+
+static int linear_find(const struct mlfs_snap_node *nodes, int n, const char *id, size_t len)
+{
+	for (int i = 0; i < n; i++)
+		if (strlen(nodes[i].id) == len && strncmp(nodes[i].id, id, len) == 0)
+			return i;
+	return -1;
+}
+
+/* mlfs_snap_index + mlfs_snap_find give what a linear search gives, for
+ * every id of the job and for ids that are not: prefixes, extensions, a
+ * key's tail ("<to>/<id>" bounded by its length), an empty id. */
+static void test_snap_index_finds_what_a_search_finds(void **state)
+{
+	(void)state;
+	enum { N = 1009 };
+	static struct mlfs_snap_node nodes[N];
+	static char ids[N][16];
+	static struct mlfs_snap_key keys[N];
+	char probe[32];
+
+	shuffled_nodes(nodes, ids, N);
+	mlfs_snap_index(nodes, N, keys);
+	for (int i = 1; i < N; i++)
+		assert_true(strcmp(keys[i - 1].id, keys[i].id) < 0);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(mlfs_snap_find(keys, N, ids[i], strlen(ids[i])), i);
+		/* the id as the tail of a vote key, bounded by its length */
+		int len = snprintf(probe, sizeof(probe), "%sx", ids[i]);
+		assert_int_equal(mlfs_snap_find(keys, N, probe, (size_t)len - 1), i);
+		assert_int_equal(mlfs_snap_find(keys, N, probe, (size_t)len),
+				 linear_find(nodes, N, probe, (size_t)len));
+	}
+	const char *absent[] = {"n", "n1009", "n10090", "m5", "o", "", "n-1", "n01"};
+	for (size_t i = 0; i < sizeof(absent) / sizeof(*absent); i++) {
+		assert_int_equal(linear_find(nodes, N, absent[i], strlen(absent[i])), -1);
+		assert_int_equal(mlfs_snap_find(keys, N, absent[i], strlen(absent[i])), -1);
+	}
+	assert_int_equal(mlfs_snap_find(keys, N, "n1\0", 3), -1); /* no id holds a NUL */
+	assert_int_equal(mlfs_snap_find(keys, 0, "n1", 2), -1);
+	mlfs_snap_index(nodes, 1, keys);
+	assert_int_equal(mlfs_snap_find(keys, 1, ids[0], strlen(ids[0])), 0);
+}
+
+/* The attempt's participants packed as index ranges: every subset
+ * pattern round-trips to the same ids in the same order; ids that are not
+ * the cluster's, or out of its order, are not packed; malformed or
+ * out-of-range text is refused, naming it. */
+static void test_participants_packed_as_ranges(void **state)
+{
+	(void)state;
+	enum { N = 12 };
+	struct ptc_node pn[N];
+	char ids[N][8];
+	struct ptc_cluster cl = {.nnodes = N, .nodes = pn};
+	struct ptc_error err;
+
+	for (int i = 0; i < N; i++) {
+		snprintf(ids[i], sizeof(ids[i]), "n%d", (i * 5) % N);
+		pn[i] = (struct ptc_node){.id = ids[i]};
+	}
+	for (unsigned mask = 0; mask < (1u << N); mask += 37) {
+		json_t *a = json_array();
+		for (int i = 0; i < N; i++)
+			if (mask & (1u << i))
+				json_array_append_new(a, json_string(ids[i]));
+		char *p = mlfs_ids_pack(a, &cl);
+		assert_non_null(p);
+		json_t *b = mlfs_ids_unpack(p, &cl, &err);
+		assert_non_null(b);
+		assert_true(json_equal(a, b));
+		json_decref(a);
+		json_decref(b);
+		free(p);
+	}
+	json_t *all = json_array(), *some = json_array();
+	for (int i = 0; i < N; i++)
+		json_array_append_new(all, json_string(ids[i]));
+	char *p = mlfs_ids_pack(all, &cl);
+	assert_string_equal(p, "0-11");
+	free(p);
+	json_array_append_new(some, json_string(ids[0]));
+	json_array_append_new(some, json_string(ids[2]));
+	json_array_append_new(some, json_string(ids[3]));
+	json_array_append_new(some, json_string(ids[4]));
+	json_array_append_new(some, json_string(ids[7]));
+	assert_string_equal(p = mlfs_ids_pack(some, &cl), "0,2-4,7");
+	free(p);
+	json_array_append_new(some, json_string(ids[1])); /* out of the cluster's order */
+	assert_null(mlfs_ids_pack(some, &cl));
+	json_array_clear(some);
+	json_array_append_new(some, json_string("n99")); /* not the cluster's */
+	assert_null(mlfs_ids_pack(some, &cl));
+	json_decref(some);
+	json_decref(all);
+
+	json_t *e = mlfs_ids_unpack("", &cl, &err);
+	assert_int_equal(json_array_size(e), 0);
+	json_decref(e);
+	const char *bad[] = {"0-12", "3,2", "2,2", "4-3", "0,",	   ",0",
+			     "0--1", "-1",  "a",   "0 1", "1-2-3", "0000000001"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+		err.text[0] = '\0';
+		assert_null(mlfs_ids_unpack(bad[i], &cl, &err));
+		assert_non_null(strstr(err.text, bad[i]));
+	}
+}
+
+/* The lease schedule: the daemon's 5 s / 1 s up to 1,000 nodes; beyond,
+ * etcd sees 1,000 keep-alives a second and a lease outlives two missed
+ * keep-alives. */
+static void test_lease_schedule_keeps_etcd_at_1000_keepalives(void **state)
+{
+	(void)state;
+	int ttl, every;
+	const int ns[] = {1, 4, 64, 1000, 1001, 2000, 5000, 10000, 100000};
+	for (size_t i = 0; i < sizeof(ns) / sizeof(*ns); i++) {
+		mlfs_lease_schedule(ns[i], &ttl, &every);
+		assert_true(ttl >= 5);
+		assert_true(ttl * 1000 >= 3 * every); /* two keep-alives may be lost */
+		assert_true((double)ns[i] * 1000 / every <= MLFS_KEEPALIVES_PER_S + 1e-9);
+	}
+	mlfs_lease_schedule(4, &ttl, &every);
+	assert_int_equal(ttl, 5);
+	assert_int_equal(every, 1000);
+	mlfs_lease_schedule(1000, &ttl, &every);
+	assert_int_equal(ttl, 5);
+	assert_int_equal(every, 1000);
+	mlfs_lease_schedule(10000, &ttl, &every);
+	assert_int_equal(ttl, 30);
+	assert_int_equal(every, 10000);
+	/* the release fallback: 2 s, then 2 ms per node */
+	assert_int_equal(mlfs_release_wait_ms(4), 2000);
+	assert_int_equal(mlfs_release_wait_ms(1000), 2000);
+	assert_int_equal(mlfs_release_wait_ms(10000), 20000);
+}
+
+/* The entry puts after a commit: at once up to 1,000 nodes; beyond, each
+ * node at its own ms within one keep-alive interval, 1,000 a second. */
+static void test_entry_puts_after_a_commit_are_spread(void **state)
+{
+	(void)state;
+	int ttl, every;
+	for (int n = 0; n < 1000; n += 7)
+		assert_int_equal(mlfs_publish_delay_ms(1000, n), 0);
+	assert_int_equal(mlfs_publish_delay_ms(4, 3), 0);
+	mlfs_lease_schedule(10000, &ttl, &every);
+	static int per_s[11];
+	for (int n = 0; n < 10000; n++) {
+		int d = mlfs_publish_delay_ms(10000, n);
+		assert_true(d >= 0 && d < every);
+		per_s[d / 1000]++;
+	}
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(per_s[i], 1000);		  /* 1,000 puts in each second */
+	assert_int_equal(mlfs_publish_delay_ms(10000, 10000), 0); /* not a node */
+	assert_int_equal(mlfs_publish_delay_ms(10000, -1), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -594,6 +763,10 @@ int main(void)
 	    cmocka_unit_test(test_lease_lost_and_regained),
 	    cmocka_unit_test(test_wrong_version_votes_failed),
 	    cmocka_unit_test(test_source_after_a_death_before_the_swap),
+	    cmocka_unit_test(test_snap_index_finds_what_a_search_finds),
+	    cmocka_unit_test(test_participants_packed_as_ranges),
+	    cmocka_unit_test(test_lease_schedule_keeps_etcd_at_1000_keepalives),
+	    cmocka_unit_test(test_entry_puts_after_a_commit_are_spread),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
