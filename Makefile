@@ -165,6 +165,7 @@ bench: deps
 	$(PY) tests/bench/bench_sim.py --nodes 10000 --timeout 120 --sim-args "--to-nodes 1"
 	$(PY) tests/bench/bench_sim.py --nodes 10000 --watches 100 --timeout 150 \
 		--sim-args "--keepalive-ms 10000 --lease-ttl 30"
+	BUILD=$(BUILD) $(PY) tests/bench/bench_suggest.py --nodes 1,2,3,4
 
 $(BUILD)/tests/bench_%: tests/bench/bench_%.c $(LIBS)
 	@mkdir -p $(dir $@)

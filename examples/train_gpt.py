@@ -38,7 +38,9 @@ ranks all-reduce their gradients; Adam's moments are the mount's optim/ states.
 
 Output: one line per event, "@mlfs " and a JSON object, for the driver:
 {"kind": "loss", "step", "loss"} from the last stage, {"kind": "ids", "step",
-"d", "ids", "tokens_sum"} from the first rank of each DP group, {"kind": "time", ...}.
+"d", "ids", "tokens_sum"} from the first rank of each DP group, {"kind": "time", ...}
+from rank 0 (start-up, load, train and save seconds, and "step_s": each step's seconds
+on rank 0, from the end of the previous step).
 """
 import time
 
@@ -330,16 +332,20 @@ def train(args):
     version = cfg["version"]
     t_load = time.monotonic()
     t_train = t_save = 0.0
+    step_s = []  # each step's seconds, saves left out (tests/bench/bench_suggest.py)
 
     step = start
     while step < end:
         # --save-every K (elastic): save every K steps and stop when the layout changes;
         # else one save at the end.
         chunk_end = min(end, step + args.save_every) if args.save_every else end
-        t = time.monotonic()
+        t = t_prev = time.monotonic()
         for step in range(step, chunk_end):
             train_step(step, data, stage, groups, P, M, V, names, hp, gb, local_batch, mbs,
                        micro, me, version)
+            now = time.monotonic()
+            step_s.append(now - t_prev)
+            t_prev = now
         step = chunk_end
         t_train += time.monotonic() - t
 
@@ -365,7 +371,8 @@ def train(args):
     if me.rank == 0:
         emit(kind="time", start=start, steps=end - start, init_s=t_init - t0,
              load_s=t_load - t_init, train_s=t_train, save_s=t_save,
-             partitions=len(names) * len(STATES))
+             partitions=len(names) * len(STATES),
+             step_s=step_s)
     dist.destroy_process_group()
 
 

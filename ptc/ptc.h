@@ -554,7 +554,14 @@ struct ptc_suggest_profile {
 	double inter_node_bw;		    /* bytes/s of a node's network: 25e9 */
 	double latency_s;		    /* per message of a collective: 1e-5 */
 	double mean_time_between_changes_s; /* amortizes a reconfiguration: 3600 */
-	bool tp_across_nodes;		    /* may a TP group span nodes: false */
+	/* Seconds per layer and micro-batch (forward and backward) on a device, the same
+	 * for every tp: a framework's cost per operator, which a split does not shrink: 0 */
+	double layer_overhead_s;
+	double p2p_latency_s; /* per pipeline message (activation or its gradient): 0 */
+	/* CPU cores that all the job's ranks share (nodes on one machine): with more
+	 * ranks than cores, a rank idle in the bubble gives its core to others: 0, none */
+	double shared_cores;
+	bool tp_across_nodes; /* may a TP group span nodes: false */
 };
 
 void ptc_suggest_profile_default(struct ptc_suggest_profile *p);
@@ -589,10 +596,11 @@ enum ptc_suggest_drop {
 const char *ptc_suggest_drop_name(enum ptc_suggest_drop d);
 
 /* One layout that fits, with its predicted step (seconds) and its parts:
- * step_s = compute_s + tp_comm_s + bubble_s + dp_comm_s + reconf_s. */
+ * step_s = compute_s + overhead_s + tp_comm_s + pp_comm_s + bubble_s + dp_comm_s
+ * + reconf_s. */
 struct ptc_suggestion {
 	int tp, pp, dp;
-	double step_s, compute_s, tp_comm_s, bubble_s, dp_comm_s;
+	double step_s, compute_s, overhead_s, tp_comm_s, pp_comm_s, bubble_s, dp_comm_s;
 	double reconf_s;	/* the reconfiguration's time, amortized per step */
 	double reconf_total_s;	/* the reconfiguration's time, once */
 	double bubble_fraction; /* (pp - 1) / (m + pp - 1) */

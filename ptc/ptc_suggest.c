@@ -43,6 +43,9 @@ void ptc_suggest_profile_default(struct ptc_suggest_profile *p)
 	    .inter_node_bw = 25e9,
 	    .latency_s = 1e-5,
 	    .mean_time_between_changes_s = 3600,
+	    .layer_overhead_s = 0,
+	    .p2p_latency_s = 0,
+	    .shared_cores = 0,
 	    .tp_across_nodes = false,
 	};
 }
@@ -63,6 +66,9 @@ static const struct {
     {"latency_s", offsetof(struct ptc_suggest_profile, latency_s), true, INFINITY},
     {"mean_time_between_changes_s",
      offsetof(struct ptc_suggest_profile, mean_time_between_changes_s), false, INFINITY},
+    {"layer_overhead_s", offsetof(struct ptc_suggest_profile, layer_overhead_s), true, INFINITY},
+    {"p2p_latency_s", offsetof(struct ptc_suggest_profile, p2p_latency_s), true, INFINITY},
+    {"shared_cores", offsetof(struct ptc_suggest_profile, shared_cores), true, INFINITY},
 };
 #define NPROF (sizeof(prof_keys) / sizeof(prof_keys[0]))
 
@@ -100,6 +106,9 @@ int ptc_suggest_profile_parse(const json_t *root, const char *name, struct ptc_s
 					    "inter_node_bw",
 					    "latency_s",
 					    "mean_time_between_changes_s",
+					    "layer_overhead_s",
+					    "p2p_latency_s",
+					    "shared_cores",
 					    "tp_across_nodes",
 					    NULL};
 	struct ptc_suggest_profile p;
@@ -183,6 +192,19 @@ static double allreduce_s(double bytes, int n, double bw, double latency)
 	if (n <= 1)
 		return 0;
 	return 2.0 * (n - 1) / n * bytes / bw + 2.0 * (n - 1) * latency;
+}
+
+/* The share of the bubble a step loses. Each device computing on its own: all of
+ * it. Ranks sharing fewer cores: some stage always works, and its @stage_ranks
+ * ranks take the cores the idle ones leave; only the cores they cannot fill are
+ * lost. */
+static double bubble_lost(const struct ptc_suggest_profile *prof, int world, int stage_ranks)
+{
+	double c = prof->shared_cores;
+
+	if (c <= 0 || world <= c)
+		return 1;
+	return stage_ranks >= c ? 0 : 1 - stage_ranks / c;
 }
 
 /* Counts a dropped candidate, keeping the first reason of its kind. */
@@ -345,14 +367,21 @@ static int evaluate(struct ctx *x, int tp, int pp, int dp, struct ptc_suggest_re
 	g.tp_comm_s = (double)m * layers_max * 4.0 *
 		      allreduce_s(tp_bytes, tp, tp_x ? prof->inter_node_bw : prof->intra_node_bw,
 				  prof->latency_s);
+	/* A framework's fixed cost per operator does not shrink with tp: per layer of
+	 * the fullest stage and micro-batch. One activation forward and one gradient
+	 * backward cross each stage boundary per micro-batch, on every stage's path. */
+	g.overhead_s = (double)m * layers_max * prof->layer_overhead_s;
+	g.pp_comm_s = pp > 1 ? 2.0 * (double)m * prof->p2p_latency_s : 0;
 	g.bubble_fraction = (double)(pp - 1) / (double)(m + pp - 1);
-	g.bubble_s = (g.compute_s + g.tp_comm_s) * (double)(pp - 1) / (double)m;
+	g.bubble_s = (g.compute_s + g.overhead_s + g.tp_comm_s + g.pp_comm_s) * (double)(pp - 1) /
+		     (double)m * bubble_lost(prof, tp * pp * dp, tp * dp);
 	g.dp_comm_s =
 	    allreduce_s((double)grad_max, dp, dp_x ? prof->inter_node_bw : prof->intra_node_bw,
 			prof->latency_s);
 	g.tp_across_nodes = tp_x;
 	g.dp_across_nodes = dp_x;
-	double base = g.compute_s + g.tp_comm_s + g.bubble_s + g.dp_comm_s;
+	double base =
+	    g.compute_s + g.overhead_s + g.tp_comm_s + g.pp_comm_s + g.bubble_s + g.dp_comm_s;
 
 	if (x->from_layout) {
 		struct ptc_plan *plan = NULL;
@@ -667,16 +696,17 @@ json_t *ptc_suggest_to_json(const struct ptc_suggest_result *r, int top)
 	for (int i = 0; i < n; i++) {
 		const struct ptc_suggestion *g = &r->fit[i];
 		json_t *s = json_pack(
-		    "{sisisisfsfsfsfsfsfsfsfsIsIs{sIsIsI}sIsbsbsb}", "tp", g->tp, "pp", g->pp, "dp",
-		    g->dp, "step_s", g->step_s, "compute_s", g->compute_s, "tp_comm_s",
-		    g->tp_comm_s, "bubble_s", g->bubble_s, "dp_comm_s", g->dp_comm_s, "reconf_s",
-		    g->reconf_s, "reconf_total_s", g->reconf_total_s, "bubble_fraction",
-		    g->bubble_fraction, "micro_batches", (json_int_t)g->micro_batches,
-		    "memory_bytes", (json_int_t)g->memory_bytes, "memory", "states",
-		    (json_int_t)g->state_bytes, "gradients", (json_int_t)g->grad_bytes,
-		    "activations", (json_int_t)g->act_bytes, "reconf_bytes",
-		    (json_int_t)g->reconf_bytes, "tp_across_nodes", g->tp_across_nodes,
-		    "dp_across_nodes", g->dp_across_nodes, "current", g->current);
+		    "{sisisisfsfsfsfsfsfsfsfsfsfsIsIs{sIsIsI}sIsbsbsb}", "tp", g->tp, "pp", g->pp,
+		    "dp", g->dp, "step_s", g->step_s, "compute_s", g->compute_s, "overhead_s",
+		    g->overhead_s, "tp_comm_s", g->tp_comm_s, "pp_comm_s", g->pp_comm_s, "bubble_s",
+		    g->bubble_s, "dp_comm_s", g->dp_comm_s, "reconf_s", g->reconf_s,
+		    "reconf_total_s", g->reconf_total_s, "bubble_fraction", g->bubble_fraction,
+		    "micro_batches", (json_int_t)g->micro_batches, "memory_bytes",
+		    (json_int_t)g->memory_bytes, "memory", "states", (json_int_t)g->state_bytes,
+		    "gradients", (json_int_t)g->grad_bytes, "activations", (json_int_t)g->act_bytes,
+		    "reconf_bytes", (json_int_t)g->reconf_bytes, "tp_across_nodes",
+		    g->tp_across_nodes, "dp_across_nodes", g->dp_across_nodes, "current",
+		    g->current);
 		if (s)
 			json_object_set_new(s, "config", ptc_suggest_config_to_json(r, i));
 		json_array_append_new(sugg, s);

@@ -63,7 +63,7 @@ static int parse_count(const char *flag, const char *arg, int64_t *out)
 static void print_text(const struct ptc_suggest_result *r, int top)
 {
 	const struct ptc_suggest_params *p = &r->params;
-	char b[8][32];
+	char b[10][32];
 	int n = top < r->nfit ? top : r->nfit;
 
 	printf("suggest \"%s\" on %d node%s (", r->schema->model, r->nnodes,
@@ -88,18 +88,21 @@ static void print_text(const struct ptc_suggest_result *r, int top)
 		       r->profile.mean_time_between_changes_s);
 	printf("\n");
 	if (n > 0) {
-		printf("%3s %-15s %10s %10s %10s %10s %10s %10s %11s %7s %12s\n", "#", "layout",
-		       "step", "compute", "tp comm", "bubble", "dp comm", "reconf", "memory/dev",
-		       "bubble%", "reconf bytes");
+		printf("%3s %-15s %10s %10s %10s %10s %10s %10s %10s %10s %11s %7s %12s\n", "#",
+		       "layout", "step", "compute", "overhead", "tp comm", "pp comm", "bubble",
+		       "dp comm", "reconf", "memory/dev", "bubble%", "reconf bytes");
 		for (int i = 0; i < n; i++) {
 			const struct ptc_suggestion *g = &r->fit[i];
 			char lay[32];
 			snprintf(lay, sizeof(lay), "tp%d pp%d dp%d%s", g->tp, g->pp, g->dp,
 				 g->current ? "*" : "");
-			printf("%3d %-15s %10s %10s %10s %10s %10s %10s %11s %6.1f%% %12s\n", i + 1,
-			       lay, secs_str(g->step_s, b[0], 32), secs_str(g->compute_s, b[1], 32),
-			       secs_str(g->tp_comm_s, b[2], 32), secs_str(g->bubble_s, b[3], 32),
-			       secs_str(g->dp_comm_s, b[4], 32), secs_str(g->reconf_s, b[5], 32),
+			printf("%3d %-15s %10s %10s %10s %10s %10s %10s %10s %10s %11s %6.1f%% "
+			       "%12s\n",
+			       i + 1, lay, secs_str(g->step_s, b[0], 32),
+			       secs_str(g->compute_s, b[1], 32), secs_str(g->overhead_s, b[8], 32),
+			       secs_str(g->tp_comm_s, b[2], 32), secs_str(g->pp_comm_s, b[9], 32),
+			       secs_str(g->bubble_s, b[3], 32), secs_str(g->dp_comm_s, b[4], 32),
+			       secs_str(g->reconf_s, b[5], 32),
 			       bytes_str((double)g->memory_bytes, b[6], 32),
 			       100 * g->bubble_fraction,
 			       bytes_str((double)g->reconf_bytes, b[7], 32));

@@ -329,7 +329,8 @@ def test_suggest_gpt_tiny(write_json):
     assert [x["step_s"] for x in s] == sorted(x["step_s"] for x in s)
     for x in s:
         assert x["tp"] * x["pp"] * x["dp"] == 8
-        parts = x["compute_s"] + x["tp_comm_s"] + x["bubble_s"] + x["dp_comm_s"] + x["reconf_s"]
+        parts = (x["compute_s"] + x["overhead_s"] + x["tp_comm_s"] + x["pp_comm_s"]
+                 + x["bubble_s"] + x["dp_comm_s"] + x["reconf_s"])
         assert abs(x["step_s"] - parts) <= 1e-9 * x["step_s"]
         assert 0 < x["memory_bytes"] <= j["profile"]["memory_per_device_bytes"]
     # tp8 would span both nodes of 4 devices; pp8 exceeds the 4 layers.

@@ -238,6 +238,104 @@ static void test_step_time_formula(void **state)
 	ptc_schema_free(s);
 }
 
+/* A calibrated profile's per-layer overhead, pipeline latency and shared cores:
+ * the overhead is per layer of the fullest stage and micro-batch whatever tp, so
+ * a split that shrinks the FLOPs does not shrink it; each micro-batch sends one
+ * activation and one gradient across the pipeline; both are in the bubble, of
+ * which ranks sharing fewer cores lose only the cores one stage cannot fill. */
+static void test_overhead_and_p2p(void **state)
+{
+	(void)state;
+	struct ptc_schema *s = schema(mini_schema);
+	struct ptc_cluster *cl = cluster("{'nodes': [{'id': 'a', 'devices': 2}]}");
+	struct ptc_suggest_params p = {
+	    .global_batch = 4, .micro_batch = 1, .seq = 64, .hidden = 64, .heads = 1};
+	struct ptc_suggest_profile prof;
+	struct ptc_suggest_result r;
+	struct ptc_error e = {.text = ""};
+
+	/* Parsed, kept, written back; 0 by default, so the defaults rank as before. */
+	assert_int_equal(parse_profile("{'layer_overhead_s': 1e-3, 'p2p_latency_s': 1e-3, "
+				       "'latency_s': 4e-3, 'flops_per_device': 1e9, 'mfu': 1}",
+				       &prof, &e),
+			 0);
+	assert_close(prof.layer_overhead_s, 1e-3);
+	assert_close(prof.p2p_latency_s, 1e-3);
+	json_t *pj = ptc_suggest_profile_to_json(&prof);
+	assert_close(json_real_value(json_object_get(pj, "layer_overhead_s")), 1e-3);
+	assert_close(json_real_value(json_object_get(pj, "p2p_latency_s")), 1e-3);
+	json_decref(pj);
+	struct ptc_suggest_profile def;
+	ptc_suggest_profile_default(&def);
+	assert_close(def.layer_overhead_s, 0);
+	assert_close(def.p2p_latency_s, 0);
+
+	suggest_ok(s, cl, NULL, 0, NULL, &p, &prof, &r);
+	double params = 100 * 64 + 2 * (64 * 64 + 64), tokens = 4 * 64;
+	double compute = 6 * params * tokens / (2 * 1e9);
+
+	/* tp1 pp2 dp1: m = 4, one layer a stage: 4 ms of overhead, 8 messages. */
+	const struct ptc_suggestion *g = find(&r, 1, 2, 1);
+	assert_non_null(g);
+	assert_close(g->compute_s, compute);
+	assert_close(g->overhead_s, 4 * 1 * 1e-3);
+	assert_close(g->pp_comm_s, 2 * 4 * 1e-3);
+	assert_close(g->bubble_s, (compute + 4e-3 + 8e-3) * 1 / 4);
+	assert_close(g->step_s, (compute + 4e-3 + 8e-3) * 1.25);
+	/* tp2 pp1 dp1: half the FLOPs a device, the same overhead as tp1 on both
+	 * layers of m = 4 micro-batches; no pipeline. */
+	g = find(&r, 2, 1, 1);
+	assert_non_null(g);
+	assert_close(g->compute_s, compute);
+	assert_close(g->overhead_s, 4 * 2 * 1e-3);
+	assert_close(g->pp_comm_s, 0);
+	assert_close(g->bubble_s, 0);
+	double ar = 2.0 * 1 / 2 * (64 * 64 * 2) / 200e9 + 2.0 * 1 * 4e-3;
+	assert_close(g->step_s, compute + 8e-3 + 4.0 * 2 * 4 * ar);
+	/* tp1 pp1 dp2: m = 2 micro-batches a replica, 2 layers: 4 ms. */
+	g = find(&r, 1, 1, 2);
+	assert_non_null(g);
+	assert_close(g->overhead_s, 2 * 2 * 1e-3);
+	assert_close(g->dp_comm_s, 2.0 * 1 / 2 * 29696 / 200e9 + 2 * 4e-3);
+	assert_close(g->step_s, compute + 4e-3 + g->dp_comm_s);
+	/* The JSON carries both parts. */
+	json_t *j = ptc_suggest_to_json(&r, 0);
+	json_t *sg = json_object_get(j, "suggestions");
+	for (size_t i = 0; i < json_array_size(sg); i++) {
+		json_t *x = json_array_get(sg, i);
+		assert_close(json_real_value(json_object_get(x, "overhead_s")),
+			     r.fit[i].overhead_s);
+		assert_close(json_real_value(json_object_get(x, "pp_comm_s")), r.fit[i].pp_comm_s);
+	}
+	json_decref(j);
+	/* With them DP wins (23.3 ms against the pipeline's 29.1); without them (the
+	 * defaults' zeros) the pipeline (14.1 ms against 19.3). */
+	assert_int_equal(r.fit[0].dp, 2);
+	ptc_suggest_result_release(&r);
+
+	/* Ranks sharing cores: the bubble's idle rank gives its core to the working
+	 * stage's one rank, which fills 1 of 1.5 cores: a third of the bubble lost. */
+	double full_bubble = (compute + 4e-3 + 8e-3) / 4;
+	static const struct {
+		double cores, lost;
+	} share[] = {{1.5, 1.0 / 3}, {1, 0}, {0.5, 0}, {2, 1} /* a core each */, {0, 1}};
+	for (size_t i = 0; i < sizeof(share) / sizeof(share[0]); i++) {
+		prof.shared_cores = share[i].cores;
+		suggest_ok(s, cl, NULL, 0, NULL, &p, &prof, &r);
+		g = find(&r, 1, 2, 1);
+		assert_close(g->bubble_s, full_bubble * share[i].lost);
+		assert_close(g->bubble_fraction, 0.2); /* the pipeline's, as before */
+		assert_close(g->step_s, compute + 12e-3 + full_bubble * share[i].lost);
+		ptc_suggest_result_release(&r);
+	}
+	prof.layer_overhead_s = prof.p2p_latency_s = 0;
+	suggest_ok(s, cl, NULL, 0, NULL, &p, &prof, &r);
+	assert_int_equal(r.fit[0].pp, 2);
+	ptc_suggest_result_release(&r);
+	ptc_cluster_free(cl);
+	ptc_schema_free(s);
+}
+
 /* A slow network between nodes keeps TP within a node, and DP within one
  * when the model says so; a fast one prefers DP over a pipeline's bubble. */
 static void test_slow_inter_node(void **state)
@@ -546,6 +644,10 @@ static void test_bad_inputs(void **state)
 	    {"{'inter_node_bw': '25e9'}", "prof.json: \"inter_node_bw\" must be a number"},
 	    {"{'inter_node_bw': 0}", "prof.json: \"inter_node_bw\" = 0 must be greater than 0"},
 	    {"{'latency_s': -1}", "prof.json: \"latency_s\" = -1 must be at least 0"},
+	    {"{'layer_overhead_s': -1e-3}",
+	     "prof.json: \"layer_overhead_s\" = -0.001 must be at least 0"},
+	    {"{'p2p_latency_s': 'fast'}", "prof.json: \"p2p_latency_s\" must be a number"},
+	    {"{'shared_cores': -2}", "prof.json: \"shared_cores\" = -2 must be at least 0"},
 	    {"{'tp_across_nodes': 1}", "prof.json: \"tp_across_nodes\" must be true or false"},
 	    {"[1]", "prof.json: a profile is a JSON object"},
 	};
@@ -602,10 +704,11 @@ static void test_infer_from_generated(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_memory_and_drop), cmocka_unit_test(test_step_time_formula),
-	    cmocka_unit_test(test_slow_inter_node), cmocka_unit_test(test_reconfiguration_bytes),
-	    cmocka_unit_test(test_top_k_json),	    cmocka_unit_test(test_schema_and_batch_drops),
-	    cmocka_unit_test(test_bad_inputs),	    cmocka_unit_test(test_infer_from_generated),
+	    cmocka_unit_test(test_memory_and_drop),	   cmocka_unit_test(test_step_time_formula),
+	    cmocka_unit_test(test_overhead_and_p2p),	   cmocka_unit_test(test_slow_inter_node),
+	    cmocka_unit_test(test_reconfiguration_bytes),  cmocka_unit_test(test_top_k_json),
+	    cmocka_unit_test(test_schema_and_batch_drops), cmocka_unit_test(test_bad_inputs),
+	    cmocka_unit_test(test_infer_from_generated),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
