@@ -119,8 +119,11 @@ test: deps
 	$(PY) -m pytest -q tests/e2e
 ifeq ($(SANITIZE),)
 	@echo "== again under AddressSanitizer and UBSan (build/asan)"
+	@# All but the two PyTorch runs of five layouts each (2 min of CPU in the
+	@# workers, the daemon doing what test_reconf and test_cluster do);
+	@# test_elastic_without_a_human runs in both passes.
 	$(MAKE) BUILD=$(BUILD)/asan SANITIZE=address,undefined all unit $(BUILD)/asan/tests/sim_control
-	BUILD=$(BUILD)/asan $(PY) -m pytest -q tests/e2e
+	BUILD=$(BUILD)/asan $(PY) -m pytest -q tests/e2e -k "not test_elastic_training"
 endif
 
 # The soak test alone, longer: make soak SOAK_SECONDS=600 (make test runs it 60 s).
@@ -161,6 +164,7 @@ bench: deps
 	$(PY) tests/bench/bench_cluster.py --size-mib 1500
 	$(PY) tests/bench/bench_stview.py --size-mib 256
 	$(PY) tests/bench/bench_control.py --nodes 4,16,32,64
+	BUILD=$(BUILD) $(PY) examples/elastic_auto.py --out $(BUILD)/elastic-auto
 	$(PY) tests/bench/bench_sim.py --nodes 1000,10000 --timeout 120
 	$(PY) tests/bench/bench_sim.py --nodes 10000 --timeout 120 --sim-args "--to-nodes 1"
 	$(PY) tests/bench/bench_sim.py --nodes 10000 --watches 100 --timeout 150 \

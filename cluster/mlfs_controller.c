@@ -15,7 +15,8 @@
  * saw that config (a node live then and left out by a person's config
  * stays out). When: whenever the job's keys or the entries change, at
  * most once per back-off after a proposal failed (1 s, doubling to 30 s;
- * a change of the live nodes resets it), never while an attempt is in
+ * 0.2 s first when it was refused with EBUSY: a save in progress, steps
+ * not agreed yet; a change of the live nodes resets it), never while an attempt is in
  * progress. How: mlfs_propose, on this thread (not the control thread,
  * which must go on voting): it waits for the ranks' saved steps to agree,
  * builds the attempt with this node as its coordinator, and the control
@@ -224,7 +225,10 @@ static void lead(struct mlfs_controller *t, const struct mlfs_jobkeys *k,
 	snprintf(t->error, sizeof(t->error), "%s", rc ? err.text : "");
 	pthread_mutex_unlock(&t->lock);
 	if (rc) {
-		int64_t wait = 1000LL << (t->fails < 5 ? t->fails : 5);
+		/* EBUSY: a save in progress or the steps not yet agreed,
+		 * which pass within a save: again soon, then backing off */
+		int64_t base = rc == -EBUSY ? 200 : 1000;
+		int64_t wait = base << (t->fails < 7 ? t->fails : 7);
 		t->fails++;
 		t->next_ms = mlfs_cluster_now_ms() + (wait < 30000 ? wait : 30000);
 		mlfs_log(MLFS_LOG_WARNING,

@@ -141,6 +141,7 @@ int mlfs_import_commit(struct mlfs_store *st, struct mlfs_view *v, struct xf_par
 		}
 		for (int r = 0; r < l->world; r++)
 			st->steps[r] = step;
+		mlfs_store_saving(st, true); /* every partition is @step's now */
 		mlfs_view_snap_local(st, v, oldsnap);
 		saved = true;
 		rc = 0;

@@ -613,6 +613,16 @@ static int reconf_publish(struct mlfs_store *st, struct mlfs_attempt *a, struct 
 				   a->what, step, a->step);
 		goto err_unlock;
 	}
+	int partial = a->from_retained ? -1 : mlfs_store_saving(st, false);
+	if (partial >= 0) { /* its partitions are newer than the step agreed */
+		rc = ptc_error_set(
+		    err, -EBUSY,
+		    "%s: rank %d is saving: a partition was written after its step %" PRId64
+		    " (a save in progress, or one cut short: write its step again when "
+		    "its save is whole); write it again",
+		    a->what, partial, st->steps[partial]);
+		goto err_unlock;
+	}
 	if (st->mem.limit && st->mem.used + need > st->mem.limit) {
 		rc = ptc_error_set(err, -ENOSPC,
 				   "%s: reconfiguration needs %" PRId64 " bytes for changed "

@@ -104,6 +104,7 @@ void mlfs_store_release(struct mlfs_store *st)
 	free(st->schema_text);
 	free(st->cluster_text);
 	free(st->steps);
+	free(st->saves);
 	pthread_mutex_destroy(&st->lock);
 }
 
@@ -135,6 +136,37 @@ void mlfs_store_note_error(struct mlfs_store *st, const char *msg)
 	pthread_mutex_lock(&st->lock);
 	snprintf(st->error, sizeof(st->error), "%s", msg);
 	pthread_mutex_unlock(&st->lock);
+}
+
+/* st->saves sized for the current view (all MLFS_SAVE_NONE after a change
+ * of view); false when it cannot be. Lock held. */
+static bool saves_ready(struct mlfs_store *st)
+{
+	int n = st->view ? st->view->layout.world : 0;
+
+	if (st->saves_view == st->view && st->saves_n == n)
+		return st->saves != NULL || n == 0;
+	uint8_t *s = realloc(st->saves, (size_t)(n ? n : 1));
+	if (!s)
+		return false;
+	memset(s, MLFS_SAVE_NONE, (size_t)(n ? n : 1));
+	st->saves = s;
+	st->saves_n = n;
+	st->saves_view = st->view;
+	return true;
+}
+
+int mlfs_store_saving(struct mlfs_store *st, bool reset)
+{
+	if (!saves_ready(st))
+		return -1;
+	for (int r = 0; r < st->saves_n; r++) {
+		if (reset)
+			st->saves[r] = MLFS_SAVE_NONE;
+		else if (st->saves[r] == MLFS_SAVE_PARTIAL)
+			return r;
+	}
+	return -1;
 }
 
 int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_t len,
@@ -169,6 +201,8 @@ int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_
 			rc = -ENOMEM;
 		else if (!(rc = mlfs_reconf_busy(st, what, err))) {
 			st->steps[rank] = step;
+			if (saves_ready(st))
+				st->saves[rank] = MLFS_SAVE_CLEAN;
 			mlfs_view_snap(st, st->view, rank, old);
 			mlfs_view_psnap(st, st->view, rank, step, old ? old + nold : NULL);
 		}
@@ -199,6 +233,8 @@ int mlfs_store_commit_part(struct mlfs_store *st, struct mlfs_view *v, int rank,
 		struct xf_buf *old = v->parts.bufs[i];
 		v->parts.bufs[i] = xf_buf_get(b);
 		xf_buf_put(old);
+		if (saves_ready(st) && st->saves[rank] == MLFS_SAVE_CLEAN)
+			st->saves[rank] = MLFS_SAVE_PARTIAL; /* newer than its step */
 	}
 	pthread_mutex_unlock(&st->lock);
 	return rc;

@@ -26,7 +26,9 @@ The agent (Agent.run):
      EXIT_RELAYOUT (it saw the layout change after a save, or its save was refused
      because the layout changed: mlfs.MlfsError with errno ESTALE), or fails (a peer
      died: its collectives fail), it stops the others on its node and goes back to
-     1 for a version newer than the one they ran in. A failure with no new layout
+     1 for a version newer than the one they ran in (the others get a grace period
+     to end by themselves first: one in the middle of its save finishes it). A
+     failure with no new layout
      within @relayout_timeout seconds ends run() with an error: the agent does not
      restart workers in the layout they failed in (a bug would loop).
 
@@ -89,13 +91,14 @@ class Agent:
     docstring). @argv: the worker's command line; @env: more environment."""
 
     def __init__(self, mount, argv, master_port=29500, env=None, poll=0.05,
-                 relayout_timeout=300, out=None):
+                 relayout_timeout=300, out=None, grace=10.0):
         self.mnt = mount if isinstance(mount, Mount) else Mount(mount)
         self.argv = list(argv)
         self.master_port = int(master_port)
         self.env = dict(os.environ, **(env or {}))
         self.poll = poll
         self.relayout_timeout = relayout_timeout
+        self.grace = grace
         self.out = out or sys.stdout
         self.procs = []
         self.stopping = False
@@ -157,11 +160,19 @@ class Agent:
 
     def watch(self):
         """Waits for the workers: 0 when all exited 0, EXIT_RELAYOUT when one asked for
-        the new layout, another code when one failed (the others are stopped then)."""
+        the new layout, another code when one failed. After the first that did not exit
+        0, the others get @grace seconds to exit by themselves (a worker in the middle
+        of its save finishes it, then fails at its next collective: a rank killed
+        between its partitions and its `step` would keep every reconfiguration
+        refused, docs/decisions.md), and are killed then."""
+        first = None
         while True:
             codes = [p.poll() for p in self.procs]
             bad = [c for c in codes if c not in (None, 0)]
-            if bad:
+            if bad and first is None:
+                first = time.monotonic()
+            if bad and (all(c is not None for c in codes)
+                        or time.monotonic() - first > self.grace):
                 self.stop_all()
                 return EXIT_RELAYOUT if EXIT_RELAYOUT in bad else bad[0]
             if all(c == 0 for c in codes):

@@ -295,10 +295,12 @@ def test_load_into_checks_names_and_shapes(mount):
 
 
 def test_refused_step_raises_in_save(mount):
-    """A `step` refused at its close (EBUSY: a reconfiguration became prepared between
-    the partitions and `step`, as test_reconf.py provokes it through .mlfs-ctl) raises
-    in rank.save and the saved step stays; so does a save while prepared, at its first
-    partition. After the abort, saves and reconfigurations work again."""
+    """A reconfiguration between a save's partitions and its `step` (as test_reconf.py
+    provokes it through .mlfs-ctl) is refused, naming the rank that is saving: it would
+    build the new layout from partitions newer than the step agreed; the save completes.
+    A save while a reconfiguration is prepared raises at its first partition, and a
+    `step` alone at its close (recorded in status.json too); the saved step stays. After
+    the abort, saves and reconfigurations work again."""
     mnt = mlfs.Mount(mount.path)
     mnt.set_up(small_schema(), config(1, 1))
     me = mnt.rank(0)
@@ -308,28 +310,32 @@ def test_refused_step_raises_in_save(mount):
     job.save(me, 1)
     real_mark_step = me.mark_step
 
-    def prepared_first(step, wait=None):
-        assert prepare(mount, config(2, 2))[0] == 0
-        wait_state(mount, "prepared")
+    def prepare_first(step, wait=None):
+        err, reply = prepare(mount, config(2, 2))
+        assert err == errno.EBUSY and "rank 0 is saving" in reply["error"], reply
         real_mark_step(step, wait=wait)
-    me.mark_step = prepared_first
+    me.mark_step = prepare_first
     job.step(grads(1, 0, seed=3))
+    job.save(me, 2)
+    me.mark_step = real_mark_step
+    assert me.saved_step() == 2 and mnt.status()["state"] in ("idle", "failed")
+
+    assert prepare(mount, config(2, 2))[0] == 0
+    wait_state(mount, "prepared")
+    job.step(grads(1, 0, seed=4))
     with pytest.raises(mlfs.MlfsError, match="in progress") as e:
-        job.save(me, 2)
+        job.save(me, 3)
+    assert e.value.errno == errno.EBUSY and "ranks/0/model/" in str(e.value)
+    with pytest.raises(mlfs.MlfsError, match="in progress") as e:
+        me.mark_step(3)
     assert e.value.errno == errno.EBUSY and "ranks/0/step" in str(e.value)
-    assert me.saved_step() == 1
+    assert me.saved_step() == 2
     # The refusal is in status.json too, for a writer that does not check its close.
     assert "step" in mount.status()["error"] and "in progress" in mount.status()["error"]
-    me.mark_step = real_mark_step
-
-    with pytest.raises(mlfs.MlfsError, match="in progress") as e:
-        job.save(me, 2)
-    assert e.value.errno == errno.EBUSY and "ranks/0/model/" in str(e.value)
-    assert me.saved_step() == 1
 
     assert ctl(mount, op="abort", version=2, reason="test")[0] == 0
-    job.save(me, 2)
-    assert me.saved_step() == 2
+    job.save(me, 3)
+    assert me.saved_step() == 3
     assert mnt.reconfigure({"tp": 2})["to_version"] == 2
 
 

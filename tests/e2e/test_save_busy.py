@@ -101,3 +101,25 @@ def test_a_writer_of_an_old_layout_writes_nothing(mount):
         assert torch.equal(now.load(*key, mapped=False), want), key
     job.save(now, 2)  # a rank of the new layout saves
     assert now.saved_step() == 2
+
+
+def test_no_reconfiguration_during_a_save(mount):
+    """A save in progress: rank 0 saved step 1, then wrote a partition of its next save,
+    not yet its step. A reconfiguration then would build the new layout from that
+    partition (step 2's values) and call it step 1's: it is refused, naming the rank,
+    and nothing changes. Once the step is written the same change commits, carrying the
+    partition written."""
+    mnt, me, job = saved_job(mount)
+    job.step(grads(1, 0, seed=3))
+    name = "layers/0/fc/weight"
+    new = job.state()[("model", name)]
+    me.save("model", name, new)  # the first partition of the save of step 2
+    with pytest.raises(mlfs.MlfsError, match="rank 0 is saving: a partition was written "
+                                             "after its step 1"):
+        mnt.reconfigure({"dp": 2})
+    assert mnt.config()["version"] == 1 and mnt.status()["state"] in ("idle", "failed")
+    job.save(me, 2)  # the save completes
+    assert mnt.reconfigure({"dp": 2})["to_version"] == 2
+    got = mnt.rank(0).load("model", name, mapped=False)
+    assert torch.equal(got, new.to(got.dtype)) and mnt.rank(1).saved_step() == 2
+
