@@ -83,6 +83,21 @@ class Node:
         return self.err.read()[-3000:]
 
 
+def master_port_base(versions=8):
+    """A base for MASTER_PORT (plus the version: 1 to @versions here) whose every port is
+    free now: the daemons' and etcd's ports, chosen before, are not among them."""
+    import socket
+    while True:
+        base = testing.free_port()
+        try:
+            for p in range(base, base + versions + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+
+
 def watch_versions(cl, live, stop, seen):
     """Records {version: wall time when every live node was idle at it} until @stop."""
     while not stop.is_set():
@@ -135,7 +150,7 @@ def run_elastic(tmp, steps, say=print):
         et.set_up(mounts, work, layout, extra={"elastic": ELASTIC})
         first = cl.client("n0")
         say(f"-- version 1: {et.layout_name(layout)}, elastic {json.dumps(ELASTIC)}")
-        port = testing.free_port()  # MASTER_PORT's base (plus the version): every node's
+        port = master_port_base()  # MASTER_PORT's base (plus the version): every node's
         agents = {i: Node(i, mounts[i], steps, port, events, lock) for i in NODES}
         live = list(NODES)
         stop, seen = threading.Event(), {}
