@@ -226,6 +226,7 @@ static int set_first_config(struct mlfs_store *st, struct ptc_config *c, struct 
 	st->view = v;
 	free(st->steps);
 	st->steps = steps;
+	mlfs_store_saving(st, true);
 	mlfs_view_snap_local(st, v, NULL);
 	return 0;
 }
@@ -427,6 +428,7 @@ static void commit_begin(struct mlfs_store *st, struct mlfs_attempt *a)
 	free(st->steps);
 	st->steps = a->steps;
 	a->steps = NULL;
+	mlfs_store_saving(st, true);		  /* the new layout's ranks: no save yet */
 	mlfs_view_snap_local(st, st->view, NULL); /* the saved state, for backups */
 	st->last = a->stats;
 	/* served to peers since the last commit: every attempt fetch is for

@@ -138,21 +138,20 @@ void mlfs_store_note_error(struct mlfs_store *st, const char *msg)
 	pthread_mutex_unlock(&st->lock);
 }
 
-/* st->saves sized for the current view (all MLFS_SAVE_NONE after a change
- * of view); false when it cannot be. Lock held. */
+/* st->saves sized for the current view's ranks (all MLFS_SAVE_NONE when
+ * it had to be resized); false when it cannot be. Lock held. */
 static bool saves_ready(struct mlfs_store *st)
 {
 	int n = st->view ? st->view->layout.world : 0;
 
-	if (st->saves_view == st->view && st->saves_n == n)
-		return st->saves != NULL || n == 0;
+	if (st->saves && st->saves_n == n)
+		return true;
 	uint8_t *s = realloc(st->saves, (size_t)(n ? n : 1));
 	if (!s)
 		return false;
 	memset(s, MLFS_SAVE_NONE, (size_t)(n ? n : 1));
 	st->saves = s;
 	st->saves_n = n;
-	st->saves_view = st->view;
 	return true;
 }
 

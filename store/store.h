@@ -196,11 +196,10 @@ struct mlfs_store {
 	int64_t schema_bytes;	   /* counted in mem: the schema's and its text's blocks */
 	struct mlfs_view *view;	   /* NULL until schema and config are set; never NULL again */
 	int64_t *steps;		   /* per rank of view->layout, -1 = never saved */
-	/* Per rank of @saves_view: MLFS_SAVE_* (mlfs_store_saving), reset when
-	 * the view or an import replaces the partitions. Store lock. */
+	/* Per rank of view->layout: MLFS_SAVE_* (mlfs_store_saving), reset
+	 * with @steps (a new view) and by an import. Store lock. */
 	uint8_t *saves;
 	int saves_n;
-	const struct mlfs_view *saves_view;
 	/* In a job of many nodes, the layout planned from by the last commit
 	 * (the one current before it, or the one it recovered from), kept with
 	 * the step it holds until every node of that commit serves the new
@@ -399,7 +398,8 @@ enum { MLFS_SAVE_NONE, MLFS_SAVE_CLEAN, MLFS_SAVE_PARTIAL };
 /* The first local rank of the current layout whose save is partial
  * (MLFS_SAVE_PARTIAL), or -1: a reconfiguration would build the new layout
  * from partitions newer than the step the ranks agree on. @reset: forget
- * every rank's (an import made the partitions one step's). Lock held. */
+ * every rank's (a new view, whose steps are new too; an import, which made
+ * the partitions one step's). Lock held. */
 int mlfs_store_saving(struct mlfs_store *st, bool reset);
 
 int mlfs_store_set_step(struct mlfs_store *st, int rank, const char *text, size_t len,
