@@ -173,8 +173,12 @@ struct mlfs_cluster {
 	 * last vote, on attempt @voted_id, ready or not. */
 	char voted_id[24];
 	bool voted_ready;
-	char *mine;	     /* lock: the text of the attempt this node created */
-	int64_t mine_rev;    /* lock: the revision that created it (0: not yet) */
+	char *mine;	  /* lock: the text of the attempt this node created */
+	int64_t mine_rev; /* lock: the revision that created it (0: not yet) */
+	/* lock: config writes on this node building an attempt (propose): the
+	 * control thread follows the votes and the entries from then on, so
+	 * that both watches are live before the attempt exists */
+	int proposing;
 	int64_t cluster_mod; /* lock: the "cluster" key's revision last taken */
 	int64_t saved_put;   /* publock: the step in saved/<id>, put or read (-1: none) */
 	/* job/ as the coordinator has it, staged for attempt @job_to (the

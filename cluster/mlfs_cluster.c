@@ -144,7 +144,8 @@ static bool need_peers(struct mlfs_cluster *c)
 	pthread_mutex_lock(&c->lock);
 	/* (announce is set by the commit transaction, before this node's
 	 * own swap sets swap_wait: the entries stay followed between) */
-	bool need = backups || c->mine != NULL || c->announce || mlfs_controller_leading(c->ctl) ||
+	bool need = backups || c->mine != NULL || c->proposing || c->announce ||
+		    mlfs_controller_leading(c->ctl) ||
 		    (c->swap_wait && mlfs_cluster_now_ms() - c->swap_since_ms >=
 					 mlfs_release_wait_ms(mlfs_store_cluster(c->st)->nnodes));
 	pthread_mutex_unlock(&c->lock);
@@ -182,7 +183,7 @@ static void round_once(struct mlfs_cluster *c)
 	struct mlfs_jobkeys k;
 	struct ptc_error why = {.text = ""};
 	pthread_mutex_lock(&c->lock);
-	bool coordinating = c->mine != NULL;
+	bool coordinating = c->mine != NULL || c->proposing; /* follows the votes */
 	pthread_mutex_unlock(&c->lock);
 	int rc = mlfs_mirror_sync(&c->mirror, &why);
 

@@ -514,6 +514,14 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 	pthread_mutex_lock(&c->lock);
 	if (rc == 0 && c->mine == att) /* from then on, its absence means it is gone */
 		c->mine_rev = *rev;
+	/* Refused: never this node's (etcd's answer is certain). Not after
+	 * -EIO: the transaction may have applied, and then the control thread
+	 * coordinates it when it sees it. */
+	if (rc == -EBUSY && c->mine == att) {
+		free(c->mine);
+		c->mine = NULL;
+		c->mine_rev = 0;
+	}
 	pthread_mutex_unlock(&c->lock);
 	if (rc && me_in) { /* no attempt of ours: the next one starts */
 		pthread_mutex_lock(&c->lock);
@@ -539,11 +547,22 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	int64_t rev = 0;
 
 	attempt_id(aid);
+	/* The control thread starts following the votes and the entries now:
+	 * started once the attempt exists, the two watches and their reads
+	 * met etcd busy with every participant's vote (16 ms of a 40 ms
+	 * reconfiguration at 32 nodes before this node could vote itself). */
+	pthread_mutex_lock(&c->lock);
+	c->proposing++;
+	pthread_mutex_unlock(&c->lock);
+	mlfs_cluster_wake(c);
 	json_t *parts = NULL;
 	int rc = propose_build(c, k, cfg, agreed, text, aid, &att, &dn, &me_in, &parts, by, err);
 	if (rc == 0)
 		rc = propose_create(c, k, cfg->version, att, aid, me_in && !replace, replace, &rev,
 				    err);
+	if (rc == 0)
+		mlfs_log(MLFS_LOG_DEBUG, "cluster: attempt %s to version %" PRId64 " created", aid,
+			 cfg->version);
 	if (rc == 0 && replace)
 		mlfs_log(MLFS_LOG_WARNING,
 			 "elastic: a config written on node %s replaces the controller's attempt",
@@ -564,6 +583,11 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	}
 	mlfs_attempt_down_free(&dn);
 	json_decref(parts);
+	pthread_mutex_lock(&c->lock);
+	c->proposing--;
+	pthread_mutex_unlock(&c->lock);
+	if (rc)
+		mlfs_cluster_wake(c); /* no attempt of this node's: the round stops following */
 	return rc;
 }
 

@@ -545,6 +545,7 @@ static void reconf_prepared(struct mlfs_store *st, struct mlfs_attempt *a, int r
 		return;
 	}
 	set_state(st, MLFS_RECONF_PREPARED);
+	mlfs_log(MLFS_LOG_DEBUG, "store: prepared version %" PRId64, st->target_version);
 	if (!a->autocommit) {
 		pthread_mutex_unlock(&st->lock);
 		return;

@@ -909,3 +909,55 @@ def test_harness_survives_a_frozen_daemon(cluster_factory):
         raise AssertionError("a frozen daemon answered")
     cl.thaw("n1")
     assert cl["n1"].status()["node"] == "n1"
+
+
+def etcd_watchers(url):
+    """etcd's count of live watchers (one per watched range of every stream)."""
+    import re
+    import urllib.request
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    m = re.search(r"^etcd_debugging_mvcc_watcher_total ([0-9.e+]+)$", text, re.M)
+    return int(float(m.group(1)))
+
+
+def test_a_refused_attempt_leaves_no_watch_behind(cluster_factory):
+    """A config refused at the attempt's creation (another node's attempt was
+    created between this node's read and its transaction) leaves this node
+    coordinating nothing: it stops following the votes and the entries, which a
+    coordinator follows (at 64 nodes, every entry put would keep reaching it)."""
+    cl = cluster_factory()
+    full = full_of(23)
+    cl.start_job(MIXED, V1, "n0", full, step=5)
+    time.sleep(1.5)
+    base = etcd_watchers(cl.etcd.url)
+    refused_at_creation = 0
+    for version in range(2, 12):
+        cfg = {"version": version, "tp": 1 + version % 2, "pp": 1, "dp": 4 // (1 + version % 2),
+               "nodes": ALL}
+        gate = threading.Barrier(2)
+        result = {}
+
+        def write(nid):
+            gate.wait()
+            try:
+                cl[nid].write("config.json", json.dumps(cfg))
+                result[nid] = ""
+            except OSError:
+                result[nid] = cl[nid].status().get("error") or "?"
+
+        threads = [threading.Thread(target=write, args=(nid,)) for nid in ("n1", "n2")]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert sorted(result.values()).count("") == 1, result
+        refused_at_creation += any("meanwhile" in e for e in result.values())
+        cl.wait_version(version)
+        if refused_at_creation:
+            break
+    assert refused_at_creation, "no config was refused at the attempt's creation"
+    # Every node back to its one watch of the job's keys (the commit's coordinator
+    # stops following the entries once it announced the release).
+    cl.wait(lambda: etcd_watchers(cl.etcd.url) <= base, f"watchers back to {base}",
+            timeout=10)
+    cl.check_layout(MIXED, cfg, full, step=5)
