@@ -148,6 +148,14 @@ int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
  * elastic controller's choice (mlfs_elastic.c) ask it. */
 int mlfs_decide_servable(const struct ptc_layout *from, const struct ptc_layout *to,
 			 const int *down, int ndown, const int *backup_of, struct ptc_error *why);
+/* The same answer from one node's plan at a time (ptc_plan_compute_node,
+ * for every node hosting ranks of @to), in memory that follows the
+ * largest node's partitions: what mlfs_decide_servable does for a job past
+ * the whole job's plan (PTC_MAX_JOB_PARTITIONS, -E2BIG; 512 ranks of a
+ * 51,000-tensor mixture of experts). Pure. */
+int mlfs_decide_servable_by_node(const struct ptc_layout *from, const struct ptc_layout *to,
+				 const int *down, int ndown, const int *backup_of,
+				 struct ptc_error *why);
 
 /* `mlfs import --every-node` (mlfs_jobimport.c). Whether the import may
  * start for config @c given the nodes' entries @nodes ({id: entry}) and

@@ -240,12 +240,30 @@ int mlfs_decide(const struct mlfs_snap *s, struct mlfs_action *acts)
 	return o.n;
 }
 
+int mlfs_decide_servable_by_node(const struct ptc_layout *from, const struct ptc_layout *to,
+				 const int *down, int ndown, const int *backup_of,
+				 struct ptc_error *why)
+{
+	int rc = 0;
+	/* every row of @to is built by the node that hosts it: each such
+	 * node's plan finds a source for every row it needs, or says which */
+	for (int n = 0; n < to->cluster->nnodes && rc == 0; n++) {
+		struct ptc_plan *p = NULL;
+		if (to->node_nranks[n] > 0)
+			rc = ptc_plan_compute_node(from, to, down, ndown, backup_of, n, &p, why);
+		ptc_plan_free(p);
+	}
+	return rc == -ENOMEM ? rc : rc ? 1 : 0;
+}
+
 int mlfs_decide_servable(const struct ptc_layout *from, const struct ptc_layout *to,
 			 const int *down, int ndown, const int *backup_of, struct ptc_error *why)
 {
 	struct ptc_plan *p = NULL;
 	int rc = ptc_plan_compute_backups(from, to, down, ndown, backup_of, &p, why);
 	ptc_plan_free(p);
+	if (rc == -E2BIG) /* past the whole job's plan: one node's at a time */
+		return mlfs_decide_servable_by_node(from, to, down, ndown, backup_of, why);
 	return rc == -ENOMEM ? rc : rc ? 1 : 0;
 }
 

@@ -20,7 +20,8 @@
  * samples: the training keeps its global batch), and the first whose plan
  * from the committed
  * layout exists with the down nodes' partitions taken from DP replicas or
- * backups (ptc_plan_compute_backups) wins: a layout that needs state no
+ * backups (mlfs_decide_servable: the whole job's plan, or one node's at a
+ * time past PTC_MAX_JOB_PARTITIONS) wins: a layout that needs state no
  * live node holds is not a candidate, whatever its speed. When no layout
  * of all the chosen nodes fits (6 devices, and a batch of 16 or 4 layers
  * that 3 cannot divide) or can be served, the first n - 1 of them are

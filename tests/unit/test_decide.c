@@ -579,6 +579,114 @@ static void test_source_after_a_death_before_the_swap(void **state)
 	src_free(&k);
 }
 
+/* mlfs_decide_servable_by_node answers what the whole job's plan answers. */
+static void test_servable_by_node_agrees(void **state)
+{
+	(void)state;
+	struct src_layouts k = {.s = schema_ok(src_schema), .cl = cluster_ok(src_cluster)};
+	struct ptc_layout *v1 =
+	    src_layout(&k, "{'version': 1, 'tp': 1, 'pp': 1, 'dp': 2, 'nodes': ['n0', 'n1']}");
+	struct ptc_layout *v2 =
+	    src_layout(&k, "{'version': 2, 'tp': 1, 'pp': 2, 'dp': 1, 'nodes': ['n2', 'n3']}");
+	struct ptc_layout *v3 =
+	    src_layout(&k, "{'version': 3, 'tp': 2, 'pp': 1, 'dp': 1, 'nodes': ['n1', 'n2']}");
+	const struct ptc_layout *from[] = {v1, v1, v1, v1, v2, v2, v3};
+	const struct ptc_layout *to[] = {v2, v2, v2, v3, v1, v3, v2};
+	int down[][2] = {{-1, -1}, {0, -1}, {0, 1}, {1, -1}, {3, -1}, {2, -1}, {0, -1}};
+	int ndown[] = {0, 1, 2, 1, 1, 1, 1};
+	int servable[] = {0, 0, 1, 1, 1, 1, 0}; /* v3 uses n1 (down); n3 held stage 1 alone */
+	for (size_t i = 0; i < sizeof(ndown) / sizeof(ndown[0]); i++) {
+		struct ptc_error w1 = {.text = ""}, w2 = {.text = ""};
+		int a = mlfs_decide_servable(from[i], to[i], down[i], ndown[i], NULL, &w1);
+		int b = mlfs_decide_servable_by_node(from[i], to[i], down[i], ndown[i], NULL, &w2);
+		if (a != servable[i] || b != servable[i])
+			print_error("case %zu: whole job %d (%s), by node %d (%s)\n", i, a, w1.text,
+				    b, w2.text);
+		assert_int_equal(a, servable[i]);
+		assert_int_equal(b, servable[i]);
+		assert_int_equal(!w2.text[0], !servable[i]); /* a refusal says why */
+	}
+	src_free(&k);
+}
+
+/* A job past the whole job's plan (2,048 ranks x 65,537 tensors): the
+ * controller's question still has an answer, from one node at a time. */
+static void test_servable_past_the_whole_job_plan(void **state)
+{
+	(void)state;
+	enum { NODES = 256, LAYERS = 8192 };
+	size_t cap = 1 << 16;
+	char *text = malloc(cap), *ids[NODES];
+	int n = snprintf(text, cap,
+			 "{'model': 'm', 'num_layers': %d, 'states': {'model': {}}, 'tensors': "
+			 "[{'name': 'emb', 'dtype': 'float32', 'shape': [8, 4], 'place': 'first'}",
+			 LAYERS);
+	for (int t = 0; t < 8; t++)
+		n += snprintf(text + n, cap - (size_t)n,
+			      ", {'name': 'layers/{L}/w%d', 'dtype': 'float32', 'shape': [4, 4]}",
+			      t);
+	snprintf(text + n, cap - (size_t)n, "]}");
+	struct ptc_schema *s = schema_ok(text);
+	for (int i = 0; i < NODES; i++) {
+		ids[i] = malloc(16);
+		snprintf(ids[i], 16, "n%d", i);
+	}
+	struct ptc_cluster *cl = ptc_cluster_new_uniform(NODES, ids, 8);
+	assert_non_null(cl);
+	/* from: pp 128 x dp 16 on every node (a stage's replicas on two nodes:
+	 * Megatron's order puts DP next to TP); to: pp 128 x dp 8 on 128 nodes
+	 * without n5 */
+	n = snprintf(text, cap, "{'version': 1, 'tp': 1, 'pp': 128, 'dp': 16, 'nodes': [");
+	for (int i = 0; i < NODES; i++)
+		n += snprintf(text + n, cap - (size_t)n, "%s'n%d'", i ? ", " : "", i);
+	snprintf(text + n, cap - (size_t)n, "]}");
+	struct ptc_config *ca = config_ok(text);
+	n = snprintf(text, cap, "{'version': 2, 'tp': 1, 'pp': 128, 'dp': 8, 'nodes': [");
+	for (int i = 6; i < 6 + 128; i++)
+		n += snprintf(text + n, cap - (size_t)n, "%s'n%d'", i > 6 ? ", " : "", i);
+	snprintf(text + n, cap - (size_t)n, "]}");
+	struct ptc_config *cb = config_ok(text);
+	struct ptc_layout a, b;
+	struct ptc_error why = {.text = ""};
+	assert_int_equal(ptc_layout_init(&a, s, ca, cl, "a", &why), 0);
+	assert_int_equal(ptc_layout_init(&b, s, cb, cl, "b", &why), 0);
+	struct ptc_plan *p = NULL;
+	assert_int_equal(ptc_plan_compute_backups(&a, &b, NULL, 0, NULL, &p, &why), -E2BIG);
+	ptc_plan_free(p);
+
+	/* n5 down: its stages have their other DP replica elsewhere */
+	int down[8] = {5};
+	why.text[0] = '\0';
+	int rc = mlfs_decide_servable(&a, &b, down, 1, NULL, &why);
+	if (rc)
+		print_error("%s\n", why.text);
+	assert_int_equal(rc, 0);
+	/* the nodes of both replicas of rank 0's stage down: nothing holds it */
+	int nd = 0;
+	for (int r = 0; r < a.world; r++)
+		if (a.ranks[r].p == 0) {
+			bool seen = false;
+			for (int i = 0; i < nd; i++)
+				seen |= down[i] == a.ranks[r].node;
+			if (!seen)
+				down[nd++] = a.ranks[r].node;
+		}
+	assert_int_equal(nd, 2);
+	why.text[0] = '\0';
+	assert_int_equal(mlfs_decide_servable(&a, &b, down, nd, NULL, &why), 1);
+	assert_non_null(strstr(why.text, "emb"));
+
+	ptc_layout_release(&a);
+	ptc_layout_release(&b);
+	ptc_config_free(ca);
+	ptc_config_free(cb);
+	ptc_cluster_free(cl);
+	ptc_schema_free(s);
+	for (int i = 0; i < NODES; i++)
+		free(ids[i]);
+	free(text);
+}
+
 /* A job of @n nodes named "n<i>" in a shuffled order (ids like n1, n10,
  * n100 are prefixes of each other), so that the index has to sort. */
 static void shuffled_nodes(struct mlfs_snap_node *nodes, char (*ids)[16], int n)
@@ -763,6 +871,8 @@ int main(void)
 	    cmocka_unit_test(test_lease_lost_and_regained),
 	    cmocka_unit_test(test_wrong_version_votes_failed),
 	    cmocka_unit_test(test_source_after_a_death_before_the_swap),
+	    cmocka_unit_test(test_servable_by_node_agrees),
+	    cmocka_unit_test(test_servable_past_the_whole_job_plan),
 	    cmocka_unit_test(test_snap_index_finds_what_a_search_finds),
 	    cmocka_unit_test(test_participants_packed_as_ranges),
 	    cmocka_unit_test(test_lease_schedule_keeps_etcd_at_1000_keepalives),
