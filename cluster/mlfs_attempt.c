@@ -562,6 +562,10 @@ static void act_restore(struct mlfs_cluster *c, const struct mlfs_jobkeys *k)
 
 	pthread_mutex_lock(&c->lock);
 	snprintf(c->restore_tried, sizeof(c->restore_tried), "%s", id ? id : "");
+	/* under way: an entry put meanwhile (a backup's, a step's) says this
+	 * id and no error, not the previous restore's error under this id
+	 * (the command would report that failure for this run) */
+	c->restore_error[0] = '\0';
 	pthread_mutex_unlock(&c->lock);
 	if (!dir || !json_is_integer(step))
 		rc = ptc_errorf(&err, "resume: the restore key names no snapshot");
