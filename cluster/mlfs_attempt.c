@@ -91,6 +91,11 @@ static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t
 	    {.kind = NET_ETCD_PUT, .key = kr, .value = res, .len = strlen(res)}};
 	const struct net_etcd_op *ops = reason ? commit + 2 : commit;
 	size_t nops = reason ? 3 : 5;
+	/* The votes are decided on: their watch ends before the transaction
+	 * deletes them (N deletions would come back to it, each a wake-up);
+	 * the next round follows them again if the attempt is still this
+	 * node's (the transaction failed). */
+	mlfs_mirror_stop(&c->votes);
 	if (net_etcd_txn(c->etcd, &still, 1, ops, nops, NULL, 0, &ok, NULL, NULL, &why) == 0 &&
 	    ok) {
 		pthread_mutex_lock(&c->lock);
