@@ -164,6 +164,7 @@ bench: deps
 	$(PY) tests/bench/bench_cluster.py --size-mib 1500
 	$(PY) tests/bench/bench_stview.py --size-mib 256
 	$(PY) tests/bench/bench_control.py --nodes 4,16,32,64
+	$(PY) tests/bench/bench_etcd_cost.py --watchers 32
 	BUILD=$(BUILD) $(PY) examples/elastic_auto.py --out $(BUILD)/elastic-auto
 	$(PY) tests/bench/bench_sim.py --nodes 1000,10000 --timeout 120
 	$(PY) tests/bench/bench_sim.py --nodes 10000 --timeout 120 --sim-args "--to-nodes 1"

@@ -130,12 +130,11 @@ static void reconf_changed(void *arg)
 }
 
 /* Whether this node follows the nodes' entries now: it coordinates an
- * attempt (who is down: rule 7), it made the last commit and waits for
- * every participant's swap to announce it (rule 8), a retained layout
- * waited for an announcement for 2 s (mlfs_release_wait_ms; its
- * coordinator may be gone: it looks itself), or it keeps backups (the
- * steps of the node it backs up). Otherwise no node's entry put reaches
- * it. */
+ * attempt, or is building one (who is down: rule 7; both watches are live
+ * before the attempt exists, not started while every vote comes in), it made the last commit and
+ * waits for every participant's swap to announce it (rule 8), a retained layout waited for an
+ * announcement for 2 s (mlfs_release_wait_ms; its coordinator may be gone: it looks itself), or it
+ * keeps backups (the steps of the node it backs up). Otherwise no node's entry put reaches it. */
 static bool need_peers(struct mlfs_cluster *c)
 {
 	struct mlfs_view *v = mlfs_store_view(c->st);
@@ -315,7 +314,8 @@ static void keys_changed(void *arg)
 	mlfs_cluster_wake(arg);
 }
 
-/* The votes mirror's hook (live only while this node coordinates). */
+/* The votes mirror's hook (live only while this node builds or coordinates
+ * an attempt, until its commit or abort transaction). */
 static void votes_changed(void *arg)
 {
 	mlfs_cluster_wake(arg);

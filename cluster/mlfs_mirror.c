@@ -23,7 +23,7 @@
  * mlfs_mirror_sync reads the keys again and starts a new watch; until
  * then the control thread treats etcd as unreachable and decides nothing.
  * A node has three (mlfs_cluster.c): the job's keys, always; the votes,
- * while it coordinates an attempt; the nodes' entries, while it needs
+ * while it builds or coordinates an attempt; the nodes' entries, while it needs
  * them. The last two are started when needed and stopped
  * (mlfs_mirror_stop) after.
  *
