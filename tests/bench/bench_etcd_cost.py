@@ -27,17 +27,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))  # the mlfs package of this tree
 from mlfs.testing.etcd import Etcd  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_control import cpu_seconds  # noqa: E402
 
 
 def b64(s):
     return base64.b64encode(s.encode()).decode()
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def post(conn, path, body):
@@ -73,13 +68,13 @@ def one(tmp_root, watchers, requests, size):
         value = b64("x" * size)
         out = {}
         for kind in ("put", "range"):
-            c0, t0 = cpu_seconds(et.pid), time.monotonic()
+            c0, t0 = cpu_seconds([et.pid]), time.monotonic()
             for i in range(requests):
                 if kind == "put":
                     post(conn, "/v3/kv/put", {"key": b64(f"/b/k{i % 64}"), "value": value})
                 else:
                     post(conn, "/v3/kv/range", {"key": b64(f"/b/k{i % 64}")})
-            out[kind + "_cpu_ms"] = round((cpu_seconds(et.pid) - c0) / requests * 1000, 3)
+            out[kind + "_cpu_ms"] = round((cpu_seconds([et.pid]) - c0) / requests * 1000, 3)
             out[kind + "_wall_ms"] = round((time.monotonic() - t0) / requests * 1000, 3)
         return out
     finally:
