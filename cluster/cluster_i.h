@@ -228,6 +228,12 @@ struct mlfs_cluster {
 	 * last (mlfs_jobkeys.c). The entries are shared, read-only. */
 	pthread_mutex_t parsed_lock;
 	json_t *parsed;
+	/* parsed_lock: the attempt and the config as last parsed, by their
+	 * text (every round of an attempt parsed both again); the attempt is
+	 * shared, read-only, its participants unpacked. */
+	char *parsed_att_text, *parsed_cfg_text;
+	int64_t parsed_cfg_version;
+	json_t *parsed_att;
 };
 
 /* Wall-clock milliseconds (an attempt's deadline is one: every node
@@ -445,9 +451,10 @@ void mlfs_attempt_waiting(struct mlfs_cluster *c, char *buf, size_t cap);
 int mlfs_propose(void *arg, bool config, const char *text, size_t len, struct ptc_error *err);
 /* The same for a config the elastic controller proposes: its attempt says
  * so ("by": "controller"), and a person's config replaces it while it has
- * not committed. The controller thread. */
+ * not committed; the revision that created the attempt into *@created
+ * (0 when none was). The controller thread. */
 int mlfs_propose_for_controller(struct mlfs_cluster *c, const char *text, size_t len,
-				struct ptc_error *err);
+				int64_t *created, struct ptc_error *err);
 
 /* ------------------------------------------------------- mlfs_jobsync.c */
 

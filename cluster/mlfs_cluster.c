@@ -210,8 +210,12 @@ static void round_once(struct mlfs_cluster *c)
 	mlfs_join_sync(c, &k);
 	if (k.nodes_known)
 		mlfs_nodeentry_sync_steps(c, k.nodes);
-	mlfs_backup_kick(mlfs_backup_of(c->st));
 	mlfs_attempt_round(c, &k, true);
+	/* after the actions: a first layout installed (or a commit) by this
+	 * round is what the backup thread must see; kicked before it, the
+	 * thread found no layout and waited for the next round, up to the
+	 * 30 s nap when nothing else changed */
+	mlfs_backup_kick(mlfs_backup_of(c->st));
 	mlfs_controller_note(c->ctl, &k);
 	pthread_mutex_lock(&c->lock);
 	json_decref(c->attempt);
@@ -364,6 +368,9 @@ static void cluster_free(struct mlfs_cluster *c)
 	pthread_mutex_destroy(&c->seen_lock);
 	pthread_mutex_destroy(&c->lock);
 	json_decref(c->parsed);
+	json_decref(c->parsed_att);
+	free(c->parsed_att_text);
+	free(c->parsed_cfg_text);
 	json_decref(c->seen);
 	free(c);
 }

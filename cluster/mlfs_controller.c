@@ -70,10 +70,14 @@ struct mlfs_controller {
 	int64_t noted_mod, noted_holder; /* the config's and the controller key's revisions */
 	bool noted_elastic;
 	/* lock: for status.json */
-	char holder[128];	 /* the controller's id ("": none) */
-	char decision[1024];	 /* the last decision and why */
-	char error[1024];	 /* the last proposal's refusal ("": none) */
-	int64_t proposed;	 /* the version it last proposed (0: none) */
+	char holder[128];    /* the controller's id ("": none) */
+	char decision[1024]; /* the last decision and why */
+	char error[1024];    /* the last proposal's refusal ("": none) */
+	int64_t proposed;    /* the version it last proposed (0: none) */
+	/* the revision that created its last attempt (controller thread): a
+	 * view of the keys older than that lacks the attempt, and must not
+	 * propose the same config again (the rounds during a proposal kick) */
+	int64_t proposed_rev;
 	char proposed_why[1024]; /* the decision that proposed it */
 	double seen_at;		 /* when the change it answered was seen (wall clock, s) */
 	double proposed_at;	 /* when it was proposed (wall clock, s) */
@@ -215,8 +219,11 @@ static void lead(struct mlfs_controller *t, const struct mlfs_jobkeys *k,
 	struct ptc_error err = {.text = ""};
 	int64_t to = json_integer_value(json_object_get(out.config, "version"));
 	note(t, out.why, "");
-	int rc = text ? mlfs_propose_for_controller(c, text, strlen(text), &err) : -ENOMEM;
+	int64_t created = 0;
+	int rc =
+	    text ? mlfs_propose_for_controller(c, text, strlen(text), &created, &err) : -ENOMEM;
 	free(text);
+	t->proposed_rev = created;
 	pthread_mutex_lock(&t->lock);
 	t->proposed = to;
 	t->seen_at = t->changed_at;
@@ -275,6 +282,8 @@ static void tick(struct mlfs_controller *t)
 		note(t, "the committed config is not elastic", NULL);
 	else if (leading && !k.nodes_known)
 		; /* the entries are not followed yet: the next kick */
+	else if (leading && k.revision < t->proposed_rev)
+		; /* its attempt not in this view yet: the round that brings it kicks */
 	else if (leading && k.attempt)
 		note(t, "a reconfiguration is in progress", NULL);
 	else if (leading)

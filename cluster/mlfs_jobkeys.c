@@ -83,6 +83,69 @@ static json_t *entry_parsed(struct mlfs_cluster *c, const char *id, const struct
 	return j;
 }
 
+/* Whether @text (a cached copy, NUL-terminated) is @kv's value. */
+static bool same_text(const char *text, const struct net_etcd_kv *kv)
+{
+	return text && strlen(text) == kv->len && memcmp(text, kv->value, kv->len) == 0;
+}
+
+/* The attempt @kv parsed, its participants unpacked (mlfs_ids_pack's
+ * ranges, as the coordinator put them): a new reference, shared with the
+ * cache of @c (read-only), or NULL when it is no JSON. */
+static json_t *attempt_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *kv)
+{
+	json_t *j = NULL;
+	pthread_mutex_lock(&c->parsed_lock);
+	if (c->parsed_att && same_text(c->parsed_att_text, kv))
+		j = json_incref(c->parsed_att);
+	pthread_mutex_unlock(&c->parsed_lock);
+	if (j)
+		return j;
+	j = json_loadb(kv->value, kv->len, 0, NULL);
+	const char *packed = json_string_value(json_object_get(j, "participants"));
+	bool whole = true;
+	if (packed) {
+		struct ptc_error err;
+		json_t *ids = mlfs_ids_unpack(packed, mlfs_store_cluster(c->st), &err);
+		if (!ids) /* (a node that joined, not in this node's cluster yet:
+			   * not cached, the next round unpacks it again) */
+			mlfs_log(MLFS_LOG_WARNING, "cluster: etcd's attempt: %s", err.text);
+		whole = ids != NULL;
+		json_object_set_new(j, "participants", ids ? ids : json_array());
+	}
+	char *text = j && whole ? strndup(kv->value, kv->len) : NULL;
+	if (text) {
+		pthread_mutex_lock(&c->parsed_lock);
+		json_decref(c->parsed_att);
+		free(c->parsed_att_text);
+		c->parsed_att = json_incref(j);
+		c->parsed_att_text = text;
+		pthread_mutex_unlock(&c->parsed_lock);
+	}
+	return j;
+}
+
+/* The version of the config @kv (-1: none in it), parsed once per text. */
+static int64_t config_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *kv)
+{
+	pthread_mutex_lock(&c->parsed_lock);
+	bool hit = same_text(c->parsed_cfg_text, kv);
+	int64_t v = c->parsed_cfg_version;
+	pthread_mutex_unlock(&c->parsed_lock);
+	if (hit)
+		return v;
+	v = config_version(kv->value, kv->len);
+	char *text = strndup(kv->value, kv->len);
+	if (text) {
+		pthread_mutex_lock(&c->parsed_lock);
+		free(c->parsed_cfg_text);
+		c->parsed_cfg_text = text;
+		c->parsed_cfg_version = v;
+		pthread_mutex_unlock(&c->parsed_lock);
+	}
+	return v;
+}
+
 /* Sorts the job's keys @kvs (@n of them, taken over) of a read at
  * @revision into @k. */
 static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int64_t revision,
@@ -122,16 +185,8 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 			k->import_j = json_loadb(kv->value, kv->len, 0, NULL);
 	}
 	if (k->attempt)
-		k->attempt_j = json_loadb(k->attempt->value, k->attempt->len, 0, NULL);
-	const char *packed = json_string_value(json_object_get(k->attempt_j, "participants"));
-	if (packed) { /* mlfs_ids_pack's ranges, as the coordinator put them */
-		struct ptc_error err;
-		json_t *ids = mlfs_ids_unpack(packed, mlfs_store_cluster(c->st), &err);
-		if (!ids)
-			mlfs_log(MLFS_LOG_WARNING, "cluster: etcd's attempt: %s", err.text);
-		json_object_set_new(k->attempt_j, "participants", ids ? ids : json_array());
-	}
-	k->committed = k->config ? config_version(k->config->value, k->config->len) : 0;
+		k->attempt_j = attempt_parsed(c, k->attempt);
+	k->committed = k->config ? config_parsed(c, k->config) : 0;
 }
 
 /* {id: entry} of the nodes' keys @kvs (@n; entries and saved marks). */

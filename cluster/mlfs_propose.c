@@ -538,7 +538,7 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 			   const struct ptc_config *cfg, int64_t agreed, const char *text,
 			   size_t len, const char *by, const struct net_etcd_kv *replace,
-			   struct ptc_error *err)
+			   int64_t *created, struct ptc_error *err)
 {
 	struct mlfs_reconf_down dn;
 	char aid[24], *att;
@@ -563,6 +563,8 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	if (rc == 0)
 		mlfs_log(MLFS_LOG_DEBUG, "cluster: attempt %s to version %" PRId64 " created", aid,
 			 cfg->version);
+	if (rc == 0 && created)
+		*created = rev;
 	if (rc == 0 && replace)
 		mlfs_log(MLFS_LOG_WARNING,
 			 "elastic: a config written on node %s replaces the controller's attempt",
@@ -594,7 +596,7 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 /* ------------------------------------------------------------------ config */
 
 static int propose_config(struct mlfs_cluster *c, const char *text, size_t len, const char *by,
-			  struct ptc_error *err)
+			  int64_t *created, struct ptc_error *err)
 {
 	struct ptc_config *cfg;
 	struct mlfs_jobkeys k;
@@ -629,7 +631,7 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len, 
 	} else if (!k.config) {
 		rc = propose_first(c, cfg, text, len, err);
 	} else {
-		rc = propose_attempt(c, &k, cfg, agreed, text, len, by, replace, err);
+		rc = propose_attempt(c, &k, cfg, agreed, text, len, by, replace, created, err);
 	}
 	mlfs_jobkeys_free(&k);
 	ptc_config_free(cfg);
@@ -639,11 +641,13 @@ static int propose_config(struct mlfs_cluster *c, const char *text, size_t len, 
 int mlfs_propose(void *arg, bool config, const char *text, size_t len, struct ptc_error *err)
 {
 	struct mlfs_cluster *c = arg;
-	return config ? propose_config(c, text, len, NULL, err) : propose_schema(c, text, len, err);
+	return config ? propose_config(c, text, len, NULL, NULL, err)
+		      : propose_schema(c, text, len, err);
 }
 
 int mlfs_propose_for_controller(struct mlfs_cluster *c, const char *text, size_t len,
-				struct ptc_error *err)
+				int64_t *created, struct ptc_error *err)
 {
-	return propose_config(c, text, len, "controller", err);
+	*created = 0;
+	return propose_config(c, text, len, "controller", created, err);
 }
