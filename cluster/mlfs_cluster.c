@@ -130,11 +130,13 @@ static void reconf_changed(void *arg)
 }
 
 /* Whether this node follows the nodes' entries now: it coordinates an
- * attempt, or is building one (who is down: rule 7; both watches are live
- * before the attempt exists, not started while every vote comes in), it made the last commit and
- * waits for every participant's swap to announce it (rule 8), a retained layout waited for an
- * announcement for 2 s (mlfs_release_wait_ms; its coordinator may be gone: it looks itself), or it
- * keeps backups (the steps of the node it backs up). Otherwise no node's entry put reaches it. */
+ * attempt, or is building one (who is down: rule 7; the watch is live
+ * before the attempt exists, not started while every vote comes in), it
+ * made the last commit and waits for every participant's swap to announce
+ * it (rule 8), a retained layout waited for an announcement for 2 s
+ * (mlfs_release_wait_ms; its coordinator may be gone: it looks itself),
+ * or it keeps backups (the steps of the node it backs up). Otherwise no
+ * node's entry put reaches it. */
 static bool need_peers(struct mlfs_cluster *c)
 {
 	struct mlfs_view *v = mlfs_store_view(c->st);
