@@ -470,11 +470,31 @@ static void act_commit(struct mlfs_cluster *c, int64_t version)
 	c->publish_at_ms =
 	    mlfs_cluster_now_ms() + mlfs_publish_delay_ms(mlfs_store_cluster(st)->nnodes, st->node);
 	if (c->job && c->job_to == version) {
+		/* This node's job/ writes since the coordinator read its
+		 * manifest are newer than the staged tree's copies, or absent
+		 * from it: taken in, so that none is lost (the next commit's
+		 * union brings them to the other nodes). When they cannot be
+		 * (memory; a file against a directory), the live tree stays:
+		 * this node's job/ differs from the others' until then. */
+		int kept = 0;
 		pthread_mutex_lock(&st->lock);
 		struct mlfs_job *old = st->job;
-		st->job = c->job;
+		int rc = mlfs_job_keep_newer(c->job, old, &kept);
+		if (rc == 0)
+			st->job = c->job;
 		pthread_mutex_unlock(&st->lock);
-		mlfs_job_free(old);
+		if (rc)
+			mlfs_log(MLFS_LOG_WARNING,
+				 "cluster: job/ of version %" PRId64 " not taken: this node's "
+				 "job/ written during the reconfiguration cannot join it (%s); "
+				 "it stays as it is until the next commit",
+				 version, strerror(-rc));
+		else if (kept)
+			mlfs_log(MLFS_LOG_INFO,
+				 "cluster: %d job/ file(s) written during the reconfiguration to "
+				 "version %" PRId64 " kept",
+				 kept, version);
+		mlfs_job_free(rc ? c->job : old);
 		c->job = NULL;
 		c->job_to = 0;
 	}

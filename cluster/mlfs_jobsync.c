@@ -67,21 +67,35 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 			continue;
 		uint64_t want = strtoull(json_string_value(json_object_get(e, "h")), NULL, 16);
 		size_t size = (size_t)json_integer_value(json_object_get(e, "n"));
+		/* the time its source wrote it, not now: the next union (and
+		 * the swap's, mlfs_job_keep_newer) compares it */
+		int64_t m = json_integer_value(json_object_get(e, "m"));
+		const char *src = json_string_value(json_object_get(e, "s"));
+		bool own = src && strcmp(src, mlfs_store_cluster(st)->nodes[st->node].id) == 0;
 		/* Alike here (by the hash cached when it was written): the staged
-		 * file shares its buffer, no copy. */
+		 * file shares its buffer, no copy. This node's own copy, which
+		 * the manifest names, shared even when written since: it is
+		 * newer than the manifest's, and the swap would keep it anyway
+		 * (its mtime goes with it). */
 		pthread_mutex_lock(&st->lock);
 		struct mlfs_job *mine = mlfs_jobsync_find(st->job, path);
-		if (mine && !mine->dir && mine->size == size && mlfs_job_hash(mine) == want)
+		if (mine && !mine->dir &&
+		    ((mine->size == size && mlfs_job_hash(mine) == want) || own)) {
+			if (mine->size != size || mlfs_job_hash(mine) != want)
+				m = (int64_t)mine->mtime.tv_sec * 1000000000LL +
+				    mine->mtime.tv_nsec;
 			rc = mlfs_job_share(f, mine->buf);
-		else
+		} else {
 			mine = NULL;
+		}
 		pthread_mutex_unlock(&st->lock);
+		if (rc == 0 && mine)
+			mlfs_job_set_mtime(f, m);
 		if (rc || mine)
 			continue;
 		uint8_t *data = NULL;
 		size_t len = 0;
 		/* fetched through the data plane's client: the token is its */
-		const char *src = json_string_value(json_object_get(e, "s"));
 		int from = src ? ptc_cluster_find(mlfs_store_cluster(st), src) : co;
 		if (from < 0) {
 			rc = ptc_errorf(err, "job/%s: no node \"%s\"", path, src);
@@ -91,8 +105,11 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 		if (rc == 0 && len == size) /* hashed once, here (the staged tree is ours) */
 			rc = mlfs_job_set(f, data, len);
 		if (rc == 0 && (len != size || mlfs_job_hash(f) != want))
-			rc = ptc_error_set(err, -EIO, "job/%s: the coordinator's copy changed",
-					   path);
+			rc = ptc_error_set(err, -EIO,
+					   "job/%s: node %s's copy changed since the attempt "
+					   "started (written during the reconfiguration)",
+					   path, mlfs_store_cluster(st)->nodes[from].id);
+		mlfs_job_set_mtime(f, m);
 		free(data);
 	}
 	if (rc) {

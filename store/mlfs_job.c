@@ -387,6 +387,43 @@ int mlfs_job_share(struct mlfs_job *f, struct mlfs_jbuf *b)
 	return 0;
 }
 
+static int64_t ns_of(struct timespec t)
+{
+	return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+void mlfs_job_set_mtime(struct mlfs_job *j, int64_t ns)
+{
+	j->mtime.tv_sec = (time_t)(ns / 1000000000LL);
+	j->mtime.tv_nsec = (long)(ns % 1000000000LL);
+}
+
+int mlfs_job_keep_newer(struct mlfs_job *into, const struct mlfs_job *from, int *kept)
+{
+	for (const struct mlfs_job *l = from->first; l; l = l->next) {
+		struct mlfs_job *s = mlfs_job_child(into, l->name, strlen(l->name));
+		int rc;
+		if (s && s->dir != l->dir) {
+			/* the union's kind wins when it is the newer */
+			if (ns_of(l->mtime) > ns_of(s->mtime))
+				return -EEXIST;
+			continue;
+		}
+		bool fresh = !s;
+		if (fresh && (rc = mlfs_job_create(into, l->name, l->dir, &s)))
+			return rc;
+		if (l->dir) {
+			if ((rc = mlfs_job_keep_newer(s, l, kept)))
+				return rc;
+		} else if (fresh || (s->buf != l->buf && ns_of(l->mtime) > ns_of(s->mtime))) {
+			mlfs_job_share(s, l->buf);
+			s->mtime = l->mtime;
+			(*kept)++;
+		}
+	}
+	return 0;
+}
+
 uint64_t mlfs_job_hash(const struct mlfs_job *f)
 {
 	if (f->dir)

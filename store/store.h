@@ -744,6 +744,22 @@ struct mlfs_jbuf *mlfs_jbuf_get(struct mlfs_jbuf *b);
 /* Drops a reference; the last frees @b. NULL-safe; any thread, no lock
  * needed (hold none when it may be the last of a large buffer). */
 void mlfs_jbuf_put(struct mlfs_jbuf *b);
+/* Sets @j's mtime to @ns (ns since the epoch): a staged copy keeps the
+ * time its source wrote it, which the next merge of the nodes' trees
+ * compares. */
+void mlfs_job_set_mtime(struct mlfs_job *j, int64_t ns);
+/*
+ * Takes into the tree @into (a staged tree, its builder's alone) every
+ * file of @from (the live tree, store lock held) that @into lacks or holds
+ * with an older mtime: the union's "newest copy wins" applied once more at
+ * the swap, so that a job/ write made while an attempt was under way
+ * (after the coordinator read this node's manifest) is not lost. Content
+ * is shared, not copied. *@kept counts the files taken. 0; -EEXIST when a
+ * newer file of @from meets a directory of @into, or the other way round
+ * (no merge can keep both); -ENOSPC, -ENOMEM: @into is then partly merged
+ * and must not be installed.
+ */
+int mlfs_job_keep_newer(struct mlfs_job *into, const struct mlfs_job *from, int *kept);
 /* The tree under @root as [{"p": path, "d": dir, "n": size, "h": hash in
  * hex, "m": mtime in ns}], parents before children; a new reference (NULL
  * on ENOMEM). Store lock held: O(files), the hashes are the cached ones,

@@ -30,6 +30,7 @@ fetch said only "Input/output error" (the build's abort overwrote the fetch's no
 the peer), and a fetch cancelled by an abort overwrote the abort's reason.
 """
 import json
+import os
 import time
 
 import numpy as np
@@ -445,3 +446,78 @@ def test_verify_finds_a_flipped_byte(proxied):
     assert " 1 mismatch\n" in p.stdout, p.stdout
     p = cl["n0"].mlfs("verify", check=False)
     assert p.returncode == 0, p.stdout
+
+
+
+def held_attempt(cl, proxy, cfg, on="n0"):
+    """Starts the reconfiguration to @cfg on @on with @proxy's partition replies held:
+    the attempt exists and stays open, its participants preparing. The process."""
+    proxy.stall(match=PART)
+    proc = cl.reconfigure(on, cfg, wait=False)
+    cl.wait(lambda: any(PART.decode() in r for r in proxy.held_requests()),
+            "a fetch held at the proxy", timeout=20)
+    assert "attempt" in cl.keys()
+    return proc
+
+
+def test_job_writes_during_an_attempt_are_kept(proxied):
+    """job/ written while an attempt is under way (after the coordinator read the
+    writers' manifests) survives the commit on its writer, and the next commit brings
+    it to every node with its writer's mtime. Before the fix the swap replaced the
+    writer's job/ with the staged tree: writes that had succeeded and read back
+    vanished from every node."""
+    cl = proxied(behind=("n1",))
+    full = start(cl, V1, 46)
+    n0, n1, n2 = cl["n0"], cl["n1"], cl["n2"]
+    n1.write("job/a.txt", "first\n")
+    commit(cl, V2, "n0", full, 5)  # job/a.txt on every node
+    v3, v4 = dict(V1, version=3), dict(V2, version=4)
+    proc = held_attempt(cl, cl.proxies["n1"], v3)  # n0 fetches stage 0 from n1
+    n1.write("job/a.txt", "second\n")  # newer than every manifest's copy
+    os.mkdir(n1.p("job/new"))
+    n1.write("job/new/late.txt", "written during the attempt\n")  # in no manifest
+    n0.write("job/co.txt", "the coordinator's, during the attempt\n")
+    cl.proxies["n1"].passthrough()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, f"{out}\n{err}\n{cl.describe()}"
+    cl.wait_version(3)
+    cl.check_layout(SCHEMA, v3, full, step=5)
+    assert n1.read("job/a.txt") == b"second\n", cl.describe()
+    assert n1.read("job/new/late.txt") == b"written during the attempt\n", cl.describe()
+    assert n0.read("job/co.txt") == b"the coordinator's, during the attempt\n"
+    assert n2.read("job/a.txt") == b"first\n"  # the union was read before the write
+    # the next commit's union takes the writes everywhere, with their writer's mtime
+    commit(cl, v4, "n2", full, 5)
+    for rel in ("job/a.txt", "job/new/late.txt", "job/co.txt"):
+        want = (n1 if rel != "job/co.txt" else n0)
+        for n in (n0, n1, n2):
+            assert n.read(rel) == want.read(rel), (n.id, rel)
+        mtimes = {n.id: os.stat(n.p(rel)).st_mtime_ns for n in (n0, n1, n2)}
+        assert len(set(mtimes.values())) == 1, f"{rel}: {mtimes}"
+
+
+def test_job_file_changed_at_its_source_aborts_then_commits(proxied):
+    """A job/ file that other nodes must fetch from its writer, rewritten there during
+    the attempt: the fetch finds another content than the manifest's, so the attempt
+    aborts naming the file and the node; the write is kept, and the same config then
+    commits it everywhere."""
+    cl = proxied(behind=("n1",))
+    full = start(cl, V1, 47)
+    n1 = cl["n1"]
+    commit(cl, V2, "n0", full, 5)
+    v3 = dict(V1, version=3)
+    n1.write("job/b.txt", "one\n")  # on n1 alone: n0 and n2 fetch it
+    proc = held_attempt(cl, cl.proxies["n1"], v3)
+    n1.write("job/b.txt", "two, longer\n")
+    cl.proxies["n1"].passthrough()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, f"{out}\n{err}"
+    assert "job/b.txt" in err and "n1" in err and "changed" in err, err
+    cl.wait(lambda: all(isinstance(s, dict) and s["state"] in ("idle", "failed") and
+                        s["version"] == 2 for s in cl.statuses().values()),
+            "every node back at version 2", timeout=20)
+    cl.check_layout(SCHEMA, V2, full, step=5)
+    assert n1.read("job/b.txt") == b"two, longer\n"
+    commit(cl, v3, "n0", full, 5)
+    for n in cl.nodes:
+        assert n.read("job/b.txt") == b"two, longer\n", n.id

@@ -10,6 +10,9 @@
  * pinned. Memory counts return to the tree's nodes alone once the file and
  * the pins are gone, which a double release would make negative (an
  * assert) and a double free would show under ASan.
+ *
+ * The swap's merge (mlfs_job_keep_newer): what a staged tree takes from
+ * the live one, by mtime, and when it refuses.
  */
 #include <inttypes.h>
 #include <stdbool.h>
@@ -249,6 +252,120 @@ static void test_enospc_unchanged(void **state)
 	tree_release(&t);
 }
 
+/* A file @name under @dir holding @text, written at @ns. */
+static struct mlfs_job *file_at(struct mlfs_job *dir, const char *name, const char *text,
+				int64_t ns)
+{
+	struct mlfs_job *f;
+	assert_int_equal(mlfs_job_create(dir, name, false, &f), 0);
+	assert_int_equal(mlfs_job_set(f, (const uint8_t *)text, strlen(text)), 0);
+	mlfs_job_set_mtime(f, ns);
+	return f;
+}
+
+static struct mlfs_job *dir_of(struct mlfs_job *dir, const char *name)
+{
+	struct mlfs_job *d;
+	assert_int_equal(mlfs_job_create(dir, name, true, &d), 0);
+	return d;
+}
+
+static struct mlfs_job *at(struct mlfs_job *root, const char *path)
+{
+	struct mlfs_job *j = root;
+	while (j && *path) {
+		size_t n = strcspn(path, "/");
+		j = mlfs_job_child(j, path, n);
+		path += n + (path[n] == '/');
+	}
+	return j;
+}
+
+static int64_t ns_of(const struct mlfs_job *j)
+{
+	return (int64_t)j->mtime.tv_sec * 1000000000LL + j->mtime.tv_nsec;
+}
+
+/* The staged tree @into at a swap takes the live tree's files it lacks or
+ * holds older (content shared, mtime kept), and keeps its own newer ones;
+ * a newer file against a directory refuses; past --max-memory it fails. */
+static void test_keep_newer(void **state)
+{
+	(void)state;
+	struct xf_mem mem = {0};
+	struct mlfs_job *into = mlfs_job_new_dir("job", &mem),
+			*live = mlfs_job_new_dir("job", &mem);
+	assert_non_null(into);
+	assert_non_null(live);
+	const int64_t t = 1700000000LL * 1000000000LL;
+
+	file_at(into, "rewritten", "the union's", t + 10);
+	struct mlfs_job *lr = file_at(live, "rewritten", "written during the attempt", t + 20);
+	file_at(into, "newer", "another node's, later", t + 30);
+	file_at(live, "newer", "this node's, earlier", t + 15);
+	struct mlfs_job *same = file_at(into, "same", "alike", t + 5);
+	struct mlfs_job *ls;
+	assert_int_equal(mlfs_job_create(live, "same", false, &ls), 0);
+	assert_int_equal(mlfs_job_share(ls, same->buf), 0);
+	mlfs_job_set_mtime(ls, t + 5);
+	file_at(into, "staged-only", "kept", t + 1);
+	struct mlfs_job *lf = file_at(live, "fresh", "in no manifest", t + 40);
+	file_at(dir_of(dir_of(live, "d2"), "e"), "y", "deep", t + 41);
+	file_at(dir_of(into, "d"), "x", "x", t + 2);
+	file_at(dir_of(live, "d"), "x2", "beside x", t + 42);
+	dir_of(into, "k"); /* a directory, against an older file */
+	file_at(live, "k", "older than the directory", t - 100);
+	struct mlfs_job *empty;
+	assert_int_equal(mlfs_job_create(live, "empty", false, &empty), 0);
+	mlfs_job_set_mtime(empty, t + 43);
+
+	int kept = 0;
+	assert_int_equal(mlfs_job_keep_newer(into, live, &kept), 0);
+	assert_int_equal(kept, 5); /* rewritten, fresh, d2/e/y, d/x2, empty */
+	struct mlfs_job *r = at(into, "rewritten");
+	check_file(r, (const uint8_t *)"written during the attempt", 26);
+	assert_ptr_equal(r->buf, lr->buf);
+	assert_true(ns_of(r) == t + 20);
+	check_file(at(into, "newer"), (const uint8_t *)"another node's, later", 21);
+	assert_true(ns_of(at(into, "newer")) == t + 30);
+	assert_ptr_equal(at(into, "same")->buf, ls->buf);
+	check_file(at(into, "staged-only"), (const uint8_t *)"kept", 4);
+	struct mlfs_job *f = at(into, "fresh");
+	assert_ptr_equal(f->buf, lf->buf);
+	assert_true(ns_of(f) == t + 40);
+	check_file(at(into, "d2/e/y"), (const uint8_t *)"deep", 4);
+	check_file(at(into, "d/x"), (const uint8_t *)"x", 1);
+	check_file(at(into, "d/x2"), (const uint8_t *)"beside x", 8);
+	assert_true(at(into, "k")->dir);
+	check_file(at(into, "empty"), NULL, 0);
+	/* a second merge finds nothing newer */
+	kept = 0;
+	assert_int_equal(mlfs_job_keep_newer(into, live, &kept), 0);
+	assert_int_equal(kept, 0);
+
+	/* A newer file where the union put a directory: no merge keeps both. */
+	mlfs_job_set_mtime(at(live, "k"), ns_of(at(into, "k")) + 1);
+	assert_int_equal(mlfs_job_keep_newer(into, live, &kept), -EEXIST);
+	mlfs_job_free(into);
+	mlfs_job_free(live);
+	assert_int_equal(atomic_load(&mem.used), 0); /* shared buffers released once */
+
+	/* Past the memory limit: -ENOSPC (the caller keeps the live tree). */
+	struct xf_mem small = {0};
+	into = mlfs_job_new_dir("job", &small);
+	live = mlfs_job_new_dir("job", &small);
+	for (int i = 0; i < 50; i++) {
+		char name[16];
+		snprintf(name, sizeof(name), "f%d", i);
+		file_at(live, name, "z", t + i);
+	}
+	small.limit = atomic_load(&small.used) + 64;
+	assert_int_equal(mlfs_job_keep_newer(into, live, &kept), -ENOSPC);
+	mlfs_job_free(into);
+	mlfs_job_free(live);
+	assert_int_equal(atomic_load(&small.used), 0);
+}
+
 /* A pinned buffer and what it held when pinned. */
 struct pin {
 	struct mlfs_jbuf *b;
@@ -353,6 +470,7 @@ int main(void)
 	    cmocka_unit_test(test_share_counts_once),
 	    cmocka_unit_test(test_enospc_unchanged),
 	    cmocka_unit_test(test_random_against_model),
+	    cmocka_unit_test(test_keep_newer),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
