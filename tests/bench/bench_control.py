@@ -11,6 +11,10 @@ etcd spent on the first. Ratios are against N = 4 in the same run.
 
     BUILD=build /usr/bin/python3 tests/bench/bench_control.py [--nodes 4,16,32,64]
         [--idle-seconds 10] [--json OUT]
+
+Also per command: etcd's WAL fsyncs and their total time (etcd's /metrics). The
+harness keeps etcd's data under $TMPDIR (default /tmp); TMPDIR=/dev/shm runs the
+same benchmark with etcd's data in memory, which takes the disk's fsyncs out.
 """
 import argparse
 import json
@@ -52,6 +56,15 @@ def etcd_requests(url):
                re.finditer(r'^grpc_server_handled_total\{[^}]*\} ([0-9.e+]+)$', text, re.M))
 
 
+def wal_fsyncs(url):
+    """etcd's WAL fsyncs so far: (count, seconds). Each write etcd acknowledges waits
+    for one; on a shared disk under load they are what a write's latency is made of."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    got = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^etcd_disk_wal_fsync_duration_seconds_(count|sum) ([0-9.e+]+)$', text, re.M)}
+    return got.get("count", 0.0), got.get("sum", 0.0)
+
+
 def one(n, idle_s):
     with testing.start(nnodes=n, devices=1, job=f"ctl{n}", etcd=True) as cl:
         n0 = cl.mounts["n0"]
@@ -75,15 +88,20 @@ def one(n, idle_s):
             json.dump(v2, f)
         r2 = etcd_requests(cl.etcd_url)
         c2 = cpu_seconds(pids) + cpu_seconds([cl.etcd.pid])
-        spent = {"daemons": 0.0, "etcd": 0.0}  # CPU during the commands alone
+        # CPU and etcd's WAL fsyncs during the commands alone
+        spent = {"daemons": 0.0, "etcd": 0.0, "fsyncs": 0.0, "fsync_s": 0.0}
 
         def timed():
+            f = wal_fsyncs(cl.etcd_url)
             d, e, t = cpu_seconds(pids), cpu_seconds([cl.etcd.pid]), time.monotonic()
             p = subprocess.run([testing.MLFS, "reconfigure", n0, path], capture_output=True,
                                text=True, timeout=300)
             took = time.monotonic() - t
             spent["daemons"] += cpu_seconds(pids) - d
             spent["etcd"] += cpu_seconds([cl.etcd.pid]) - e
+            f2 = wal_fsyncs(cl.etcd_url)
+            spent["fsyncs"] += f2[0] - f[0]
+            spent["fsync_s"] += f2[1] - f[1]
             return p, took
 
         p, reconf = timed()
@@ -118,6 +136,9 @@ def one(n, idle_s):
                 # the same split, over the 5 commands alone (clock ticks: a mean)
                 "reconfigure_daemons_cpu_ms": round(spent["daemons"] / len(times) * 1000, 1),
                 "reconfigure_etcd_cpu_ms": round(spent["etcd"] / len(times) * 1000, 1),
+                # etcd's WAL fsyncs per command (a mean), and their total time
+                "reconfigure_wal_fsyncs": round(spent["fsyncs"] / len(times), 1),
+                "reconfigure_wal_fsync_ms": round(spent["fsync_s"] / len(times) * 1000, 1),
                 "etcd_requests_reconfigure": int(r3 - r2)}
 
 
@@ -143,7 +164,8 @@ def main():
               f"per node; floor {r['reconfigure_cpu_s'] / os.cpu_count():.3f} s on "
               f"{os.cpu_count()} cores); during a command: daemons "
               f"{r['reconfigure_daemons_cpu_ms']:.1f} ms + etcd {r['reconfigure_etcd_cpu_ms']:.1f} "
-              f"ms of CPU", flush=True)
+              f"ms of CPU; {r['reconfigure_wal_fsyncs']:.1f} etcd WAL fsyncs taking "
+              f"{r['reconfigure_wal_fsync_ms']:.1f} ms", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
