@@ -35,6 +35,38 @@ struct mlfs_job *mlfs_jobsync_find(struct mlfs_job *root, const char *path)
 	return j;
 }
 
+/* Whether node @from's job/ manifest names @path with the content @f holds
+ * (size and hash) and an mtime after @m: that mtime, or 0 when it does
+ * not (unreadable, gone, older), or -1 when its hash is another (changed
+ * again since @f was fetched). */
+static int64_t source_newer(struct mlfs_store *st, int from, const char *path,
+			    const struct mlfs_job *f, int64_t m)
+{
+	struct ptc_error why;
+	json_t *sm = NULL, *e;
+	size_t i;
+	int64_t newer = 0;
+
+	if (mlfs_peer_job_manifest(st, from, &sm, &why))
+		return 0;
+	json_array_foreach(sm, i, e)
+	{
+		const char *p = json_string_value(json_object_get(e, "p"));
+		if (!p || strcmp(p, path) != 0 || json_is_true(json_object_get(e, "d")))
+			continue;
+		const char *h = json_string_value(json_object_get(e, "h"));
+		int64_t em = json_integer_value(json_object_get(e, "m"));
+		if (h && strtoull(h, NULL, 16) == mlfs_job_hash(f) &&
+		    (size_t)json_integer_value(json_object_get(e, "n")) == f->size)
+			newer = em > m ? em : 0;
+		else
+			newer = -1;
+		break;
+	}
+	json_decref(sm);
+	return newer;
+}
+
 int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char *coordinator,
 		       struct mlfs_job **out, struct ptc_error *err)
 {
@@ -101,16 +133,40 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 			rc = ptc_errorf(err, "job/%s: no node \"%s\"", path, src);
 			break;
 		}
-		rc = mlfs_peer_job_get(st, from, path, &data, &len, err);
-		if (rc == 0 && len == size) /* hashed once, here (the staged tree is ours) */
+		for (int tries = 0;; tries++) {
+			struct ptc_error why;
+			rc = mlfs_peer_job_get(st, from, path, &data, &len, &why);
+			if (rc) { /* a 404: deleted there since its manifest was read */
+				ptc_error_set(err, rc, "job/%s: cannot fetch it from node %s: %s",
+					      path, mlfs_store_cluster(st)->nodes[from].id,
+					      why.text);
+				break;
+			}
+			/* hashed once, here (the staged tree is ours) */
 			rc = mlfs_job_set(f, data, len);
-		if (rc == 0 && (len != size || mlfs_job_hash(f) != want))
-			rc = ptc_error_set(err, -EIO,
-					   "job/%s: node %s's copy changed since the attempt "
-					   "started (written during the reconfiguration)",
-					   path, mlfs_store_cluster(st)->nodes[from].id);
+			free(data);
+			data = NULL;
+			if (rc || (len == size && mlfs_job_hash(f) == want))
+				break;
+			/* Written at its source since the manifest was read: the
+			 * newer copy, when the source's manifest now names these
+			 * very bytes (its hash, cached when written, verifies
+			 * them), with its mtime; changed again meanwhile: again. */
+			int64_t newer = tries < 3 ? source_newer(st, from, path, f, m) : 0;
+			if (newer > 0) {
+				m = newer;
+				break;
+			}
+			if (newer == 0) {
+				rc = ptc_error_set(
+				    err, -EIO,
+				    "job/%s: node %s's copy changed since the attempt "
+				    "started (written during the reconfiguration)",
+				    path, mlfs_store_cluster(st)->nodes[from].id);
+				break;
+			}
+		}
 		mlfs_job_set_mtime(f, m);
-		free(data);
 	}
 	if (rc) {
 		mlfs_job_free(root);
