@@ -414,7 +414,8 @@ static void attempt_id(char aid[24])
 static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 			 const struct ptc_config *cfg, int64_t agreed, const char *text,
 			 const char *aid, char **att, struct mlfs_reconf_down *dn, bool *me_in,
-			 json_t **parts_out, const char *by, struct ptc_error *err)
+			 json_t **parts_out, const char *by, size_t *njob_out,
+			 struct ptc_error *err)
 {
 	struct mlfs_store *st = c->st;
 	json_t *parts, *down, *a = NULL;
@@ -425,6 +426,7 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	*att = NULL;
 	*dn = (struct mlfs_reconf_down){0};
 	*me_in = mlfs_cluster_ids_has(parts, c->me);
+	size_t njob = job ? json_array_size(job) : 0;
 	if (rc == 0) {
 		json_t *backups = usable_backups(c, k, down, agreed);
 		/* "o": the attempt takes over @backups and @job */
@@ -452,6 +454,7 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	*parts_out = parts;
 	if (rc == 0 && !*att)
 		rc = -ENOMEM;
+	*njob_out = njob;
 	if (rc) {
 		free(*att);
 		*att = NULL;
@@ -470,7 +473,7 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
  */
 static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
 			  char *att, const char *aid, bool me_in, const struct net_etcd_kv *replace,
-			  int64_t *rev, struct ptc_error *err)
+			  size_t njob, int64_t *rev, struct ptc_error *err)
 {
 	char ka[512], kc[512], kv[512];
 	struct ptc_error why;
@@ -505,19 +508,31 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 	if (!lease)
 		rc = ptc_error_set(err, -EIO,
 				   "config.json: this node is not registered with etcd (yet)");
-	else if (net_etcd_txn(c->etcd, cmps, 2, put, 2, NULL, 0, &ok, rev, NULL, &why))
+	else if (net_etcd_txn(c->etcd, cmps, 2, put, 2, NULL, 0, &ok, rev, NULL, &why) == 0) {
+		if (!ok)
+			rc = ptc_error_set(err, -EBUSY,
+					   "config.json: another reconfiguration started, or the "
+					   "config changed, meanwhile");
+	} else if (strstr(why.text, "request is too large") || strstr(why.text, "larger than max"))
+		/* etcd's --max-request-bytes (1.5 MiB by default), or its
+		 * gateway's 2 MiB: the attempt is mostly job/'s manifest */
+		rc = ptc_error_set(err, -EFBIG,
+				   "config.json: the reconfiguration's attempt (%zu bytes) is "
+				   "larger than etcd takes in one request: job/ holds %zu files "
+				   "and directories, whose manifest (about 100 bytes each, with "
+				   "their names) is most of it; keep job/ smaller, or raise "
+				   "etcd's --max-request-bytes (etcd: %s)",
+				   strlen(att), njob, why.text);
+	else
 		rc = ptc_error_set(err, -EIO, "config.json: etcd: %s", why.text);
-	else if (!ok)
-		rc = ptc_error_set(err, -EBUSY,
-				   "config.json: another reconfiguration started, or the config "
-				   "changed, meanwhile");
 	pthread_mutex_lock(&c->lock);
 	if (rc == 0 && c->mine == att) /* from then on, its absence means it is gone */
 		c->mine_rev = *rev;
-	/* Refused: never this node's (etcd's answer is certain). Not after
-	 * -EIO: the transaction may have applied, and then the control thread
+	/* Refused: never this node's (etcd's answer is certain; a request too
+	 * large is refused before it is applied). Not after -EIO: the
+	 * transaction may have applied, and then the control thread
 	 * coordinates it when it sees it. */
-	if (rc == -EBUSY && c->mine == att) {
+	if ((rc == -EBUSY || rc == -EFBIG) && c->mine == att) {
 		free(c->mine);
 		c->mine = NULL;
 		c->mine_rev = 0;
@@ -556,10 +571,12 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	pthread_mutex_unlock(&c->lock);
 	mlfs_cluster_wake(c);
 	json_t *parts = NULL;
-	int rc = propose_build(c, k, cfg, agreed, text, aid, &att, &dn, &me_in, &parts, by, err);
+	size_t njob = 0;
+	int rc =
+	    propose_build(c, k, cfg, agreed, text, aid, &att, &dn, &me_in, &parts, by, &njob, err);
 	if (rc == 0)
-		rc = propose_create(c, k, cfg->version, att, aid, me_in && !replace, replace, &rev,
-				    err);
+		rc = propose_create(c, k, cfg->version, att, aid, me_in && !replace, replace, njob,
+				    &rev, err);
 	if (rc == 0)
 		mlfs_log(MLFS_LOG_DEBUG, "cluster: attempt %s to version %" PRId64 " created", aid,
 			 cfg->version);

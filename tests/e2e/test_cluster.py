@@ -424,6 +424,42 @@ def test_job_files_follow_the_commit(cluster_factory):
         assert n.read("job/rng.bin") == blob, n.id
 
 
+def test_a_job_dir_too_large_for_one_attempt_is_refused_clearly(cluster_factory):
+    """The attempt carries job/'s merged manifest in one etcd value. A job/ of
+    thousands of long names makes it larger than one etcd request may carry
+    (--max-request-bytes, 1.5 MiB): etcd refuses it, and the refusal now names job/
+    and its size (before: "etcdserver: request is too large" alone). Nothing
+    changes, the coordinator follows no votes or entries afterwards, and once job/ is
+    smaller the same config commits."""
+    cl = cluster_factory()
+    cl.start_job(MIXED, V1, "n0")
+    n1 = cl["n1"]
+    os.mkdir(n1.p("job/many"))
+    name = "x" * 200
+    for i in range(5600):  # about 290 bytes of manifest each: 1.6 MB
+        n1.write(f"job/many/{i:05d}-{name}", b"")
+    before = cl.snapshot()
+    watchers = etcd_watchers(cl.etcd.url)
+    cl.faults = True  # etcd's refusal is logged
+    p = cl.reconfigure("n0", V2)
+    assert p.returncode == 1, p.stdout
+    assert "job/ holds 5601 files and directories" in p.stderr, p.stderr
+    assert "larger than etcd takes in one request" in p.stderr, p.stderr
+    keys = cl.keys()
+    assert "attempt" not in keys and not any(k.startswith("votes/") for k in keys), keys
+    assert json.loads(keys["config"].value)["version"] == 1
+    assert cl.snapshot() == before
+    cl.wait(lambda: etcd_watchers(cl.etcd.url) <= watchers, "n0 following no votes or entries",
+            timeout=10)
+    for i in range(1000, 5600):
+        os.unlink(n1.p(f"job/many/{i:05d}-{name}"))
+    p = cl.reconfigure("n0", V2)
+    assert p.returncode == 0, p.stderr
+    cl.wait_version(2)
+    for n in cl.nodes:
+        assert len(os.listdir(n.p("job/many"))) == 1000, n.id
+
+
 # ------------------------------------------------------- 4. a node killed before
 
 def test_node_killed_before_a_reconfiguration_that_needs_it(cluster_factory):
