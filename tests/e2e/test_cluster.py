@@ -424,6 +424,61 @@ def test_job_files_follow_the_commit(cluster_factory):
         assert n.read("job/rng.bin") == blob, n.id
 
 
+def test_job_writers_during_reconfigurations_lose_nothing(cluster_factory):
+    """A writer on every node keeps creating job/ files and rewriting one of its own
+    while configs are written back and forth: every write that succeeded is on every
+    node after the last commit, and every config commits within a few tries (before,
+    each attempt that had to fetch a rewritten file aborted, so no config got
+    through, and the writes made during an attempt vanished at its swap)."""
+    cl = cluster_factory()
+    cl.start_job(MIXED, V1, "n0")
+    stop, last, errors = threading.Event(), {}, []
+
+    def writer(n):
+        os.mkdir(n.p(f"job/w{n.id}"))
+        i = 0
+        while not stop.is_set():
+            try:
+                n.write(f"job/w{n.id}/f{i}", f"{n.id} {i}\n")
+                n.write(f"job/w{n.id}/cur", f"{i}\n")
+                last[n.id] = i
+                i += 1
+            except OSError as e:
+                errors.append(f"{n.id} {i}: {e!r}")
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in cl.nodes]
+    for t in threads:
+        t.start()
+    commits = aborts = 0
+    try:
+        for v in range(2, 14):
+            cfg = dict(V2 if v % 2 == 0 else V1, version=v)
+            for _ in range(10):
+                p = cl.reconfigure(cl.nodes[v % len(cl.nodes)].id, cfg)
+                if p.returncode == 0:
+                    commits += 1
+                    break
+                assert "job/" in p.stderr, p.stderr
+                aborts += 1
+            cl.wait_version(v)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert commits == 12, (commits, aborts)  # each version within 10 tries
+    p = cl.reconfigure("n0", dict(V1, version=14))
+    assert p.returncode == 0, p.stderr
+    cl.wait_version(14)
+    for n in cl.nodes:
+        for w, i in last.items():
+            assert n.read(f"job/w{w}/cur") == f"{i}\n".encode(), (n.id, w)
+            names = set(os.listdir(n.p(f"job/w{w}")))
+            missing = [k for k in range(i + 1) if f"f{k}" not in names]
+            assert not missing, f"{n.id}: job/w{w}/ lacks {len(missing)} files: {missing[:5]}"
+
+
 def test_a_job_dir_too_large_for_one_attempt_is_refused_clearly(cluster_factory):
     """The attempt carries job/'s merged manifest in one etcd value. A job/ of
     thousands of long names makes it larger than one etcd request may carry
