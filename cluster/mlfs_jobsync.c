@@ -172,6 +172,18 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 		mlfs_job_free(root);
 		return rc;
 	}
+	/* Directories too keep their source's mtime, once their children are
+	 * in (adding one set it to now): the swap's merge compares a file of
+	 * this node's against a directory of the union by these times. */
+	json_array_foreach(manifest, i, e)
+	{
+		struct mlfs_job *d =
+		    json_is_true(json_object_get(e, "d"))
+			? mlfs_jobsync_find(root, json_string_value(json_object_get(e, "p")))
+			: NULL;
+		if (d && d->dir)
+			mlfs_job_set_mtime(d, json_integer_value(json_object_get(e, "m")));
+	}
 	*out = root;
 	return 0;
 }
@@ -269,10 +281,32 @@ json_t *mlfs_jobsync_merge(struct mlfs_store *st, const char *me, const json_t *
 	}
 	json_object_foreach(by, path, e) paths[k++] = path;
 	qsort(paths, n, sizeof(*paths), cmp_paths);
-	for (k = 0; k < n; k++)
-		json_array_append(out, json_object_get(by, paths[k]));
+	/* A path that is a file on one node and a directory on another: the
+	 * newest won above; when the file did, what the directory held has
+	 * no place in the tree and goes (staging it under a file failed,
+	 * and so did every attempt after). A parent sorts before its
+	 * children, so it is decided first. */
+	json_t *dirs = json_object();
+	for (k = 0; k < n && dirs; k++) {
+		const char *slash = strrchr(paths[k], '/');
+		char parent[4096];
+		snprintf(parent, sizeof(parent), "%.*s", slash ? (int)(slash - paths[k]) : 0,
+			 paths[k]);
+		if (slash && !json_object_get(dirs, parent))
+			continue;
+		e = json_object_get(by, paths[k]);
+		if (json_is_true(json_object_get(e, "d")))
+			json_object_set(dirs, paths[k], json_true());
+		json_array_append(out, e);
+	}
 	free(paths);
 	json_decref(by);
+	if (!dirs) {
+		json_decref(out);
+		*rc = -ENOMEM;
+		return NULL;
+	}
+	json_decref(dirs);
 	*rc = 0;
 	return out;
 }

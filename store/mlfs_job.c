@@ -404,7 +404,9 @@ int mlfs_job_keep_newer(struct mlfs_job *into, const struct mlfs_job *from, int 
 		struct mlfs_job *s = mlfs_job_child(into, l->name, strlen(l->name));
 		int rc;
 		if (s && s->dir != l->dir) {
-			/* the union's kind wins when it is the newer */
+			/* the union's kind wins when it is the newer (a staged
+			 * directory has its source's mtime); this node's newer
+			 * one cannot join it */
 			if (ns_of(l->mtime) > ns_of(s->mtime))
 				return -EEXIST;
 			continue;

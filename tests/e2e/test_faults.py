@@ -542,3 +542,37 @@ def test_job_file_changed_or_deleted_at_its_source(proxied):
         assert n.read("job/b.txt") == b"two, longer\n", n.id
         mtimes.add(os.stat(n.p("job/b.txt")).st_mtime_ns)
     assert len(mtimes) == 1, mtimes
+
+
+def test_job_file_rewritten_against_a_newer_directory_is_kept(proxied):
+    """n1's job/x is a file, n2's a newer directory: the union takes the directory.
+    n1 rewrites its file while the attempt is held, before it stages: the swap cannot
+    merge a file into the union's directory, so n1 keeps its live job/ whole (the
+    write kept, a warning logged) instead of dropping the write. Before, a staged
+    directory had the staging time as mtime, newer than the write, and the file was
+    dropped. Without a write during the attempt the union's directory is taken."""
+    cl = proxied(behind=("n0",))
+    full = start(cl, V1, 48)
+    n1, n2 = cl["n1"], cl["n2"]
+    n1.write("job/x", "a file\n")
+    n1.write("job/z", "an older file\n")
+    time.sleep(0.01)
+    os.mkdir(n2.p("job/x"))
+    n2.write("job/x/y", "in a directory\n")
+    os.mkdir(n2.p("job/z"))  # newer than n1's job/z, which n1 leaves alone
+    proc = held_attempt(cl, cl.proxies["n0"], V2)  # n1 fetches stage 0 from n0
+    n1.write("job/x", "rewritten during the attempt\n")
+    cl.proxies["n0"].passthrough()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, f"{out}\n{err}\n{cl.describe()}"
+    cl.wait_version(2)
+    assert n1.read("job/x") == b"rewritten during the attempt\n", cl.describe()
+    assert "cannot join it" in n1.stderr(), n1.stderr()
+    assert n2.read("job/x/y") == b"in a directory\n"
+    assert os.path.isdir(n2.p("job/z"))
+    # n1 wrote nothing more: the next commit's union (n1's file is now the newest
+    # job/x) is taken everywhere, and job/z, n2's newer directory, reaches n1
+    commit(cl, dict(V1, version=3), "n0", full, 5)
+    for n in cl.nodes:
+        assert n.read("job/x") == b"rewritten during the attempt\n", n.id
+        assert os.path.isdir(n.p("job/z")), n.id
