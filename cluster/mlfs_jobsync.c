@@ -111,11 +111,11 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 		 * (its mtime goes with it). */
 		pthread_mutex_lock(&st->lock);
 		struct mlfs_job *mine = mlfs_jobsync_find(st->job, path);
-		if (mine && !mine->dir &&
-		    ((mine->size == size && mlfs_job_hash(mine) == want) || own)) {
-			if (mine->size != size || mlfs_job_hash(mine) != want)
-				m = (int64_t)mine->mtime.tv_sec * 1000000000LL +
-				    mine->mtime.tv_nsec;
+		bool alike =
+		    mine && !mine->dir && mine->size == size && mlfs_job_hash(mine) == want;
+		if (mine && !mine->dir && (alike || own)) {
+			if (!alike)
+				m = mlfs_job_mtime_ns(mine);
 			rc = mlfs_job_share(f, mine->buf);
 		} else {
 			mine = NULL;

@@ -387,9 +387,9 @@ int mlfs_job_share(struct mlfs_job *f, struct mlfs_jbuf *b)
 	return 0;
 }
 
-static int64_t ns_of(struct timespec t)
+int64_t mlfs_job_mtime_ns(const struct mlfs_job *j)
 {
-	return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+	return (int64_t)j->mtime.tv_sec * 1000000000LL + j->mtime.tv_nsec;
 }
 
 void mlfs_job_set_mtime(struct mlfs_job *j, int64_t ns)
@@ -407,7 +407,7 @@ int mlfs_job_keep_newer(struct mlfs_job *into, const struct mlfs_job *from, int 
 			/* the union's kind wins when it is the newer (a staged
 			 * directory has its source's mtime); this node's newer
 			 * one cannot join it */
-			if (ns_of(l->mtime) > ns_of(s->mtime))
+			if (mlfs_job_mtime_ns(l) > mlfs_job_mtime_ns(s))
 				return -EEXIST;
 			continue;
 		}
@@ -417,7 +417,8 @@ int mlfs_job_keep_newer(struct mlfs_job *into, const struct mlfs_job *from, int 
 		if (l->dir) {
 			if ((rc = mlfs_job_keep_newer(s, l, kept)))
 				return rc;
-		} else if (fresh || (s->buf != l->buf && ns_of(l->mtime) > ns_of(s->mtime))) {
+		} else if (fresh ||
+			   (s->buf != l->buf && mlfs_job_mtime_ns(l) > mlfs_job_mtime_ns(s))) {
 			mlfs_job_share(s, l->buf);
 			s->mtime = l->mtime;
 			(*kept)++;
@@ -441,8 +442,7 @@ static void manifest_walk(const struct mlfs_job *dir, const char *prefix, json_t
 		snprintf(h, sizeof(h), "%016" PRIx64, mlfs_job_hash(j));
 		json_array_append_new(out, json_pack("{sssbsIsssI}", "p", path, "d", j->dir, "n",
 						     (json_int_t)j->size, "h", h, "m",
-						     (json_int_t)(j->mtime.tv_sec * 1000000000LL +
-								  j->mtime.tv_nsec)));
+						     (json_int_t)mlfs_job_mtime_ns(j)));
 		if (j->dir)
 			manifest_walk(j, path, out);
 	}

@@ -748,6 +748,8 @@ void mlfs_jbuf_put(struct mlfs_jbuf *b);
  * time its source wrote it, which the next merge of the nodes' trees
  * compares. */
 void mlfs_job_set_mtime(struct mlfs_job *j, int64_t ns);
+/* @j's mtime in ns since the epoch (the manifest's "m"). */
+int64_t mlfs_job_mtime_ns(const struct mlfs_job *j);
 /*
  * Takes into the tree @into (a staged tree, its builder's alone) every
  * file of @from (the live tree, store lock held) that @into lacks or holds
