@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 import threading
@@ -79,7 +80,8 @@ def one(tmp_root, watchers, requests, size):
         return out
     finally:
         stop.set()
-        et.kill()
+        et.stop()
+        shutil.rmtree(et.tmp, ignore_errors=True)
 
 
 def main():

@@ -119,7 +119,7 @@ def mount(mount_factory):
 def etcd(tmp_path):
     e = testing.Etcd(tmp_path).start()
     yield e
-    e.kill()
+    e.stop()
 
 
 @pytest.fixture

@@ -616,6 +616,6 @@ def start(nnodes, devices=2, job="demo", tmp=None, mlfs=None, etcd=None, extra_a
                         raise
         finally:
             if et is not None:
-                et.kill()
+                et.stop()
             if own:
                 shutil.rmtree(tmp, ignore_errors=True)

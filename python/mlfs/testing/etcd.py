@@ -4,6 +4,7 @@ import base64
 import collections
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.error
@@ -36,6 +37,8 @@ class Etcd:
     lease_ttl(lease) -> (ttl, granted_ttl)   (-1, 0) once the lease is gone
     kill()                           SIGKILL (etcd unreachable); restart() on the same
                                      ports and data dir, waited for
+    stop()                           kill() and remove the data dir (its WAL alone
+                                     is 128 MB preallocated); the log stays
     """
 
     def __init__(self, tmp):
@@ -87,6 +90,12 @@ class Etcd:
             self.proc.kill()
         if self.proc is not None:
             self.proc.wait()
+
+    def stop(self):
+        """For good: kill() and free the disk the data dir holds. etcd preallocates
+        two 64 MB WAL segments, so a test suite that kept them would fill a disk."""
+        self.kill()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def restart(self):
         self.kill()
