@@ -12,11 +12,14 @@
  * Connection reuse: a call takes an easy handle from the client's pool
  * (or makes one) and gives it back when done; curl_easy_reset between
  * attempts keeps a handle's live connections, so the next call to the same
- * host reuses one (keep-alive, no new TCP or TLS handshake). At most
- * opts.max_idle handles wait in the pool; more are cleaned up, closing
- * their connections. (A curl share of connections across handles would
- * reuse more, at the price of a lock per transfer; the pool is enough
- * while callers are few threads against few hosts.)
+ * host reuses one (keep-alive, no new TCP or TLS handshake). A handle's
+ * connections are its own, so the pool hands out, when it has one, the
+ * idle handle whose last call went to the same host (scheme, host and
+ * port): with many hosts (a job of 32 nodes asking each for its job/
+ * manifest at once), taking whichever handle came last opened a new
+ * connection for most calls. At most opts.max_idle handles wait in the
+ * pool; more are cleaned up, closing their connections. (A curl share of
+ * the connection cache is not supported across concurrent threads.)
  *
  * Parsing: libcurl hands over header lines and body chunks; the reply
  * parser (net_http_parse.c, pure and fuzzed) says what each means. Body
@@ -75,8 +78,9 @@
 struct net_http {
 	struct net_http_opts o;	 /* defaults applied; o.headers unused (see hdrs) */
 	struct curl_slist *hdrs; /* opts.headers, or NULL; read-only after new */
-	pthread_mutex_t lock;	 /* guards pool and npool */
+	pthread_mutex_t lock;	 /* guards pool, origin and npool */
 	CURL **pool;		 /* idle handles, each may hold live connections */
+	char **origin;		 /* pool[i]'s last call's origin (url_origin; owned) */
 	int npool;
 	_Atomic int64_t requests, retries, failures, bytes;
 };
@@ -234,7 +238,9 @@ int net_http_new(const struct net_http_opts *opts, struct net_http **out, struct
 	if (o.max_idle > NET_MAX_IDLE)
 		o.max_idle = NET_MAX_IDLE;
 
-	if (!(c = calloc(1, sizeof(*c))) || !(c->pool = calloc((size_t)o.max_idle, sizeof(CURL *))))
+	if (!(c = calloc(1, sizeof(*c))) ||
+	    !(c->pool = calloc((size_t)o.max_idle, sizeof(CURL *))) ||
+	    !(c->origin = calloc((size_t)o.max_idle, sizeof(char *))))
 		goto err_nomem;
 	for (const char *const *h = o.headers; h && *h; h++) {
 		struct curl_slist *l;
@@ -257,6 +263,7 @@ err_nomem:
 	if (c) {
 		curl_slist_free_all(c->hdrs);
 		free(c->pool);
+		free(c->origin);
 		free(c);
 	}
 	return fail_url(err, -ENOMEM, "net_http_new", "out of memory");
@@ -266,10 +273,13 @@ void net_http_free(struct net_http *c)
 {
 	if (!c)
 		return;
-	for (int i = 0; i < c->npool; i++)
+	for (int i = 0; i < c->npool; i++) {
 		curl_easy_cleanup(c->pool[i]);
+		free(c->origin[i]);
+	}
 	curl_slist_free_all(c->hdrs);
 	free(c->pool);
+	free(c->origin);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 }
@@ -282,25 +292,54 @@ void net_http_stats(struct net_http *c, struct net_http_stats *out)
 	out->bytes = atomic_load(&c->bytes);
 }
 
-static CURL *pool_get(struct net_http *c)
+/* The length of @url's origin: "scheme://host[:port]", up to the path. */
+static size_t url_origin(const char *url)
+{
+	const char *p = strstr(url, "://");
+	p = p ? p + 3 : url;
+	return (size_t)(p + strcspn(p, "/?#") - url);
+}
+
+/* An idle handle, the one whose last call went to @url's origin when the
+ * pool has it (its connection there is reused), else the newest. */
+static CURL *pool_get(struct net_http *c, const char *url)
 {
 	CURL *h = NULL;
+	size_t n = url_origin(url);
 
 	pthread_mutex_lock(&c->lock);
-	if (c->npool)
-		h = c->pool[--c->npool];
+	if (c->npool) {
+		int i = c->npool - 1;
+		for (int j = c->npool - 1; j >= 0; j--)
+			if (c->origin[j] && strlen(c->origin[j]) == n &&
+			    memcmp(c->origin[j], url, n) == 0) {
+				i = j;
+				break;
+			}
+		h = c->pool[i];
+		free(c->origin[i]);
+		c->npool--;
+		c->pool[i] = c->pool[c->npool];
+		c->origin[i] = c->origin[c->npool];
+	}
 	pthread_mutex_unlock(&c->lock);
 	return h ? h : curl_easy_init();
 }
 
-static void pool_put(struct net_http *c, CURL *h)
+/* Gives back @h, whose last call went to @url. */
+static void pool_put(struct net_http *c, CURL *h, const char *url)
 {
+	char *origin = strndup(url, url_origin(url)); /* NULL: matches nothing */
+
 	pthread_mutex_lock(&c->lock);
 	if (c->npool < c->o.max_idle) {
-		c->pool[c->npool++] = h;
+		c->pool[c->npool] = h;
+		c->origin[c->npool++] = origin;
 		h = NULL;
+		origin = NULL;
 	}
 	pthread_mutex_unlock(&c->lock);
+	free(origin);
 	if (h)
 		curl_easy_cleanup(h);
 }
@@ -597,7 +636,7 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 				deadline_ms / 1e3);
 	if (x->kind == X_POST && !(hdrs = post_headers(c)))
 		return fail_url(err, -ENOMEM, url, "out of memory");
-	if (!(h = pool_get(c))) {
+	if (!(h = pool_get(c, url))) {
 		if (hdrs != c->hdrs)
 			curl_slist_free_all(hdrs);
 		return fail_url(err, -ENOMEM, url, "out of memory");
@@ -669,7 +708,7 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 		if (res != NET_RETRY || att >= c->o.retries)
 			break;
 	}
-	pool_put(c, h);
+	pool_put(c, h, url);
 	if (hdrs != c->hdrs)
 		curl_slist_free_all(hdrs);
 	if (rc == -ECANCELED)

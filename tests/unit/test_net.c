@@ -33,6 +33,9 @@ static uint8_t *big; /* a.bin */
 #define INDEX_TXT  "{\"shards\": [\"a.bin\"]}\n"
 
 static struct unit_server srv = {.pid = -1};
+/* test_pool_reuses_per_host's servers, stopped by the teardown too */
+#define HOSTS 7
+static struct unit_server hosts[HOSTS];
 static struct net_http *ctl; /* /__set and /__stats */
 static bool http_started;
 
@@ -152,6 +155,8 @@ static int http_teardown(void **state)
 	net_http_free(ctl);
 	ctl = NULL;
 	unit_server_stop(&srv);
+	for (int i = 0; i < HOSTS; i++)
+		unit_server_stop(&hosts[i]);
 	remove_files();
 	return 0;
 }
@@ -631,6 +636,59 @@ static void test_threads(void **state)
 	net_http_free(c);
 }
 
+/* One GET of small.bin from its own server (struct worker's url), as one of
+ * many threads of a round. */
+static void *origin_worker(void *arg)
+{
+	struct worker *w = arg;
+	struct ptc_error why;
+	uint8_t *data;
+	size_t len;
+
+	if (net_http_get(w->c, w->url, 1 << 20, &data, &len, NULL, &why) == 0)
+		free(data);
+	else
+		w->seed = -1; /* failed: checked by the test */
+	return NULL;
+}
+
+/* Many hosts at once (a coordinator asking every node): each call gets the
+ * pooled handle that last went to its host, so each host sees one
+ * connection however many rounds of concurrent calls go by. Taking
+ * whichever handle came back last opened a new connection for most calls
+ * (a handle caches five). */
+static void test_pool_reuses_per_host(void **state)
+{
+	(void)state;
+	enum { ROUNDS = 12 };
+	struct unit_server *sv = hosts;
+	struct net_http *c = client(2);
+	struct worker w[HOSTS];
+	pthread_t tid[HOSTS];
+	long req, failed, conns;
+
+	for (int i = 0; i < HOSTS; i++)
+		unit_server_start(&sv[i], dir, NULL);
+	for (int r = 0; r < ROUNDS; r++) {
+		for (int i = 0; i < HOSTS; i++) {
+			w[i] = (struct worker){.c = c, .seed = i};
+			url_of(w[i].url, sv[(i + r) % HOSTS].port, "small.bin");
+			assert_int_equal(pthread_create(&tid[i], NULL, origin_worker, &w[i]), 0);
+		}
+		for (int i = 0; i < HOSTS; i++) {
+			pthread_join(tid[i], NULL);
+			assert_true(w[i].seed >= 0);
+		}
+	}
+	for (int i = 0; i < HOSTS; i++) {
+		server_stats(sv[i].port, &req, &failed, &conns);
+		assert_int_equal(req, ROUNDS);
+		assert_int_equal(conns, 2); /* the tested client's, and server_stats' own */
+		unit_server_stop(&sv[i]);
+	}
+	net_http_free(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest http_tests[] = {
@@ -642,6 +700,7 @@ int main(void)
 	    cmocka_unit_test(test_call),
 	    cmocka_unit_test(test_stop_in_flight),
 	    cmocka_unit_test(test_threads),
+	    cmocka_unit_test(test_pool_reuses_per_host),
 	};
 	int failed;
 
