@@ -407,3 +407,61 @@ def test_whole_job_resumes_from_its_periodic_snapshot(tmp_path, cluster_factory)
     r = subprocess.run([str(MLFS), "resume", "--cluster", cl.cluster_path],
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 1 and "is up and not lost" in r.stderr, r.stderr
+
+
+def test_periodic_snapshot_on_a_full_disk(tmp_path, mount_factory):
+    """The snapshot directory's file system fills up (a 4 MiB tmpfs: room for one
+    snapshot of this model, 2 MiB of random floats): the snapshot of the next step
+    fails with an error naming its step and the disk, the newest complete one stays
+    the newest and restores, nothing else is removed; once there is room again, the
+    next due step is written and the broken attempt is cleaned up."""
+    import time
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(snaps)], check=True)
+    try:
+        cfg = {"version": 1, "tp": 2, "pp": 1, "dp": 1, "nodes": ["n0"],
+               "snapshot": {"dir": str(snaps), "every": 2, "keep": 1}}
+        m = mount_factory(name="src")
+        m.errors_expected = True  # the failed snapshot; checked below
+        m.setup(BIG, cfg)
+        fulls = {s: make_full(BIG, np.random.default_rng(300 + s)) for s in (2, 4, 6)}
+        save_step(m, BIG, cfg, fulls[2], 2)
+        sn = wait_snapshots(m, 2)
+        assert sn["error"] is None, sn
+        # Fill what is left.
+        with open(snaps / "filler", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        save_step(m, BIG, cfg, fulls[4], 4)
+        deadline = time.monotonic() + 60
+        while True:
+            sn = m.status()["snapshots"]
+            if sn["error"] and sn["writing"] is None:
+                break
+            assert time.monotonic() < deadline, sn
+            time.sleep(0.1)
+        assert "step-4" in sn["error"] and "No space left on device" in sn["error"], sn
+        assert sn["newest_step"] == 2 and sn["newest"] == f"{snaps}/step-2", sn
+        assert (snaps / "step-2" / "manifest.json").exists()
+        assert not (snaps / "step-4" / "manifest.json").exists()
+        check_snapshot_holds(snaps / "step-2", fulls[2])
+        out = m.mlfs("status").stdout
+        assert "newest snapshot: step 2" in out and "No space left on device" in out, out
+        assert "step-4" in m.stderr() and "No space left on device" in m.stderr()
+        # Room again: step 6 is written, step 4's remains go, step 2 goes (keep 1).
+        os.unlink(snaps / "filler")
+        save_step(m, BIG, cfg, fulls[6], 6)
+        sn = wait_snapshots(m, 6)
+        assert sn["error"] is None, sn
+        assert sorted(os.listdir(snaps)) == ["step-6"], os.listdir(snaps)
+        check_snapshot_holds(snaps / "step-6", fulls[6])
+        save_step(m, BIG, cfg, fulls[2], 7)
+        m.mlfs("import", "--from", snaps / "step-6")
+        check_layout(m, BIG, cfg, fulls[6], step=6)
+    finally:
+        subprocess.run(["umount", "-l", str(snaps)], check=False)
