@@ -5,7 +5,8 @@ daemons and jobs (Daemon, Cluster, Etcd; see its doc). Fixtures:
   mount_factory    make(devices=8, max_memory=None, name="mnt", extra_args=()) -> Mount
   mount            a mount of node n0 with 8 devices
   etcd             an mlfs.testing.Etcd on two free loopback ports, its data in the
-                   test's tmp dir; killed at teardown
+                   test's tmp dir; killed at teardown and its data dir removed (etcd
+                   preallocates 128 MB of WAL: kept, they filled a CI machine's disk)
   cluster_factory  make(nnodes=4, devices=2, job="j", registered=True, extra_args=(),
                    node_env=None) -> mlfs.testing.Cluster: a token file, cluster.json
                    and one daemon per node, each waited for until mounted (and, with
@@ -18,8 +19,10 @@ import gc
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -31,6 +34,20 @@ from mlfs import testing  # noqa: E402
 
 MLFS = ROOT / os.environ.get("BUILD", "build") / "mlfs"
 EXAMPLE = ROOT / "examples" / "gpt-tiny"
+# Free space the suite needs where its temporary directories go: measured at its
+# peak in BENCHMARKS.md's notes on the test suite, with room to spare.
+NEED_FREE = 1 << 30
+
+
+def pytest_sessionstart(session):
+    """A disk too full for the suite fails it at once, saying so, not as a cascade of
+    daemons that cannot write (a CI run once failed 140 tests that way)."""
+    tmp = tempfile.gettempdir()
+    free = shutil.disk_usage(tmp).free
+    if free < NEED_FREE:
+        pytest.exit(f"{tmp} has {free / 2**20:.0f} MiB free; the end-to-end tests need "
+                    f"{NEED_FREE / 2**20:.0f} MiB there (free some, or point TMPDIR at "
+                    f"another disk)", returncode=1)
 
 
 def run_mlfs(*args, check=True):
