@@ -113,7 +113,8 @@ def mount_factory(tmp_path):
         if os.path.ismount(m.path):
             p = subprocess.run(["fusermount3", "-u", str(m.path)], capture_output=True, text=True)
             if p.returncode != 0:
-                failures.append(f"fusermount3 -u {m.path}: {p.stderr}")
+                failures.append(f"fusermount3 -u {m.path}: {p.stderr.strip()} (held by: "
+                                f"{testing.holders(m.path) or 'no process found'})")
                 subprocess.run(["fusermount3", "-u", "-z", str(m.path)], capture_output=True)
         try:
             rc = m.proc.wait(timeout=30)

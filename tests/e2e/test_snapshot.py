@@ -418,7 +418,10 @@ def test_periodic_snapshot_on_a_full_disk(tmp_path, mount_factory):
     import time
     snaps = tmp_path / "snaps"
     snaps.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(snaps)], check=True)
+    # -c (no canonicalization): mount and umount otherwise stat other mount points,
+    # other tests' FUSE mounts included, which may then be busy at their unmount
+    subprocess.run(["mount", "-c", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(snaps)],
+                   check=True)
     try:
         cfg = {"version": 1, "tp": 2, "pp": 1, "dp": 1, "nodes": ["n0"],
                "snapshot": {"dir": str(snaps), "every": 2, "keep": 1}}
@@ -464,4 +467,4 @@ def test_periodic_snapshot_on_a_full_disk(tmp_path, mount_factory):
         m.mlfs("import", "--from", snaps / "step-6")
         check_layout(m, BIG, cfg, fulls[6], step=6)
     finally:
-        subprocess.run(["umount", "-l", str(snaps)], check=False)
+        subprocess.run(["umount", "-c", "-l", str(snaps)], check=False)

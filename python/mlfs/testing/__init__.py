@@ -84,18 +84,20 @@ Node (a Daemon): id, addr, pid, port, p(), read(), write(), read_json(), status(
   string: that header value after "Bearer ").
 
 Etcd (etcd.py): url, data_dir, alive, pid, kv(key) -> KV | None, range(prefix),
-  job(job) -> {rel: KV}, lease_ttl(lease), kill(), restart().
+  job(job) -> {rel: KV}, lease_ttl(lease), kill(), restart(), stop() (kill and remove
+  the data dir: etcd preallocates 128 MB of WAL per member).
 
 Also: expect_oserror(codes, fn, *args) (fn fails with one of those errnos; returns the
 OSError), timed(fn, timeout) (fn on a thread, TimeoutError when it hangs),
-wait_for(what, fn, timeout), free_port(). The package never imports pytest; the
+wait_for(what, fn, timeout), free_port(), holders(path) (the processes that keep a mount
+busy, for a failed unmount's message). The package never imports pytest; the
 fixtures (etcd, cluster_factory, mount_factory) are tests/e2e/conftest.py's.
 """
 from .cluster import TOKEN, Cluster, Daemon, Node, start
 from .etcd import KV, Etcd
-from .util import (ETCD, MLFS, ROOT, ClusterError, expect_oserror, find_mlfs, free_port, timed,
-                   wait_for)
+from .util import (ETCD, MLFS, ROOT, ClusterError, expect_oserror, find_mlfs, free_port, holders,
+                   timed, wait_for)
 
 __all__ = ["start", "Cluster", "Node", "Daemon", "Etcd", "KV", "TOKEN", "ClusterError",
-           "expect_oserror", "timed", "wait_for", "free_port", "find_mlfs", "MLFS", "ROOT",
-           "ETCD"]
+           "expect_oserror", "timed", "wait_for", "free_port", "find_mlfs", "holders", "MLFS",
+           "ROOT", "ETCD"]

@@ -20,7 +20,7 @@ import numpy as np
 from .. import client
 from .etcd import Etcd
 from .layout import coords, expected_layout, rank_tree, snapshot, stage_layers, write_full
-from .util import MLFS, ClusterError, free_port, timed
+from .util import MLFS, ClusterError, free_port, holders, timed
 
 TOKEN = object()  # Node.get's default: the cluster token
 
@@ -337,7 +337,8 @@ class Cluster:
                 p = subprocess.run(["fusermount3", "-u", str(n.path)], capture_output=True,
                                    text=True, timeout=30)
                 if p.returncode != 0:
-                    failures.append(f"fusermount3 -u {n.path}: {p.stderr}")
+                    failures.append(f"fusermount3 -u {n.path}: {p.stderr.strip()} (held by: "
+                                    f"{holders(n.path) or 'no process found'})")
                     subprocess.run(["fusermount3", "-u", "-z", str(n.path)],
                                    capture_output=True)
         for n in everyone:

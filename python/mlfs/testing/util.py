@@ -82,6 +82,41 @@ def wait_for(what, fn, timeout=30):
         time.sleep(0.05)
 
 
+def holders(path):
+    """What keeps the mount at @path busy: "pid (comm): what" for every process whose
+    cwd, root, open file or mapping is under it, from /proc (readlink and maps never
+    enter the mount, so a hung daemon cannot hang this). "" when none is found: then a
+    mount under it, or a request still in the kernel, is the likelier cause."""
+    prefix = os.path.realpath(path).rstrip("/") + "/"
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        base = f"/proc/{pid}"
+        seen = []
+        try:
+            links = [("cwd", f"{base}/cwd"), ("root", f"{base}/root")]
+            links += [(f"fd {fd}", f"{base}/fd/{fd}") for fd in os.listdir(f"{base}/fd")]
+            for what, link in links:
+                try:
+                    t = os.readlink(link)
+                except OSError:
+                    continue
+                if (t + "/").startswith(prefix):
+                    seen.append(f"{what} {t}")
+            with open(f"{base}/maps") as f:
+                seen += sorted({"map " + ln.split(None, 5)[5].strip() for ln in f
+                                if len(ln.split(None, 5)) == 6
+                                and (ln.split(None, 5)[5].strip() + "/").startswith(prefix)})
+            if seen:
+                with open(f"{base}/comm") as f:
+                    comm = f.read().strip()
+                out.append(f"{pid} ({comm}): " + ", ".join(seen[:4]))
+        except OSError:
+            continue  # gone, or not ours to read
+    return "; ".join(out)
+
+
 def timed(fn, timeout=10):
     """fn() on a daemon thread; raises TimeoutError when it does not return in time (a
     FUSE request to a hung daemon never returns, and must not hang the caller)."""
