@@ -654,21 +654,25 @@ static void *origin_worker(void *arg)
 
 /* Many hosts at once (a coordinator asking every node): each call gets the
  * pooled handle that last went to its host, so each host sees one
- * connection however many rounds of concurrent calls go by. Taking
- * whichever handle came back last opened a new connection for most calls
- * (a handle caches five). */
+ * connection however many rounds of concurrent calls go by. Every reply
+ * waits 0.2 s (the server's stall), so that a round's calls are all in
+ * flight together, as a coordinator's are: a call that ended before another
+ * began would hand that one its handle. Taking whichever handle came back
+ * last opened a new connection for most calls (a handle caches five). */
 static void test_pool_reuses_per_host(void **state)
 {
 	(void)state;
-	enum { ROUNDS = 12 };
+	enum { ROUNDS = 10 };
 	struct unit_server *sv = hosts;
 	struct net_http *c = client(2);
 	struct worker w[HOSTS];
 	pthread_t tid[HOSTS];
 	long req, failed, conns;
 
-	for (int i = 0; i < HOSTS; i++)
+	for (int i = 0; i < HOSTS; i++) {
 		unit_server_start(&sv[i], dir, NULL);
+		server_set(sv[i].port, "fail_rate=1&modes=stall&stall_seconds=0.2&reset=1");
+	}
 	for (int r = 0; r < ROUNDS; r++) {
 		for (int i = 0; i < HOSTS; i++) {
 			w[i] = (struct worker){.c = c, .seed = i};
@@ -683,7 +687,9 @@ static void test_pool_reuses_per_host(void **state)
 	for (int i = 0; i < HOSTS; i++) {
 		server_stats(sv[i].port, &req, &failed, &conns);
 		assert_int_equal(req, ROUNDS);
-		assert_int_equal(conns, 2); /* the tested client's, and server_stats' own */
+		/* the tested client's one, and server_stats' own when the control
+		 * client's (one handle, five connections, seven hosts) was dropped */
+		assert_true(conns >= 1 && conns <= 2);
 		unit_server_stop(&sv[i]);
 	}
 	net_http_free(c);
