@@ -126,7 +126,7 @@ def mount_factory(tmp_path):
             rc = m.proc.wait()
         if rc != 0:
             failures.append(f"mlfs mount {m.path} exited {rc}: {m.stderr()}")
-        elif "error" in m.stderr().lower() and not getattr(m, "errors_expected", False):
+        elif "error" in m.stderr().lower() and not m.errors_expected:
             failures.append(f"mlfs mount {m.path} logged: {m.stderr()}")
     assert not failures, "\n".join(failures)
 

@@ -28,7 +28,8 @@ TOKEN = object()  # Node.get's default: the cluster token
 class Daemon:
     """A running `mlfs mount -f` daemon and helpers to use its mount: @path (the mount
     point), @proc (its Popen), @stderr_path, @tmp (a directory for files the helpers
-    write), @binary (the mlfs binary that runs commands on it)."""
+    write), @binary (the mlfs binary that runs commands on it); @errors_expected (False)
+    is set by a test whose daemon logs errors it causes and checks itself."""
 
     def __init__(self, path, proc, stderr_path, tmp, binary=None):
         self.path = path
@@ -36,6 +37,7 @@ class Daemon:
         self.stderr_path = stderr_path
         self.tmp = tmp
         self.binary = str(binary or MLFS)
+        self.errors_expected = False
 
     def p(self, *parts):
         """Path string of <mnt>/parts..."""

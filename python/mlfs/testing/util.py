@@ -86,11 +86,12 @@ def holders(path):
     """What keeps the mount at @path busy: "pid (comm): what" for every process whose
     cwd, root, open file or mapping is under it, from /proc (readlink and maps never
     enter the mount, so a hung daemon cannot hang this). "" when none is found: then a
-    mount under it, or a request still in the kernel, is the likelier cause."""
+    mount under it, or a request still in the kernel, is the likelier cause. The caller
+    is among them when it holds the mount (a NumPy memory map of the test's)."""
     prefix = os.path.realpath(path).rstrip("/") + "/"
     out = []
     for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
+        if not pid.isdigit():
             continue
         base = f"/proc/{pid}"
         seen = []
@@ -105,9 +106,9 @@ def holders(path):
                 if (t + "/").startswith(prefix):
                     seen.append(f"{what} {t}")
             with open(f"{base}/maps") as f:
-                seen += sorted({"map " + ln.split(None, 5)[5].strip() for ln in f
-                                if len(ln.split(None, 5)) == 6
-                                and (ln.split(None, 5)[5].strip() + "/").startswith(prefix)})
+                fields = (ln.split(None, 5) for ln in f)
+                mapped = {fl[5].strip() for fl in fields if len(fl) == 6}
+            seen += sorted(f"map {m}" for m in mapped if (m + "/").startswith(prefix))
             if seen:
                 with open(f"{base}/comm") as f:
                     comm = f.read().strip()
