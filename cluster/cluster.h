@@ -73,6 +73,13 @@ int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, struct
  * "retained"}) into *@out (the caller's), within 2 s. Errors of
  * net_http_get; -EIO for a reply that is not a JSON object. */
 int mlfs_peer_health(struct mlfs_store *st, int node, json_t **out, struct ptc_error *err);
+/* This node's vote @vote ("ready", or "failed: <reason>") on attempt @aid
+ * to version @to, delivered to the attempt's coordinator, cluster node
+ * @node (POST /v1/vote: mlfs_votebox.c), within 2 s. Errors of
+ * net_http_post_json, -EHOSTUNREACH without a data plane, with @err. Not
+ * from a FUSE worker. */
+int mlfs_peer_vote(struct mlfs_store *st, int node, int64_t to, const char *aid, const char *vote,
+		   struct ptc_error *err);
 /* The whole partition (@rank, @state, @tensor) of layout @l, as saved at
  * step @snap, from cluster node @node into @dst (its size); no new try
  * starts once *@stop is set. 0, -EINVAL (@dst's size), -EHOSTUNREACH
@@ -118,7 +125,7 @@ struct xf_buf *mlfs_backup_get(struct mlfs_backup *b, int64_t version, int rank,
 
 /*
  * `mlfs reset`: starts the job of @cl afresh (mlfs_reset.c): removes its
- * committed config, attempt, votes, results and saved marks from etcd in
+ * committed config, attempt, results and saved marks from etcd in
  * one transaction that requires every node of @cl to be down; the schema
  * and cluster stay. The names removed (relative to the job's prefix) are
  * appended to @removed (NULL: not wanted). 0, or -EBUSY (a node is up),

@@ -97,15 +97,58 @@ int mlfs_mirror_sync(struct mlfs_mirror *m, struct ptc_error *err);
 int mlfs_mirror_copy(struct mlfs_mirror *m, struct net_etcd_kv **kvs, size_t *n, int64_t *revision,
 		     struct ptc_error *err);
 
+/* ------------------------------------------------------------- votebox */
+
+/* The votes a coordinator received (mlfs_votebox.c). */
+struct mlfs_votebox;
+
+/* A vote as POST /v1/vote carries it: {"node", "to", "attempt", "vote"}. */
+struct mlfs_vote_msg {
+	const char *node, *attempt, *vote; /* vote: "ready" or "failed: <reason>" */
+	int64_t to;
+};
+/* The most bytes of a vote's "vote". */
+#define MLFS_VOTE_MAX 1024
+
+/* The body of node @node's vote @vote on attempt @aid to version @to (the
+ * caller's), or NULL (out of memory). */
+char *mlfs_vote_body(const char *node, int64_t to, const char *aid, const char *vote);
+/* The vote in @body (@len bytes) into @m, whose strings are borrowed from
+ * *@doc (the caller's: json_decref, also on an error). 0, or -EINVAL with
+ * @err naming the field that is missing or malformed; the node is checked
+ * only for being a non-empty string (whether it is the cluster's is the
+ * caller's to say). Pure. */
+int mlfs_vote_parse(const char *body, size_t len, json_t **doc, struct mlfs_vote_msg *m,
+		    struct ptc_error *err);
+
+/* An empty box into *@out: 0 or -ENOMEM. */
+int mlfs_votebox_new(struct mlfs_votebox **out);
+/* Frees @b (NULL: fine); nothing may use it any more. */
+void mlfs_votebox_free(struct mlfs_votebox *b);
+/* @wake(@arg) on every vote put from now on (@wake NULL: none); called
+ * under the box's lock. Control thread's start and stop. */
+void mlfs_votebox_listen(struct mlfs_votebox *b, void (*wake)(void *arg), void *arg);
+/* Node @node's vote @vote ("ready", "failed: <reason>") on attempt @aid to
+ * version @to, replacing its earlier one. 0 or -ENOMEM. Any thread. */
+int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,
+		     const char *vote);
+/* Every node's last vote as a key "<to>/<id>" and a value "<aid> <vote>"
+ * (the caller's: net_etcd_kvs_free). 0 or -ENOMEM. Any thread. */
+int mlfs_votebox_copy(struct mlfs_votebox *b, struct net_etcd_kv **kvs, size_t *n);
+/* The votes on attempt @aid: {id: "ready" or "failed: <reason>"} (a new
+ * reference; NULL: out of memory). Any thread (status.json). */
+json_t *mlfs_votebox_describe(struct mlfs_votebox *b, const char *aid);
+/* Forgets every vote (an attempt decided). Any thread. */
+void mlfs_votebox_clear(struct mlfs_votebox *b);
+
 /* ------------------------------------------------------------- shared state */
 
 /* The prefixes of a job's keys in etcd (a printf format of the job's
  * name): what every node follows; the nodes' entries and saved marks,
  * which only a node that needs them follows (mlfs_cluster.c's DESIGN
- * block); the votes, which only the coordinator follows. */
+ * block). Votes are not in etcd (mlfs_votebox.c). */
 #define MLFS_KEYS_JOB	"/mlfs/%s/"
 #define MLFS_KEYS_NODES "/mlfs-nodes/%s/"
-#define MLFS_KEYS_VOTES "/mlfs-votes/%s/"
 
 /*
  * One job's control plane on this node (mlfs_cluster_start). Threads: the
@@ -123,7 +166,6 @@ struct mlfs_cluster {
 	struct net_etcd *etcd;
 	char prefix[300];  /* MLFS_KEYS_JOB: every node follows it */
 	char nprefix[300]; /* MLFS_KEYS_NODES: entries and saved marks */
-	char vprefix[300]; /* MLFS_KEYS_VOTES: votes, outside every node's watch */
 	/* MLFS_FAILPOINT, for fault tests (docs/internals/README.md): a named
 	 * phase where the control thread stalls ("" none). */
 	char failpoint[32];
@@ -142,18 +184,15 @@ struct mlfs_cluster {
 	_Atomic int64_t lease;
 	atomic_bool lease_expired;
 	atomic_int stop;
-	/* The job's keys, followed by a watch (mlfs_mirror.c); the votes,
-	 * followed only while this node coordinates an attempt (no other
-	 * node reads them: a vote put reaches one watch, not every node's);
-	 * the nodes' entries, followed only while this node needs them
+	/* The job's keys, followed by a watch (mlfs_mirror.c); the nodes'
+	 * entries, followed only while this node needs them
 	 * (need_peers in mlfs_cluster.c: it coordinates, announces a release,
 	 * keeps backups). Control thread (sync, stop); copies: any thread. */
 	struct mlfs_mirror mirror;
-	struct mlfs_mirror votes;
 	struct mlfs_mirror peers;
 	/* The control thread sleeps on @cond until @wake: a change of the
 	 * job's keys, of the store's reconfiguration state (reconf_changed),
-	 * of the lease, or stop. */
+	 * of the lease, a vote in the box (mlfs_votebox.c), or stop. */
 	pthread_mutex_t wake_lock;
 	pthread_cond_t cond;
 	pthread_cond_t keepalive_cond; /* the keep-alive thread's (stop) */
@@ -176,8 +215,8 @@ struct mlfs_cluster {
 	char *mine;	  /* lock: the text of the attempt this node created */
 	int64_t mine_rev; /* lock: the revision that created it (0: not yet) */
 	/* lock: config writes on this node building an attempt (propose): the
-	 * control thread follows the votes and the entries from then on, so
-	 * that both watches are live before the attempt exists */
+	 * control thread follows the entries from then on, so that their watch
+	 * is live before the attempt exists, and decides on the votes */
 	int proposing;
 	int64_t cluster_mod; /* lock: the "cluster" key's revision last taken */
 	int64_t saved_put;   /* publock: the step in saved/<id>, put or read (-1: none) */
@@ -294,7 +333,8 @@ struct mlfs_jobkeys {
 	int64_t committed;     /* @config's version: 0 without one, -1 unreadable */
 	const char *config_id; /* the attempt that committed it ("": a first config) */
 	int64_t revision;      /* etcd's revision of the read */
-	/* The votes (c->votes' keys) when this node coordinates; else none. */
+	/* The votes in this node's box (mlfs_votebox_copy: keys "<to>/<id>")
+	 * when it coordinates; else none. */
 	struct net_etcd_kv *votes;
 	size_t nvotes;
 };
@@ -303,9 +343,6 @@ struct mlfs_jobkeys {
  * truncated to fit). Any thread. */
 void mlfs_jobkeys_name(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* The etcd key "<vprefix><@fmt ...>" of a vote of @c's job. Any thread. */
-void mlfs_jobkeys_vote_name(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt,
-			    ...) __attribute__((format(printf, 4, 5)));
 /* Reads every key of @c's job from etcd into @k (the caller's:
  * mlfs_jobkeys_free), the nodes' entries included. 0, or net_etcd_range's
  * error with @err and @k empty. I/O workers (propose: a fresh read). */
@@ -427,10 +464,12 @@ void mlfs_attempt_down_free(struct mlfs_reconf_down *dn);
 int mlfs_attempt_prepare(struct mlfs_cluster *c, int64_t step, const char *aid, int64_t rev,
 			 const char *config, size_t len, const struct mlfs_reconf_down *dn,
 			 const json_t *parts, struct ptc_error *err);
-/* Votes "<@aid> failed: <@reason>" on attempt @to (an etcd error is
- * ignored: the coordinator's deadline ends the attempt then). */
-void mlfs_attempt_vote_failed(struct mlfs_cluster *c, int64_t to, const char *aid,
-			      const char *reason);
+/* Votes "failed: <@reason>" on attempt @aid to @to, to its coordinator
+ * @coordinator (this node's own box when it is this node; an unreachable
+ * coordinator is logged and ignored: this node votes again at its next
+ * round, or the attempt ends with the coordinator's lease). */
+void mlfs_attempt_vote_failed(struct mlfs_cluster *c, const char *coordinator, int64_t to,
+			      const char *aid, const char *reason);
 /* One round of this node's decisions on the job's keys @k (@etcd_ok:
  * they are fresh): a snapshot of @k and the store, mlfs_decide, and its
  * actions carried out (register, install, prepare, vote, commit, discard,
@@ -439,6 +478,11 @@ void mlfs_attempt_round(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bo
 /* What this node waits for, for status.json's "waiting" ("" when
  * nothing): etcd's decision on a prepared attempt it voted on. */
 void mlfs_attempt_waiting(struct mlfs_cluster *c, char *buf, size_t cap);
+
+/* The store's state changes this thread makes from now on (@on) are its
+ * round's own: they wake no round (mlfs_cluster.c's reconf_changed). The
+ * control thread, around a prepare or a commit. */
+void mlfs_cluster_own_changes(bool on);
 
 /* ------------------------------------------------------- mlfs_propose.c */
 

@@ -21,13 +21,30 @@
 
 /* ---------------------------------------------------------------- votes */
 
-static void vote(struct mlfs_cluster *c, int64_t to, const char *attempt_id, const char *what)
+static void vote(struct mlfs_cluster *c, const char *coordinator, int64_t to,
+		 const char *attempt_id, const char *what)
 {
-	char k[512], v[1024];
-	struct ptc_error why;
-	mlfs_jobkeys_vote_name(c, k, sizeof(k), "%" PRId64 "/%s", to, c->me);
-	snprintf(v, sizeof(v), "%s %s", attempt_id ? attempt_id : "-", what);
-	if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why) == 0) {
+	struct ptc_error why = {.text = ""};
+	struct mlfs_store *st = c->st;
+	int rc;
+
+	if (!attempt_id || !*attempt_id)
+		return; /* nothing to vote on */
+	if (!coordinator || strcmp(coordinator, c->me) == 0) {
+		rc = st->votebox ? mlfs_votebox_put(st->votebox, c->me, to, attempt_id, what)
+				 : -ENOTCONN;
+	} else {
+		pthread_mutex_lock(&st->lock);
+		int n = ptc_cluster_find(mlfs_store_cluster(st), coordinator);
+		pthread_mutex_unlock(&st->lock);
+		rc = n < 0 ? ptc_error_set(&why, -ENOENT,
+					   "the coordinator %s is not in the cluster", coordinator)
+			   : mlfs_peer_vote(st, n, to, attempt_id, what, &why);
+		if (rc) /* this node votes again at its next round */
+			mlfs_log(MLFS_LOG_WARNING, "cluster: vote on version %" PRId64 ": %s", to,
+				 why.text);
+	}
+	if (rc == 0) {
 		pthread_mutex_lock(&c->lock);
 		snprintf(c->voted_id, sizeof(c->voted_id), "%s", attempt_id ? attempt_id : "");
 		c->voted_ready = strcmp(what, "ready") == 0;
@@ -44,12 +61,18 @@ static bool voted_on(struct mlfs_cluster *c, const char *aid)
 	return yes;
 }
 
-void mlfs_attempt_vote_failed(struct mlfs_cluster *c, int64_t to, const char *aid,
-			      const char *reason)
+void mlfs_attempt_vote_failed(struct mlfs_cluster *c, const char *coordinator, int64_t to,
+			      const char *aid, const char *reason)
 {
 	char v[700];
 	snprintf(v, sizeof(v), "failed: %s", reason);
-	vote(c, to, aid, v);
+	vote(c, coordinator, to, aid, v);
+}
+
+/* The coordinator the attempt @att names (NULL: none named). */
+static const char *coordinator_of(const json_t *att)
+{
+	return json_string_value(json_object_get(att, "coordinator"));
 }
 
 /* ---------------------------------------------------------- coordinator */
@@ -59,7 +82,7 @@ void mlfs_attempt_vote_failed(struct mlfs_cluster *c, int64_t to, const char *ai
 static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
 		   const char *reason)
 {
-	char ka[512], kc[512], ki[512], kv[512], kr[512], res[600];
+	char ka[512], kc[512], ki[512], kr[512], res[600];
 	struct ptc_error why;
 	const char *config = json_string_value(json_object_get(k->attempt_j, "config"));
 	const char *aid = json_string_value(json_object_get(k->attempt_j, "id"));
@@ -68,7 +91,6 @@ static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t
 	mlfs_jobkeys_name(c, ka, sizeof(ka), "attempt");
 	mlfs_jobkeys_name(c, kc, sizeof(kc), "config");
 	mlfs_jobkeys_name(c, ki, sizeof(ki), "config_id");
-	mlfs_jobkeys_vote_name(c, kv, sizeof(kv), "%" PRId64 "/", to);
 	mlfs_jobkeys_name(c, kr, sizeof(kr), "result/%" PRId64, to);
 	snprintf(res, sizeof(res), reason ? "aborted: %s" : "committed", reason);
 	pthread_mutex_lock(&c->lock);
@@ -87,17 +109,13 @@ static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t
 	    {.kind = NET_ETCD_PUT, .key = kc, .value = config, .len = config ? strlen(config) : 0},
 	    {.kind = NET_ETCD_PUT, .key = ki, .value = aid, .len = aid ? strlen(aid) : 0},
 	    {.kind = NET_ETCD_DELETE, .key = ka},
-	    {.kind = NET_ETCD_DELETE, .key = kv, .prefix = true},
 	    {.kind = NET_ETCD_PUT, .key = kr, .value = res, .len = strlen(res)}};
 	const struct net_etcd_op *ops = reason ? commit + 2 : commit;
-	size_t nops = reason ? 3 : 5;
-	/* The votes are decided on: their watch ends before the transaction
-	 * deletes them (N deletions would come back to it, each a wake-up);
-	 * the next round follows them again if the attempt is still this
-	 * node's (the transaction failed). */
-	mlfs_mirror_stop(&c->votes);
+	size_t nops = reason ? 2 : 4;
 	if (net_etcd_txn(c->etcd, &still, 1, ops, nops, NULL, 0, &ok, NULL, NULL, &why) == 0 &&
 	    ok) {
+		if (c->st->votebox) /* decided on */
+			mlfs_votebox_clear(c->st->votebox);
 		pthread_mutex_lock(&c->lock);
 		free(c->mine);
 		c->mine = NULL;
@@ -234,13 +252,13 @@ static enum mlfs_vote vote_in(const struct net_etcd_kv *v, const char *aid, cons
 	return MLFS_VOTE_FAILED;
 }
 
-/* The participants' votes on attempt @aid (to @to) in @k (the votes
- * mirror's: a coordinator's) into @r's nodes, found by @keys. */
-static void votes_on(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
-		     const char *aid, const struct mlfs_snap_key *keys, struct round *r, int nnodes)
+/* The participants' votes on attempt @aid (to @to) in @k (the votebox's:
+ * a coordinator's) into @r's nodes, found by @keys. */
+static void votes_on(const struct mlfs_jobkeys *k, int64_t to, const char *aid,
+		     const struct mlfs_snap_key *keys, struct round *r, int nnodes)
 {
-	char pre[512];
-	mlfs_jobkeys_vote_name(c, pre, sizeof(pre), "%" PRId64 "/", to);
+	char pre[32];
+	snprintf(pre, sizeof(pre), "%" PRId64 "/", to);
 	size_t plen = strlen(pre);
 	for (size_t i = 0; i < k->nvotes; i++) {
 		const char *key = k->votes[i].key;
@@ -327,7 +345,7 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 	/* Every participant's vote as etcd has it, for the coordinator; this
 	 * node's own as it put it (the others read no votes). */
 	if (r->aid && k->votes)
-		votes_on(c, k, r->att.to, r->aid, keys, r, cl->nnodes);
+		votes_on(k, r->att.to, r->aid, keys, r, cl->nnodes);
 	else if (r->aid && r->nodes[st->node].participant)
 		r->nodes[st->node].vote = own_vote(c, r->aid);
 	free(keys);
@@ -415,7 +433,8 @@ static void act_prepare(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, co
 					  json_object_get(k->attempt_j, "participants"), &err);
 	mlfs_attempt_down_free(&dn);
 	if (rc)
-		mlfs_attempt_vote_failed(c, to, aid, err.text[0] ? err.text : strerror(-rc));
+		mlfs_attempt_vote_failed(c, coordinator_of(k->attempt_j), to, aid,
+					 err.text[0] ? err.text : strerror(-rc));
 }
 
 /* VOTE_READY: the prepared attempt's job/ staged, then the vote. */
@@ -425,7 +444,7 @@ static void act_vote_ready(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	if (voted_on(c, aid))
 		return; /* voted; etcd's copy of it not seen yet */
 	if (mlfs_cluster_ids_has(json_object_get(k->attempt_j, "job_missing"), c->me)) {
-		mlfs_attempt_vote_failed(c, to, aid,
+		mlfs_attempt_vote_failed(c, coordinator_of(k->attempt_j), to, aid,
 					 "the coordinator could not read this node's job/");
 		return;
 	}
@@ -434,14 +453,15 @@ static void act_vote_ready(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 		struct ptc_error why;
 		struct mlfs_job *j;
 		if (mlfs_jobsync_stage(c->st, json_object_get(k->attempt_j, "job"), co, &j, &why)) {
-			mlfs_attempt_vote_failed(c, to, aid, why.text);
+			mlfs_attempt_vote_failed(c, coordinator_of(k->attempt_j), to, aid,
+						 why.text);
 			return;
 		}
 		mlfs_job_free(c->job);
 		c->job = j;
 		c->job_to = to;
 	}
-	vote(c, to, aid, "ready");
+	vote(c, co, to, aid, "ready");
 }
 
 /* COMMIT: the prepared layout, which etcd committed, becomes current; the
@@ -656,8 +676,8 @@ static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const stru
 			struct ptc_error store;
 			int64_t target;
 			reconf_state(st, &target, &store);
-			mlfs_attempt_vote_failed(c, a->version, r->aid,
-						 a->reason[0] ? a->reason : store.text);
+			mlfs_attempt_vote_failed(c, coordinator_of(k->attempt_j), a->version,
+						 r->aid, a->reason[0] ? a->reason : store.text);
 		}
 		break;
 	case MLFS_ACT_COMMIT:
@@ -693,7 +713,18 @@ void mlfs_attempt_round(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bo
 		mlfs_log(MLFS_LOG_DEBUG, "cluster: %s(%" PRId64 ")%s%s",
 			 mlfs_act_name(acts[i].kind), acts[i].version,
 			 acts[i].reason[0] ? ": " : "", acts[i].reason);
+		/* A prepare's start and a commit change the store's state on
+		 * this thread: no round follows them (nothing to do), unless the
+		 * commit did not end idle (a failed commit: the next round sees
+		 * it). The prepare's end, on its own thread, wakes a round. */
+		bool own = acts[i].kind == MLFS_ACT_PREPARE || acts[i].kind == MLFS_ACT_COMMIT;
+		mlfs_cluster_own_changes(own);
 		act(c, k, &r, &acts[i]);
+		mlfs_cluster_own_changes(false);
+		int64_t target;
+		if (acts[i].kind == MLFS_ACT_COMMIT &&
+		    reconf_state(c->st, &target, NULL) != MLFS_RECONF_IDLE)
+			mlfs_cluster_wake(c);
 	}
 	free(r.nodes);
 }
@@ -713,9 +744,17 @@ void mlfs_attempt_waiting(struct mlfs_cluster *c, char *buf, size_t cap)
 	pthread_mutex_unlock(&st->lock);
 	pthread_mutex_lock(&c->lock);
 	bool voted = c->voted_id[0] && strcmp(c->voted_id, id) == 0;
-	const char *etcd = c->etcd_error;
+	const char *etcd = c->etcd_error,
+		   *aid = json_string_value(json_object_get(c->attempt, "id"));
+	const char *co = aid && strcmp(aid, id) == 0 ? coordinator_of(c->attempt) : NULL;
 	if (voted)
 		snprintf(buf, cap, "etcd's decision on version %" PRId64 "%s%s%s", target,
 			 etcd[0] ? " (etcd unreachable: " : "", etcd, etcd[0] ? ")" : "");
+	else if (co) /* its vote not delivered yet (the coordinator unreachable, or etcd) */
+		snprintf(buf, cap,
+			 "its vote on version %" PRId64 " to reach the coordinator %s, then "
+			 "etcd's decision%s%s%s",
+			 target, co, etcd[0] ? " (etcd unreachable: " : "", etcd,
+			 etcd[0] ? ")" : "");
 	pthread_mutex_unlock(&c->lock);
 }

@@ -25,13 +25,12 @@
  *                    swapped to: the nodes drop the layout they retained
  *                    for it (mlfs_decide's rule 8).
  *   restore          `mlfs resume`'s request (mlfs_resume.c).
- * Keys under /mlfs-votes/<job>/, which only a coordinator follows (a vote
- * put reaches one watch, not every node's):
- *   <to>/<id>        "<attempt id> ready", or "<attempt id> failed:
- *                    <reason>": a vote counts only for the attempt it names
- *                    (the attempt's random "id"), so votes a dead
- *                    coordinator's attempt left behind never count for a
- *                    later one.
+ * Votes are not in etcd: a participant sends its vote ("ready", or
+ * "failed: <reason>", naming the attempt's random id) to the coordinator's
+ * peer server (POST /v1/vote), whose box keeps each node's last one
+ * (mlfs_votebox.c); the coordinator's rounds decide on them. A vote counts
+ * only for the attempt it names, so one for an earlier attempt never
+ * counts for a later one.
  * Keys under /mlfs-nodes/<job>/, which a node follows only while it needs
  * them (need_peers: it coordinates, or announces the release of its
  * commit, or waited 2 s for that announcement (longer past 1,000 nodes:
@@ -64,7 +63,7 @@
  * its actions carried out (mlfs_attempt.c): install the schema and the
  * first config; prepare an attempt beside the current layout and vote;
  * as the coordinator, commit with one transaction (config and config_id
- * := the attempt's, attempt and votes deleted, only while the attempt is
+ * := the attempt's, the attempt deleted, only while the attempt is
  * still its own) or abort (delete it); commit a prepared layout only when
  * etcd committed that very attempt; discard one etcd will never commit;
  * a node that missed a commit, or started without the job's state, is
@@ -122,11 +121,24 @@
 
 #include "cluster/cluster_i.h"
 
+/* Set by the control thread around the actions whose state changes are
+ * its own round's (mlfs_cluster_own_changes). */
+static _Thread_local bool own_changes;
+
+void mlfs_cluster_own_changes(bool on)
+{
+	own_changes = on;
+}
+
 /* The store's hook when its reconfiguration state changes: wake up (a
- * node whose prepare finished votes now). Store lock held: only signals. */
+ * node whose prepare finished votes now), unless the change is the
+ * control thread's own prepare or commit, whose round goes on to publish
+ * it and whose next round would find nothing to do: two rounds of six per
+ * participant per reconfiguration. Store lock held: only signals. */
 static void reconf_changed(void *arg)
 {
-	mlfs_cluster_wake(arg);
+	if (!own_changes)
+		mlfs_cluster_wake(arg);
 }
 
 /* Whether this node follows the nodes' entries now: it coordinates an
@@ -184,7 +196,7 @@ static void round_once(struct mlfs_cluster *c)
 	struct mlfs_jobkeys k;
 	struct ptc_error why = {.text = ""};
 	pthread_mutex_lock(&c->lock);
-	bool coordinating = c->mine != NULL || c->proposing; /* follows the votes */
+	bool coordinating = c->mine != NULL || c->proposing; /* decides on the votes */
 	pthread_mutex_unlock(&c->lock);
 	int rc = mlfs_mirror_sync(&c->mirror, &why);
 
@@ -196,12 +208,12 @@ static void round_once(struct mlfs_cluster *c)
 	if (rc == 0)
 		rc = follow(&c->peers, peers, &why);
 	if (rc == 0)
-		rc = follow(&c->votes, coordinating, &why);
-	if (rc == 0)
 		rc = mlfs_jobkeys_mirrored(c, &k, &why);
-	if (rc == 0 && coordinating &&
-	    (rc = mlfs_mirror_copy(&c->votes, &k.votes, &k.nvotes, &(int64_t){0}, &why)))
+	if (rc == 0 && coordinating && c->st->votebox &&
+	    (rc = mlfs_votebox_copy(c->st->votebox, &k.votes, &k.nvotes))) {
+		ptc_error_set(&why, rc, "out of memory for the votes");
 		mlfs_jobkeys_free(&k); /* the keys read above: not used this round */
+	}
 	pthread_mutex_lock(&c->lock);
 	snprintf(c->etcd_error, sizeof(c->etcd_error), "%s", rc ? why.text : "");
 	pthread_mutex_unlock(&c->lock);
@@ -320,8 +332,7 @@ static void keys_changed(void *arg)
 	mlfs_cluster_wake(arg);
 }
 
-/* The votes mirror's hook (live only while this node builds or coordinates
- * an attempt, until its commit or abort transaction). */
+/* The votebox's hook: a participant's vote arrived (mlfs_votebox.c). */
 static void votes_changed(void *arg)
 {
 	mlfs_cluster_wake(arg);
@@ -402,12 +413,10 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	snprintf(c->failpoint, sizeof(c->failpoint), "%s", fp ? fp : "");
 	snprintf(c->prefix, sizeof(c->prefix), MLFS_KEYS_JOB, mlfs_store_cluster(st)->job);
 	snprintf(c->nprefix, sizeof(c->nprefix), MLFS_KEYS_NODES, mlfs_store_cluster(st)->job);
-	snprintf(c->vprefix, sizeof(c->vprefix), MLFS_KEYS_VOTES, mlfs_store_cluster(st)->job);
 	struct net_http_opts o = {.retries = 2, .timeout_ms = 2000, .deadline_ms = 5000};
 	if ((rc = net_etcd_new(mlfs_store_cluster(st)->etcd, &o, &c->etcd, err)))
 		goto err_free;
 	if ((rc = mlfs_mirror_init(&c->mirror, c->etcd, c->prefix, keys_changed, c)) ||
-	    (rc = mlfs_mirror_init(&c->votes, c->etcd, c->vprefix, votes_changed, c)) ||
 	    (rc = mlfs_mirror_init(&c->peers, c->etcd, c->nprefix, peers_changed, c))) {
 		ptc_error_set(err, rc, "cluster.json: the job's name is too long");
 		goto err_etcd;
@@ -436,6 +445,8 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	st->drain = mlfs_controller_drain;
 	st->import_all = mlfs_jobimport_start;
 	st->reconf_changed = reconf_changed;
+	if (st->votebox)
+		mlfs_votebox_listen(st->votebox, votes_changed, c);
 	if ((rc = -pthread_create(&c->keepalive_thread, NULL, mlfs_nodeentry_keepalive_main, c)) ||
 	    (c->keepalive_running = true,
 	     rc = -pthread_create(&c->thread, NULL, cluster_main, c))) {
@@ -444,6 +455,8 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 		st->steps_refresh = NULL, st->steps_mirrored = NULL, st->drain = NULL;
 		st->import_all = NULL;
 		st->reconf_changed = NULL, st->cluster_arg = NULL;
+		if (st->votebox)
+			mlfs_votebox_listen(st->votebox, NULL, NULL);
 		goto err_threads;
 	}
 	c->running = true;
@@ -455,7 +468,6 @@ err_threads:
 err_mirror:
 	mlfs_controller_stop(c->ctl);
 	mlfs_mirror_release(&c->mirror);
-	mlfs_mirror_release(&c->votes);
 	mlfs_mirror_release(&c->peers);
 	mlfs_controller_free(c->ctl);
 err_etcd:
@@ -471,9 +483,10 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	if (!c)
 		return;
 	mlfs_controller_stop(c->ctl); /* a proposal in progress ends first */
+	if (c->st->votebox)	      /* no vote wakes this node any more */
+		mlfs_votebox_listen(c->st->votebox, NULL, NULL);
 	stop_threads(c);
 	mlfs_mirror_release(&c->mirror); /* its watch's thread ends first */
-	mlfs_mirror_release(&c->votes);
 	mlfs_mirror_release(&c->peers);
 	mlfs_controller_free(c->ctl); /* no mirror kicks it any more */
 	int64_t lease = atomic_load(&c->lease);

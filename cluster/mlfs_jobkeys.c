@@ -23,16 +23,6 @@ void mlfs_jobkeys_name(const struct mlfs_cluster *c, char *buf, size_t cap, cons
 	va_end(ap);
 }
 
-void mlfs_jobkeys_vote_name(const struct mlfs_cluster *c, char *buf, size_t cap, const char *fmt,
-			    ...)
-{
-	va_list ap;
-	size_t n = (size_t)snprintf(buf, cap, "%s", c->vprefix);
-	va_start(ap, fmt);
-	vsnprintf(buf + n, cap - n, fmt, ap);
-	va_end(ap);
-}
-
 /* The version of a config text, or -1. */
 static int64_t config_version(const char *text, size_t len)
 {

@@ -364,6 +364,9 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o)
 	json_t *a = att ? json_deep_copy(att) : json_null();
 	json_object_del(a, "config");
 	json_object_del(a, "job");
+	const char *aid = json_string_value(json_object_get(a, "id"));
+	if (aid && c->mine && st->votebox) /* the votes this coordinator has */
+		json_object_set_new(a, "votes", mlfs_votebox_describe(st->votebox, aid));
 	json_object_set_new(job, "attempt", a);
 	pthread_mutex_unlock(&c->lock);
 	json_decref(seen);

@@ -254,6 +254,31 @@ int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, struct
 	return get_json(st, node, "/v1/jobmanifest", JSON_ARRAY, out, err);
 }
 
+int mlfs_peer_vote(struct mlfs_store *st, int node, int64_t to, const char *aid, const char *vote,
+		   struct ptc_error *err)
+{
+	struct mlfs_peerclient *cl = client_of(st);
+	char url[NET_MAX_URL];
+	uint8_t *data = NULL;
+	size_t len = 0;
+
+	if (!cl)
+		return -EHOSTUNREACH;
+	const struct ptc_cluster *c = mlfs_store_cluster(st);
+	char *body = mlfs_vote_body(c->nodes[st->node].id, to, aid, vote);
+	if (!body)
+		return -ENOMEM;
+	snprintf(url, sizeof(url), "http://%s/v1/vote", c->nodes[node].addr);
+	/* within 2 s: a frozen coordinator must not stall this node's rounds;
+	 * a vote given twice is the same vote */
+	struct net_http_call call = {.deadline_ms = 2000, .idempotent = true};
+	int rc =
+	    net_http_post_json(cl->http, url, body, strlen(body), 4096, &data, &len, &call, err);
+	free(body);
+	free(data);
+	return rc;
+}
+
 /* ------------------------------------------------------------- lifecycle */
 
 int mlfs_peerclient_new(struct mlfs_store *st, const char *token, struct mlfs_peerclient **out,

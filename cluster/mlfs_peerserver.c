@@ -25,6 +25,12 @@
  *       in the reconfiguration's bytes served.
  *   /v1/job?path=P               a job/ file's bytes
  *   /v1/jobmanifest              the job/ tree: paths, sizes, hashes, mtimes
+ * and one POST:
+ *   /v1/vote {"node", "to", "attempt", "vote"}
+ *       a participant's vote ("ready", or "failed: <reason>") on the
+ *       attempt this node coordinates (mlfs_votebox.c): 200 "{}" once it
+ *       is in the box; a node that is not in the cluster, or a field
+ *       missing or malformed, a 400 naming it.
  * The current layout is served (during an attempt that is the old one,
  * the one peers fetch from, until the commit), and the retained one (the
  * layout the last commit was planned from, until every node of that
@@ -281,13 +287,44 @@ static void serve_health(struct mlfs_peer *pe, struct net_request *r)
 	net_reply_buf(r, 200, out, (size_t)n, "application/json");
 }
 
+/* ------------------------------------------------------------------ votes */
+
+static void serve_vote(struct mlfs_peer *pe, struct net_request *r)
+{
+	struct mlfs_store *st = pe->st;
+	struct mlfs_vote_msg m;
+	struct ptc_error err;
+	json_t *doc;
+	size_t len;
+	const char *body = net_request_body(r, &len);
+
+	int rc = mlfs_vote_parse(body, len, &doc, &m, &err);
+	if (rc == 0) {
+		pthread_mutex_lock(&st->lock);
+		bool known = ptc_cluster_find(mlfs_store_cluster(st), m.node) >= 0;
+		pthread_mutex_unlock(&st->lock);
+		if (!known)
+			rc = ptc_error_set(&err, -EINVAL,
+					   "expected \"node\", a node of the cluster");
+	}
+	if (rc)
+		net_reply_error(r, 400, "%s", err.text);
+	else if (mlfs_votebox_put(st->votebox, m.node, m.to, m.attempt, m.vote))
+		net_reply_error(r, 503, "out of memory");
+	else
+		net_reply_buf(r, 200, "{}", 2, "application/json");
+	json_decref(doc);
+}
+
 static void handle(void *arg, struct net_request *r)
 {
 	struct mlfs_peer *pe = arg;
 	const char *path = net_request_path(r);
 
-	if (strcmp(net_request_method(r), "GET") != 0)
-		net_reply_error(r, 405, "only GET");
+	if (strcmp(net_request_method(r), "POST") == 0 && strcmp(path, "/v1/vote") == 0)
+		serve_vote(pe, r);
+	else if (strcmp(net_request_method(r), "GET") != 0)
+		net_reply_error(r, 405, "only GET, and POST /v1/vote");
 	else if (strcmp(path, "/v1/part") == 0)
 		serve_part(pe, r);
 	else if (strcmp(path, "/v1/job") == 0)
@@ -319,10 +356,12 @@ int mlfs_peer_start(struct mlfs_store *st, const char *listen, const char *token
 	if (!(pe = calloc(1, sizeof(*pe))))
 		return -ENOMEM;
 	pe->st = st;
-	if ((rc = mlfs_peerclient_new(st, token, &pe->client, err)))
+	if ((rc = mlfs_votebox_new(&st->votebox)))
 		goto err_free;
+	if ((rc = mlfs_peerclient_new(st, token, &pe->client, err)))
+		goto err_box;
 	struct net_server_opts so = {
-	    .addr = listen ? listen : me->addr, .token = token, .threads = 4};
+	    .addr = listen ? listen : me->addr, .token = token, .threads = 4, .max_body = 4096};
 	if ((rc = net_server_start(&so, handle, pe, &pe->server, err)))
 		goto err_client;
 	mlfs_peerclient_attach(pe->client);
@@ -331,6 +370,9 @@ int mlfs_peer_start(struct mlfs_store *st, const char *listen, const char *token
 
 err_client:
 	mlfs_peerclient_free(pe->client);
+err_box:
+	mlfs_votebox_free(st->votebox);
+	st->votebox = NULL;
 err_free:
 	free(pe);
 	return rc;
@@ -350,6 +392,8 @@ void mlfs_peer_free(struct mlfs_peer *pe)
 		return;
 	mlfs_peer_stop(pe);
 	mlfs_peerclient_free(pe->client);
+	mlfs_votebox_free(pe->st->votebox);
+	pe->st->votebox = NULL;
 	free(pe);
 }
 

@@ -463,19 +463,18 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 }
 
 /*
- * Creates attempt @att (text; this node's from now on: c->mine) to
- * version @to in etcd with one transaction that requires no attempt and
- * "config" unchanged since @k was read, bound to this node's lease, and
- * deletes the votes an earlier attempt to @to left. When this node takes
+ * Creates attempt @att (text; this node's from now on: c->mine) in etcd
+ * with one transaction that requires no attempt and "config" unchanged
+ * since @k was read, bound to this node's lease. When this node takes
  * part (@me_in) it marks the attempt started, so that the control thread
  * does not start it too. 0, -EBUSY (another attempt, or the config moved),
  * -EIO (etcd, or not registered yet), with @err.
  */
-static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t to,
-			  char *att, const char *aid, bool me_in, const struct net_etcd_kv *replace,
+static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, char *att,
+			  const char *aid, bool me_in, const struct net_etcd_kv *replace,
 			  size_t njob, int64_t *rev, struct ptc_error *err)
 {
-	char ka[512], kc[512], kv[512];
+	char ka[512], kc[512];
 	struct ptc_error why;
 	bool ok = false;
 	int rc = 0;
@@ -483,7 +482,6 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 
 	mlfs_jobkeys_name(c, ka, sizeof(ka), "attempt");
 	mlfs_jobkeys_name(c, kc, sizeof(kc), "config");
-	mlfs_jobkeys_vote_name(c, kv, sizeof(kv), "%" PRId64 "/", to);
 	struct net_etcd_cmp cmps[] = {
 	    {.key = ka, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL},
 	    {.key = kc, .target = NET_ETCD_MOD, .result = NET_ETCD_EQUAL, .num = k->config_mod}};
@@ -494,9 +492,7 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 						.value = replace->value,
 						.len = replace->len};
 	struct net_etcd_op put[] = {
-	    {.kind = NET_ETCD_PUT, .key = ka, .value = att, .len = strlen(att), .lease = lease},
-	    /* what an earlier attempt to this version left behind */
-	    {.kind = NET_ETCD_DELETE, .key = kv, .prefix = true}};
+	    {.kind = NET_ETCD_PUT, .key = ka, .value = att, .len = strlen(att), .lease = lease}};
 	pthread_mutex_lock(&c->lock);
 	free(c->mine);
 	c->mine = att;
@@ -508,7 +504,7 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 	if (!lease)
 		rc = ptc_error_set(err, -EIO,
 				   "config.json: this node is not registered with etcd (yet)");
-	else if (net_etcd_txn(c->etcd, cmps, 2, put, 2, NULL, 0, &ok, rev, NULL, &why) == 0) {
+	else if (net_etcd_txn(c->etcd, cmps, 2, put, 1, NULL, 0, &ok, rev, NULL, &why) == 0) {
 		if (!ok)
 			rc = ptc_error_set(err, -EBUSY,
 					   "config.json: another reconfiguration started, or the "
@@ -562,10 +558,9 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	int64_t rev = 0;
 
 	attempt_id(aid);
-	/* The control thread starts following the votes and the entries now:
-	 * started once the attempt exists, the two watches and their reads
-	 * met etcd busy with every participant's vote (16 ms of a 40 ms
-	 * reconfiguration at 32 nodes before this node could vote itself). */
+	/* The control thread starts following the entries now: started once
+	 * the attempt exists, their watch and its read met etcd busy with the
+	 * participants' first requests. */
 	pthread_mutex_lock(&c->lock);
 	c->proposing++;
 	pthread_mutex_unlock(&c->lock);
@@ -575,8 +570,7 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	int rc =
 	    propose_build(c, k, cfg, agreed, text, aid, &att, &dn, &me_in, &parts, by, &njob, err);
 	if (rc == 0)
-		rc = propose_create(c, k, cfg->version, att, aid, me_in && !replace, replace, njob,
-				    &rev, err);
+		rc = propose_create(c, k, att, aid, me_in && !replace, replace, njob, &rev, err);
 	if (rc == 0)
 		mlfs_log(MLFS_LOG_DEBUG, "cluster: attempt %s to version %" PRId64 " created", aid,
 			 cfg->version);
@@ -596,7 +590,7 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 		if ((rc =
 			 mlfs_attempt_prepare(c, agreed, aid, rev, text, len, &dn, parts, &perr))) {
 			/* the coordinator aborts the attempt at its next round */
-			mlfs_attempt_vote_failed(c, cfg->version, aid, perr.text);
+			mlfs_attempt_vote_failed(c, c->me, cfg->version, aid, perr.text);
 			ptc_error_set(err, rc, "%s", perr.text);
 		}
 	}

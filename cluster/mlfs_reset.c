@@ -7,7 +7,7 @@
  * What it removes from etcd, in one transaction that requires every node
  * of cluster.json to be down (no entry under MLFS_KEYS_NODES: its lease is
  * gone): the committed config and the attempt that committed it, an
- * attempt in progress, votes, results, the "released", "restore" and "import" keys,
+ * attempt in progress, results, the "released", "restore" and "import" keys,
  * and the saved/<id> marks that say the job had state. The schema and
  * the job's cluster stay. The daemons mounted afterwards find no config:
  * the operator writes one and imports a checkpoint, or resumes from a
@@ -24,7 +24,7 @@ int mlfs_cluster_reset(const struct ptc_cluster *cl, json_t *removed, struct ptc
 	struct net_etcd *etcd;
 	struct net_etcd_kv *kvs = NULL, *nkvs = NULL;
 	size_t n = 0, nn = 0;
-	char prefix[300], nprefix[300], keys[9][340], *nodes = NULL;
+	char prefix[300], nprefix[300], keys[8][340], *nodes = NULL;
 	bool ok = false;
 	int rc;
 
@@ -62,24 +62,18 @@ int mlfs_cluster_reset(const struct ptc_cluster *cl, json_t *removed, struct ptc
 						.target = NET_ETCD_VERSION,
 						.result = NET_ETCD_EQUAL};
 	}
-	/* The job's keys but the schema and cluster; then the saved marks and
-	 * the votes, under their own prefixes. */
-	static const char *const names[] = {"config",  "config_id", "attempt",
-					    "result/", "released",  "restore",
-					    "import",  "saved/",    "/"};
-	struct net_etcd_op ops[9];
-	for (int i = 0; i < 9; i++) {
-		if (i < 7)
-			snprintf(keys[i], sizeof(keys[i]), "%s%s", prefix, names[i]);
-		else if (i == 7)
-			snprintf(keys[i], sizeof(keys[i]), "%s%s", nprefix, names[i]);
-		else
-			snprintf(keys[i], sizeof(keys[i]), MLFS_KEYS_VOTES, cl->job);
+	/* The job's keys but the schema and cluster; then the saved marks,
+	 * under their own prefix. */
+	static const char *const names[] = {"config",	"config_id", "attempt", "result/",
+					    "released", "restore",   "import",	"saved/"};
+	struct net_etcd_op ops[8];
+	for (int i = 0; i < 8; i++) {
+		snprintf(keys[i], sizeof(keys[i]), "%s%s", i < 7 ? prefix : nprefix, names[i]);
 		ops[i] = (struct net_etcd_op){.kind = NET_ETCD_DELETE,
 					      .key = keys[i],
 					      .prefix = names[i][strlen(names[i]) - 1] == '/'};
 	}
-	rc = net_etcd_txn(etcd, cmps, (size_t)cl->nnodes, ops, 9, NULL, 0, &ok, NULL, NULL, err);
+	rc = net_etcd_txn(etcd, cmps, (size_t)cl->nnodes, ops, 8, NULL, 0, &ok, NULL, NULL, err);
 	free(cmps);
 	if (rc == 0 && !ok)
 		rc = ptc_error_set(err, -EBUSY,

@@ -293,6 +293,10 @@ struct mlfs_store {
 	 * (mlfs_backup.c); NULL on one node. Set before the control plane
 	 * starts, freed after the peer server stopped. */
 	struct mlfs_backup *backup;
+	/* The votes this node received as a coordinator (mlfs_votebox.c):
+	 * made by the peer server at its start, freed with it; NULL on one
+	 * node. */
+	struct mlfs_votebox *votebox;
 	/* The periodic snapshots' thread (mlfs_autosnap.c); NULL when none. */
 	struct mlfs_autosnap *autosnap;
 };

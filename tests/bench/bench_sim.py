@@ -2,10 +2,11 @@
 a fresh etcd (Debian's etcd-server) in a temporary directory on free loopback ports
 and one run of sim_control (tests/bench/sim_control.c): N simulated nodes, each with
 its lease kept alive on the daemon's schedule, its entry (/mlfs-nodes/<job>/<id>), its
-own watch of the job's keys (/mlfs/<job>/; the coordinator also follows the votes and
-the entries while it needs them) and its rounds of the real decision function
-(cluster/mlfs_decide.c) over the real etcd client; no FUSE, no store, no data (a
-prepare succeeds at once).
+own watch of the job's keys (/mlfs/<job>/; the coordinator also follows the entries
+while it needs them), its vote sent over HTTP to the coordinator's peer server (n0's,
+into its votebox: no vote goes through etcd) and its rounds of the real decision
+function (cluster/mlfs_decide.c) over the real etcd client; no FUSE, no store, no data
+(a prepare succeeds at once).
 sim_control.c's DESIGN block says what is real per node and how a simulated node
 differs from a daemon.
 

@@ -1,8 +1,8 @@
 /*
  * sim_base.c - the simulator's basics (sim_control.c's DESIGN block has
  * the model): clocks, errors, the counts every process keeps, a node by
- * index or id, the etcd clients, and the attempts that the views share
- * (parsed once per revision).
+ * index or id, the etcd and peer clients, and the attempts that the
+ * views share (parsed once per revision).
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -134,6 +134,22 @@ struct net_etcd *client_with(int timeout_ms, int deadline_ms)
 struct net_etcd *client(void)
 {
 	return client_with(2000, 5000);
+}
+
+/* A client with mlfs_peerclient_new's options (its token in every
+ * request's header), for a round worker's votes to n0's peer server. */
+struct net_http *vote_client(void)
+{
+	char hdr[80];
+	const char *headers[] = {hdr, NULL};
+	struct net_http *h;
+	struct ptc_error err;
+	snprintf(hdr, sizeof(hdr), "Authorization: Bearer %s", S.token);
+	struct net_http_opts o = {
+	    .retries = 2, .timeout_ms = 10000, .deadline_ms = 120000, .headers = headers};
+	if (net_http_new(&o, &h, &err))
+		die("%s", err.text);
+	return h;
 }
 
 void name(char *buf, size_t cap, const char *fmt, ...)

@@ -2,7 +2,9 @@
  * sim_control.c - the control plane of a job of N nodes, simulated against
  * one real etcd (issue 17, "Scale"): no FUSE, no store, no data; per node
  * the real decision function (cluster/mlfs_decide.c), the real etcd client
- * and watch (net/net_etcd*.c), on the daemon's keys, wake-ups and schedule.
+ * and watch (net/net_etcd*.c), the real HTTP client, peer server and
+ * votebox for the votes (net/net_http.c, net/net_server.c,
+ * cluster/mlfs_votebox.c), on the daemon's keys, wake-ups and schedule.
  *
  *   sim_control --etcd http://127.0.0.1:2379 --nodes 1000 [--watches G]
  *       [--idle-seconds 10] [--etcd-pid P] [--job NAME] [--workers R]
@@ -21,8 +23,9 @@
  * marks under /mlfs-nodes/<job>/, the "released" announcement, the
  * attempt's "step", the mirror's watch before its read), with the
  * attempt's participants packed as index ranges (mlfs_ids_pack), the
- * snapshot's ids indexed (mlfs_snap_index) and the lease schedule of
- * mlfs_lease_schedule. Each simulated
+ * snapshot's ids indexed (mlfs_snap_index), the lease schedule of
+ * mlfs_lease_schedule, and the votes out of etcd (each sent to the
+ * coordinator's peer server, POST /v1/vote, into its votebox). Each simulated
  * node is what one daemon's control plane does, with the daemon function
  * it replicates named where it happens below:
  *   - its lease: granted (TTL 5 s; past 1,000 nodes longer, by
@@ -32,30 +35,46 @@
  *     /v3/lease/keepalive each; etcd saying it expired flags it, and the
  *     next round registers again (mlfs_decide's REGISTER); its entry is
  *     /mlfs-nodes/<job>/<id>, bound to the lease;
- *   - what it watches (mlfs_cluster.c's three mirrors): /mlfs/<job>/
+ *   - what it watches (mlfs_cluster.c's two mirrors): /mlfs/<job>/
  *     always, one watch per node (c->mirror: mlfs_mirror.c's order, a
  *     watch from now, its "created" awaited, one range, the events that
  *     came meanwhile applied when newer than the range; afterwards only
  *     events newer than the mirror's revision), every event and the
  *     watch's end waking the node (keys_changed); /mlfs-nodes/<job>/ only
- *     while need_peers() holds (c->peers: it coordinates an attempt; it
- *     made the last commit and waits for every participant's swap to
- *     announce it; its retained layout waited 2 s for the announcement),
- *     a put, delete or the watch's end waking it only while it coordinates
- *     or waits for swaps (peers_changed); /mlfs-votes/<job>/ only while it
- *     coordinates (c->votes), every vote waking it. Each is started when
- *     needed and stopped (mlfs_mirror_stop) at the first round that no
- *     longer needs it. n0's votes and entries are followed by the real
- *     mlfs_mirror (init/sync/copy/stop, the new changed(arg) hook); any
- *     other node's entries, in the 2 s fallback, by a copy of its order
- *     that keeps per entry only what the decision reads;
+ *     while need_peers() holds (c->peers: it builds (c->proposing: from
+ *     its proposal's read on, so that the watch is live before the
+ *     attempt exists) or coordinates an attempt; it made the last commit
+ *     and waits for every participant's swap to announce it; its retained
+ *     layout waited 2 s for the announcement), a put, delete or the
+ *     watch's end waking it only while it coordinates or waits for swaps
+ *     (peers_changed). It is started when needed and stopped
+ *     (mlfs_mirror_stop) at the first round that no longer needs it. n0's
+ *     entries are followed by the real mlfs_mirror (init/sync/copy/stop,
+ *     the changed(arg) hook); any other node's, in the 2 s fallback, by a
+ *     copy of its order that keeps per entry only what the decision reads;
+ *   - its vote (mlfs_attempt.c's vote), on no etcd key: a participant
+ *     other than the coordinator sends it to the coordinator's peer server
+ *     (mlfs_peerclient.c's mlfs_peer_vote: POST /v1/vote {"node", "to",
+ *     "attempt", "vote"} with net_http_post_json, "Authorization: Bearer
+ *     <token>", a 2 s deadline, idempotent) from the worker thread that
+ *     runs its round; n0 runs a real net_server (mlfs_peer_start's: 4
+ *     threads, 4 KiB bodies) whose handler checks the vote as
+ *     mlfs_peerserver.c's serve_vote does and puts it into n0's real
+ *     votebox (mlfs_votebox_put); n0's own vote goes straight into its
+ *     box. Every put wakes n0 (the box's hook, votes_changed); n0's rounds,
+ *     while it coordinates, decide on mlfs_votebox_copy of its box (votes_on:
+ *     keys "<to>/<id>", a vote counting only for the attempt it names), and
+ *     its commit clears the box. A vote that failed is said (counted:
+ *     "votes_http_failed"), and the node votes again at its next round
+ *     (1 s later while an attempt is in etcd);
  *   - its rounds (mlfs_cluster.c's round_once, mlfs_attempt.c's
  *     mlfs_attempt_round): the mirrors synced or stopped as above (and, at
  *     its first round, its saved/<id> mark read: one get), a snapshot of
  *     its views and of its (simulated) store handed to the real
  *     mlfs_decide (nodes_known: it follows the entries; released: the
- *     "released" key), the actions carried out with the daemon's etcd
- *     requests, then its entry put when what it says changed
+ *     "released" key), the actions carried out with the daemon's requests
+ *     (etcd's, and the vote's POST), then its entry put when what it says
+ *     changed
  *     (mlfs_nodeentry_publish: settled states only). A round runs when
  *     woken (as above; its store's state changing, the store's
  *     reconf_changed hook: a prepare starting or done, a commit, a
@@ -73,20 +92,25 @@
  *   - the coordinator (n0): mlfs_propose.c's propose_config (one read of
  *     the job as mlfs_jobkeys_read makes it: a range of the job's keys and
  *     one of the entries; the attempt built with every live node a
- *     participant and the agreed "step", created by one transaction), its
- *     commit transaction exactly as mlfs_attempt.c's finish() writes it.
+ *     participant and the agreed "step", created by one transaction that
+ *     puts it and nothing else), its commit transaction exactly as
+ *     mlfs_attempt.c's finish() writes it (config, config_id, the attempt
+ *     deleted, result/2: no vote to delete).
  * The etcd requests of one reconfiguration, by the code above: each node
- * puts its vote (act_vote_ready) and its entry once (the new version, at
- * the round of its swap): 2N. The coordinator also reads the job and the
- * entries (2 ranges), creates the attempt (txn), follows the votes (watch,
- * range) and the entries (watch, range) from the attempt until it
- * announces, commits (txn) and announces (put): 2N + 9 (puts 2N + 1,
- * ranges 4, txns 2, watches 2). Each node that falls back after 2 s adds a watch and a
- * range of N entries, and a put when it announces. Watch events: 6 per
+ * puts its entry once (the new version, at the round of its swap): N; its
+ * vote is no etcd request. The coordinator also reads the job and the
+ * entries (2 ranges), follows the entries (a watch and its range) from its
+ * proposal until it announces, creates the attempt (txn), commits (txn)
+ * and announces (put): N + 7 (puts N + 1, ranges 3, txns 2, watches 1).
+ * Besides etcd, N - 1 vote POSTs reach n0's peer server (n0's own vote is
+ * no request; "peer_server_requests"), and its box gets N votes
+ * ("votes_received"). Each node that falls back after 2 s adds a watch and
+ * a range of N entries, and a put when it announces. Watch events: 6 per
  * job watch (the attempt; the commit's config, config_id, attempt and
- * result/2; "released"), N votes and at most N deletions of them to the
- * coordinator's votes watch (or its range), and each entry put at most
- * once to its entries watch (or its second range). No passing states.
+ * result/2; "released"), and each node's entry put (its swap) once to the
+ * coordinator's entries watch, whose range (before the attempt existed)
+ * read every entry at version 1: 7N in all, no vote among them. No passing
+ * states.
  *
  * How a simulated node differs from a daemon:
  *   - the daemon's CPU. A round's CPU in the daemon (mirror copy of the
@@ -114,16 +138,24 @@
  *   - threads and connections: rounds run on R worker threads and
  *     keep-alives on K (--workers, --ka-workers; 1,000 and 2,000 at most
  *     by default: more threads thrash this 2-core machine), each with its
- *     own etcd client; a daemon has its control and keep-alive threads and
- *     one client. So etcd sees fewer connections here and the same
- *     requests, except that when K keep-alives are in flight the next
- *     waits in the simulator's queue, where a daemon's would be sent and
- *     wait in etcd ("keepalive_gap_max_s" says how long a node went
- *     between two). A process holds at most --streams-per-process watches
- *     (3 descriptors each, under this machine's 20,000 open files): above
- *     that the nodes are split across processes (this program again,
- *     --child), which meet only in etcd, as daemons do, and report their
- *     counts to the first;
+ *     own etcd client, and each round worker with its own HTTP client to
+ *     n0's peer server (its votes); a daemon has its control and
+ *     keep-alive threads, one etcd client and one peer client. So etcd
+ *     sees fewer connections here and the same requests, except that when
+ *     K keep-alives are in flight the next waits in the simulator's queue,
+ *     where a daemon's would be sent and wait in etcd
+ *     ("keepalive_gap_max_s" says how long a node went between two); and
+ *     n0's peer server sees at most R connections, where a coordinating
+ *     daemon gets one from each of the N - 1 others (up to the server's
+ *     limit, 1,024, the same here). A
+ *     process holds at most --streams-per-process watches (3 descriptors
+ *     each, under this machine's 20,000 open files): above that the nodes
+ *     are split across processes (this program again, --child), which
+ *     meet only in etcd and n0's peer server (its URL and token on their
+ *     command line), as daemons do, and report their counts to the first;
+ *   - n0's peer server runs in the first process, beside the nodes it
+ *     simulates, and serves the votes only; its handlers' CPU is spent
+ *     here (the real code), not waited as a round's is;
  *   - start-up: every node registers (its entry already at version 1, as
  *     if it had read the job first), then each process reads the job once
  *     and starts its nodes' watches from now, --join-rate a second
@@ -136,7 +168,11 @@
  *   - the proposal is made again, up to 3 times, when it fails naming
  *     etcd (where `mlfs reconfigure` fails and an operator would run it
  *     again; a creation that timed out but applied is run by the
- *     coordinator's control thread, as in the daemon).
+ *     coordinator's control thread, as in the daemon). It runs in n0's
+ *     round, and starts following the entries (their watch and read)
+ *     between its read and the attempt's creation, in sequence, where the
+ *     daemon's control thread does so while its I/O worker builds the
+ *     attempt.
  * --watches G < N shares watch streams: G streams, each the view of N / G
  * nodes. That is NOT what the daemon does (the output says
  * "one_watch_per_node": false); it shows what etcd's fan-out costs. So do
@@ -146,8 +182,9 @@
  *
  * Not simulated: the job's cluster.json key and joins, saved/<id> puts and
  * step writes, job/ staging, backups ("replicas", which makes need_peers()
- * hold all the time), /v1/health, peers' HTTP, status.json and mlfs
- * snapshot (which read the entries when the node does not follow them).
+ * hold all the time), /v1/health, peers' HTTP but the votes, status.json
+ * and mlfs snapshot (which read the entries when the node does not follow
+ * them).
  *
  * The code: this file is the driver (usage, the run's steps, the JSON
  * output); sim_i.h lists the others (the views, a node's rounds, the
@@ -285,6 +322,10 @@ int main(int argc, char **argv)
 			per_process = atoi(v);
 		else if (strcmp(a, "--child") == 0)
 			child = v;
+		else if (strcmp(a, "--vote-url") == 0) /* a child's: n0's peer server */
+			snprintf(S.vote_url, sizeof(S.vote_url), "%s", v);
+		else if (strcmp(a, "--vote-token") == 0) /* ... and its token */
+			snprintf(S.token, sizeof(S.token), "%s", v);
 		else if (strcmp(a, "--cost") == 0) /* a child's: the first's measure */
 			sscanf(v, "%" SCNd64 ":%" SCNd64 ":%" SCNd64 ":%" SCNd64 ":%" SCNd64,
 			       &cost_ns[0], &cost_ns[1], &cost_ns[2], &cost_ns[3], &cost_ns[4]);
@@ -294,7 +335,6 @@ int main(int argc, char **argv)
 	if (!S.url || S.n < 2 || S.n > 1000000 || per_process < 1)
 		usage();
 	snprintf(S.prefix, sizeof(S.prefix), MLFS_KEYS_JOB, S.job);
-	snprintf(S.vprefix, sizeof(S.vprefix), MLFS_KEYS_VOTES, S.job);
 	snprintf(S.nprefix, sizeof(S.nprefix), MLFS_KEYS_NODES, S.job);
 	int ttl_d, ka_d; /* the daemon's at this N (mlfs_nodeentry.c) */
 	mlfs_lease_schedule(S.n, &ttl_d, &ka_d);
@@ -306,15 +346,17 @@ int main(int argc, char **argv)
 		S.ngroups = S.n; /* the daemon's: one watch per node */
 	S.per = (S.n + S.ngroups - 1) / S.ngroups;
 	S.ngroups = (S.n + S.per - 1) / S.per;
-	/* Workers (a connection each): one of each kind per node up to 1,000
-	 * nodes (2,000 for keep-alives); above, 1,000 for rounds and 2,000 for
-	 * keep-alives in all (--workers, --ka-workers: per process). Processes:
-	 * at most --streams-per-process watches each, and 16,000 descriptors (3
-	 * per watch, 1 per worker). */
+	/* Workers (a connection to etcd each, and a round worker's to n0's peer
+	 * server): one of each kind per node up to 1,000 nodes (2,000 for
+	 * keep-alives); above, 1,000 for rounds and 2,000 for keep-alives in
+	 * all (--workers, --ka-workers: per process). Processes: at most
+	 * --streams-per-process watches each, and 16,000 descriptors (3 per
+	 * watch, 1 per keep-alive worker, 2 per round worker and 1 for its
+	 * connection's other end in n0's server). */
 	int rtotal = S.n < 1000 ? S.n : 1000;
 	int ktotal = S.n < 2000 ? S.n : 2000;
 	int nproc = (S.ngroups + per_process - 1) / per_process;
-	int nfd = (3 * S.ngroups + rtotal + ktotal + 15999) / 16000;
+	int nfd = (3 * S.ngroups + 3 * rtotal + ktotal + 15999) / 16000;
 	nproc = nfd > nproc ? nfd : nproc;
 	int gpp = (S.ngroups + nproc - 1) / nproc; /* streams per process */
 	S.glo = 0;
@@ -368,6 +410,8 @@ int main(int argc, char **argv)
 	main_etcd = client();
 	int rc = 1;
 	if (child) {
+		if (!S.vote_url[0] || strlen(S.token) < 16)
+			usage();
 		S.cost = (struct cost){cost_ns[0], cost_ns[1], cost_ns[2], cost_ns[3], cost_ns[4]};
 		rc = child_main();
 		goto end;
@@ -377,20 +421,21 @@ int main(int argc, char **argv)
 	if (net_http_new(NULL, &metrics_http, &err))
 		die("%s", err.text);
 	S.cost = daemon_cost();
-	/* the coordinator's client, votes and entries mirrors */
+	/* the coordinator's client and entries mirror; its votebox and peer
+	 * server, which every process's nodes send their votes to */
 	S.cetcd = client();
-	if (mlfs_mirror_init(&S.votes, S.cetcd, S.vprefix, votes_changed, NULL) ||
-	    mlfs_mirror_init(&S.peers, S.cetcd, S.nprefix, n0_peers_changed, NULL))
+	if (mlfs_mirror_init(&S.peers, S.cetcd, S.nprefix, n0_peers_changed, NULL))
 		die("mirrors");
-	S.votes_init = true;
+	votes_serve();
+	S.n0_here = true;
 	double coord_ms =
 	    (double)(S.cost.base + S.cost.peers + S.cost.att + S.cost.ids + S.cost.votes) / 1e6;
 	fprintf(stderr,
 		"sim_control: %d nodes, %d watch streams (%d nodes each) in %d processes, "
 		"%d round and %d keep-alive workers here; a daemon's round: %.2f ms, with an "
-		"attempt %.2f ms, coordinating %.2f ms; etcd %s\n",
+		"attempt %.2f ms, coordinating %.2f ms; etcd %s; n0's votes %s\n",
 		S.n, S.ngroups, S.per, nproc, S.nworkers, S.nka, (double)S.cost.base / 1e6,
-		(double)(S.cost.base + S.cost.att + S.cost.ids) / 1e6, coord_ms, S.url);
+		(double)(S.cost.base + S.cost.att + S.cost.ids) / 1e6, coord_ms, S.url, S.vote_url);
 
 	json_t *out = json_object();
 	json_object_set_new(out, "nodes", json_integer(S.n));
@@ -450,8 +495,10 @@ int main(int argc, char **argv)
 			rw_s,	       "--ka-workers",
 			kw_s,	       "--lease-ttl",
 			ttl_s,	       "--to-nodes",
-			to_s,	       "--no-round-delay"};
-	int nbase = S.delay ? 25 : 26; /* all of @base, but its last without --no-round-delay */
+			to_s,	       "--vote-url",
+			S.vote_url,    "--vote-token",
+			S.token,       "--no-round-delay"};
+	int nbase = S.delay ? 29 : 30; /* all of @base, but its last without --no-round-delay */
 	for (int p = 1; p < nproc; p++) {
 		int glo = p * gpp, ghi = (p + 1) * gpp < S.ngroups ? (p + 1) * gpp : S.ngroups;
 		int lo = glo * S.per, hi = ghi * S.per < S.n ? ghi * S.per : S.n;
@@ -510,7 +557,7 @@ int main(int argc, char **argv)
 	counts_window(true);
 	atomic_store(&S.target, 2);
 	broadcast("target 2\n", NULL);
-	int64_t vm_events0 = mirror_events(&S.votes), pm_events0 = mirror_events(&S.peers);
+	int64_t pm_events0 = mirror_events(&S.peers);
 	take(&s3);
 	node_at(0)->propose_pending = true;
 	wake(node_at(0));
@@ -523,6 +570,15 @@ int main(int argc, char **argv)
 	const int64_t *c = s4.c;
 	json_object_set_new(rec, "committed", json_boolean(commit != 0));
 	json_object_set_new(rec, "votes", json_integer(c[C_VOTES]));
+	/* what n0's box got (its server's and its own), the POSTs that failed */
+	json_object_set_new(rec, "votes_received", json_integer(c[C_VOTES_RECEIVED]));
+	json_object_set_new(rec, "votes_http_failed", json_integer(c[C_VOTES_HTTP_FAILED]));
+	/* what n0's peer server received: the other nodes' votes (the token
+	 * missing or wrong: refused) */
+	int64_t posts, refused;
+	net_server_counts(S.server, &posts, &refused);
+	json_object_set_new(rec, "peer_server_requests", json_integer(posts));
+	json_object_set_new(rec, "peer_server_refused", json_integer(refused));
 	json_object_set_new(rec, "swapped", json_integer(c[C_SWAPPED]));
 	json_object_set_new(rec, "swaps_published", json_integer(c[C_PUBLISHED]));
 	json_object_set_new(rec, "released", json_integer(c[C_RELEASED]));
@@ -557,11 +613,8 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 4; i++)
 		if (created && c[ks[i]])
 			json_object_set_new(rec, at[i], json_real(secs(created, c[ks[i]])));
-	int64_t votes_ev = mirror_events(&S.votes) - vm_events0;
 	int64_t entries_ev =
 	    mirror_events(&S.peers) - pm_events0 + c[C_EN_EVENTS] - s3.c[C_EN_EVENTS];
-	json_object_set_new(rec, "votes_watch_events", json_integer(votes_ev));
-	json_object_set_new(rec, "votes_read", json_integer(atomic_load(&S.votes_read)));
 	/* the nodes' entries: who followed them (n0, and any node whose 2 s
 	 * ran out), what their ranges read and their watches got */
 	json_object_set_new(rec, "announced", json_integer(c[C_ANNOUNCED]));
@@ -570,7 +623,7 @@ int main(int argc, char **argv)
 	json_object_set_new(rec, "entries_read", json_integer(c[C_EN_READ] - s3.c[C_EN_READ]));
 	json_object_set_new(rec, "entries_watch_events", json_integer(entries_ev));
 	json_object_set_new(rec, "watch_events_all",
-			    json_integer(s4.c[C_EVENTS] - s3.c[C_EVENTS] + votes_ev + entries_ev));
+			    json_integer(s4.c[C_EVENTS] - s3.c[C_EVENTS] + entries_ev));
 	json_object_set_new(rec, "proposals", json_integer(S.propose_tries));
 	int64_t all = json_integer_value(json_object_get(rec, "requests"));
 	int64_t kas = s4.c[C_KEEPALIVE] - s3.c[C_KEEPALIVE];

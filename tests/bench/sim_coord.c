@@ -1,8 +1,9 @@
 /*
  * sim_coord.c - the coordinator (n0): its proposal of config 2
  * (mlfs_propose.c's propose_config), its commit or abort transaction
- * (mlfs_attempt.c's finish) and the hooks of its real votes and entries
- * mirrors.
+ * (mlfs_attempt.c's finish), its peer server receiving the votes into its
+ * real votebox (mlfs_peerserver.c's serve_vote, mlfs_votebox.c), and the
+ * hooks of that box and of its real entries mirror.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -35,7 +36,7 @@ static void abort_run(const char *fmt, ...)
  * abort, one transaction, only while the attempt is still its own. */
 void finish(struct worker *w, struct node *nd, const struct att *a, int64_t to, const char *reason)
 {
-	char ka[256], kc[256], ki[256], kv[256], kr[256], res[600];
+	char ka[256], kc[256], ki[256], kr[256], res[600];
 	struct ptc_error err;
 	bool ok = false;
 
@@ -44,7 +45,6 @@ void finish(struct worker *w, struct node *nd, const struct att *a, int64_t to, 
 	name(ka, sizeof(ka), "attempt");
 	name(kc, sizeof(kc), "config");
 	name(ki, sizeof(ki), "config_id");
-	snprintf(kv, sizeof(kv), "%s%" PRId64 "/", S.vprefix, to);
 	name(kr, sizeof(kr), "result/%" PRId64, to);
 	snprintf(res, sizeof(res), reason ? "aborted: %s" : "committed", reason);
 	struct net_etcd_cmp still = {.key = ka,
@@ -59,10 +59,9 @@ void finish(struct worker *w, struct node *nd, const struct att *a, int64_t to, 
 	     .len = a->config ? strlen(a->config) : 0},
 	    {.kind = NET_ETCD_PUT, .key = ki, .value = a->id, .len = strlen(a->id)},
 	    {.kind = NET_ETCD_DELETE, .key = ka},
-	    {.kind = NET_ETCD_DELETE, .key = kv, .prefix = true},
 	    {.kind = NET_ETCD_PUT, .key = kr, .value = res, .len = strlen(res)}};
 	const struct net_etcd_op *ops = reason ? commit + 2 : commit;
-	size_t nops = reason ? 3 : 5;
+	size_t nops = reason ? 2 : 4;
 	int64_t sent = wall_ns();
 	c_add(C_TXN, 1);
 	if (net_etcd_txn(w->etcd, &still, 1, ops, nops, NULL, 0, &ok, NULL, NULL, &err)) {
@@ -71,6 +70,8 @@ void finish(struct worker *w, struct node *nd, const struct att *a, int64_t to, 
 	}
 	if (!ok)
 		return;
+	if (S.box) /* decided on */
+		mlfs_votebox_clear(S.box);
 	free(nd->mine);
 	nd->mine = NULL;
 	atomic_store(&nd->coordinating, false);
@@ -90,10 +91,14 @@ void finish(struct worker *w, struct node *nd, const struct att *a, int64_t to, 
  * every live node published the committed version and its rank's step),
  * the attempt built (propose_build, move_nodes: every live node at the
  * committed version takes part; job/ empty; no node down; "step" the one
- * every live rank saved), created by one transaction that requires no
- * attempt and "config" unmoved, bound to its lease, deleting the votes an
- * earlier attempt to 2 left (propose_create); then its prepare starts at
- * once (propose_attempt). On the daemon an I/O worker runs it. 0: created;
+ * every live rank saved); the entries followed from then on (c->proposing:
+ * the daemon's control thread starts their watch and its read while the
+ * I/O worker builds the attempt, so that the watch is live before the
+ * attempt exists; here the same requests, in sequence); the attempt
+ * created by one transaction that requires no attempt and "config"
+ * unmoved, bound to its lease (propose_create: the attempt's put alone);
+ * then its prepare starts at once (propose_attempt). On the daemon an I/O
+ * worker runs it. 0: created;
  * 1: `mlfs reconfigure` would fail, naming etcd (an operator runs it
  * again); -1: refused.
  */
@@ -102,7 +107,7 @@ static int propose_once(struct node *nd)
 	struct net_etcd_kv *kvs = NULL, *ekvs = NULL;
 	size_t n = 0, en = 0, plen = strlen(S.prefix), nplen = strlen(S.nprefix);
 	struct ptc_error err;
-	char ka[256], kc[256], kv[256], aid[24];
+	char ka[256], kc[256], aid[24];
 	bool ok = false, has_config = false, has_attempt = false;
 	int64_t rev = 0, committed = 0, config_mod = 0;
 	json_t *nodes = NULL;
@@ -197,9 +202,13 @@ static int propose_once(struct node *nd)
 	json_decref(parts);
 	if (!att)
 		die("out of memory");
+	/* propose_attempt: c->proposing, the control thread follows the
+	 * entries (an error: its next round tries again) */
+	nd->proposing = true;
+	if (mirror_follow(&S.peers, true, &err))
+		fprintf(stderr, "sim_control: propose: entries: %s\n", err.text);
 	name(ka, sizeof(ka), "attempt");
 	name(kc, sizeof(kc), "config");
-	snprintf(kv, sizeof(kv), "%s2/", S.vprefix);
 	struct net_etcd_cmp cmps[] = {
 	    {.key = ka, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL},
 	    {.key = kc, .target = NET_ETCD_MOD, .result = NET_ETCD_EQUAL, .num = config_mod}};
@@ -207,14 +216,13 @@ static int propose_once(struct node *nd)
 				     .key = ka,
 				     .value = att,
 				     .len = strlen(att),
-				     .lease = atomic_load(&nd->lease)},
-				    {.kind = NET_ETCD_DELETE, .key = kv, .prefix = true}};
+				     .lease = atomic_load(&nd->lease)}};
 	free(nd->mine);
 	nd->mine = att;
 	atomic_store(&nd->coordinating, true);
 	snprintf(nd->started_id, sizeof(nd->started_id), "%s", aid);
 	c_add(C_TXN, 1);
-	int rc = net_etcd_txn(S.cetcd, cmps, 2, put, 2, NULL, 0, &ok, &rev, NULL, &err);
+	int rc = net_etcd_txn(S.cetcd, cmps, 2, put, 1, NULL, 0, &ok, &rev, NULL, &err);
 	if (rc == 0 && !ok) {
 		abort_run("propose: refused: another attempt, or the config moved");
 		return -1;
@@ -259,20 +267,95 @@ void propose(struct node *nd)
 	int rc = 1;
 	for (int i = 0; i < 3 && rc == 1 && !atomic_load(&S.stop); i++) {
 		S.propose_tries++;
-		if ((rc = propose_once(nd)) == 1)
+		rc = propose_once(nd);
+		nd->proposing = false; /* propose_attempt's end */
+		if (rc == 1)
 			nap_ms(1000);
 	}
 	if (rc == 1)
 		abort_run("propose: etcd failed 3 times (see above)");
 }
 
-/* mlfs_cluster.c's votes_changed: the votes mirror (live only while n0
- * coordinates) wakes it. */
-void votes_changed(void *arg)
+/* ---------------------------------------------------------------- votes */
+
+/* mlfs_cluster.c's votes_changed, n0's box's hook: every vote put wakes
+ * it (under the box's lock; wake takes only S.lock). */
+static void votes_changed(void *arg)
 {
 	(void)arg;
 	if (!atomic_load(&S.stop))
 		wake(node_at(0));
+}
+
+/* mlfs_peerserver.c's serve_vote on n0: the vote checked as there
+ * (mlfs_vote_parse, the node one of the cluster), then put into its box
+ * (whose hook wakes n0). */
+static void serve_vote(struct net_request *r)
+{
+	struct mlfs_vote_msg m;
+	struct ptc_error err;
+	json_t *doc;
+	size_t len;
+	const char *body = net_request_body(r, &len);
+
+	int rc = mlfs_vote_parse(body, len, &doc, &m, &err);
+	if (rc == 0 && ptc_cluster_find(&S.cl, m.node) < 0)
+		rc = ptc_error_set(&err, -EINVAL, "expected \"node\", a node of the cluster");
+	if (rc)
+		net_reply_error(r, 400, "%s", err.text);
+	else if (mlfs_votebox_put(S.box, m.node, m.to, m.attempt, m.vote))
+		net_reply_error(r, 503, "out of memory");
+	else {
+		c_add(C_VOTES_RECEIVED, 1);
+		net_reply_buf(r, 200, "{}", 2, "application/json");
+	}
+	json_decref(doc);
+}
+
+/* mlfs_peerserver.c's handle, reduced to the votes (no store to serve). */
+static void handle(void *arg, struct net_request *r)
+{
+	(void)arg;
+	if (strcmp(net_request_method(r), "POST") == 0 &&
+	    strcmp(net_request_path(r), "/v1/vote") == 0)
+		serve_vote(r);
+	else
+		net_reply_error(r, 405, "only POST /v1/vote");
+}
+
+/* n0's votebox (its hook: votes_changed) and peer server, as
+ * mlfs_peer_start makes them (4 threads, 4 KiB bodies), on a free loopback
+ * port with a fresh token: S.vote_url, S.token. */
+void votes_serve(void)
+{
+	uint8_t rnd[16];
+	struct ptc_error err;
+	if (getentropy(rnd, sizeof(rnd)))
+		die("getentropy: %s", strerror(errno));
+	for (size_t i = 0; i < sizeof(rnd); i++)
+		snprintf(S.token + 2 * i, 3, "%02x", rnd[i]);
+	if (mlfs_votebox_new(&S.box))
+		die("out of memory");
+	mlfs_votebox_listen(S.box, votes_changed, NULL);
+	struct net_server_opts so = {
+	    .addr = "127.0.0.1:0", .token = S.token, .threads = 4, .max_body = 4096};
+	if (net_server_start(&so, handle, NULL, &S.server, &err))
+		die("the peer server: %s", err.text);
+	snprintf(S.vote_url, sizeof(S.vote_url), "http://127.0.0.1:%d/v1/vote",
+		 net_server_port(S.server));
+}
+
+/* n0's peer server stopped (its handlers done) and its box freed; no vote
+ * wakes n0 any more. */
+void votes_stop(void)
+{
+	if (!S.box)
+		return;
+	mlfs_votebox_listen(S.box, NULL, NULL);
+	net_server_stop(S.server);
+	S.server = NULL;
+	mlfs_votebox_free(S.box);
+	S.box = NULL;
 }
 
 /* peers_changed for n0's real entries mirror (S.peers). */

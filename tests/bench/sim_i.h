@@ -7,7 +7,7 @@
  *   sim_proc.c      a process's slice of nodes, start-up, the children
  *   sim_pool.c      wake-ups, timers, the round and keep-alive workers
  *   sim_node.c      a node's rounds: its snapshot, decisions and actions
- *   sim_coord.c     the coordinator's proposal and commit
+ *   sim_coord.c     the coordinator's proposal, votes (its peer server) and commit
  *   sim_view.c      a node's views of etcd: the job's keys, the entries
  *   sim_measure.c   the daemon's round CPU, etcd's figures, the windows
  *   sim_base.c      clocks, errors, counts, clients, shared attempts
@@ -60,10 +60,12 @@ enum {
 	C_KA_ERR,
 	C_EXPIRED, /* a keep-alive answered that the lease is gone (etcd expired it) */
 	C_REGISTERED,
-	C_SWAPPED,   /* nodes at the target version (their store) */
-	C_PUBLISHED, /* ... whose entry says so */
-	C_RELEASED,  /* ... and which let their retained layout go */
-	C_VOTES,
+	C_SWAPPED,	     /* nodes at the target version (their store) */
+	C_PUBLISHED,	     /* ... whose entry says so */
+	C_RELEASED,	     /* ... and which let their retained layout go */
+	C_VOTES,	     /* votes delivered (n0's own put into its box, the others' POSTs) */
+	C_VOTES_RECEIVED,    /* votes n0's box got (its peer server's and its own) */
+	C_VOTES_HTTP_FAILED, /* vote POSTs that failed (the node votes again next round) */
 	C_DISCARDS,
 	C_ANNOUNCED, /* "released" puts */
 	C_FOLLOWS,   /* a node started following the entries (a range and a watch) */
@@ -166,6 +168,7 @@ struct node {
 	/* Its store and control thread's state (struct mlfs_cluster's fields
 	 * of the same names): touched by its rounds only, one at a time. */
 	bool store_schema, lost, need_register, propose_pending, saved_read;
+	bool proposing; /* c->proposing: it builds an attempt (n0) */
 	int64_t have, target, prepare_rev, retained, swap_since_ms;
 	int64_t announce; /* c->announce: the commit it made, to announce */
 	struct peers *pv; /* c->peers while it follows the entries (not n0) */
@@ -199,7 +202,7 @@ struct cost {
 	int64_t peers; /* the entries copied and parsed, steps (while it follows them) */
 	int64_t att;   /* the attempt copied and parsed */
 	int64_t ids;   /* an N-id list marked through the index (mlfs_snap_find) */
-	int64_t votes; /* the coordinator's: votes copied, each found in the index */
+	int64_t votes; /* the coordinator's: its votebox copied, each vote found in the index */
 };
 
 struct sim {
@@ -213,16 +216,21 @@ struct sim {
 	int to_nodes; /* the nodes of the config moved to (--to-nodes; N / 2) */
 	bool delay;
 	struct cost cost;
-	char prefix[128], vprefix[128], nprefix[128];
+	char prefix[128], nprefix[128];
 	char (*ids)[16];       /* every node's id */
 	struct ptc_cluster cl; /* the same ids as a cluster's nodes (mlfs_ids_pack) */
 	struct node *nodes;    /* [hi - lo] */
 	struct group *groups;  /* [ghi - glo] */
+	/* n0's peer server, which every process's nodes send their votes to
+	 * (POST /v1/vote with the token: the children get both on their
+	 * command line) */
+	char vote_url[64], token[40];
 	/* the coordinator's (n0's process) */
-	struct net_etcd *cetcd;		 /* its client (c->etcd): propose, the mirrors */
-	struct mlfs_mirror votes, peers; /* c->votes, c->peers */
-	bool votes_init;
-	_Atomic int64_t votes_read; /* votes its ranges read (the others came by its watch) */
+	bool n0_here;		   /* this process is n0's: the fields below are set */
+	struct net_etcd *cetcd;	   /* its client (c->etcd): propose, the entries mirror */
+	struct mlfs_mirror peers;  /* c->peers */
+	struct mlfs_votebox *box;  /* st->votebox: the votes it received */
+	struct net_server *server; /* its peer server (mlfs_peer_start's), /v1/vote only */
 	/* wall ns: the attempt created; its commit transaction sent, answered */
 	_Atomic int64_t created_wall, commit_sent_wall, commit_wall, aborted;
 	int propose_tries; /* `mlfs reconfigure` runs (an operator retrying) */
@@ -258,6 +266,7 @@ enum { T_KA, T_NAP, T_ACT };
 struct worker {
 	pthread_t thread;
 	struct net_etcd *etcd;
+	struct net_http *http; /* a round worker's, to n0's peer server: the votes */
 	bool ka;
 	struct mlfs_snap_node *sn;	 /* a round's snapshot of every node */
 	uint32_t *ent;			 /* a round's copy of the entries */
@@ -298,6 +307,7 @@ int node_index(const char *id, size_t len);
 bool bit(const uint8_t *b, int i);
 struct net_etcd *client_with(int timeout_ms, int deadline_ms);
 struct net_etcd *client(void);
+struct net_http *vote_client(void);
 void name(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 struct att *att_ref(struct att *a);
 void att_put(struct att *a);
@@ -312,7 +322,7 @@ void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64_t revi
 int group_sync(struct worker *w, struct group *g);
 void peers_changed(void *arg);
 void peers_stop(struct node *nd);
-int mirror_follow(struct mlfs_mirror *m, bool need, bool entries, struct ptc_error *err);
+int mirror_follow(struct mlfs_mirror *m, bool need, struct ptc_error *err);
 bool need_peers(const struct node *nd);
 int follow_entries(struct worker *w, struct node *nd, struct ptc_error *err);
 bool entries_of(struct node *nd, uint32_t *ent);
@@ -331,7 +341,8 @@ int round_act(struct worker *w, struct node *nd, bool *woken);
 
 void finish(struct worker *w, struct node *nd, const struct att *a, int64_t to, const char *reason);
 void propose(struct node *nd);
-void votes_changed(void *arg);
+void votes_serve(void);
+void votes_stop(void);
 void n0_peers_changed(void *arg);
 
 /* ----------------------------------------------------------- sim_pool.c */

@@ -56,15 +56,16 @@ static struct net_etcd_kv *kvs_copy(const struct net_etcd_kv *kv, size_t n)
  *   ids:   the snapshot's index of the nodes (mlfs_snap_index) and every
  *          id of an N-id list found in it (mlfs_snap_find): paid once for
  *          the attempt's participants, once for swap_wait after a commit;
- *   votes: the coordinator's: mlfs_mirror_copy of the votes and each
- *          vote's node found in the index (votes_on).
+ *   votes: the coordinator's: mlfs_votebox_copy of its box (a vote of
+ *          every node, the real box) and each vote's node found in the
+ *          index (votes_on).
  */
 struct cost daemon_cost(void)
 {
 	size_t n = (size_t)S.n, k = 0, nplen = strlen(S.nprefix);
 	struct net_etcd_kv *kv = xcalloc(2, sizeof(*kv)), *ek = xcalloc(n, sizeof(*ek));
-	struct net_etcd_kv *vk = xcalloc(n, sizeof(*vk));
-	char key[256], val[128];
+	struct mlfs_votebox *box;
+	char key[256];
 	struct node tmp = {0};
 	json_t *parts = json_array();
 	struct cost best = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
@@ -102,13 +103,11 @@ struct cost daemon_cost(void)
 				  .value = json_dumps(a, JSON_COMPACT | JSON_SORT_KEYS)};
 	att.len = strlen(att.value);
 	json_decref(a);
-	for (size_t i = 0; i < n; i++) {
-		snprintf(key, sizeof(key), "%s2/%s", S.vprefix, S.ids[i]);
-		snprintf(val, sizeof(val), "0123456789abcdef ready");
-		vk[i].key = strdup(key);
-		vk[i].value = strdup(val);
-		vk[i].len = strlen(val);
-	}
+	if (mlfs_votebox_new(&box))
+		die("out of memory");
+	for (size_t i = 0; i < n; i++)
+		if (mlfs_votebox_put(box, S.ids[i], 2, "0123456789abcdef", "ready"))
+			die("out of memory");
 	size_t plen = strlen(S.prefix);
 	int64_t found = 0;
 	json_t *parsed = json_object(); /* c->parsed: {id: [mod_revision, entry]} */
@@ -182,10 +181,13 @@ struct cost daemon_cost(void)
 		for (size_t i = 0; i < n; i++)
 			found += sn[i].participant;
 		double t4 = cpu_ns();
-		struct net_etcd_kv *cv = kvs_copy(vk, n);
-		char pre[256];
-		size_t prelen = (size_t)snprintf(pre, sizeof(pre), "%s%d/", S.vprefix, 2);
-		for (size_t i = 0; i < n; i++) { /* votes_on */
+		struct net_etcd_kv *cv;
+		size_t nv;
+		if (mlfs_votebox_copy(box, &cv, &nv))
+			die("out of memory");
+		char pre[32];
+		size_t prelen = (size_t)snprintf(pre, sizeof(pre), "%d/", 2);
+		for (size_t i = 0; i < nv; i++) { /* votes_on */
 			if (strncmp(cv[i].key, pre, prelen) != 0)
 				continue;
 			int x = mlfs_snap_find(keys, (int)n, cv[i].key + prelen,
@@ -201,7 +203,7 @@ struct cost daemon_cost(void)
 		net_etcd_kvs_free(c, k);
 		net_etcd_kvs_free(ce, n);
 		net_etcd_kvs_free(ca, 1);
-		net_etcd_kvs_free(cv, n);
+		net_etcd_kvs_free(cv, nv);
 		int64_t p[5] = {(int64_t)(t1 - t0), (int64_t)(t2 - t1), (int64_t)(t3 - t2),
 				(int64_t)(t4 - t3), (int64_t)(t5 - t4)};
 		best.base = p[0] < best.base ? p[0] : best.base;
@@ -216,7 +218,7 @@ struct cost daemon_cost(void)
 	json_decref(parsed);
 	net_etcd_kvs_free(kv, k);
 	net_etcd_kvs_free(ek, n);
-	net_etcd_kvs_free(vk, n);
+	mlfs_votebox_free(box);
 	free(att.key);
 	free(att.value);
 	json_decref(parts);

@@ -1,9 +1,9 @@
 /*
  * sim_node.c - a simulated node's rounds (mlfs_cluster.c's round_once,
  * mlfs_attempt.c's mlfs_attempt_round): the snapshot handed to the real
- * mlfs_decide, and the actions carried out with the daemon's etcd
- * requests (its entry, its lease, its votes, the announcement) on its
- * simulated store.
+ * mlfs_decide, and the actions carried out with the daemon's requests (to
+ * etcd: its entry, its lease, the announcement; to the coordinator's peer
+ * server: its vote) on its simulated store.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -106,22 +106,52 @@ int do_register(struct worker *w, struct node *nd)
 	return 0;
 }
 
-/* mlfs_attempt.c's vote: "<attempt id> ready" or "... failed: <reason>"
- * under /mlfs-votes/<job>/<to>/<id>. */
-static void vote(struct worker *w, struct node *nd, int64_t to, const char *aid, const char *what)
+/* mlfs_attempt.c's vote: "ready" or "failed: <reason>" on attempt @aid
+ * to @to, to its @coordinator: the coordinator's own straight into its box
+ * (mlfs_votebox_put), any other node's by mlfs_peerclient.c's
+ * mlfs_peer_vote (POST /v1/vote to n0's peer server, the token in its
+ * header, within 2 s; a vote given twice is the same vote). One that
+ * failed is only said: the node votes again at its next round. */
+static void vote(struct worker *w, struct node *nd, const char *coordinator, int64_t to,
+		 const char *aid, const char *what)
 {
-	char k[256], v[1024];
-	struct ptc_error err;
-	snprintf(k, sizeof(k), "%s%" PRId64 "/%s", S.vprefix, to, nd->id);
-	snprintf(v, sizeof(v), "%s %s", aid, what);
-	c_add(C_PUT, 1);
-	if (net_etcd_put(w->etcd, k, v, strlen(v), 0, NULL, &err) == 0) {
+	struct ptc_error err = {.text = ""};
+	int rc;
+
+	if (!aid || !*aid)
+		return; /* nothing to vote on */
+	if (!coordinator || strcmp(coordinator, nd->id) == 0) {
+		rc = S.box ? mlfs_votebox_put(S.box, nd->id, to, aid, what) : -ENOTCONN;
+		if (rc == 0)
+			c_add(C_VOTES_RECEIVED, 1);
+		else
+			snprintf(err.text, sizeof(err.text), "its own box: %s", strerror(-rc));
+	} else if (ptc_cluster_find(&S.cl, coordinator) != 0) {
+		/* n0 is the only coordinator simulated: the only peer server */
+		rc = ptc_error_set(&err, -ENOENT, "the coordinator %s is not simulated",
+				   coordinator);
+	} else {
+		char *body = mlfs_vote_body(nd->id, to, aid, what);
+		uint8_t *data = NULL;
+		size_t len = 0;
+		if (!body)
+			die("out of memory");
+		struct net_http_call call = {.deadline_ms = 2000, .idempotent = true};
+		rc = net_http_post_json(w->http, S.vote_url, body, strlen(body), 4096, &data, &len,
+					&call, &err);
+		free(body);
+		free(data);
+		if (rc)
+			c_add(C_VOTES_HTTP_FAILED, 1);
+	}
+	if (rc == 0) {
 		snprintf(nd->voted_id, sizeof(nd->voted_id), "%s", aid);
 		nd->voted_ready = strcmp(what, "ready") == 0;
 		c_add(C_VOTES, 1);
 		c_max(C_LAST_VOTE, wall_ns());
 	} else {
-		fprintf(stderr, "sim_control: %s: vote: %s\n", nd->id, err.text);
+		fprintf(stderr, "sim_control: %s: vote on version %" PRId64 ": %s\n", nd->id, to,
+			err.text);
 	}
 }
 
@@ -202,13 +232,14 @@ static void act(struct worker *w, struct node *nd, const struct mlfs_action *a, 
 		break;
 	case MLFS_ACT_VOTE_READY: /* act_vote_ready: job/ is empty, nothing staged */
 		if (strcmp(nd->voted_id, v->aid) != 0)
-			vote(w, nd, a->version, v->aid, "ready");
+			vote(w, nd, v->att ? v->att->coordinator : NULL, a->version, v->aid,
+			     "ready");
 		break;
 	case MLFS_ACT_VOTE_FAILED:
 		if (strcmp(nd->voted_id, v->aid) != 0) {
 			char r[300];
 			snprintf(r, sizeof(r), "failed: %s", a->reason[0] ? a->reason : "prepare");
-			vote(w, nd, a->version, v->aid, r);
+			vote(w, nd, v->att ? v->att->coordinator : NULL, a->version, v->aid, r);
 		}
 		break;
 	case MLFS_ACT_COMMIT: /* act_commit: the planned-from layout retained */
@@ -301,9 +332,10 @@ static int read_saved(struct worker *w, struct node *nd, struct ptc_error *err)
  * A round's first half (mlfs_cluster.c's round_once up to mlfs_decide):
  * the job's mirror synced (a watch and a range when it is not live), the
  * saved/<id> mark read once, the entries followed while need_peers() says
- * so, the votes while this node coordinates (each stopped when no longer
- * needed), the snapshot (mlfs_attempt.c's snapshot) and the decision. The
- * actions wait for the daemon's CPU of this round (round_act).
+ * so (stopped when no longer needed), the votes in its box copied while
+ * this node coordinates, the snapshot (mlfs_attempt.c's snapshot) and the
+ * decision. The actions wait for the daemon's CPU of this round
+ * (round_act).
  */
 void round_decide(struct worker *w, struct node *nd)
 {
@@ -330,22 +362,17 @@ void round_decide(struct worker *w, struct node *nd)
 		fprintf(stderr, "sim_control: %s: entries: %s\n", nd->id, err.text);
 		return;
 	}
-	if (nd->idx == 0 && S.votes_init && mirror_follow(&S.votes, coordinating, false, &err)) {
-		fprintf(stderr, "sim_control: %s: votes: %s\n", nd->id, err.text);
-		return;
-	}
-	if (coordinating) {
-		int64_t rev;
-		if (mlfs_mirror_copy(&S.votes, &vk, &nvk, &rev, &err)) {
-			fprintf(stderr, "sim_control: %s: votes: %s\n", nd->id, err.text);
+	if (coordinating && S.box) {
+		if (mlfs_votebox_copy(S.box, &vk, &nvk)) {
+			fprintf(stderr, "sim_control: %s: out of memory for the votes\n", nd->id);
 			return;
 		}
-		/* votes_on, indexed here by node number (its CPU is in the wait) */
+		/* votes_on (keys "<to>/<id>"), indexed here by node number (its
+		 * CPU is in the wait) */
 		memset(w->vote, 0, (size_t)S.n * sizeof(*w->vote));
-		size_t vl = strlen(S.vprefix);
 		for (size_t i = 0; i < nvk; i++) {
 			char *end;
-			long long to = strtoll(vk[i].key + vl, &end, 10);
+			long long to = strtoll(vk[i].key, &end, 10);
 			int k = *end == '/' ? node_index(end + 1, strlen(end + 1)) : -1;
 			if (k >= 0 && to == 2)
 				w->vote[k] = &vk[i];
@@ -390,8 +417,9 @@ void round_decide(struct worker *w, struct node *nd)
 						.coordinator = a->coordinator,
 						.deadline_ms = a->deadline_ms};
 		s.attempt = &sa;
-		/* every participant's vote for the coordinator (vote_on), this
-		 * node's own as it put it for the others (own_vote) */
+		/* every participant's vote for the coordinator (votes_on: its
+		 * box's copy), this node's own as it voted for the others
+		 * (own_vote) */
 		size_t n = strlen(a->id);
 		for (int i = 0; i < S.n; i++) {
 			struct mlfs_snap_node *sn = &w->sn[i];
@@ -449,8 +477,8 @@ int round_act(struct worker *w, struct node *nd, bool *woken)
 	/* round_once's last step: a release this round may end the need for
 	 * the entries */
 	if (!need_peers(nd)) {
-		if (nd->idx == 0 && S.votes_init)
-			mirror_follow(&S.peers, false, true, &(struct ptc_error){0});
+		if (nd->idx == 0 && S.n0_here)
+			mirror_follow(&S.peers, false, &(struct ptc_error){0});
 		else
 			peers_stop(nd);
 	}

@@ -147,6 +147,7 @@ void start_slice(void)
 		ws[i].etcd = client();
 		ws[i].ka = i >= S.nworkers;
 		if (!ws[i].ka) {
+			ws[i].http = vote_client();
 			ws[i].sn = xcalloc((size_t)S.n, sizeof(*ws[i].sn));
 			ws[i].ent = xcalloc((size_t)S.n, sizeof(*ws[i].ent));
 			ws[i].vote = xcalloc((size_t)S.n, sizeof(*ws[i].vote));
@@ -313,15 +314,15 @@ void stop_slice(void)
 	for (int i = 0; i < S.nworkers + S.nka; i++) {
 		pthread_join(ws[i].thread, NULL);
 		net_etcd_free(ws[i].etcd);
+		net_http_free(ws[i].http);
 		free(ws[i].sn);
 		free(ws[i].ent);
 		free(ws[i].vote);
 	}
 	free(ws);
-	if (S.votes_init) { /* their watches' threads end first: they wake n0 */
-		mlfs_mirror_release(&S.votes);
+	votes_stop();  /* n0's peer server: its handlers wake n0 */
+	if (S.n0_here) /* its watch's thread ends first: it wakes n0 */
 		mlfs_mirror_release(&S.peers);
-	}
 	for (int gi = 0; gi < S.ghi - S.glo; gi++) {
 		struct group *g = &S.groups[gi];
 		net_etcd_watch_stop(g->watch);

@@ -384,16 +384,16 @@ static int peers_sync(struct worker *w, struct node *nd, struct ptc_error *err)
 	if (rc == 0) {
 		c_add(C_EN_READ, entries_in(kvs, n));
 		c_add(C_FOLLOWS, 1);
-		c_add(C_FALLBACKS, !nd->mine && !nd->announce);
+		c_add(C_FALLBACKS, !nd->mine && !nd->proposing && !nd->announce);
 	}
 	net_etcd_kvs_free(kvs, n);
 	return rc;
 }
 
-/* mlfs_cluster.c's follow() on one of n0's real mirrors (the votes or
- * the entries, @entries): started when @need and not live, stopped when
- * not @need; its requests and what its read found counted. */
-int mirror_follow(struct mlfs_mirror *m, bool need, bool entries, struct ptc_error *err)
+/* mlfs_cluster.c's follow() on n0's real entries mirror @m: started when
+ * @need and not live, stopped when not @need; its requests and what its
+ * read found counted. */
+int mirror_follow(struct mlfs_mirror *m, bool need, struct ptc_error *err)
 {
 	if (!need) {
 		if (m->watch)
@@ -409,26 +409,22 @@ int mirror_follow(struct mlfs_mirror *m, bool need, bool entries, struct ptc_err
 		return rc;
 	c_add(C_RANGE, 1);
 	pthread_mutex_lock(&m->lock);
-	int64_t found = entries ? entries_in(m->kvs, m->n) : (int64_t)m->n;
+	int64_t found = entries_in(m->kvs, m->n);
 	pthread_mutex_unlock(&m->lock);
-	if (!entries) {
-		atomic_fetch_add(&S.votes_read, found);
-		return rc;
-	}
 	struct node *nd = node_at(0);
 	c_add(C_EN_READ, found);
 	c_add(C_FOLLOWS, 1);
-	c_add(C_FALLBACKS, !nd->mine && !nd->announce);
+	c_add(C_FALLBACKS, !nd->mine && !nd->proposing && !nd->announce);
 	return rc;
 }
 
-/* mlfs_cluster.c's need_peers: it coordinates an attempt; it made the
- * last commit (from its commit transaction on) and waits for every
+/* mlfs_cluster.c's need_peers: it coordinates or builds an attempt; it
+ * made the last commit (from its commit transaction on) and waits for every
  * participant's swap to announce it; or its retained layout waited 2 s
  * for the announcement. */
 bool need_peers(const struct node *nd)
 {
-	return nd->mine || nd->announce ||
+	return nd->mine || nd->proposing || nd->announce ||
 	       (nd->swap_wait && wall_ms() - nd->swap_since_ms >= mlfs_release_wait_ms(S.n));
 }
 
@@ -436,8 +432,8 @@ bool need_peers(const struct node *nd)
 int follow_entries(struct worker *w, struct node *nd, struct ptc_error *err)
 {
 	bool need = need_peers(nd);
-	if (nd->idx == 0 && S.votes_init)
-		return mirror_follow(&S.peers, need, true, err);
+	if (nd->idx == 0 && S.n0_here)
+		return mirror_follow(&S.peers, need, err);
 	if (!need) {
 		peers_stop(nd);
 		return 0;
@@ -449,7 +445,7 @@ int follow_entries(struct worker *w, struct node *nd, struct ptc_error *err)
  * nodes): true when it follows them (nodes_known). */
 bool entries_of(struct node *nd, uint32_t *ent)
 {
-	if (nd->idx == 0 && S.votes_init) {
+	if (nd->idx == 0 && S.n0_here) {
 		struct net_etcd_kv *kvs;
 		size_t n;
 		int64_t rev;

@@ -40,9 +40,11 @@ etcd, under /mlfs/<job>/ (DESIGN section 7's table):
                  written once per commit (etcd's version of the key counts them)
     attempt      JSON {"from", "to", "config" (the config's text), "coordinator", ...},
                  bound to the coordinator's lease (the one of its nodes/<id> key)
-    votes/<to>/  not asserted; but a later attempt may reuse the version of an aborted
-                 one (even one whose coordinator died), and must neither abort nor commit
-                 early on votes of that earlier attempt
+    (votes)      not in etcd: each participant sends its vote to the coordinator's peer
+                 server, whose status.json shows them (cluster.attempt.votes); a later
+                 attempt may reuse the version of an aborted one (even one whose
+                 coordinator died), and must neither abort nor commit early on votes of
+                 that earlier attempt
 
 Errors:
     - a schema.json that differs from the job's: EINVAL, status.json's error names
@@ -501,7 +503,7 @@ def test_a_job_dir_too_large_for_one_attempt_is_refused_clearly(cluster_factory)
     assert "job/ holds 5601 files and directories" in p.stderr, p.stderr
     assert "larger than etcd takes in one request" in p.stderr, p.stderr
     keys = cl.keys()
-    assert "attempt" not in keys and not any(k.startswith("votes/") for k in keys), keys
+    assert "attempt" not in keys, keys
     assert json.loads(keys["config"].value)["version"] == 1
     assert cl.snapshot() == before
     cl.wait(lambda: etcd_watchers(cl.etcd.url) <= watchers, "n0 following no votes or entries",
@@ -905,6 +907,34 @@ def test_peer_server_needs_the_token_and_checks_every_parameter(cluster_factory)
             (path[:80], body[:300])
     status, body = n0.get("/v1/health", method="POST")
     assert status == 405 and body.count(b"\n") == 1, (status, body)
+
+    # Votes (POST /v1/vote, to a coordinator): the token, then every field checked.
+    good = {"node": "n1", "to": 2, "attempt": "f00d", "vote": "ready"}
+    for kw in wrong[:3]:
+        status, body = n0.get("/v1/vote", method="POST", body=json.dumps(good), **kw)
+        assert status == 401, (kw, status, body)
+    bad_votes = [
+        (b"", "JSON"), (b"not json", "JSON"), (b"[1, 2]", "JSON object"),
+        (dict(good, to=0), '"to"'), (dict(good, to="2"), '"to"'), ({**good, "to": None}, '"to"'),
+        (dict(good, attempt=""), '"attempt"'), (dict(good, attempt="a" * 24), '"attempt"'),
+        (dict(good, attempt="../x"), '"attempt"'), (dict(good, vote="maybe"), '"vote"'),
+        (dict(good, vote="failed: " + "x" * 1100), '"vote"'), (dict(good, vote=1), '"vote"'),
+        (dict(good, node="n9"), '"node"'), (dict(good, node=None), '"node"'),
+    ]
+    for v, named in bad_votes:
+        data = v if isinstance(v, bytes) else json.dumps(v).encode()
+        status, body = n0.get("/v1/vote", method="POST", body=data)
+        assert status == 400 and named.encode() in body and body.count(b"\n") == 1, \
+            (v, status, body)
+    status, body = n0.get("/v1/vote", method="POST", body=b"{" + b" " * 5000 + b"}")
+    assert status == 413, (status, body)
+    status, body = n0.get("/v1/vote")
+    assert status == 404, (status, body)
+    # A well-formed vote on an attempt that is not in progress changes nothing: it is
+    # taken, and counts for no attempt.
+    status, body = n0.get("/v1/vote", method="POST", body=json.dumps(good))
+    assert (status, body) == (200, b"{}"), (status, body)
+    assert n0.status()["cluster"]["attempt"] is None and "attempt" not in cl.keys()
     status, body = n1.get(part(rank=0))
     assert status == 404, (status, body)  # rank 0 lives on n0
     status, _ = n0.get("/v1/health", headers={"X-Pad": "y" * 200_000})

@@ -1,8 +1,10 @@
 /*
- * fuzz_json.c - fuzzes the schema, config, cluster and dataset index parsers
- * and the layout.
+ * fuzz_json.c - fuzzes the schema, config, cluster and dataset index parsers,
+ * the layout, and the reader of a peer's vote (POST /v1/vote).
  *
- * The whole input goes to each of the four parsers; a parsed index has its
+ * The whole input goes to each of the five parsers; a vote that parses has
+ * every field within its bounds and reads back the same from the body
+ * mlfs_vote_body makes of it; a parsed index has its
  * shard ids and ptc_index_locate checked. An input made of three
  * parts separated by lines "---" (schema, config, cluster) also has each
  * part parsed as its file and, when all three parse, is placed with
@@ -15,8 +17,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cluster/cluster_i.h"
 #include "ptc/ptc.h"
 #include "tests/fuzz/fuzz.h"
+
+/* A vote that parses is within its bounds and survives its own body. */
+static void check_vote(const char *text, size_t size)
+{
+	struct mlfs_vote_msg m, m2;
+	struct ptc_error err;
+	json_t *doc, *doc2;
+
+	int rc = mlfs_vote_parse(text, size, &doc, &m, &err);
+	CHECK(rc == 0 || (rc == -EINVAL && err.text[0] != '\0'));
+	if (rc == 0) {
+		size_t n = strlen(m.attempt);
+		CHECK(m.to >= 1 && n >= 1 && n <= 23 && m.node[0] != '\0');
+		CHECK(strlen(m.vote) <= MLFS_VOTE_MAX);
+		CHECK(strcmp(m.vote, "ready") == 0 || strncmp(m.vote, "failed: ", 8) == 0);
+		char *body = mlfs_vote_body(m.node, m.to, m.attempt, m.vote);
+		if (body) {
+			CHECK(mlfs_vote_parse(body, strlen(body), &doc2, &m2, &err) == 0);
+			CHECK(strcmp(m.node, m2.node) == 0 && m.to == m2.to &&
+			      strcmp(m.attempt, m2.attempt) == 0 && strcmp(m.vote, m2.vote) == 0);
+			json_decref(doc2);
+			free(body);
+		}
+	}
+	json_decref(doc);
+}
 
 /* A failed parse must leave *out NULL and say why. */
 static void check_failed(int rc, const void *out, const struct ptc_error *err)
@@ -207,6 +236,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (ix)
 		check_index(ix);
 	ptc_index_free(ix);
+	check_vote(text, size);
 
 	if (split_parts(text, size, parts, lens, 3) != 3)
 		return 0;

@@ -5,7 +5,13 @@
  * What stands for what:
  *   the globals under "etcd"     the job's keys: config and the attempt id
  *                                that committed it (commit txn), attempt,
- *                                votes, leases (nodes/<id>)
+ *                                leases (nodes/<id>)
+ *   vote[]                       the coordinator's votebox
+ *                                (cluster/mlfs_votebox.c): each node's last
+ *                                vote, delivered to the coordinator's peer
+ *                                server, in its memory; lost when the
+ *                                coordinator restarts (its attempt with it),
+ *                                kept when a participant does
  *   proctype node                a daemon's control thread: each step reads
  *                                a snapshot and acts as mlfs_decide
  *                                (cluster/mlfs_decide.c) says, rules 2-8.
@@ -48,10 +54,12 @@ byte commit_id = 0;   /* the attempt that committed it (0: the first config) */
 byte att_id = 0;      /* the attempt in progress (0: none) */
 byte att_coord;       /* its coordinator, whose lease it is bound to */
 bool part[N];         /* its participants */
-byte vote[N];         /* the attempt id each node voted ready on */
 bool up[N];           /* lease alive (nodes/<id> exists) */
 bool waited[N];       /* took part in the last commit */
 bool etcd_ok = true;
+
+/* ------------------------------------------------ the coordinator's box */
+byte vote[N];         /* the attempt id each node voted ready on */
 
 /* --------------------------------------------------------------- nodes */
 byte have[N];        /* version served (0: restarted, nothing yet) */
@@ -236,10 +244,12 @@ proctype env()
 			select(k : 0 .. N - 1);
 			crashes++;
 			up[k] = false; have[k] = 0; have_id[k] = 0; prep_id[k] = 0;
-			ret_id[k] = 255; lost[k] = false; vote[k] = 0;
+			ret_id[k] = 255; lost[k] = false;
 			if
-			:: att_id != 0 && att_coord == k -> att_id = 0
-			:: else -> skip
+			:: att_id != 0 && att_coord == k ->
+				att_id = 0; /* its attempt goes with its lease, its box with it */
+				vote[0] = 0; vote[1] = 0; vote[2] = 0
+			:: else -> skip /* its vote stays in the coordinator's box */
 			fi
 		}
 	:: outages < 1 -> etcd_ok = false; outages++; etcd_ok = true

@@ -119,8 +119,10 @@ class Node(Daemon):
         assert not self.frozen and not self.killed, f"{self.id} cannot answer"
         return timed(lambda: self.read_json("status.json"), timeout)
 
-    def get(self, path, token=TOKEN, headers=None, method="GET", host=None, timeout=10):
-        """One HTTP request to this node's peer server: (status, body)."""
+    def get(self, path, token=TOKEN, headers=None, method="GET", host=None, timeout=10,
+            body=None):
+        """One HTTP request to this node's peer server (with @body: its bytes, a POST's):
+        (status, body)."""
         h = dict(headers or {})
         if token is TOKEN:
             token = self.cluster.token
@@ -128,7 +130,7 @@ class Node(Daemon):
             h["Authorization"] = f"Bearer {token}"
         conn = http.client.HTTPConnection(host or "127.0.0.1", self.port, timeout=timeout)
         try:
-            conn.request(method, path, headers=h)
+            conn.request(method, path, body=body, headers=h)
             r = conn.getresponse()
             return r.status, r.read()
         finally:
@@ -456,6 +458,15 @@ class Cluster:
     def wait_down(self, node_id, timeout=30):
         self.wait(lambda: f"nodes/{node_id}" not in self.keys(),
                   f"/mlfs-nodes/{self.job}/{node_id} gone (its lease expired)", timeout)
+
+    def vote(self, coordinator, to, n):
+        """Node @n's vote on the attempt to version @to as its coordinator @coordinator
+        has it (status.json's cluster.attempt.votes): "<attempt id> ready", "<attempt id>
+        failed: <reason>", or "" when none arrived (votes go to the coordinator, not to
+        etcd)."""
+        att = self[coordinator].status()["cluster"].get("attempt") or {}
+        v = att.get("votes", {}).get(n) if att.get("to") == to else None
+        return f"{att['id']} {v}" if v else ""
 
     def committed(self):
         """The config in etcd's "config" key (a dict), or None."""

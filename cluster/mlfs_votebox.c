@@ -1,0 +1,206 @@
+/*
+ * mlfs_votebox.c - the votes a coordinator received: each participant's
+ * last vote, delivered to the coordinator's peer server (POST /v1/vote,
+ * mlfs_peerserver.c) or, for its own, put here directly (mlfs_attempt.c).
+ *
+ * DESIGN
+ * A vote is an input of the coordinator's decision alone: no other node
+ * reads it, and the commit is etcd's transaction, which compares the
+ * attempt the coordinator created (mlfs_attempt.c: finish). So the votes
+ * travel to the coordinator and never through etcd: a vote put would cost
+ * etcd a write (a raft entry, a WAL sync) and the coordinator's watch a
+ * message, per participant per reconfiguration. A vote names its attempt
+ * (the random id): one for an earlier attempt is never counted. A
+ * participant whose vote did not arrive (the coordinator unreachable)
+ * votes again at its next round; a coordinator that dies takes its
+ * attempt with it (the attempt is bound to its lease), votes and all.
+ *
+ * One box per node (its peer server's), keyed by node id: a participant's
+ * later vote replaces its earlier one. Threads: peer server threads (put),
+ * the control thread (copy, clear, listen). Its lock is a leaf but for the
+ * wake-up hook, which takes only the control thread's wake lock.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cluster/cluster_i.h"
+
+/* ---------------------------------------------------------------- message */
+
+char *mlfs_vote_body(const char *node, int64_t to, const char *aid, const char *vote)
+{
+	json_t *v = json_pack("{sssIssss}", "node", node, "to", (json_int_t)to, "attempt", aid,
+			      "vote", vote);
+	char *body = v ? json_dumps(v, JSON_COMPACT) : NULL;
+	json_decref(v);
+	return body;
+}
+
+/* Whether @s is an attempt id: 1 to 23 letters and digits. */
+static bool attempt_id_ok(const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+	if (n == 0 || n > 23)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)s[i]))
+			return false;
+	return true;
+}
+
+int mlfs_vote_parse(const char *body, size_t len, json_t **doc, struct mlfs_vote_msg *m,
+		    struct ptc_error *err)
+{
+	json_error_t jerr;
+	json_t *v = json_loadb(body ? body : "", body ? len : 0, 0, &jerr);
+	json_t *to = json_object_get(v, "to");
+
+	*doc = v;
+	*m = (struct mlfs_vote_msg){.node = json_string_value(json_object_get(v, "node")),
+				    .attempt = json_string_value(json_object_get(v, "attempt")),
+				    .vote = json_string_value(json_object_get(v, "vote")),
+				    .to = json_integer_value(to)};
+	if (!json_is_object(v))
+		return ptc_error_set(err, -EINVAL, "the vote is not a JSON object: %s", jerr.text);
+	if (!json_is_integer(to) || m->to < 1)
+		return ptc_error_set(err, -EINVAL,
+				     "expected \"to\", the version voted on (from 1)");
+	if (!attempt_id_ok(m->attempt))
+		return ptc_error_set(err, -EINVAL, "expected \"attempt\", an attempt's id");
+	if (!m->vote || !(strcmp(m->vote, "ready") == 0 || strncmp(m->vote, "failed: ", 8) == 0) ||
+	    strlen(m->vote) > MLFS_VOTE_MAX)
+		return ptc_error_set(err, -EINVAL,
+				     "expected \"vote\": \"ready\" or \"failed: <reason>\" (at "
+				     "most %d bytes)",
+				     MLFS_VOTE_MAX);
+	if (!m->node || !*m->node)
+		return ptc_error_set(err, -EINVAL, "expected \"node\", a node of the cluster");
+	return 0;
+}
+
+/* ------------------------------------------------------------------- box */
+
+struct mlfs_votebox {
+	pthread_mutex_t lock;
+	json_t *votes; /* {id: "<to> <attempt id> <vote>"} */
+	void (*wake)(void *arg);
+	void *arg;
+};
+
+int mlfs_votebox_new(struct mlfs_votebox **out)
+{
+	struct mlfs_votebox *b = calloc(1, sizeof(*b));
+
+	*out = NULL;
+	if (!b || !(b->votes = json_object())) {
+		free(b);
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&b->lock, NULL);
+	*out = b;
+	return 0;
+}
+
+void mlfs_votebox_free(struct mlfs_votebox *b)
+{
+	if (!b)
+		return;
+	json_decref(b->votes);
+	pthread_mutex_destroy(&b->lock);
+	free(b);
+}
+
+void mlfs_votebox_listen(struct mlfs_votebox *b, void (*wake)(void *arg), void *arg)
+{
+	pthread_mutex_lock(&b->lock);
+	b->wake = wake;
+	b->arg = arg;
+	pthread_mutex_unlock(&b->lock);
+}
+
+int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,
+		     const char *vote)
+{
+	char *v = NULL;
+
+	if (asprintf(&v, "%" PRId64 " %s %s", to, aid, vote) < 0)
+		return -ENOMEM;
+	pthread_mutex_lock(&b->lock);
+	int rc = json_object_set_new(b->votes, node, json_string(v)) ? -ENOMEM : 0;
+	if (rc == 0 && b->wake)
+		b->wake(b->arg);
+	pthread_mutex_unlock(&b->lock);
+	free(v);
+	return rc;
+}
+
+int mlfs_votebox_copy(struct mlfs_votebox *b, struct net_etcd_kv **kvs, size_t *n)
+{
+	const char *id;
+	json_t *v;
+
+	*kvs = NULL;
+	*n = 0;
+	pthread_mutex_lock(&b->lock);
+	size_t cap = json_object_size(b->votes);
+	struct net_etcd_kv *out = calloc(cap ? cap : 1, sizeof(*out));
+	int rc = out ? 0 : -ENOMEM;
+	json_object_foreach(b->votes, id, v)
+	{
+		if (rc)
+			break;
+		/* "<to> <aid> <vote>" as the key "<to>/<id>" and the value "<aid> <vote>" */
+		const char *s = json_string_value(v), *sp = strchr(s, ' ');
+		struct net_etcd_kv *kv = &out[*n];
+		if (asprintf(&kv->key, "%.*s/%s", (int)(sp - s), s, id) < 0) {
+			kv->key = NULL;
+			rc = -ENOMEM;
+		} else if (!(kv->value = strdup(sp + 1))) {
+			free(kv->key);
+			kv->key = NULL;
+			rc = -ENOMEM;
+		} else {
+			kv->len = strlen(kv->value);
+			++*n;
+		}
+	}
+	pthread_mutex_unlock(&b->lock);
+	if (rc) {
+		net_etcd_kvs_free(out, *n);
+		*n = 0;
+		return rc;
+	}
+	*kvs = out;
+	return 0;
+}
+
+json_t *mlfs_votebox_describe(struct mlfs_votebox *b, const char *aid)
+{
+	json_t *out = json_object(), *v;
+	size_t n = strlen(aid);
+	const char *id;
+
+	pthread_mutex_lock(&b->lock);
+	json_object_foreach(b->votes, id, v)
+	{
+		const char *s = strchr(json_string_value(v), ' '); /* after "<to>" */
+		if (out && s && strncmp(s + 1, aid, n) == 0 && s[1 + n] == ' ')
+			json_object_set_new(out, id, json_string(s + 2 + n));
+	}
+	pthread_mutex_unlock(&b->lock);
+	return out;
+}
+
+void mlfs_votebox_clear(struct mlfs_votebox *b)
+{
+	pthread_mutex_lock(&b->lock);
+	json_object_clear(b->votes);
+	pthread_mutex_unlock(&b->lock);
+}
