@@ -15,17 +15,13 @@
  * obvious order, is right too but slow: when anything was put between
  * the two, etcd counts the watch as behind and catches it up only in its
  * sync loop, every 100 ms, delaying every event until then. That cost a
- * coordinator up to 100 ms on every reconfiguration: its votes' watch
- * starts as the votes come in.) A change, or the watch's end, is told to
- * the owner (@changed), which wakes its control thread or not. When the
- * watch's stream ends (etcd restarted or
- * gone, a compaction) the mirror is no longer live: the next
- * mlfs_mirror_sync reads the keys again and starts a new watch; until
- * then the control thread treats etcd as unreachable and decides nothing.
- * A node has three (mlfs_cluster.c): the job's keys, always; the votes,
- * while it builds or coordinates an attempt; the nodes' entries, while it needs
- * them. The last two are started when needed and stopped
- * (mlfs_mirror_stop) after.
+ * coordinator up to 100 ms on every reconfiguration: its watch of the
+ * votes, when they were in etcd, started as the votes came in.) A change, or the watch's end, is
+ * told to the owner (@changed), which wakes its control thread or not. When the watch's stream ends
+ * (etcd restarted or gone, a compaction) the mirror is no longer live: the next mlfs_mirror_sync
+ * reads the keys again and starts a new watch; until then the control thread treats etcd as
+ * unreachable and decides nothing. A node has two (mlfs_cluster.c): the job's keys, always; the
+ * nodes' entries, while it needs them, started when needed and stopped (mlfs_mirror_stop) after.
  *
  * Threads: the watch's thread applies events; the control thread syncs
  * and copies. m->lock guards the keys, the revision and the state; it is
