@@ -120,6 +120,12 @@ char *mlfs_vote_body(const char *node, int64_t to, const char *aid, const char *
  * caller's to say). Pure. */
 int mlfs_vote_parse(const char *body, size_t len, json_t **doc, struct mlfs_vote_msg *m,
 		    struct ptc_error *err);
+/* POST /v1/vote on a coordinator's peer server: the vote in @r's body read
+ * (mlfs_vote_parse), its node one that @known(@arg, node) says is the
+ * cluster's, put into @b, and answered: 200 "{}", a 400 naming the field,
+ * or a 503. 0 when the vote went into @b. Peer server threads. */
+int mlfs_vote_serve(struct mlfs_votebox *b, struct net_request *r,
+		    bool (*known)(void *arg, const char *node), void *arg);
 
 /* An empty box into *@out: 0 or -ENOMEM. */
 int mlfs_votebox_new(struct mlfs_votebox **out);

@@ -289,31 +289,14 @@ static void serve_health(struct mlfs_peer *pe, struct net_request *r)
 
 /* ------------------------------------------------------------------ votes */
 
-static void serve_vote(struct mlfs_peer *pe, struct net_request *r)
+/* Whether @node is one of the cluster's (mlfs_vote_serve's @known). */
+static bool cluster_has(void *arg, const char *node)
 {
-	struct mlfs_store *st = pe->st;
-	struct mlfs_vote_msg m;
-	struct ptc_error err;
-	json_t *doc;
-	size_t len;
-	const char *body = net_request_body(r, &len);
-
-	int rc = mlfs_vote_parse(body, len, &doc, &m, &err);
-	if (rc == 0) {
-		pthread_mutex_lock(&st->lock);
-		bool known = ptc_cluster_find(mlfs_store_cluster(st), m.node) >= 0;
-		pthread_mutex_unlock(&st->lock);
-		if (!known)
-			rc = ptc_error_set(&err, -EINVAL,
-					   "expected \"node\", a node of the cluster");
-	}
-	if (rc)
-		net_reply_error(r, 400, "%s", err.text);
-	else if (mlfs_votebox_put(st->votebox, m.node, m.to, m.attempt, m.vote))
-		net_reply_error(r, 503, "out of memory");
-	else
-		net_reply_buf(r, 200, "{}", 2, "application/json");
-	json_decref(doc);
+	struct mlfs_store *st = arg;
+	pthread_mutex_lock(&st->lock);
+	bool known = ptc_cluster_find(mlfs_store_cluster(st), node) >= 0;
+	pthread_mutex_unlock(&st->lock);
+	return known;
 }
 
 static void handle(void *arg, struct net_request *r)
@@ -322,7 +305,7 @@ static void handle(void *arg, struct net_request *r)
 	const char *path = net_request_path(r);
 
 	if (strcmp(net_request_method(r), "POST") == 0 && strcmp(path, "/v1/vote") == 0)
-		serve_vote(pe, r);
+		mlfs_vote_serve(pe->st->votebox, r, cluster_has, pe->st);
 	else if (strcmp(net_request_method(r), "GET") != 0)
 		net_reply_error(r, 405, "only GET, and POST /v1/vote");
 	else if (strcmp(path, "/v1/part") == 0)

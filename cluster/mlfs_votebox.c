@@ -85,6 +85,28 @@ int mlfs_vote_parse(const char *body, size_t len, json_t **doc, struct mlfs_vote
 	return 0;
 }
 
+int mlfs_vote_serve(struct mlfs_votebox *b, struct net_request *r,
+		    bool (*known)(void *arg, const char *node), void *arg)
+{
+	struct mlfs_vote_msg m;
+	struct ptc_error err;
+	json_t *doc;
+	size_t len;
+	const char *body = net_request_body(r, &len);
+
+	int rc = mlfs_vote_parse(body, len, &doc, &m, &err);
+	if (rc == 0 && !known(arg, m.node))
+		rc = ptc_error_set(&err, -EINVAL, "expected \"node\", a node of the cluster");
+	if (rc)
+		net_reply_error(r, 400, "%s", err.text);
+	else if ((rc = mlfs_votebox_put(b, m.node, m.to, m.attempt, m.vote)))
+		net_reply_error(r, 503, "out of memory");
+	else
+		net_reply_buf(r, 200, "{}", 2, "application/json");
+	json_decref(doc);
+	return rc;
+}
+
 /* ------------------------------------------------------------------- box */
 
 struct mlfs_votebox {

@@ -58,9 +58,9 @@
  *     "attempt", "vote"} with net_http_post_json, "Authorization: Bearer
  *     <token>", a 2 s deadline, idempotent) from the worker thread that
  *     runs its round; n0 runs a real net_server (mlfs_peer_start's: 4
- *     threads, 4 KiB bodies) whose handler checks the vote as
- *     mlfs_peerserver.c's serve_vote does and puts it into n0's real
- *     votebox (mlfs_votebox_put); n0's own vote goes straight into its
+ *     threads, 4 KiB bodies) whose handler is the daemon's
+ *     mlfs_vote_serve (the vote read and checked, put into n0's real
+ *     votebox); n0's own vote goes straight into its
  *     box. Every put wakes n0 (the box's hook, votes_changed); n0's rounds,
  *     while it coordinates, decide on mlfs_votebox_copy of its box (votes_on:
  *     keys "<to>/<id>", a vote counting only for the attempt it names), and

@@ -2,7 +2,7 @@
  * sim_coord.c - the coordinator (n0): its proposal of config 2
  * (mlfs_propose.c's propose_config), its commit or abort transaction
  * (mlfs_attempt.c's finish), its peer server receiving the votes into its
- * real votebox (mlfs_peerserver.c's serve_vote, mlfs_votebox.c), and the
+ * real votebox (mlfs_vote_serve, as mlfs_peerserver.c calls it), and the
  * hooks of that box and of its real entries mirror.
  */
 #include <errno.h>
@@ -287,40 +287,23 @@ static void votes_changed(void *arg)
 		wake(node_at(0));
 }
 
-/* mlfs_peerserver.c's serve_vote on n0: the vote checked as there
- * (mlfs_vote_parse, the node one of the cluster), then put into its box
- * (whose hook wakes n0). */
-static void serve_vote(struct net_request *r)
+/* Whether @node is one of the simulated cluster's (mlfs_vote_serve's
+ * @known, as mlfs_peerserver.c's cluster_has). */
+static bool cluster_has(void *arg, const char *node)
 {
-	struct mlfs_vote_msg m;
-	struct ptc_error err;
-	json_t *doc;
-	size_t len;
-	const char *body = net_request_body(r, &len);
-
-	int rc = mlfs_vote_parse(body, len, &doc, &m, &err);
-	if (rc == 0 && ptc_cluster_find(&S.cl, m.node) < 0)
-		rc = ptc_error_set(&err, -EINVAL, "expected \"node\", a node of the cluster");
-	if (rc)
-		net_reply_error(r, 400, "%s", err.text);
-	else if (mlfs_votebox_put(S.box, m.node, m.to, m.attempt, m.vote))
-		net_reply_error(r, 503, "out of memory");
-	else {
-		c_add(C_VOTES_RECEIVED, 1);
-		net_reply_buf(r, 200, "{}", 2, "application/json");
-	}
-	json_decref(doc);
+	(void)arg;
+	return ptc_cluster_find(&S.cl, node) >= 0;
 }
 
 /* mlfs_peerserver.c's handle, reduced to the votes (no store to serve). */
 static void handle(void *arg, struct net_request *r)
 {
 	(void)arg;
-	if (strcmp(net_request_method(r), "POST") == 0 &&
-	    strcmp(net_request_path(r), "/v1/vote") == 0)
-		serve_vote(r);
-	else
+	if (strcmp(net_request_method(r), "POST") != 0 ||
+	    strcmp(net_request_path(r), "/v1/vote") != 0)
 		net_reply_error(r, 405, "only POST /v1/vote");
+	else if (mlfs_vote_serve(S.box, r, cluster_has, NULL) == 0)
+		c_add(C_VOTES_RECEIVED, 1);
 }
 
 /* n0's votebox (its hook: votes_changed) and peer server, as
