@@ -342,8 +342,9 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 	if (r->aid)
 		mark_ids(parts, keys, r, cl->nnodes, true);
 	mark_ids(swap_wait, keys, r, cl->nnodes, false);
-	/* Every participant's vote as etcd has it, for the coordinator; this
-	 * node's own as it put it (the others read no votes). */
+	/* Every participant's vote as the coordinator's box has it, for the
+	 * coordinator; this node's own as it sent it (the others see no
+	 * votes). */
 	if (r->aid && k->votes)
 		votes_on(k, r->att.to, r->aid, keys, r, cl->nnodes);
 	else if (r->aid && r->nodes[st->node].participant)
@@ -442,7 +443,7 @@ static void act_vote_ready(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 			   int64_t to)
 {
 	if (voted_on(c, aid))
-		return; /* voted; etcd's copy of it not seen yet */
+		return; /* voted: the coordinator has it */
 	if (mlfs_cluster_ids_has(json_object_get(k->attempt_j, "job_missing"), c->me)) {
 		mlfs_attempt_vote_failed(c, coordinator_of(k->attempt_j), to, aid,
 					 "the coordinator could not read this node's job/");

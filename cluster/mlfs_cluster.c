@@ -210,10 +210,10 @@ static void round_once(struct mlfs_cluster *c)
 	if (rc == 0)
 		rc = mlfs_jobkeys_mirrored(c, &k, &why);
 	if (rc == 0 && coordinating && c->st->votebox &&
-	    (rc = mlfs_votebox_copy(c->st->votebox, &k.votes, &k.nvotes))) {
-		ptc_error_set(&why, rc, "out of memory for the votes");
-		mlfs_jobkeys_free(&k); /* the keys read above: not used this round */
-	}
+	    mlfs_votebox_copy(c->st->votebox, &k.votes, &k.nvotes))
+		/* out of memory: no vote counts this round; the next one (a
+		 * second at most while the attempt runs) copies them again */
+		mlfs_log(MLFS_LOG_WARNING, "cluster: out of memory for the votes");
 	pthread_mutex_lock(&c->lock);
 	snprintf(c->etcd_error, sizeof(c->etcd_error), "%s", rc ? why.text : "");
 	pthread_mutex_unlock(&c->lock);
