@@ -46,7 +46,7 @@ static void vote(struct mlfs_cluster *c, const char *coordinator, int64_t to,
 	}
 	if (rc == 0) {
 		pthread_mutex_lock(&c->lock);
-		snprintf(c->voted_id, sizeof(c->voted_id), "%s", attempt_id ? attempt_id : "");
+		snprintf(c->voted_id, sizeof(c->voted_id), "%s", attempt_id);
 		c->voted_ready = strcmp(what, "ready") == 0;
 		pthread_mutex_unlock(&c->lock);
 	}
