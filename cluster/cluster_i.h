@@ -218,6 +218,11 @@ struct mlfs_cluster {
 	 * last vote, on attempt @voted_id, ready or not. */
 	char voted_id[24];
 	bool voted_ready;
+	/* lock: a vote this node could not deliver to the coordinator's peer
+	 * server, put in its entry instead ({"to","attempt","vote"}), which
+	 * the coordinator follows during its attempt (NULL: none). Dropped
+	 * once the attempt it names is gone. */
+	json_t *entry_vote;
 	char *mine;	  /* lock: the text of the attempt this node created */
 	int64_t mine_rev; /* lock: the revision that created it (0: not yet) */
 	/* lock: config writes on this node building an attempt (propose): the

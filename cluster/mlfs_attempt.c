@@ -21,6 +21,37 @@
 
 /* ---------------------------------------------------------------- votes */
 
+/* A vote the coordinator's peer server did not take (@why: the node is
+ * cut off from its port alone, or it is down): put into this node's entry,
+ * which the coordinator follows while its attempt runs. 0 when the entry
+ * was put; else this node votes again at its next round. */
+static int vote_in_entry(struct mlfs_cluster *c, int64_t to, const char *attempt_id,
+			 const char *what, const struct ptc_error *why)
+{
+	struct ptc_error err = {.text = ""};
+	json_t *v =
+	    json_pack("{sIssss}", "to", (json_int_t)to, "attempt", attempt_id, "vote", what);
+
+	if (!v)
+		return -ENOMEM;
+	pthread_mutex_lock(&c->lock);
+	json_decref(c->entry_vote);
+	c->entry_vote = v;
+	pthread_mutex_unlock(&c->lock);
+	int rc = mlfs_nodeentry_publish(c, &err);
+	if (rc)
+		mlfs_log(MLFS_LOG_WARNING,
+			 "cluster: vote on version %" PRId64 ": %s; nor could it go into this "
+			 "node's entry: %s",
+			 to, why->text, err.text[0] ? err.text : strerror(-rc));
+	else
+		mlfs_log(MLFS_LOG_WARNING,
+			 "cluster: vote on version %" PRId64 ": %s; put in this node's entry "
+			 "instead",
+			 to, why->text);
+	return rc;
+}
+
 static void vote(struct mlfs_cluster *c, const char *coordinator, int64_t to,
 		 const char *attempt_id, const char *what)
 {
@@ -40,9 +71,8 @@ static void vote(struct mlfs_cluster *c, const char *coordinator, int64_t to,
 		rc = n < 0 ? ptc_error_set(&why, -ENOENT,
 					   "the coordinator %s is not in the cluster", coordinator)
 			   : mlfs_peer_vote(st, n, to, attempt_id, what, &why);
-		if (rc) /* this node votes again at its next round */
-			mlfs_log(MLFS_LOG_WARNING, "cluster: vote on version %" PRId64 ": %s", to,
-				 why.text);
+		if (rc)
+			rc = vote_in_entry(c, to, attempt_id, what, &why);
 	}
 	if (rc == 0) {
 		pthread_mutex_lock(&c->lock);
@@ -270,6 +300,26 @@ static void votes_on(const struct mlfs_jobkeys *k, int64_t to, const char *aid,
 	}
 }
 
+/* The votes on attempt @aid (to @to) that participants without one in
+ * the box put in their entries (@k's nodes), because the coordinator's
+ * peer server did not take them (mlfs_attempt.c's vote_in_entry). */
+static void entry_votes_on(const struct mlfs_jobkeys *k, int64_t to, const char *aid,
+			   struct round *r, int nnodes)
+{
+	for (int n = 0; n < nnodes; n++) {
+		struct mlfs_snap_node *sn = &r->nodes[n];
+		const json_t *v = json_object_get(json_object_get(k->nodes, sn->id), "vote");
+		const char *va = json_string_value(json_object_get(v, "attempt"));
+		const char *vv = json_string_value(json_object_get(v, "vote"));
+		if (!sn->participant || sn->vote != MLFS_VOTE_NONE || !va || !vv ||
+		    strcmp(va, aid) != 0 || json_integer_value(json_object_get(v, "to")) != to)
+			continue;
+		bool ready = strcmp(vv, "ready") == 0;
+		sn->vote = ready ? MLFS_VOTE_READY : MLFS_VOTE_FAILED;
+		sn->reason = ready ? NULL : strncmp(vv, "failed: ", 8) == 0 ? vv + 8 : vv;
+	}
+}
+
 /* Marks each node named in the JSON array @ids, found by @keys: a
  * participant of the attempt (@participant), else one the last commit
  * waits for (swap_waited). */
@@ -349,6 +399,9 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 		votes_on(k, r->att.to, r->aid, keys, r, cl->nnodes);
 	else if (r->aid && r->nodes[st->node].participant)
 		r->nodes[st->node].vote = own_vote(c, r->aid);
+	if (r->aid && k->nodes_known && r->att.coordinator &&
+	    strcmp(r->att.coordinator, c->me) == 0) /* the votes the box did not take */
+		entry_votes_on(k, r->att.to, r->aid, r, cl->nnodes);
 	free(keys);
 	s->etcd_ok = etcd_ok;
 	s->revision = k->revision;

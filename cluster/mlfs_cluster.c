@@ -191,6 +191,22 @@ static void forget_vanished(struct mlfs_cluster *c, const struct mlfs_jobkeys *k
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* The vote in this node's entry (mlfs_attempt.c's vote_in_entry) is
+ * dropped once etcd as read @k has no longer its attempt: the entry's
+ * next put (the swap's, at a commit) goes without it. */
+static void drop_entry_vote(struct mlfs_cluster *c, const struct mlfs_jobkeys *k)
+{
+	const char *aid = json_string_value(json_object_get(k->attempt_j, "id"));
+
+	pthread_mutex_lock(&c->lock);
+	const char *voted = json_string_value(json_object_get(c->entry_vote, "attempt"));
+	if (c->entry_vote && !(aid && voted && strcmp(aid, voted) == 0)) {
+		json_decref(c->entry_vote);
+		c->entry_vote = NULL;
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
 static void round_once(struct mlfs_cluster *c)
 {
 	struct mlfs_jobkeys k;
@@ -224,6 +240,7 @@ static void round_once(struct mlfs_cluster *c)
 	mlfs_join_sync(c, &k);
 	if (k.nodes_known)
 		mlfs_nodeentry_sync_steps(c, k.nodes);
+	drop_entry_vote(c, &k);
 	mlfs_attempt_round(c, &k, true);
 	/* after the actions: a first layout installed (or a commit) by this
 	 * round is what the backup thread must see; kicked before it, the
@@ -494,6 +511,7 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 		net_etcd_lease_revoke(c->etcd, lease, NULL, &why);
 	net_etcd_free(c->etcd);
 	json_decref(c->attempt);
+	json_decref(c->entry_vote);
 	free(c->mine);
 	free(c->published);
 	json_decref(c->prep_parts);

@@ -52,6 +52,8 @@ static json_t *node_entry(struct mlfs_cluster *c, bool *lost, enum mlfs_reconf_s
 	else
 		json_decref(bk);
 	pthread_mutex_lock(&c->lock);
+	if (o && c->entry_vote) /* one the coordinator's peer server did not take */
+		json_object_set(o, "vote", c->entry_vote);
 	if (o && c->restore_tried[0])
 		json_object_set_new(
 		    o, "restore",
@@ -336,8 +338,9 @@ void mlfs_nodeentry_steps_refresh(void *arg)
 void mlfs_nodeentry_status_add(void *arg, json_t *o)
 {
 	struct mlfs_cluster *c = arg;
-	json_t *nodes = json_array(), *job = json_object();
+	json_t *nodes = json_array(), *job = json_object(), *e;
 	struct mlfs_store *st = c->st;
+	const char *id;
 	json_t *seen = seen_nodes(c);
 
 	pthread_mutex_lock(&st->lock); /* rank 0's step, as the entries say */
@@ -347,8 +350,8 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o)
 	pthread_mutex_lock(&c->lock);
 	json_t *att = c->attempt;
 	for (int n = 0; n < mlfs_store_cluster(st)->nnodes; n++) {
-		const char *id = mlfs_store_cluster(st)->nodes[n].id;
-		json_t *e = json_object_get(seen, id);
+		id = mlfs_store_cluster(st)->nodes[n].id;
+		e = json_object_get(seen, id);
 		json_array_append_new(
 		    nodes, json_pack("{sssbsOsO}", "id", id, "up", e != NULL, "version",
 				     e ? json_object_get(e, "version") : json_null(), "state",
@@ -365,8 +368,17 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o)
 	json_object_del(a, "config");
 	json_object_del(a, "job");
 	const char *aid = json_string_value(json_object_get(a, "id"));
-	if (aid && c->mine && st->votebox) /* the votes this coordinator has */
-		json_object_set_new(a, "votes", mlfs_votebox_describe(st->votebox, aid));
+	if (aid && c->mine && st->votebox) { /* the votes this coordinator has */
+		json_t *votes = mlfs_votebox_describe(st->votebox, aid);
+		json_object_foreach(seen, id, e) /* and those put in entries instead */
+		{
+			json_t *v = json_object_get(e, "vote");
+			const char *va = json_string_value(json_object_get(v, "attempt"));
+			if (va && strcmp(va, aid) == 0 && !json_object_get(votes, id))
+				json_object_set(votes, id, json_object_get(v, "vote"));
+		}
+		json_object_set_new(a, "votes", votes);
+	}
 	json_object_set_new(job, "attempt", a);
 	pthread_mutex_unlock(&c->lock);
 	json_decref(seen);

@@ -17,15 +17,19 @@ and delays, holds or cuts that node's replies, switched at run time.
                                     after its headers' blank line) is flipped, the rest
                                     passes as it is; count=K: only the next K replies
                                     (each reply at most once), then it passes through
+    p.swallow()                     requests are not forwarded: the daemon never sees
+                                    them (nor anything after them on that connection),
+                                    and the client waits until it hangs up: a node cut
+                                    off from this port while others reach it
     match=b"/v1/part"               (any mode) only replies to requests whose request
                                     line contains these bytes; others pass through
     p.close()                       closes every socket and joins every thread
 
-Requests (client to daemon) always pass through untouched; the proxy notes each one's
+Requests (client to daemon) pass through untouched but in swallow mode; the proxy notes each one's
 request line (curl reuses connections but never pipelines, so a reply follows the last
 request line seen on its connection). Counters, all under p.lock: bytes_up, bytes_down,
 connections (accepted), open (now), held (replies held right now), holds (replies
-ever held), delayed (chunks delayed), cuts (replies cut), flips (replies with a bit flipped), requests (request lines, in
+ever held), swallowed (requests never forwarded), delayed (chunks delayed), cuts (replies cut), flips (replies with a bit flipped), requests (request lines, in
 order), hangups ((time.monotonic(), request line) of each held reply whose connection
 closed, the client giving up); p.held_requests(): the request lines of the replies held
 now.
@@ -46,6 +50,7 @@ class _Conn:
         self.request = b""  # the request line being answered
         self.reply = 0  # bytes of the current reply sent to the client
         self.closed = False
+        self.swallowing = False  # swallow mode took one of its requests: none goes on
         self.closed_at = None  # time.monotonic() of the first close, by either side
         self.reset = False  # close the client's socket with RST
         self.reply_cut = False  # the current chunk ends the connection
@@ -64,7 +69,7 @@ class Proxy:
         self.mode, self.seconds, self.after, self.count, self.match = "pass", 0.0, 0, None, None
         self.bytes_up = self.bytes_down = 0
         self.connections = self.open = self.held = self.holds = self.delayed = self.cuts = 0
-        self.flips = 0
+        self.flips = self.swallowed = 0
         self.requests = []
         self.hangups = []  # (time.monotonic(), request line): held replies closed on
         self._conns = set()
@@ -107,6 +112,9 @@ class Proxy:
     def stall(self, match=None):
         self._set("stall", match=match)
 
+    def swallow(self, match=None):
+        self._set("swallow", match=match)
+
     def drop(self, after, count=None, match=None, reset=False):
         self._set("drop", after=after, count=count, match=match, reset=reset)
 
@@ -117,7 +125,7 @@ class Proxy:
         with self.lock:
             return {k: getattr(self, k) for k in ("mode", "connections", "open", "held",
                                                   "holds", "bytes_up", "bytes_down",
-                                                  "delayed", "cuts", "flips")}
+                                                  "delayed", "cuts", "flips", "swallowed")}
 
     def held_requests(self):
         """The request lines of the replies held now."""
@@ -195,12 +203,17 @@ class Proxy:
                 data = conn.client.recv(self.chunk)
                 if not data:
                     break
-                if data.startswith(METHODS):
+                if data.startswith(METHODS) and not conn.swallowing:
                     with self.lock:
                         conn.request = data.split(b"\r\n", 1)[0]
                         conn.reply = 0
                         conn.head, conn.body, conn.flipped = b"", -1, False
                         self.requests.append(conn.request.decode("latin-1"))
+                        if self._applies(conn) and self.mode == "swallow":
+                            conn.swallowing = True
+                            self.swallowed += 1
+                if conn.swallowing:
+                    continue  # this connection's requests never reach the daemon
                 conn.server.sendall(data)
                 with self.lock:
                     self.bytes_up += len(data)

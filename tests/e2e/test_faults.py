@@ -252,6 +252,45 @@ def test_replies_held_briefly_then_released_commit(proxied):
     assert p1.stats()["holds"] >= 1 and p1.stats()["held"] == 0, p1.stats()
 
 
+def test_votes_the_coordinators_port_refuses_go_into_the_entries(proxied):
+    """n1 and n2 reach etcd and each other, but not the coordinator n0's peer port
+    for their votes: no POST /v1/vote reaches n0, each waits out its 2 s deadline. Each puts
+    its vote into its node entry instead, which the coordinator follows during its
+    attempt, and the attempt commits (before, it waited out its 300 s deadline with
+    every node prepared and partition writes refused). Once the attempt is gone,
+    the entry's next put drops the vote."""
+    cl = proxied(behind=("n0",))
+    p0 = cl.proxies["n0"]
+    full = start(cl, V1, 47)
+    cl.faults = True  # the undelivered votes are logged
+    p0.swallow(match=b"/v1/vote")
+    t0 = time.monotonic()
+    p = cl.reconfigure("n0", V2)
+    took = time.monotonic() - t0
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr}\n{cl.describe()}"
+    assert took < 30, f"committed after {took:.1f} s"
+    assert sum("/v1/vote" in r for r in p0.requests) >= 2, p0.requests
+    assert p0.stats()["swallowed"] >= 2, p0.stats()
+    cl.wait_version(2)
+    cl.check_layout(SCHEMA, V2, full, step=5)
+    assert cl.keys()["result/2"].value == b"committed"
+    for nid in ("n1", "n2"):
+        assert "put in this node's entry instead" in cl[nid].stderr(), cl[nid].stderr()
+
+    def no_vote_in_entries():
+        entries = [json.loads(cl.etcd.kv(f"/mlfs-nodes/{cl.job}/{nid}").value)
+                   for nid in ("n1", "n2")]
+        return all("vote" not in e and e["version"] == 2 for e in entries)
+    cl.wait(no_vote_in_entries, "the entries at version 2 without the votes", timeout=10)
+
+    # Still cut off: the next reconfiguration commits the same way.
+    p = cl.reconfigure("n0", dict(V1, version=3))
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr}\n{cl.describe()}"
+    p0.passthrough()
+    cl.wait_version(3)
+    cl.check_layout(SCHEMA, dict(V1, version=3), full, step=5)
+
+
 def check_abort_names(cl, proc_err, culprit, fetcher, to=2):
     """The attempt to version @to aborted because @fetcher could not fetch from
     @culprit: `mlfs reconfigure`'s message, etcd's result and @fetcher's status.json

@@ -11,7 +11,14 @@
  *                                vote, delivered to the coordinator's peer
  *                                server, in its memory; lost when the
  *                                coordinator restarts (its attempt with it),
- *                                kept when a participant does
+ *                                kept when a participant does. A vote the
+ *                                peer server did not take goes into the
+ *                                node's entry instead (mlfs_attempt.c's
+ *                                vote_in_entry): the same fact by another
+ *                                path, counted only for the attempt id it
+ *                                names; losing it with the node's lease
+ *                                can only delay the decision, as a vote
+ *                                never sent does, so it is not modelled
  *   proctype node                a daemon's control thread: each step reads
  *                                a snapshot and acts as mlfs_decide
  *                                (cluster/mlfs_decide.c) says, rules 2-8.
