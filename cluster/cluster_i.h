@@ -104,7 +104,9 @@ struct mlfs_votebox;
 
 /* A vote as POST /v1/vote carries it: {"node", "to", "attempt", "vote"}. */
 struct mlfs_vote_msg {
-	const char *node, *attempt, *vote; /* vote: "ready" or "failed: <reason>" */
+	/* vote: "ready" or "failed: <reason>"; "swapped": the node swapped to
+	 * the layout that attempt committed (its ack, for the release) */
+	const char *node, *attempt, *vote;
 	int64_t to;
 };
 /* The most bytes of a vote's "vote". */
@@ -134,14 +136,14 @@ void mlfs_votebox_free(struct mlfs_votebox *b);
 /* @wake(@arg) on every vote put from now on (@wake NULL: none); called
  * under the box's lock. Control thread's start and stop. */
 void mlfs_votebox_listen(struct mlfs_votebox *b, void (*wake)(void *arg), void *arg);
-/* Node @node's vote @vote ("ready", "failed: <reason>") on attempt @aid to
+/* Node @node's vote @vote ("ready", "failed: <reason>", "swapped") on attempt @aid to
  * version @to, replacing its earlier one. 0 or -ENOMEM. Any thread. */
 int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,
 		     const char *vote);
 /* Every node's last vote as a key "<to>/<id>" and a value "<aid> <vote>"
  * (the caller's: net_etcd_kvs_free). 0 or -ENOMEM. Any thread. */
 int mlfs_votebox_copy(struct mlfs_votebox *b, struct net_etcd_kv **kvs, size_t *n);
-/* The votes on attempt @aid: {id: "ready" or "failed: <reason>"} (a new
+/* The votes on attempt @aid: {id: "ready", "swapped" or "failed: <reason>"} (a new
  * reference; NULL: out of memory). Any thread (status.json). */
 json_t *mlfs_votebox_describe(struct mlfs_votebox *b, const char *aid);
 /* Forgets every vote (an attempt decided). Any thread. */
@@ -206,6 +208,10 @@ struct mlfs_cluster {
 	int64_t rounds;		       /* the control thread's, for figures */
 	bool publish_failed;	       /* the control thread's: its entry put failed */
 	int64_t publish_at_ms; /* the control thread's: no entry put before (after a commit) */
+	/* the control thread's: the version this node swapped to and acked to
+	 * its coordinator; its entry's put waits for etcd's "released" to reach
+	 * it (or for publish_at_ms). 0: none. */
+	int64_t publish_after;
 
 	pthread_mutex_t lock;
 	json_t *attempt;      /* lock: the attempt as last read, or NULL */
@@ -241,12 +247,18 @@ struct mlfs_cluster {
 	 * the retained layout waits for (mlfs_decide's rule 8; NULL: none). */
 	json_t *prep_parts;
 	char prep_aid[24];
+	char prep_coord[256]; /* lock: the coordinator of attempt prep_aid (its swap ack's) */
 	json_t *swap_wait;
 	int64_t swap_since_ms; /* lock: when swap_wait was set */
 	/* lock: the version whose commit this node made as coordinator: it
 	 * follows the entries until every participant swapped and announces
 	 * it ("released"; mlfs_decide's rule 8). 0: none. */
 	int64_t announce;
+	/* lock: the last commit this node made as coordinator (version and
+	 * attempt id): status.json shows the nodes that acked their swap to
+	 * it at that version before their entries say so. */
+	int64_t acked_to;
+	char acked_id[24];
 	/* The elastic controller (mlfs_controller.c); set at start. */
 	struct mlfs_controller *ctl;
 	/* The saved/<id> mark as read when the daemon started (control
@@ -382,7 +394,7 @@ int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err);
  * under it. 0 or an etcd error with @err. The control thread (and start,
  * before it runs). */
 int mlfs_nodeentry_register(struct mlfs_cluster *c, struct ptc_error *err);
-/* The keep-alive thread: the lease renewed every second, on a thread of
+/* The keep-alive thread: the lease renewed every 1,666 ms, on a thread of
  * its own so that no slow work delays it; an expired lease is cleared and
  * flagged (lease_expired), an unreachable etcd noted; either wakes the
  * control thread. @arg: the cluster. */
@@ -467,14 +479,15 @@ void mlfs_attempt_down_free(struct mlfs_reconf_down *dn);
  * -1: unknown, the table as it is), then mlfs_reconf_prepare_down of config text @config (@len
  * bytes; NULL: -EINVAL) with @dn; its participants @parts (ids) are the
  * nodes whose swap the layout it is planned from waits for once it
- * commits (retained: mlfs_store_release_retained). 0 once the store runs it (and the
+ * commits (retained: mlfs_store_release_retained); its @coordinator gets
+ * this node's swap ack. 0 once the store runs it (and the
  * attempt, created at etcd revision @rev, is marked prepared: the store's
  * state speaks for it from now on), or its error with @err. Control
  * thread and I/O workers (propose).
  */
 int mlfs_attempt_prepare(struct mlfs_cluster *c, int64_t step, const char *aid, int64_t rev,
 			 const char *config, size_t len, const struct mlfs_reconf_down *dn,
-			 const json_t *parts, struct ptc_error *err);
+			 const json_t *parts, const char *coordinator, struct ptc_error *err);
 /* Votes "failed: <@reason>" on attempt @aid to @to, to its coordinator
  * @coordinator (this node's own box when it is this node; an unreachable
  * coordinator is logged and ignored: this node votes again at its next

@@ -144,14 +144,18 @@ static void finish(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, int64_t
 	size_t nops = reason ? 2 : 4;
 	if (net_etcd_txn(c->etcd, &still, 1, ops, nops, NULL, 0, &ok, NULL, NULL, &why) == 0 &&
 	    ok) {
-		if (c->st->votebox) /* decided on */
-			mlfs_votebox_clear(c->st->votebox);
+		/* The box is not cleared: the participants' swap acks may
+		 * arrive before this reply (a vote counts only for the
+		 * attempt it names, so the old ones count for nothing). */
 		pthread_mutex_lock(&c->lock);
 		free(c->mine);
 		c->mine = NULL;
 		c->mine_rev = 0;
-		if (!reason) /* it follows the swaps and says when all are done */
+		if (!reason) { /* it follows the swaps and says when all are done */
 			c->announce = to;
+			c->acked_to = to;
+			snprintf(c->acked_id, sizeof(c->acked_id), "%s", aid ? aid : "");
+		}
 		pthread_mutex_unlock(&c->lock);
 	}
 	free(mine);
@@ -220,7 +224,7 @@ static void set_job_steps(struct mlfs_cluster *c, int64_t step)
 
 int mlfs_attempt_prepare(struct mlfs_cluster *c, int64_t step, const char *aid, int64_t rev,
 			 const char *config, size_t len, const struct mlfs_reconf_down *dn,
-			 const json_t *parts, struct ptc_error *err)
+			 const json_t *parts, const char *coordinator, struct ptc_error *err)
 {
 	int rc;
 
@@ -232,6 +236,7 @@ int mlfs_attempt_prepare(struct mlfs_cluster *c, int64_t step, const char *aid, 
 	json_decref(c->prep_parts);
 	c->prep_parts = json_deep_copy(parts);
 	snprintf(c->prep_aid, sizeof(c->prep_aid), "%s", aid);
+	snprintf(c->prep_coord, sizeof(c->prep_coord), "%s", coordinator ? coordinator : "");
 	pthread_mutex_unlock(&c->lock);
 	set_job_steps(c, step);
 	rc = config ? mlfs_reconf_prepare_down(c->st, config, len, "attempt", false, &named, err)
@@ -274,8 +279,8 @@ static enum mlfs_vote vote_in(const struct net_etcd_kv *v, const char *aid, cons
 	*reason = NULL;
 	if (strncmp(v->value, aid, n) != 0 || v->value[n] != ' ')
 		return MLFS_VOTE_NONE; /* none yet for this attempt */
-	if (strncmp(v->value + n + 1, "ready", 5) == 0)
-		return MLFS_VOTE_READY;
+	if (strcmp(v->value + n + 1, "ready") == 0 || strcmp(v->value + n + 1, "swapped") == 0)
+		return MLFS_VOTE_READY; /* swapped: it was ready, and etcd committed it */
 	*reason = v->value + n + 1;
 	if (strncmp(*reason, "failed: ", 8) == 0)
 		*reason += 8;
@@ -317,6 +322,27 @@ static void entry_votes_on(const struct mlfs_jobkeys *k, int64_t to, const char 
 		bool ready = strcmp(vv, "ready") == 0;
 		sn->vote = ready ? MLFS_VOTE_READY : MLFS_VOTE_FAILED;
 		sn->reason = ready ? NULL : strncmp(vv, "failed: ", 8) == 0 ? vv + 8 : vv;
+	}
+}
+
+/* The swap acks in @k's votes (the box's: a coordinator's) for the commit
+ * @k has: a node that acked it serves its version, though its entry (put
+ * after the release) says the one before. */
+static void acks_on(const struct mlfs_jobkeys *k, const struct mlfs_snap_key *keys, struct round *r,
+		    int nnodes)
+{
+	char pre[32];
+	snprintf(pre, sizeof(pre), "%" PRId64 "/", k->committed);
+	size_t plen = strlen(pre), alen = strlen(k->config_id);
+	for (size_t i = 0; i < k->nvotes; i++) {
+		const char *key = k->votes[i].key, *v = k->votes[i].value;
+		if (strncmp(key, pre, plen) != 0 || strncmp(v, k->config_id, alen) != 0 ||
+		    strcmp(v + alen, " swapped") != 0)
+			continue;
+		int n = mlfs_snap_find(keys, nnodes, key + plen, strlen(key + plen));
+		if (n >= 0 && r->nodes[n].up && !r->nodes[n].lost &&
+		    r->nodes[n].version < k->committed)
+			r->nodes[n].version = k->committed;
 	}
 }
 
@@ -402,6 +428,8 @@ static int snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool e
 	if (r->aid && k->nodes_known && r->att.coordinator &&
 	    strcmp(r->att.coordinator, c->me) == 0) /* the votes the box did not take */
 		entry_votes_on(k, r->att.to, r->aid, r, cl->nnodes);
+	if (k->votes && k->committed > 0 && k->config_id) /* swap acks */
+		acks_on(k, keys, r, cl->nnodes);
 	free(keys);
 	s->etcd_ok = etcd_ok;
 	s->revision = k->revision;
@@ -481,10 +509,10 @@ static void act_prepare(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, co
 	struct mlfs_reconf_down dn;
 	int rc = mlfs_attempt_down(c->st, k->attempt_j, &dn);
 	if (rc == 0)
-		rc = mlfs_attempt_prepare(c, attempt_step(k->attempt_j), aid,
-					  k->attempt->mod_revision, config,
-					  config ? strlen(config) : 0, &dn,
-					  json_object_get(k->attempt_j, "participants"), &err);
+		rc = mlfs_attempt_prepare(
+		    c, attempt_step(k->attempt_j), aid, k->attempt->mod_revision, config,
+		    config ? strlen(config) : 0, &dn, json_object_get(k->attempt_j, "participants"),
+		    coordinator_of(k->attempt_j), &err);
 	mlfs_attempt_down_free(&dn);
 	if (rc)
 		mlfs_attempt_vote_failed(c, coordinator_of(k->attempt_j), to, aid,
@@ -518,6 +546,36 @@ static void act_vote_ready(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	vote(c, co, to, aid, "ready");
 }
 
+/* This node swapped to @version, which attempt @aid committed: its ack
+ * ("swapped") to that attempt's coordinator @co, which releases the
+ * retained layouts once every participant's ack (or entry) shows the swap
+ * (mlfs_decide's rule 8). Its entry's put follows the release (round_once),
+ * off the path the release waits for. Whether the coordinator took it;
+ * else the entry says it at once. */
+static bool swap_ack(struct mlfs_cluster *c, int64_t version, const char *aid, const char *co)
+{
+	struct ptc_error why = {.text = ""};
+	struct mlfs_store *st = c->st;
+
+	if (!*aid || !*co)
+		return false;
+	if (strcmp(co, c->me) == 0)
+		return st->votebox &&
+		       mlfs_votebox_put(st->votebox, c->me, version, aid, "swapped") == 0;
+	pthread_mutex_lock(&st->lock);
+	int n = ptc_cluster_find(mlfs_store_cluster(st), co);
+	pthread_mutex_unlock(&st->lock);
+	int rc = n < 0
+		     ? ptc_error_set(&why, -ENOENT, "the coordinator %s is not in the cluster", co)
+		     : mlfs_peer_vote(st, n, version, aid, "swapped", &why);
+	if (rc)
+		mlfs_log(MLFS_LOG_WARNING,
+			 "cluster: the swap to version %" PRId64
+			 " cannot reach the coordinator: %s; this node's entry says it instead",
+			 version, why.text);
+	return rc == 0;
+}
+
 /* COMMIT: the prepared layout, which etcd committed, becomes current; the
  * coordinator's job/ with it. */
 static void act_commit(struct mlfs_cluster *c, int64_t version)
@@ -534,15 +592,26 @@ static void act_commit(struct mlfs_cluster *c, int64_t version)
 	}
 	if (mlfs_reconf_commit(st, version, &err) != 0)
 		return;
+	char aid[sizeof(c->prep_aid)], co[sizeof(c->prep_coord)];
 	pthread_mutex_lock(&c->lock); /* the retained layout waits for these */
 	json_decref(c->swap_wait);
 	c->swap_wait = c->prep_parts;
 	c->swap_since_ms = mlfs_cluster_now_ms();
 	c->prep_parts = NULL;
+	memcpy(aid, c->prep_aid, sizeof(aid));
+	memcpy(co, c->prep_coord, sizeof(co));
 	pthread_mutex_unlock(&c->lock);
-	/* the N entry puts after a commit, spread past 1,000 nodes */
-	c->publish_at_ms =
-	    mlfs_cluster_now_ms() + mlfs_publish_delay_ms(mlfs_store_cluster(st)->nnodes, st->node);
+	int nnodes = mlfs_store_cluster(st)->nnodes;
+	if (swap_ack(c, version, aid, co)) {
+		/* the entry's put waits for the release (round_once), or for
+		 * as long as this node waits for it before it reads the
+		 * entries itself (need_peers) */
+		c->publish_after = version;
+		c->publish_at_ms = mlfs_cluster_now_ms() + mlfs_release_wait_ms(nnodes);
+	} else { /* the N entry puts after a commit, spread past 1,000 nodes */
+		c->publish_after = 0;
+		c->publish_at_ms = mlfs_cluster_now_ms() + mlfs_publish_delay_ms(nnodes, st->node);
+	}
 	if (c->job && c->job_to == version) {
 		/* This node's job/ writes since the coordinator read its
 		 * manifest are newer than the staged tree's copies, or absent
@@ -629,6 +698,10 @@ static void act_announce(struct mlfs_cluster *c, int64_t version)
 	if (c->announce <= version)
 		c->announce = 0;
 	pthread_mutex_unlock(&c->lock);
+	if (c->publish_after && c->publish_after <= version) {
+		c->publish_after = 0; /* its own entry, at the end of this round */
+		c->publish_at_ms = 0;
+	}
 }
 
 /* MARK_LOST: this node's partitions are not the job's, when its layout

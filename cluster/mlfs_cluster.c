@@ -38,7 +38,7 @@
  * status.json and mlfs snapshot read them when the node does not:
  *   <id>             {"addr","devices","pid","version","state","steps",
  *                    "backup","restore"}, bound to this node's lease (TTL
- *                    5 s, kept alive every second; longer past 1,000
+ *                    5 s, kept alive every 1,666 ms; longer past 1,666
  *                    nodes: mlfs_lease_schedule): gone = the node is
  *                    down (mlfs_nodeentry.c). "state" is the last
  *                    settled one (idle, failed, lost). A node's retained
@@ -212,7 +212,8 @@ static void round_once(struct mlfs_cluster *c)
 	struct mlfs_jobkeys k;
 	struct ptc_error why = {.text = ""};
 	pthread_mutex_lock(&c->lock);
-	bool coordinating = c->mine != NULL || c->proposing; /* decides on the votes */
+	/* decides on the votes, or on the swap acks of its commit */
+	bool coordinating = c->mine != NULL || c->proposing || c->announce;
 	pthread_mutex_unlock(&c->lock);
 	int rc = mlfs_mirror_sync(&c->mirror, &why);
 
@@ -241,6 +242,14 @@ static void round_once(struct mlfs_cluster *c)
 	if (k.nodes_known)
 		mlfs_nodeentry_sync_steps(c, k.nodes);
 	drop_entry_vote(c, &k);
+	if (c->publish_after && k.released >= c->publish_after) {
+		/* every participant swapped: this node's entry says so now
+		 * (spread past 1,000 nodes) */
+		c->publish_after = 0;
+		c->publish_at_ms =
+		    mlfs_cluster_now_ms() +
+		    mlfs_publish_delay_ms(mlfs_store_cluster(c->st)->nnodes, c->st->node);
+	}
 	mlfs_attempt_round(c, &k, true);
 	/* after the actions: a first layout installed (or a commit) by this
 	 * round is what the backup thread must see; kicked before it, the
@@ -274,7 +283,7 @@ static void round_once(struct mlfs_cluster *c)
 /* How long the control thread may sleep without a wake-up: while etcd is
  * unreachable it retries every 200 ms; while an attempt is in progress
  * (a deadline may pass) every second; after its entry put failed, once
- * per keep-alive interval (mlfs_lease_schedule: 1 s up to 1,000 nodes,
+ * per keep-alive interval (mlfs_lease_schedule: 1,666 ms up to 1,666 nodes,
  * then no more than 1,000 retries a second in the job); while a
  * retained layout waits for its announcement, until it has waited 2 s
  * (mlfs_release_wait_ms; then it follows the entries itself: need_peers)

@@ -295,9 +295,8 @@ int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
 
 void mlfs_lease_schedule(int nnodes, int *ttl_s, int *every_ms)
 {
-	*every_ms = nnodes > MLFS_KEEPALIVES_PER_S
-			? (int)((int64_t)nnodes * 1000 / MLFS_KEEPALIVES_PER_S)
-			: 1000;
+	int64_t spread = (int64_t)nnodes * 1000 / MLFS_KEEPALIVES_PER_S;
+	*every_ms = spread > 5000 / 3 ? (int)spread : 5000 / 3;
 	*ttl_s = *every_ms * 3 / 1000 > 5 ? *every_ms * 3 / 1000 : 5;
 }
 

@@ -349,14 +349,26 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o)
 	pthread_mutex_unlock(&st->lock);
 	pthread_mutex_lock(&c->lock);
 	json_t *att = c->attempt;
+	/* the swap acks of this coordinator's last commit: those nodes serve
+	 * its version before their entries (put after the release) say so */
+	json_t *acks =
+	    c->acked_to && st->votebox ? mlfs_votebox_describe(st->votebox, c->acked_id) : NULL;
 	for (int n = 0; n < mlfs_store_cluster(st)->nnodes; n++) {
 		id = mlfs_store_cluster(st)->nodes[n].id;
 		e = json_object_get(seen, id);
+		json_t *v = e ? json_object_get(e, "version") : json_null();
+		const char *ack = json_string_value(json_object_get(acks, id));
+		const char *state = json_string_value(json_object_get(e, "state"));
+		if (e && ack && strcmp(ack, "swapped") == 0 &&
+		    json_integer_value(v) < c->acked_to && !(state && strcmp(state, "lost") == 0))
+			v = json_integer(c->acked_to);
+		else
+			json_incref(v);
 		json_array_append_new(
-		    nodes, json_pack("{sssbsOsO}", "id", id, "up", e != NULL, "version",
-				     e ? json_object_get(e, "version") : json_null(), "state",
+		    nodes, json_pack("{sssbsosO}", "id", id, "up", e != NULL, "version", v, "state",
 				     e ? json_object_get(e, "state") : json_null()));
 	}
+	json_decref(acks);
 	json_object_set_new(job, "job", json_string(mlfs_store_cluster(st)->job));
 	json_object_set_new(job, "etcd", json_string(c->etcd_error[0] ? "unreachable" : "ok"));
 	if (c->etcd_error[0])

@@ -142,12 +142,16 @@ static bool controllers(const struct mlfs_jobkeys *k)
 }
 
 /*
- * Reads the job's keys into @k, giving the job a moment (20 tries, 100 ms
- * apart; none while an attempt is in progress, unless @person and it is the
- * controller's, which a person's config replaces) to agree: steps are published within a round of
- * being written, versions within a round of a commit. 0 with *@agreed the step the live ranks saved
- * (-1: unknown), or job_steps_agree's refusal after the last try, with @k read either way; -EIO
- * when etcd is unreachable (@k empty). Errors with @err.
+ * Reads the job's keys into @k, giving the job a moment (about 2 s: ten
+ * tries 10 ms apart, then 100 ms apart; none while an attempt is in
+ * progress, unless @person and it is the controller's, which a person's
+ * config replaces) to agree: steps are published within a round of being
+ * written, versions just after the release of a commit (a participant's
+ * entry put follows the coordinator's announcement, which `mlfs
+ * reconfigure` may return before). 0 with *@agreed the step the live ranks
+ * saved (-1: unknown), or job_steps_agree's refusal after the last try,
+ * with @k read either way; -EIO when etcd is unreachable (@k empty).
+ * Errors with @err.
  */
 static int read_agreed(struct mlfs_cluster *c, struct mlfs_jobkeys *k, bool person, int64_t *agreed,
 		       struct ptc_error *err)
@@ -166,10 +170,10 @@ static int read_agreed(struct mlfs_cluster *c, struct mlfs_jobkeys *k, bool pers
 			return 0;
 		/* (the check runs every round, the last included) */
 		if (((rc = job_steps_agree(c, k, agreed, err)) == 0 && versions_agree(k)) ||
-		    tries >= 20)
+		    tries >= 29)
 			return rc;
 		mlfs_jobkeys_free(k);
-		struct timespec nap = {0, 100 * 1000000L};
+		struct timespec nap = {0, (tries < 10 ? 10 : 100) * 1000000L};
 		nanosleep(&nap, NULL);
 	}
 }
@@ -587,8 +591,8 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	 * first, then prepares this one. */
 	if (rc == 0 && me_in && !replace) {
 		struct ptc_error perr = {.text = ""};
-		if ((rc =
-			 mlfs_attempt_prepare(c, agreed, aid, rev, text, len, &dn, parts, &perr))) {
+		if ((rc = mlfs_attempt_prepare(c, agreed, aid, rev, text, len, &dn, parts, c->me,
+					       &perr))) {
 			/* the coordinator aborts the attempt at its next round */
 			mlfs_attempt_vote_failed(c, c->me, cfg->version, aid, perr.text);
 			ptc_error_set(err, rc, "%s", perr.text);

@@ -74,11 +74,13 @@ int mlfs_vote_parse(const char *body, size_t len, json_t **doc, struct mlfs_vote
 				     "expected \"to\", the version voted on (from 1)");
 	if (!attempt_id_ok(m->attempt))
 		return ptc_error_set(err, -EINVAL, "expected \"attempt\", an attempt's id");
-	if (!m->vote || !(strcmp(m->vote, "ready") == 0 || strncmp(m->vote, "failed: ", 8) == 0) ||
+	if (!m->vote ||
+	    !(strcmp(m->vote, "ready") == 0 || strcmp(m->vote, "swapped") == 0 ||
+	      strncmp(m->vote, "failed: ", 8) == 0) ||
 	    strlen(m->vote) > MLFS_VOTE_MAX)
 		return ptc_error_set(err, -EINVAL,
-				     "expected \"vote\": \"ready\" or \"failed: <reason>\" (at "
-				     "most %d bytes)",
+				     "expected \"vote\": \"ready\", \"swapped\" or \"failed: "
+				     "<reason>\" (at most %d bytes)",
 				     MLFS_VOTE_MAX);
 	if (!m->node || !*m->node)
 		return ptc_error_set(err, -EINVAL, "expected \"node\", a node of the cluster");

@@ -184,6 +184,51 @@ def test_death_between_vote_and_swap_loses_nothing(cluster_factory):
                 f"{nid} released its retained layout")
 
 
+def test_swaps_acked_to_the_coordinator_release_before_the_entries(cluster_factory):
+    """After the commit each participant acks its swap to the coordinator (POST /v1/vote,
+    "swapped"), whose rounds count the acks as they count the entries: it announces the
+    release ("released") on them, and `mlfs reconfigure` (reading its status.json)
+    returns on them. The N entry puts come after the announcement, off the path the
+    command waits for: `released` is older in etcd than every participant's entry at the
+    new version (before, each entry was put at its swap and the release waited for all
+    of them). The retained layouts go, and a config written at once commits."""
+    cl = cluster_factory(nnodes=4, devices=1)
+    full = full_of(35)
+    v1 = {"version": 1, "tp": 1, "pp": 1, "dp": 4, "nodes": ["n0", "n1", "n2", "n3"]}
+    cl.start_job(MIXED, v1, "n0", full, step=6)
+
+    v2 = {"version": 2, "tp": 1, "pp": 1, "dp": 2, "nodes": ["n1", "n2"]}
+    p = cl.reconfigure("n0", v2)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    # the command's table: every node at version 2 when it returned
+    rows = {ln.split()[0]: ln.split() for ln in p.stdout.splitlines()
+            if ln.startswith("  n") and ln.split()[0] != "node"}
+    assert sorted(rows) == ["n0", "n1", "n2", "n3"], p.stdout
+    assert all(r[1] == "up" and r[2] == "2" for r in rows.values()), p.stdout
+
+    def entries():
+        return {nid: cl.etcd.kv(f"/mlfs-nodes/{cl.job}/{nid}") for nid in cl.ids}
+    cl.wait(lambda: all(json.loads(e.value)["version"] == 2 for e in entries().values()),
+            "every entry at version 2", timeout=10)
+    rel = cl.keys()["released"]
+    assert int(rel.value) == 2, rel
+    late = {nid: e.mod_revision for nid, e in entries().items()}
+    assert all(rel.mod_revision < r for r in late.values()), (rel.mod_revision, late)
+    for nid in cl.ids:
+        cl.wait(lambda nid=nid: retained(cl, nid) == 0, f"{nid} released version 1")
+        assert "cannot reach the coordinator" not in cl[nid].stderr(), cl[nid].stderr()
+
+    # Back to back, on another node each time: a config written as the command
+    # returns waits for the entries (10 ms naps), then commits.
+    v3 = {"version": 3, "tp": 1, "pp": 1, "dp": 4, "nodes": ["n0", "n1", "n2", "n3"]}
+    v4 = {"version": 4, "tp": 1, "pp": 1, "dp": 2, "nodes": ["n2", "n3"]}
+    for nid, v in (("n1", v3), ("n3", v4)):
+        p = cl.reconfigure(nid, v)
+        assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(4)
+    cl.check_layout(MIXED, v4, full, step=6)
+
+
 def test_whole_job_restart_is_lost_until_reset(cluster_factory):
     cl = cluster_factory(nnodes=2, devices=2)
     full = full_of(33)

@@ -258,7 +258,9 @@ def test_votes_the_coordinators_port_refuses_go_into_the_entries(proxied):
     its vote into its node entry instead, which the coordinator follows during its
     attempt, and the attempt commits (before, it waited out its 300 s deadline with
     every node prepared and partition writes refused). Once the attempt is gone,
-    the entry's next put drops the vote."""
+    the entry's next put drops the vote. Their swap acks after the commit (the same
+    POST) are lost the same way: each entry says the swap at once, and the
+    coordinator releases version 1 on the entries."""
     cl = proxied(behind=("n0",))
     p0 = cl.proxies["n0"]
     full = start(cl, V1, 47)
@@ -276,6 +278,10 @@ def test_votes_the_coordinators_port_refuses_go_into_the_entries(proxied):
     assert cl.keys()["result/2"].value == b"committed"
     for nid in ("n1", "n2"):
         assert "put in this node's entry instead" in cl[nid].stderr(), cl[nid].stderr()
+        # their swap acks (the same POST) were swallowed too: each entry said it at
+        # once, and the coordinator released on the entries
+        assert "cannot reach the coordinator" in cl[nid].stderr(), cl[nid].stderr()
+    cl.wait(lambda: int(cl.keys()["released"].value) == 2, "version 2 released", timeout=10)
 
     def no_vote_in_entries():
         entries = [json.loads(cl.etcd.kv(f"/mlfs-nodes/{cl.job}/{nid}").value)

@@ -23,7 +23,10 @@
  *                                a snapshot and acts as mlfs_decide
  *                                (cluster/mlfs_decide.c) says, rules 2-8.
  *                                Rule 8 is modelled as each node's own
- *                                check that every participant swapped; the
+ *                                check that every participant swapped (the
+ *                                daemon learns it from the participant's
+ *                                swap ack to the coordinator or its entry,
+ *                                both sent only after the swap); the
  *                                daemon's others release on the "released"
  *                                key put by the node that checked it (the
  *                                coordinator of the commit), the same fact

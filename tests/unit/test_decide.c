@@ -804,9 +804,9 @@ static void test_participants_packed_as_ranges(void **state)
 	}
 }
 
-/* The lease schedule: the daemon's 5 s / 1 s up to 1,000 nodes; beyond,
- * etcd sees 1,000 keep-alives a second and a lease outlives two missed
- * keep-alives. */
+/* The lease schedule: the daemon's 5 s / 1,666 ms up to 1,666 nodes;
+ * beyond, etcd sees 1,000 keep-alives a second; a lease always outlives
+ * two missed keep-alives. */
 static void test_lease_schedule_keeps_etcd_at_1000_keepalives(void **state)
 {
 	(void)state;
@@ -820,10 +820,13 @@ static void test_lease_schedule_keeps_etcd_at_1000_keepalives(void **state)
 	}
 	mlfs_lease_schedule(4, &ttl, &every);
 	assert_int_equal(ttl, 5);
-	assert_int_equal(every, 1000);
+	assert_int_equal(every, 1666);
 	mlfs_lease_schedule(1000, &ttl, &every);
 	assert_int_equal(ttl, 5);
-	assert_int_equal(every, 1000);
+	assert_int_equal(every, 1666);
+	mlfs_lease_schedule(2000, &ttl, &every);
+	assert_int_equal(ttl, 6);
+	assert_int_equal(every, 2000);
 	mlfs_lease_schedule(10000, &ttl, &every);
 	assert_int_equal(ttl, 30);
 	assert_int_equal(every, 10000);
