@@ -183,6 +183,15 @@ static void test_vote_body_round_trip(void **state)
 	assert_string_equal(m.vote, "failed: \"quoted\" reason");
 	json_decref(doc);
 	free(body);
+
+	/* a swap's ack, after the commit */
+	body = mlfs_vote_body("n3", 4, "ff00", "swapped");
+	assert_non_null(body);
+	assert_int_equal(mlfs_vote_parse(body, strlen(body), &doc, &m, &err), 0);
+	assert_string_equal(m.vote, "swapped");
+	assert_int_equal(m.to, 4);
+	json_decref(doc);
+	free(body);
 }
 
 static void test_vote_parse_names_the_field(void **state)
@@ -208,6 +217,7 @@ static void test_vote_parse_names_the_field(void **state)
 	     "\"ready\"}",
 	     "\"attempt\""},
 	    {"{\"node\":\"n1\",\"to\":2,\"attempt\":\"abc\",\"vote\":\"maybe\"}", "\"vote\""},
+	    {"{\"node\":\"n1\",\"to\":2,\"attempt\":\"abc\",\"vote\":\"swapped \"}", "\"vote\""},
 	    {"{\"node\":\"n1\",\"to\":2,\"attempt\":\"abc\",\"vote\":3}", "\"vote\""},
 	    {toolong, "\"vote\""},
 	    {"{\"to\":2,\"attempt\":\"abc\",\"vote\":\"ready\"}", "\"node\""},
