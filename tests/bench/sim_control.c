@@ -63,8 +63,8 @@
  *     votebox); n0's own vote goes straight into its
  *     box. Every put wakes n0 (the box's hook, votes_changed); n0's rounds,
  *     while it coordinates, decide on mlfs_votebox_copy of its box (votes_on:
- *     keys "<to>/<id>", a vote counting only for the attempt it names), and
- *     its commit clears the box. A vote that failed is said (counted:
+ *     keys "<to>/<id>", a vote counting only for the attempt it names); the
+ *     box is not cleared at the commit. A vote that failed is said (counted:
  *     "votes_http_failed"), and the node votes again at its next round
  *     (1 s later while an attempt is in etcd);
  *   - its rounds (mlfs_cluster.c's round_once, mlfs_attempt.c's
@@ -82,8 +82,14 @@
  *     nap_ms: until 2 s after its swap while the retained layout waits for
  *     the announcement, then 1 s; 1 s while an attempt is in etcd; 30 s
  *     otherwise);
- *   - rule 8: the coordinator of the commit, following the entries, sees
- *     every participant serve the new version, puts /mlfs/<job>/released
+ *   - each node's swap acked the same way ("swapped", mlfs_attempt.c's
+ *     swap_ack) to the coordinator, whose rounds count an ack as an entry
+ *     at the new version (acks_on); the node's entry put waits for the
+ *     "released" announcement (then mlfs_publish_delay_ms), or for the
+ *     2 s release wait; one whose ack was not taken puts it at once
+ *     ("acks_failed");
+ *   - rule 8: the coordinator of the commit, following the entries and the
+ *     acks, sees every participant serve the new version, puts /mlfs/<job>/released
  *     = "2" (ANNOUNCE_RELEASED, mlfs_attempt.c's act_announce) and drops
  *     its retained layout; every other node drops its own on that event,
  *     reading no entry; a node still waiting 2 s after its swap follows
@@ -97,20 +103,19 @@
  *     mlfs_attempt.c's finish() writes it (config, config_id, the attempt
  *     deleted, result/2: no vote to delete).
  * The etcd requests of one reconfiguration, by the code above: each node
- * puts its entry once (the new version, at the round of its swap): N; its
- * vote is no etcd request. The coordinator also reads the job and the
+ * puts its entry once (the new version, after the release): N; its
+ * vote and its swap ack are no etcd request. The coordinator also reads the job and the
  * entries (2 ranges), follows the entries (a watch and its range) from its
  * proposal until it announces, creates the attempt (txn), commits (txn)
  * and announces (put): N + 7 (puts N + 1, ranges 3, txns 2, watches 1).
- * Besides etcd, N - 1 vote POSTs reach n0's peer server (n0's own vote is
- * no request; "peer_server_requests"), and its box gets N votes
- * ("votes_received"). Each node that falls back after 2 s adds a watch and
- * a range of N entries, and a put when it announces. Watch events: 6 per
- * job watch (the attempt; the commit's config, config_id, attempt and
- * result/2; "released"), and each node's entry put (its swap) once to the
- * coordinator's entries watch, whose range (before the attempt existed)
- * read every entry at version 1: 7N in all, no vote among them. No passing
- * states.
+ * Besides etcd, N - 1 vote POSTs and N - 1 swap acks reach n0's peer
+ * server (n0's own are no request; "peer_server_requests"), and its box
+ * gets N votes and N acks ("votes_received", "acks"). Each node that falls back after 2 s adds a
+ * watch and a range of N entries, and a put when it announces. Watch events: 6 per job watch (the
+ * attempt; the commit's config, config_id, attempt and result/2; "released"): 6N in all. The
+ * entries' puts come after the announcement, when no watch follows them; the coordinator's entries
+ * range (before the attempt existed) read every entry at version 1. No
+ * vote or ack among them, no passing states.
  *
  * How a simulated node differs from a daemon:
  *   - the daemon's CPU. A round's CPU in the daemon (mirror copy of the
@@ -249,6 +254,12 @@ static bool all_started(const int64_t *c)
 static bool all_released(const int64_t *c)
 {
 	return c[C_RELEASED] >= S.n || c[C_DISCARDS] > 0;
+}
+
+/* ... and every entry put at the new version (after the release). */
+static bool all_published(const int64_t *c)
+{
+	return (c[C_RELEASED] >= S.n && c[C_PUBLISHED] >= S.n) || c[C_DISCARDS] > 0;
 }
 
 static int64_t quiet_since; /* for quiet() */
@@ -561,7 +572,8 @@ int main(int argc, char **argv)
 	take(&s3);
 	node_at(0)->propose_pending = true;
 	wake(node_at(0));
-	ok = wait_for(all_released, timeout_s, "reconfiguration");
+	ok = wait_for(all_released, timeout_s, "reconfiguration") &&
+	     wait_for(all_published, timeout_s, "the entries after the release");
 	take(&s4);
 	json_t *rec = diff(&s3, &s4);
 	/* the commit: when its transaction was sent (etcd applied it before
@@ -573,8 +585,11 @@ int main(int argc, char **argv)
 	/* what n0's box got (its server's and its own), the POSTs that failed */
 	json_object_set_new(rec, "votes_received", json_integer(c[C_VOTES_RECEIVED]));
 	json_object_set_new(rec, "votes_http_failed", json_integer(c[C_VOTES_HTTP_FAILED]));
-	/* what n0's peer server received: the other nodes' votes (the token
-	 * missing or wrong: refused) */
+	/* the swap acks n0's box took, and those it did not */
+	json_object_set_new(rec, "acks", json_integer(c[C_ACKS]));
+	json_object_set_new(rec, "acks_failed", json_integer(c[C_ACKS_FAILED]));
+	/* what n0's peer server received: the other nodes' votes and swap
+	 * acks (the token missing or wrong: refused) */
 	int64_t posts, refused;
 	net_server_counts(S.server, &posts, &refused);
 	json_object_set_new(rec, "peer_server_requests", json_integer(posts));

@@ -70,8 +70,8 @@ void finish(struct worker *w, struct node *nd, const struct att *a, int64_t to, 
 	}
 	if (!ok)
 		return;
-	if (S.box) /* decided on */
-		mlfs_votebox_clear(S.box);
+	/* The box is not cleared: the participants' swap acks may arrive
+	 * before this reply (a vote counts only for the attempt it names). */
 	free(nd->mine);
 	nd->mine = NULL;
 	atomic_store(&nd->coordinating, false);

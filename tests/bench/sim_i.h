@@ -66,6 +66,8 @@ enum {
 	C_VOTES,	     /* votes delivered (n0's own put into its box, the others' POSTs) */
 	C_VOTES_RECEIVED,    /* votes n0's box got (its peer server's and its own) */
 	C_VOTES_HTTP_FAILED, /* vote POSTs that failed (the node votes again next round) */
+	C_ACKS,		     /* swap acks n0's box took ("swapped", after the commit) */
+	C_ACKS_FAILED,	     /* ... that it did not take (the entry says the swap at once) */
 	C_DISCARDS,
 	C_ANNOUNCED, /* "released" puts */
 	C_FOLLOWS,   /* a node started following the entries (a range and a watch) */
@@ -180,6 +182,7 @@ struct node {
 	char *published;		    /* c->published */
 	bool publish_failed;		    /* c->publish_failed */
 	int64_t publish_at_ms;		    /* c->publish_at_ms (wall) */
+	int64_t publish_after;		    /* c->publish_after: its swap, acked */
 	char entry_state[16];		    /* c->entry_state */
 	bool attempt_seen;		    /* c->attempt != NULL */
 	/* a round between its decision and its actions */

@@ -111,15 +111,18 @@ int do_register(struct worker *w, struct node *nd)
  * (mlfs_votebox_put), any other node's by mlfs_peerclient.c's
  * mlfs_peer_vote (POST /v1/vote to n0's peer server, the token in its
  * header, within 2 s; a vote given twice is the same vote). One that
- * failed is only said: the node votes again at its next round. */
-static void vote(struct worker *w, struct node *nd, const char *coordinator, int64_t to,
+ * failed is only said: the node votes again at its next round. Also the
+ * swap's ack ("swapped", mlfs_attempt.c's swap_ack). Whether it was
+ * taken. */
+static bool vote(struct worker *w, struct node *nd, const char *coordinator, int64_t to,
 		 const char *aid, const char *what)
 {
+	bool ack = strcmp(what, "swapped") == 0;
 	struct ptc_error err = {.text = ""};
 	int rc;
 
 	if (!aid || !*aid)
-		return; /* nothing to vote on */
+		return false; /* nothing to vote on */
 	if (!coordinator || strcmp(coordinator, nd->id) == 0) {
 		rc = S.box ? mlfs_votebox_put(S.box, nd->id, to, aid, what) : -ENOTCONN;
 		if (rc == 0)
@@ -144,15 +147,20 @@ static void vote(struct worker *w, struct node *nd, const char *coordinator, int
 		if (rc)
 			c_add(C_VOTES_HTTP_FAILED, 1);
 	}
-	if (rc == 0) {
+	if (rc == 0 && ack) {
+		c_add(C_ACKS, 1);
+	} else if (rc == 0) {
 		snprintf(nd->voted_id, sizeof(nd->voted_id), "%s", aid);
 		nd->voted_ready = strcmp(what, "ready") == 0;
 		c_add(C_VOTES, 1);
 		c_max(C_LAST_VOTE, wall_ns());
 	} else {
-		fprintf(stderr, "sim_control: %s: vote on version %" PRId64 ": %s\n", nd->id, to,
-			err.text);
+		if (ack)
+			c_add(C_ACKS_FAILED, 1);
+		fprintf(stderr, "sim_control: %s: %s on version %" PRId64 ": %s\n", nd->id,
+			ack ? "swap ack" : "vote", to, err.text);
 	}
+	return rc == 0;
 }
 
 /* mlfs_attempt.c's act_announce: "released" = @version, under the job's
@@ -173,6 +181,10 @@ static void announce(struct worker *w, struct node *nd, int64_t version)
 	}
 	if (nd->announce <= version)
 		nd->announce = 0;
+	if (nd->publish_after && nd->publish_after <= version) {
+		nd->publish_after = 0; /* its own entry, at the end of this round */
+		nd->publish_at_ms = 0;
+	}
 }
 
 /* The store starts preparing attempt @a (mlfs_attempt_prepare, then the
@@ -244,6 +256,9 @@ static void act(struct worker *w, struct node *nd, const struct mlfs_action *a, 
 		break;
 	case MLFS_ACT_COMMIT: /* act_commit: the planned-from layout retained */
 		if (nd->reconf == MLFS_RECONF_PREPARED && nd->target == a->version) {
+			char co[64] = "";
+			if (nd->prep_parts && nd->prep_parts->coordinator)
+				snprintf(co, sizeof(co), "%s", nd->prep_parts->coordinator);
 			nd->retained = nd->have;
 			nd->have = a->version;
 			nd->reconf = MLFS_RECONF_IDLE;
@@ -251,7 +266,17 @@ static void act(struct worker *w, struct node *nd, const struct mlfs_action *a, 
 			nd->swap_wait = nd->prep_parts;
 			nd->prep_parts = NULL;
 			nd->swap_since_ms = wall_ms();
-			nd->publish_at_ms = wall_ms() + mlfs_publish_delay_ms(S.n, nd->idx);
+			/* swap_ack: the entry's put waits for the release (or
+			 * for the release wait); one the coordinator did not
+			 * take is put at once */
+			if (vote(w, nd, co, a->version, nd->prepare_id, "swapped")) {
+				nd->publish_after = a->version;
+				nd->publish_at_ms = wall_ms() + mlfs_release_wait_ms(S.n);
+			} else {
+				nd->publish_after = 0;
+				nd->publish_at_ms =
+				    wall_ms() + mlfs_publish_delay_ms(S.n, nd->idx);
+			}
 			atomic_store(&nd->swap_waiting, true);
 			*woken = true;
 			if (nd->have == atomic_load(&S.target) && nd->swapped_v != nd->have) {
@@ -351,9 +376,19 @@ void round_decide(struct worker *w, struct node *nd)
 		nd->propose_pending = false;
 		propose(nd);
 	}
-	bool coordinating = nd->mine != NULL;
+	/* it decides on the votes, or on the swap acks of its commit */
+	bool coordinating = nd->mine != NULL || nd->announce;
 	if (group_sync(w, g))
 		return; /* rule 1: without etcd nothing is decided */
+	pthread_mutex_lock(&g->lock);
+	int64_t released = g->released;
+	pthread_mutex_unlock(&g->lock);
+	if (nd->publish_after && released >= nd->publish_after) {
+		/* every participant swapped: its entry says so now (spread
+		 * past 1,000 nodes) */
+		nd->publish_after = 0;
+		nd->publish_at_ms = wall_ms() + mlfs_publish_delay_ms(S.n, nd->idx);
+	}
 	if (read_saved(w, nd, &err)) {
 		fprintf(stderr, "sim_control: %s: saved mark: %s\n", nd->id, err.text);
 		return;
@@ -407,6 +442,16 @@ void round_decide(struct worker *w, struct node *nd)
 		    .participant = a && bit(a->parts, i),
 		    .swap_waited = nd->swap_wait && bit(nd->swap_wait->parts, i),
 		};
+		/* acks_on: a node that acked its swap to this coordinator's
+		 * commit serves its version, though its entry (put after the
+		 * release) says the one before */
+		const struct net_etcd_kv *v = vk ? w->vote[i] : NULL;
+		size_t cl = strlen(commit_id);
+		struct mlfs_snap_node *sn = &w->sn[i];
+		if (v && s.committed == 2 && cl && strncmp(v->value, commit_id, cl) == 0 &&
+		    strcmp(v->value + cl, " swapped") == 0 && sn->up && !sn->lost &&
+		    sn->version < s.committed)
+			sn->version = s.committed;
 	}
 	pthread_mutex_unlock(&g->lock);
 	if (a) {
@@ -427,7 +472,8 @@ void round_decide(struct worker *w, struct node *nd)
 			if (!sn->participant)
 				continue;
 			if (vk && v && strncmp(v->value, a->id, n) == 0 && v->value[n] == ' ') {
-				if (strncmp(v->value + n + 1, "ready", 5) == 0) {
+				if (strcmp(v->value + n + 1, "ready") == 0 ||
+				    strcmp(v->value + n + 1, "swapped") == 0) {
 					sn->vote = MLFS_VOTE_READY;
 				} else {
 					sn->vote = MLFS_VOTE_FAILED;

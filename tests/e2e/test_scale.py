@@ -61,8 +61,8 @@ def test_simulated_control_plane_of_64_nodes(etcd):
     real etcd: an idle job costs only the keep-alives, and one reconfiguration touching
     every node commits, every node swaps and lets its retained layout go, for exactly
     the etcd requests the daemon's rules make (sim_control.c's DESIGN block: N + 7,
-    and 6 watch events per node's watch), every vote sent over HTTP to the
-    coordinator's peer server, none through etcd.
+    and 6 watch events per node's watch), every vote and swap ack sent over HTTP to
+    the coordinator's peer server, none through etcd.
     bench_sim.py runs it at 1,000 and 10,000 nodes (BENCHMARKS.md)."""
     n = 64
     sim = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -93,13 +93,15 @@ def test_simulated_control_plane_of_64_nodes(etcd):
     assert rec["committed"] and rec["votes"] == n and rec["discards"] == 0, rec
     assert rec["swapped"] == rec["swaps_published"] == rec["released"] == n, rec
     assert rec["leases_expired"] == 0, rec
-    # The votes: each participant's reached the coordinator's box once, n0's own
-    # directly, the n - 1 others' by a POST to its peer server (none failed, none
-    # refused).
-    assert rec["votes_received"] == n and rec["votes_http_failed"] == 0, rec
-    assert rec["peer_server_requests"] == n - 1 and rec["peer_server_refused"] == 0, rec
+    # The votes and the swap acks: each participant's vote and ack reached the
+    # coordinator's box once each, n0's own directly, the n - 1 others' by a POST to
+    # its peer server (none failed, none refused).
+    assert rec["votes_received"] == 2 * n and rec["votes_http_failed"] == 0, rec
+    assert rec["acks"] == n and rec["acks_failed"] == 0, rec
+    assert rec["peer_server_requests"] == 2 * (n - 1) and rec["peer_server_refused"] == 0, rec
     # The daemon's etcd requests (sim_control.c's DESIGN block: N + 7): per node one put
-    # of its entry (the new version; no passing state; its vote is no etcd request),
+    # of its entry (the new version, after the release; no passing state; its vote and
+    # its swap ack are no etcd request),
     # and the coordinator's announcement ("released"): N + 1 puts. The coordinator
     # reads the job and the nodes' entries (two ranges), follows the entries (a watch
     # and a range, from its proposal until it announces the swaps), and creates and
@@ -116,13 +118,17 @@ def test_simulated_control_plane_of_64_nodes(etcd):
     assert abs(rec["etcd_grpc_started"] - rec["requests"]) <= 5, rec
     # Every node's own watch got every change of the job's keys, nothing else: the
     # attempt's put, the commit's four keys (config, config_id, attempt, result) and
-    # "released"; no node's entry, no vote. The entries reached the coordinator alone:
-    # its range (before the attempt existed) read all n at version 1, and its watch got
-    # each node's one put (its swap), all before it announced and stopped watching. So
-    # etcd sent exactly what the watches got.
+    # "released"; no node's entry, no vote. The coordinator's range (before the attempt
+    # existed) read all n entries at version 1; it announced on the acks, and the
+    # entries' puts came after the announcement: its entries watch, stopped in the
+    # round of the announcement, got those put before its stop took effect (etcd
+    # tells the other watches of "released" before it answers the put), at most n;
+    # etcd also counts those it sent as the watch closed. So etcd sent what the
+    # watches got, and at most n entry events more.
     assert rec["watch_events_per_stream"] == 6, rec
     assert rec["watch_events_stale"] == 0 and rec["watch_events_dropped"] == 0, rec
-    assert rec["entries_read"] == n and rec["entries_watch_events"] == n, rec
+    assert rec["entries_read"] == n and rec["entries_watch_events"] <= n, rec
     got = rec["watch_events_all"]
-    assert got == rec["watch_events"] + rec["entries_watch_events"] == 7 * n, rec
-    assert rec["etcd_events_sent"] == got, rec
+    assert got == rec["watch_events"] + rec["entries_watch_events"], rec
+    assert rec["watch_events"] == 6 * n, rec
+    assert got <= rec["etcd_events_sent"] <= got + n, rec
