@@ -710,6 +710,13 @@ def test_coordinator_killed_right_after_its_commit(cluster_factory):
     # The commit stands: every survivor swaps.
     cl.wait_version(2, nodes=["n1", "n2", "n3"])
     cl.check_layout(MIXED, V2, full, step=5, nodes=["n1", "n2", "n3"])
+    # Its entry says so, though the coordinator that took (or refused) its swap ack
+    # never announces the release: put at once when the ack failed, else after the
+    # 2 s a node waits for the announcement.
+    def entries_at_2():
+        es = {nid: cl.etcd.kv(f"/mlfs-nodes/{cl.job}/{nid}") for nid in ("n1", "n2", "n3")}
+        return all(e is not None and json.loads(e.value)["version"] == 2 for e in es.values())
+    cl.wait(entries_at_2, "every survivor's entry at version 2", timeout=10)
 
 
 # --------------------------------------------------------------------- 6. etcd lost
