@@ -274,8 +274,7 @@ static void act(struct worker *w, struct node *nd, const struct mlfs_action *a, 
 				nd->publish_at_ms = wall_ms() + mlfs_release_wait_ms(S.n);
 			} else {
 				nd->publish_after = 0;
-				nd->publish_at_ms =
-				    wall_ms() + mlfs_publish_delay_ms(S.n, nd->idx);
+				nd->publish_at_ms = wall_ms() + mlfs_publish_delay_ms(S.n, nd->idx);
 			}
 			atomic_store(&nd->swap_waiting, true);
 			*woken = true;
