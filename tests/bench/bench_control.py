@@ -5,12 +5,12 @@ For each N: the CPU the daemons and etcd use together over an idle window (from
 /proc/<pid>/stat, in cores), the etcd requests that window cost (etcd's own
 counter of gRPC/gateway requests from its /metrics), and the wall-clock time of
 one reconfiguration of a tiny model (`mlfs reconfigure`, from writing the config
-until every node swapped), first run, and the median of that run and four more
+until every node swapped), first run, and the median of that run and --runs - 1 more (four by default)
 (back and forth between all nodes and half of them), with the CPU every daemon and
 etcd spent on the first. Ratios are against N = 4 in the same run.
 
     BUILD=build /usr/bin/python3 tests/bench/bench_control.py [--nodes 4,16,32,64]
-        [--idle-seconds 10] [--json OUT]
+        [--idle-seconds 10] [--runs 5] [--json OUT]
 
 Also per command: etcd's WAL fsyncs and their total time (etcd's /metrics). The
 harness keeps etcd's data under $TMPDIR (default /tmp); TMPDIR=/dev/shm runs the
@@ -65,7 +65,7 @@ def wal_fsyncs(url):
     return got.get("count", 0.0), got.get("sum", 0.0)
 
 
-def one(n, idle_s):
+def one(n, idle_s, runs=5):
     with testing.start(nnodes=n, devices=1, job=f"ctl{n}", etcd=True) as cl:
         n0 = cl.mounts["n0"]
         with open(os.path.join(n0, "schema.json"), "w") as f:
@@ -110,10 +110,11 @@ def one(n, idle_s):
         cl.wait_version(2, timeout=120)
         c3 = cpu_seconds(pids) + cpu_seconds([cl.etcd.pid])
         r3 = etcd_requests(cl.etcd_url)
-        # Four more, back and forth between all nodes and half of them: the
-        # median says what the first run's noise hides on a shared machine.
+        # runs - 1 more (four by default), back and forth between all nodes and half
+        # of them: the median says what the first run's noise hides on a shared
+        # machine.
         times = [reconf]
-        for v in range(3, 7):
+        for v in range(3, 2 + runs):
             cfg = dict(v1 if v % 2 else v2, version=v)
             with open(path, "w") as f:
                 json.dump(cfg, f)
@@ -146,18 +147,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", default="4,16,32,64")
     ap.add_argument("--idle-seconds", type=float, default=10)
+    ap.add_argument("--runs", type=int, default=5,
+                    help="reconfigurations per size (the first and the median are reported)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.runs < 1:
+        ap.error(f"--runs {a.runs}: at least one reconfiguration per size")
     rows = []
     for n in [int(x) for x in a.nodes.split(",")]:
-        rows.append(one(n, a.idle_seconds))
+        rows.append(one(n, a.idle_seconds, a.runs))
         r = rows[-1]
         base = rows[0]
         print(f"N={n:3d}: idle {r['cores']:.4f} cores (daemons {r['daemons_cores']:.4f}, "
               f"etcd {r['etcd_cores']:.4f}), {r['etcd_requests_per_s_idle']:.1f} etcd "
               f"requests/s; reconfigure {r['reconfigure_s']:.3f} s "
               f"({r['reconfigure_s'] / base['reconfigure_s']:.2f}x N={base['nodes']}), median "
-              f"of 5 {r['reconfigure_median_s']:.3f} s "
+              f"of {a.runs} {r['reconfigure_median_s']:.3f} s "
               f"({r['reconfigure_median_s'] / base['reconfigure_median_s']:.2f}x), "
               f"{r['etcd_requests_reconfigure']} etcd requests, "
               f"{r['reconfigure_cpu_s']:.2f} CPU s ({r['reconfigure_cpu_s'] / n * 1000:.1f} ms "
