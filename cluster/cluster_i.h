@@ -146,8 +146,9 @@ int mlfs_votebox_copy(struct mlfs_votebox *b, struct net_etcd_kv **kvs, size_t *
 /* The votes on attempt @aid: {id: "ready", "swapped" or "failed: <reason>"} (a new
  * reference; NULL: out of memory). Any thread (status.json). */
 json_t *mlfs_votebox_describe(struct mlfs_votebox *b, const char *aid);
-/* Forgets every vote (an attempt decided). Any thread. */
-void mlfs_votebox_clear(struct mlfs_votebox *b);
+/* (No clear: a decided attempt's votes stay until each node's next
+ * replaces them, so that swap acks arriving before the commit's reply are
+ * kept; a vote counts only for the attempt it names.) */
 
 /* ------------------------------------------------------------- shared state */
 

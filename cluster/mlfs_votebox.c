@@ -221,10 +221,3 @@ json_t *mlfs_votebox_describe(struct mlfs_votebox *b, const char *aid)
 	pthread_mutex_unlock(&b->lock);
 	return out;
 }
-
-void mlfs_votebox_clear(struct mlfs_votebox *b)
-{
-	pthread_mutex_lock(&b->lock);
-	json_object_clear(b->votes);
-	pthread_mutex_unlock(&b->lock);
-}

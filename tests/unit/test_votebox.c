@@ -62,9 +62,12 @@ static void test_later_vote_replaces_earlier(void **state)
 		assert_int_equal(kvs[i].len, strlen(kvs[i].value));
 	net_etcd_kvs_free(kvs, n);
 
-	mlfs_votebox_clear(b);
+	/* the swap's ack replaces n1's vote; n2's stays */
+	assert_int_equal(mlfs_votebox_put(b, "n1", 3, "bbbb", "swapped"), 0);
 	assert_int_equal(mlfs_votebox_copy(b, &kvs, &n), 0);
-	assert_int_equal(n, 0);
+	assert_int_equal(n, 2);
+	assert_string_equal(value_of(kvs, n, "3/n1"), "bbbb swapped");
+	assert_string_equal(value_of(kvs, n, "2/n2"), "aaaa failed: no memory");
 	net_etcd_kvs_free(kvs, n);
 	mlfs_votebox_free(b);
 }
