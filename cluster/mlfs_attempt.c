@@ -52,28 +52,36 @@ static int vote_in_entry(struct mlfs_cluster *c, int64_t to, const char *attempt
 	return rc;
 }
 
+/* @what ("ready", "failed: <reason>", "swapped") on attempt @attempt_id to
+ * @to into the box of its @coordinator: this node's own box when it is
+ * this node (NULL: this node), else a POST to that node's peer server. 0,
+ * or why not with @why. */
+static int to_coordinator(struct mlfs_cluster *c, const char *coordinator, int64_t to,
+			  const char *attempt_id, const char *what, struct ptc_error *why)
+{
+	struct mlfs_store *st = c->st;
+
+	if (!coordinator || strcmp(coordinator, c->me) == 0)
+		return st->votebox ? mlfs_votebox_put(st->votebox, c->me, to, attempt_id, what)
+				   : ptc_error_set(why, -ENOTCONN, "this node has no votebox");
+	pthread_mutex_lock(&st->lock);
+	int n = ptc_cluster_find(mlfs_store_cluster(st), coordinator);
+	pthread_mutex_unlock(&st->lock);
+	return n < 0 ? ptc_error_set(why, -ENOENT, "the coordinator %s is not in the cluster",
+				     coordinator)
+		     : mlfs_peer_vote(st, n, to, attempt_id, what, why);
+}
+
 static void vote(struct mlfs_cluster *c, const char *coordinator, int64_t to,
 		 const char *attempt_id, const char *what)
 {
 	struct ptc_error why = {.text = ""};
-	struct mlfs_store *st = c->st;
-	int rc;
 
 	if (!attempt_id || !*attempt_id)
 		return; /* nothing to vote on */
-	if (!coordinator || strcmp(coordinator, c->me) == 0) {
-		rc = st->votebox ? mlfs_votebox_put(st->votebox, c->me, to, attempt_id, what)
-				 : -ENOTCONN;
-	} else {
-		pthread_mutex_lock(&st->lock);
-		int n = ptc_cluster_find(mlfs_store_cluster(st), coordinator);
-		pthread_mutex_unlock(&st->lock);
-		rc = n < 0 ? ptc_error_set(&why, -ENOENT,
-					   "the coordinator %s is not in the cluster", coordinator)
-			   : mlfs_peer_vote(st, n, to, attempt_id, what, &why);
-		if (rc)
-			rc = vote_in_entry(c, to, attempt_id, what, &why);
-	}
+	int rc = to_coordinator(c, coordinator, to, attempt_id, what, &why);
+	if (rc && coordinator && strcmp(coordinator, c->me) != 0)
+		rc = vote_in_entry(c, to, attempt_id, what, &why);
 	if (rc == 0) {
 		pthread_mutex_lock(&c->lock);
 		snprintf(c->voted_id, sizeof(c->voted_id), "%s", attempt_id);
@@ -555,24 +563,15 @@ static void act_vote_ready(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 static bool swap_ack(struct mlfs_cluster *c, int64_t version, const char *aid, const char *co)
 {
 	struct ptc_error why = {.text = ""};
-	struct mlfs_store *st = c->st;
 
 	if (!*aid || !*co)
 		return false;
-	if (strcmp(co, c->me) == 0)
-		return st->votebox &&
-		       mlfs_votebox_put(st->votebox, c->me, version, aid, "swapped") == 0;
-	pthread_mutex_lock(&st->lock);
-	int n = ptc_cluster_find(mlfs_store_cluster(st), co);
-	pthread_mutex_unlock(&st->lock);
-	int rc = n < 0
-		     ? ptc_error_set(&why, -ENOENT, "the coordinator %s is not in the cluster", co)
-		     : mlfs_peer_vote(st, n, version, aid, "swapped", &why);
+	int rc = to_coordinator(c, co, version, aid, "swapped", &why);
 	if (rc)
 		mlfs_log(MLFS_LOG_WARNING,
 			 "cluster: the swap to version %" PRId64
 			 " cannot reach the coordinator: %s; this node's entry says it instead",
-			 version, why.text);
+			 version, why.text[0] ? why.text : strerror(-rc));
 	return rc == 0;
 }
 
