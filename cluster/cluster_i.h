@@ -395,7 +395,7 @@ int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err);
  * under it. 0 or an etcd error with @err. The control thread (and start,
  * before it runs). */
 int mlfs_nodeentry_register(struct mlfs_cluster *c, struct ptc_error *err);
-/* The keep-alive thread: the lease renewed every 1,666 ms, on a thread of
+/* The keep-alive thread: the lease renewed every 2 s, on a thread of
  * its own so that no slow work delays it; an expired lease is cleared and
  * flagged (lease_expired), an unreachable etcd noted; either wakes the
  * control thread. @arg: the cluster. */

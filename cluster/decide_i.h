@@ -177,11 +177,12 @@ bool mlfs_jobimport_outcome(const struct ptc_config *c, const json_t *nodes, con
 /*
  * The lease of a node of a job of @nnodes nodes: its TTL in seconds into
  * *@ttl_s, the interval between its keep-alives in ms into *@every_ms.
- * A TTL of 5 s (a dead node is seen within 5 s) renewed every 1,666 ms,
- * a third of it, as etcd's own client renews (two keep-alives may be lost
+ * A TTL of 6 s (a dead node is seen within 6 s) renewed every 2 s, a
+ * third of it, as etcd's own client renews (two keep-alives may be lost
  * or late): each keep-alive costs etcd's JSON gateway about a range's
- * CPU, and at one a second 32 idle nodes kept a 2-core etcd at 0.04 of a
- * core. Past 1,666 nodes, one keep-alive per node every N ms, so that
+ * CPU (1-1.5 ms on a slow day), and 32 idle nodes kept a 2-core etcd at
+ * 0.04-0.06 of a core at one a second, 0.045-0.052 of daemons and etcd
+ * every 1,666 ms. Past 2,000 nodes, one keep-alive per node every N ms, so that
  * etcd sees at most MLFS_KEEPALIVES_PER_S a second whatever N (7,400 a
  * second took most of a 2-core etcd at 10,000 nodes), with a TTL of 3
  * intervals: 10 s and 30 s at 10,000 nodes, as Kubernetes renews a

@@ -38,7 +38,7 @@
  * status.json and mlfs snapshot read them when the node does not:
  *   <id>             {"addr","devices","pid","version","state","steps",
  *                    "backup","restore"}, bound to this node's lease (TTL
- *                    5 s, kept alive every 1,666 ms; longer past 1,666
+ *                    6 s, kept alive every 2 s; longer past 2,000
  *                    nodes: mlfs_lease_schedule): gone = the node is
  *                    down (mlfs_nodeentry.c). "state" is the last
  *                    settled one (idle, failed, lost). A node's retained
@@ -283,7 +283,7 @@ static void round_once(struct mlfs_cluster *c)
 /* How long the control thread may sleep without a wake-up: while etcd is
  * unreachable it retries every 200 ms; while an attempt is in progress
  * (a deadline may pass) every second; after its entry put failed, once
- * per keep-alive interval (mlfs_lease_schedule: 1,666 ms up to 1,666 nodes,
+ * per keep-alive interval (mlfs_lease_schedule: 2 s up to 2,000 nodes,
  * then no more than 1,000 retries a second in the job); while a
  * retained layout waits for its announcement, until it has waited 2 s
  * (mlfs_release_wait_ms; then it follows the entries itself: need_peers)

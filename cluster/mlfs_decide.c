@@ -296,8 +296,8 @@ int mlfs_decide_source(const struct ptc_layout *cur, const int *down, int ndown,
 void mlfs_lease_schedule(int nnodes, int *ttl_s, int *every_ms)
 {
 	int64_t spread = (int64_t)nnodes * 1000 / MLFS_KEEPALIVES_PER_S;
-	*every_ms = spread > 5000 / 3 ? (int)spread : 5000 / 3;
-	*ttl_s = *every_ms * 3 / 1000 > 5 ? *every_ms * 3 / 1000 : 5;
+	*every_ms = spread > 2000 ? (int)spread : 2000;
+	*ttl_s = *every_ms * 3 / 1000 > 6 ? *every_ms * 3 / 1000 : 6;
 }
 
 int mlfs_release_wait_ms(int nnodes)

@@ -30,7 +30,7 @@
  * it replicates named where it happens below:
  *   - its lease: granted (TTL 5 s; past 1,000 nodes longer, by
  *     mlfs_lease_schedule: 30 s at 10,000) by mlfs_nodeentry_register and
- *     kept alive by its own keep-alive "thread" every 1,666 ms (10 s at 10,000 nodes)
+ *     kept alive by its own keep-alive "thread" every 2 s (10 s at 10,000 nodes)
  *     after the previous one answered (mlfs_nodeentry_keepalive_main), one POST
  *     /v3/lease/keepalive each; etcd saying it expired flags it, and the
  *     next round registers again (mlfs_decide's REGISTER); its entry is
@@ -460,7 +460,7 @@ int main(int argc, char **argv)
 			    json_integer(user_ka ? user_ka * nproc : ktotal));
 	json_object_set_new(out, "keepalive_ms", json_integer(S.ka_ms));
 	json_object_set_new(out, "lease_ttl_s", json_integer(S.ttl));
-	/* the daemon's: a watch per node, a keep-alive every 1,666 ms on a 5 s TTL */
+	/* the daemon's: a watch per node, a keep-alive every 2 s on a 6 s TTL */
 	json_object_set_new(out, "daemon_schedule",
 			    json_boolean(S.per == 1 && S.ka_ms == ka_d && S.ttl == ttl_d));
 	json_object_set_new(out, "round_delay", json_boolean(S.delay));

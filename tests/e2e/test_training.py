@@ -209,7 +209,7 @@ def test_elastic_without_a_human(tmp_path):
     # steps since it were trained twice.
     assert death["step"] in (3 * ea.SAVE_EVERY, 4 * ea.SAVE_EVERY), death
     assert death["step"] != 3 * ea.SAVE_EVERY or death["step"] in res["redone"], res["redone"]
-    # Detection is the lease (5 s TTL, kept alive every second), the rest is small.
+    # Detection is the lease (6 s TTL, kept alive every 2 s), the rest is small.
     tl = death["timeline"]
     assert 3.0 < tl["detection_s"] < 15.0, tl
     assert 0 <= tl["decision_s"] < 5.0 and 0 <= tl["reconfiguration_s"] < 30.0, tl

@@ -804,7 +804,7 @@ static void test_participants_packed_as_ranges(void **state)
 	}
 }
 
-/* The lease schedule: the daemon's 5 s / 1,666 ms up to 1,666 nodes;
+/* The lease schedule: the daemon's 6 s / 2 s up to 2,000 nodes;
  * beyond, etcd sees 1,000 keep-alives a second; a lease always outlives
  * two missed keep-alives. */
 static void test_lease_schedule_keeps_etcd_at_1000_keepalives(void **state)
@@ -819,14 +819,14 @@ static void test_lease_schedule_keeps_etcd_at_1000_keepalives(void **state)
 		assert_true((double)ns[i] * 1000 / every <= MLFS_KEEPALIVES_PER_S + 1e-9);
 	}
 	mlfs_lease_schedule(4, &ttl, &every);
-	assert_int_equal(ttl, 5);
-	assert_int_equal(every, 1666);
-	mlfs_lease_schedule(1000, &ttl, &every);
-	assert_int_equal(ttl, 5);
-	assert_int_equal(every, 1666);
-	mlfs_lease_schedule(2000, &ttl, &every);
 	assert_int_equal(ttl, 6);
 	assert_int_equal(every, 2000);
+	mlfs_lease_schedule(1000, &ttl, &every);
+	assert_int_equal(ttl, 6);
+	assert_int_equal(every, 2000);
+	mlfs_lease_schedule(3000, &ttl, &every);
+	assert_int_equal(ttl, 9);
+	assert_int_equal(every, 3000);
 	mlfs_lease_schedule(10000, &ttl, &every);
 	assert_int_equal(ttl, 30);
 	assert_int_equal(every, 10000);
