@@ -243,6 +243,21 @@ struct mlfs_cluster {
 	 * control thread touches these. */
 	struct mlfs_job *job;
 	int64_t job_to;
+	/* lock: the digest of this node's job/ manifest
+	 * (mlfs_jobsync_digest) when it last swapped one in, or registered;
+	 * its entry carries it ("job") while st->job_gen is still
+	 * @job_digest_gen: a coordinator whose own job/ has that digest reads
+	 * this node's as its own, no request (mlfs_jobsync_merge). "": none. */
+	char job_digest[17];
+	uint64_t job_digest_gen;
+	/* lock: the participants' job/ manifests read over HTTP for the last
+	 * attempt this node built (status.json's cluster.job_manifests_read;
+	 * -1: none built) */
+	int64_t manifests_read;
+	/* set by the first job/ change after the digest (mlfs_store_job_changed):
+	 * one wake-up of the control thread, whose round puts the entry
+	 * without it; later changes leave the entry as it is */
+	atomic_bool job_woke;
 	/* lock: the participants (ids) of the attempt this node prepared
 	 * (prep_aid), and of the last one it committed: the nodes whose swap
 	 * the retained layout waits for (mlfs_decide's rule 8; NULL: none). */
@@ -533,12 +548,25 @@ int mlfs_propose_for_controller(struct mlfs_cluster *c, const char *text, size_t
  * through their peer servers), the most recently modified copy of each
  * file winning (ties: the first of @parts), each entry naming the node to
  * fetch it from ("s"), sorted so that directories come before what they
- * hold. A node whose tree cannot be read is appended to @missing (its vote
- * then fails: its job/ would be lost otherwise). A new reference; NULL
- * with *@rc = -ENOMEM. I/O workers (propose).
+ * hold. A node whose entry in @entries (the nodes' entries by id, or NULL)
+ * says its job/ has the digest of this node's is taken as this node's,
+ * without a request; the others are read, their count into *@nread. A
+ * node whose tree cannot be read is appended to @missing (its vote then
+ * fails: its job/ would be lost otherwise). A new reference; NULL with
+ * *@rc = -ENOMEM. I/O workers (propose).
  */
 json_t *mlfs_jobsync_merge(struct mlfs_store *st, const char *me, const json_t *parts,
-			   json_t *missing, int *rc);
+			   const json_t *entries, json_t *missing, int *rc, size_t *nread);
+
+/* The digest of a job/ @manifest (mlfs_job_manifest's; its entries in any
+ * order) into @out (16 hex digits): equal for two trees with the same
+ * paths, kinds, sizes, hashes and times. 0, or -ENOMEM. */
+int mlfs_jobsync_digest(const json_t *manifest, char out[17]);
+
+/* This node's job/ as it is now (store lock not held): its digest into
+ * c->job_digest, with the st->job_gen it stands for (mlfs_nodeentry.c's
+ * entry carries it until job/ changes). After a swap and at registration. */
+void mlfs_jobsync_note_digest(struct mlfs_cluster *c);
 
 /*
  * Builds the job/ tree of @manifest (mlfs_jobsync_merge's) into *@out (the

@@ -640,6 +640,9 @@ static void act_commit(struct mlfs_cluster *c, int64_t version)
 		c->job = NULL;
 		c->job_to = 0;
 	}
+	/* the entry put after the release says what job/ is now: where no
+	 * node wrote during the attempt, the same on every node */
+	mlfs_jobsync_note_digest(c);
 }
 
 /* DISCARD: the store's attempt to @version, which etcd will never commit,

@@ -141,6 +141,18 @@ static void reconf_changed(void *arg)
 		mlfs_cluster_wake(arg);
 }
 
+/* The store's hook when job/ changes through the mount: the first change
+ * since the digest this node's entry carries wakes the control thread,
+ * whose round puts the entry without it (a coordinator reads this node's
+ * job/ again from then on); later ones find the entry already without it.
+ * Store lock held: only signals. */
+static void job_changed(void *arg)
+{
+	struct mlfs_cluster *c = arg;
+	if (!atomic_exchange(&c->job_woke, true))
+		mlfs_cluster_wake(c);
+}
+
 /* Whether this node follows the nodes' entries now: it coordinates an
  * attempt, or is building one (who is down: rule 7; the watch is live
  * before the attempt exists, not started while every vote comes in), it
@@ -435,6 +447,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	c->st = st;
 	c->me = mlfs_store_cluster(st)->nodes[st->node].id;
 	c->saved_put = -1;
+	c->manifests_read = -1;
 	const char *fp = getenv("MLFS_FAILPOINT");
 	snprintf(c->failpoint, sizeof(c->failpoint), "%s", fp ? fp : "");
 	snprintf(c->prefix, sizeof(c->prefix), MLFS_KEYS_JOB, mlfs_store_cluster(st)->job);
@@ -471,6 +484,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	st->drain = mlfs_controller_drain;
 	st->import_all = mlfs_jobimport_start;
 	st->reconf_changed = reconf_changed;
+	st->job_changed = job_changed;
 	if (st->votebox)
 		mlfs_votebox_listen(st->votebox, votes_changed, c);
 	if ((rc = -pthread_create(&c->keepalive_thread, NULL, mlfs_nodeentry_keepalive_main, c)) ||
@@ -480,7 +494,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 		st->propose = NULL, st->status_add = NULL, st->steps_saved = NULL;
 		st->steps_refresh = NULL, st->steps_mirrored = NULL, st->drain = NULL;
 		st->import_all = NULL;
-		st->reconf_changed = NULL, st->cluster_arg = NULL;
+		st->reconf_changed = NULL, st->job_changed = NULL, st->cluster_arg = NULL;
 		if (st->votebox)
 			mlfs_votebox_listen(st->votebox, NULL, NULL);
 		goto err_threads;
@@ -508,8 +522,11 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	struct ptc_error why;
 	if (!c)
 		return;
-	mlfs_controller_stop(c->ctl); /* a proposal in progress ends first */
-	if (c->st->votebox)	      /* no vote wakes this node any more */
+	mlfs_controller_stop(c->ctl);	  /* a proposal in progress ends first */
+	pthread_mutex_lock(&c->st->lock); /* no job/ change reaches @c any more */
+	c->st->job_changed = NULL;
+	pthread_mutex_unlock(&c->st->lock);
+	if (c->st->votebox) /* no vote wakes this node any more */
 		mlfs_votebox_listen(c->st->votebox, NULL, NULL);
 	stop_threads(c);
 	mlfs_mirror_release(&c->mirror); /* its watch's thread ends first */

@@ -13,6 +13,7 @@
  * outside the lock, as the staged tree (this thread's alone) takes it.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,13 +195,69 @@ static int cmp_paths(const void *a, const void *b)
 	return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+static int cmp_strs(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int mlfs_jobsync_digest(const json_t *manifest, char out[17])
+{
+	size_t n = json_array_size(manifest), i, len = 0;
+	char **lines = calloc(n ? n : 1, sizeof(*lines));
+	int rc = lines ? 0 : -ENOMEM;
+
+	for (i = 0; i < n && rc == 0; i++)
+		if (!(lines[i] = json_dumps(json_array_get(manifest, i),
+					    JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY)))
+			rc = -ENOMEM;
+		else
+			len += strlen(lines[i]) + 1;
+	char *all = rc ? NULL : malloc(len + 1), *p = all;
+	if (rc == 0 && !all)
+		rc = -ENOMEM;
+	if (rc == 0) { /* the walk's order is each tree's own: sorted first */
+		qsort(lines, n, sizeof(*lines), cmp_strs);
+		for (i = 0; i < n; i++) {
+			size_t k = strlen(lines[i]);
+			memcpy(p, lines[i], k);
+			p[k] = '\n';
+			p += k + 1;
+		}
+		snprintf(out, 17, "%016" PRIx64, mlfs_hash(all, len));
+	}
+	for (i = 0; lines && i < n; i++)
+		free(lines[i]);
+	free(lines);
+	free(all);
+	return rc;
+}
+
+void mlfs_jobsync_note_digest(struct mlfs_cluster *c)
+{
+	char d[17] = "";
+	struct mlfs_store *st = c->st;
+
+	pthread_mutex_lock(&st->lock);
+	uint64_t gen = atomic_load(&st->job_gen);
+	json_t *m = mlfs_job_manifest(st->job);
+	pthread_mutex_unlock(&st->lock);
+	if (!m || mlfs_jobsync_digest(m, d))
+		d[0] = '\0'; /* out of memory: no digest, the coordinator reads it */
+	json_decref(m);
+	pthread_mutex_lock(&c->lock);
+	memcpy(c->job_digest, d, sizeof(d));
+	c->job_digest_gen = gen;
+	atomic_store(&c->job_woke, false);
+	pthread_mutex_unlock(&c->lock);
+}
+
 /* The participants' manifests, read at once (a job of N nodes would
  * otherwise wait N round trips before its attempt exists). */
 struct manifests {
 	struct mlfs_store *st;
 	const json_t *parts;
-	const char *me;
-	json_t **m; /* per participant; NULL: it did not answer */
+	json_t **m;  /* per participant; NULL: it did not answer */
+	bool *known; /* per participant: this node's own, or the same (no request) */
 	atomic_size_t next;
 };
 
@@ -211,42 +268,79 @@ static void *manifest_worker(void *arg)
 	while ((i = atomic_fetch_add(&w->next, 1)) < json_array_size(w->parts)) {
 		const char *id = json_string_value(json_array_get(w->parts, i));
 		struct ptc_error why;
-		if (!id)
+		if (!id || w->known[i])
 			continue;
-		if (strcmp(id, w->me) == 0) {
-			pthread_mutex_lock(&w->st->lock);
-			w->m[i] = mlfs_job_manifest(w->st->job);
-			pthread_mutex_unlock(&w->st->lock);
-		} else if (mlfs_peer_job_manifest(w->st,
-						  ptc_cluster_find(mlfs_store_cluster(w->st), id),
-						  &w->m[i], &why)) {
+		if (mlfs_peer_job_manifest(w->st, ptc_cluster_find(mlfs_store_cluster(w->st), id),
+					   &w->m[i], &why))
 			w->m[i] = NULL;
-		}
 	}
 	return NULL;
 }
 
+/* Marks in w->known this node (its manifest @mine into w->m) and every
+ * participant whose entry in @entries carries @mine's digest: their job/
+ * is this node's (the union gains nothing from them). The number of
+ * participants left to read. */
+static size_t known_manifests(struct manifests *w, const char *me, json_t *mine,
+			      const json_t *entries)
+{
+	char d[17];
+	size_t i, left = 0;
+	json_t *p;
+	bool digest = mine && mlfs_jobsync_digest(mine, d) == 0;
+
+	json_array_foreach(w->parts, i, p)
+	{
+		const char *id = json_string_value(p);
+		const char *theirs = json_string_value(
+		    json_object_get(json_object_get(entries, id ? id : ""), "job"));
+		if (id && strcmp(id, me) == 0) {
+			w->known[i] = true;
+			w->m[i] = json_incref(mine);
+		} else if (id && digest && theirs && strcmp(theirs, d) == 0) {
+			w->known[i] = true;
+		} else {
+			left++;
+		}
+	}
+	return left;
+}
+
 json_t *mlfs_jobsync_merge(struct mlfs_store *st, const char *me, const json_t *parts,
-			   json_t *missing, int *rc)
+			   const json_t *entries, json_t *missing, int *rc, size_t *nread)
 {
 	json_t *by = json_object(), *out = json_array(), *p;
 	size_t i, np = json_array_size(parts);
-	struct manifests w = {
-	    .st = st, .parts = parts, .me = me, .m = calloc(np ? np : 1, sizeof(json_t *))};
+	struct manifests w = {.st = st,
+			      .parts = parts,
+			      .m = calloc(np ? np : 1, sizeof(json_t *)),
+			      .known = calloc(np ? np : 1, sizeof(bool))};
+	pthread_mutex_lock(&st->lock);
+	json_t *mine = mlfs_job_manifest(st->job);
+	pthread_mutex_unlock(&st->lock);
 
-	if (!by || !out || !w.m) {
+	*nread = 0;
+	if (!by || !out || !w.m || !w.known || !mine) {
 		json_decref(by);
 		json_decref(out);
+		json_decref(mine);
 		free(w.m);
+		free(w.known);
 		*rc = -ENOMEM;
 		return NULL;
 	}
 	atomic_init(&w.next, 0);
-	mlfs_par_run(np < 32 ? (int)np : 32, manifest_worker, &w);
+	size_t left = known_manifests(&w, me, mine, entries);
+	json_decref(mine);
+	*nread = left;
+	if (left) /* no thread when every node's job/ is known */
+		mlfs_par_run(left < 32 ? (int)left : 32, manifest_worker, &w);
 	json_array_foreach(parts, i, p) /* merged in the participants' order */
 	{
 		const char *id = json_string_value(p);
 		json_t *m = w.m[i];
+		if (!m && w.known[i])
+			continue; /* the same as this node's, merged at its place */
 		if (!m) {
 			/* Frozen or slow: the attempt goes on, and that node's vote
 			 * fails (its job/ would be lost otherwise). */
@@ -268,6 +362,7 @@ json_t *mlfs_jobsync_merge(struct mlfs_store *st, const char *me, const json_t *
 		json_decref(m);
 	}
 	free(w.m);
+	free(w.known);
 	/* Sorted by path: a directory before what it holds. */
 	size_t n = json_object_size(by), k = 0;
 	const char **paths = malloc((n ? n : 1) * sizeof(*paths));

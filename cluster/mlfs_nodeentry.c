@@ -51,7 +51,12 @@ static json_t *node_entry(struct mlfs_cluster *c, bool *lost, enum mlfs_reconf_s
 		json_object_set_new(o, "backup", bk);
 	else
 		json_decref(bk);
+	uint64_t gen = atomic_load(&st->job_gen);
 	pthread_mutex_lock(&c->lock);
+	/* job/ as this node swapped it in (or had it at its registration),
+	 * unchanged since: a coordinator with the same reads it as its own */
+	if (o && c->job_digest[0] && gen == c->job_digest_gen)
+		json_object_set_new(o, "job", json_string(c->job_digest));
 	if (o && c->entry_vote) /* one the coordinator's peer server did not take */
 		json_object_set(o, "vote", c->entry_vote);
 	if (o && c->restore_tried[0])
@@ -193,6 +198,7 @@ int mlfs_nodeentry_register(struct mlfs_cluster *c, struct ptc_error *err)
 	pthread_mutex_unlock(&c->publock);
 	atomic_store(&c->lease, lease);
 	atomic_store(&c->lease_expired, false);
+	mlfs_jobsync_note_digest(c);
 	return mlfs_nodeentry_publish(c, err);
 }
 
@@ -374,6 +380,8 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o)
 	if (c->etcd_error[0])
 		json_object_set_new(job, "etcd_error", json_string(c->etcd_error));
 	json_object_set_new(job, "nodes", nodes);
+	if (c->manifests_read >= 0)
+		json_object_set_new(job, "job_manifests_read", json_integer(c->manifests_read));
 	json_t *bk = mlfs_backup_describe(mlfs_backup_of(st));
 	json_object_set_new(job, "backup", bk ? bk : json_null());
 	json_t *a = att ? json_deep_copy(att) : json_null();

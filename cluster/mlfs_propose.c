@@ -425,7 +425,14 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	json_t *parts, *down, *a = NULL;
 	int rc = move_nodes(st, cfg, k->nodes, &parts, &down, err);
 	json_t *missing = json_array();
-	json_t *job = rc ? NULL : mlfs_jobsync_merge(st, c->me, parts, missing, &rc);
+	size_t nread = 0;
+	json_t *job =
+	    rc ? NULL : mlfs_jobsync_merge(st, c->me, parts, k->nodes, missing, &rc, &nread);
+	if (job) {
+		pthread_mutex_lock(&c->lock);
+		c->manifests_read = (int64_t)nread;
+		pthread_mutex_unlock(&c->lock);
+	}
 
 	*att = NULL;
 	*dn = (struct mlfs_reconf_down){0};

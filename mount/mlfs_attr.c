@@ -306,6 +306,9 @@ void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_s
 		else
 			t.e.job->mtime = attr->st_mtim;
 	}
+	if (rc == 0 && t.e.kind == MLFS_K_JOB &&
+	    (to_set & (FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW)))
+		mlfs_store_job_changed(d->st);
 	mlfs_fill_attr(d, &t.e, t.v, t.pin, &stb);
 	mlfs_target_done(&t);
 	mlfs_target_put(&t);

@@ -246,6 +246,8 @@ static int job_new_entry(fuse_req_t req, fuse_ino_t parent, const char *name, bo
 	if (rc == 0 && (rc = mlfs_job_create(t->e.job, name, isdir, j))) {
 		mlfs_target_done(t);
 		mlfs_target_put(t);
+	} else if (rc == 0) {
+		mlfs_store_job_changed(d->st);
 	}
 	if (rc)
 		fuse_reply_err(req, -rc);
@@ -302,7 +304,8 @@ static void job_remove(fuse_req_t req, fuse_ino_t parent, const char *name, bool
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	rc = mlfs_job_unlink(t.e.job, name, dir);
+	if ((rc = mlfs_job_unlink(t.e.job, name, dir)) == 0)
+		mlfs_store_job_changed(d->st);
 	mlfs_target_done(&t);
 	mlfs_target_put(&t);
 	fuse_reply_err(req, -rc);
@@ -338,8 +341,8 @@ void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_in
 		rc = -EPERM;
 	else if (!a.job->dir || !b.job->dir)
 		rc = -ENOTDIR;
-	else
-		rc = mlfs_job_rename(a.job, name, b.job, newname, flags);
+	else if ((rc = mlfs_job_rename(a.job, name, b.job, newname, flags)) == 0)
+		mlfs_store_job_changed(d->st);
 	pthread_mutex_unlock(&d->st->lock);
 	if (rc == 0) { /* the inode table maps paths: move the renamed subtree */
 		char op[4096 + 256], np[4096 + 256];

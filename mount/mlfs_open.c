@@ -286,8 +286,9 @@ void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		goto out_locked;
 	case MLFS_K_JOB:
 		rc = t.e.job->dir ? -EISDIR : 0;
-		if (rc == 0 && (fi->flags & O_TRUNC) && write)
-			rc = mlfs_job_truncate(t.e.job, 0);
+		if (rc == 0 && (fi->flags & O_TRUNC) && write &&
+		    (rc = mlfs_job_truncate(t.e.job, 0)) == 0)
+			mlfs_store_job_changed(d->st);
 		fi->direct_io = 1;
 		break;
 	case MLFS_K_CLUSTER:

@@ -272,6 +272,8 @@ static int job_write(struct mlfs_daemon *d, fuse_ino_t ino, const char *buf, siz
 		rc = -EFBIG;
 	else /* in place, or into a new buffer when a reader pinned it */
 		rc = mlfs_job_write(t.e.job, (size_t)off, (const uint8_t *)buf, size);
+	if (rc == 0)
+		mlfs_store_job_changed(d->st);
 	mlfs_target_done(&t);
 	mlfs_target_put(&t);
 	return rc;

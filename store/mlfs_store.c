@@ -114,6 +114,13 @@ void mlfs_store_changed(struct mlfs_store *st, const char *prefix)
 		st->changed(st->changed_arg, prefix);
 }
 
+void mlfs_store_job_changed(struct mlfs_store *st)
+{
+	atomic_fetch_add(&st->job_gen, 1);
+	if (st->job_changed)
+		st->job_changed(st->cluster_arg);
+}
+
 void mlfs_store_prefetch(struct mlfs_store *st, struct mlfs_view *v, int64_t step)
 {
 	if (!v || !v->ds)

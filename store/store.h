@@ -229,6 +229,10 @@ struct mlfs_store {
 	bool xf_joinable;
 
 	struct mlfs_job *job; /* the job/ directory */
+	/* Counts the changes to job/ through the mount (mlfs_store_job_changed);
+	 * the control plane's entry says job/ is as it was at the last swap
+	 * only while this has not moved (cluster/mlfs_nodeentry.c). */
+	_Atomic uint64_t job_gen;
 	struct mlfs_data_opts data_opts;
 	struct timespec start;
 	/* Called (without the lock) after content of these paths changed, so
@@ -256,6 +260,9 @@ struct mlfs_store {
 	 * control plane wakes to vote or publish. Store lock held: it may only
 	 * set a flag. */
 	void (*reconf_changed)(void *arg);
+	/* job/ changed through the mount (mlfs_store_job_changed). Store
+	 * lock held: it may only set a flag. NULL on one node. */
+	void (*job_changed)(void *arg);
 	/* Adds the job's view (nodes, attempt) to status.json; no lock held. */
 	void (*status_add)(void *arg, json_t *status);
 	/* Publishes this node's saved steps at once (after a step write or an
@@ -523,6 +530,10 @@ void mlfs_store_note_error(struct mlfs_store *st, const char *msg);
 /* Tells the FUSE layer (st->changed) that content under @prefix ("" =
  * everything) changed. No lock held. */
 void mlfs_store_changed(struct mlfs_store *st, const char *prefix);
+/* A change to job/ through the mount (a file created, written, truncated,
+ * removed or renamed) was made: st->job_gen moves, and the control plane
+ * is told (st->job_changed). Store lock held. */
+void mlfs_store_job_changed(struct mlfs_store *st);
 
 /* Partition commit: swaps the buffer of (rank, state, tensor) in view @v if
  * @v is still current and no reconfiguration runs. 0, -ESTALE, -EBUSY. */

@@ -426,6 +426,58 @@ def test_job_files_follow_the_commit(cluster_factory):
         assert n.read("job/rng.bin") == blob, n.id
 
 
+def test_job_manifests_read_only_where_job_changed(cluster_factory):
+    """Each node's entry carries the digest of its job/ as it last swapped it in (or had
+    it at its start), while no write changed it since. The coordinator reads the job/
+    manifest (GET /v1/jobmanifest) only of the participants whose entry has no digest,
+    or another than its own job/'s: status.json's cluster.job_manifests_read counts
+    them. Before, it read every participant's at every attempt (N requests before the
+    attempt existed). Whatever was skipped, job/ is the union of every node's after the
+    commit, as before."""
+    cl = cluster_factory()
+    cl.start_job(MIXED, V1, "n0")
+
+    def digests():
+        return {nid: json.loads(cl.etcd.kv(f"/mlfs-nodes/{cl.job}/{nid}").value).get("job")
+                for nid in cl.ids}
+
+    def read_by(nid):
+        return cl.status(nid)["cluster"].get("job_manifests_read")
+
+    d = digests()
+    assert d["n0"] and len(set(d.values())) == 1, d  # the same empty job/ everywhere
+    # a write on n1 takes the digest out of n1's entry, not out of the others'
+    cl["n1"].write("job/a.txt", "lr=3e-4\n")
+    cl.wait(lambda: digests()["n1"] is None, "n1's entry without a digest", timeout=10)
+    assert {k: v for k, v in digests().items() if k != "n1"} == \
+        {k: v for k, v in d.items() if k != "n1"}
+
+    def step(nid, cfg, reads):
+        p = cl.reconfigure(nid, cfg)
+        assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+        cl.wait_version(cfg["version"])
+        assert read_by(nid) == reads, (cfg["version"], read_by(nid), digests())
+        for n in cl.nodes:
+            assert n.read("job/a.txt") == b"lr=3e-4\n", n.id
+
+    step("n0", V2, 1)  # n1's alone
+    # after the swap every node holds the same job/: the same digest in every entry
+    cl.wait(lambda: len(set(digests().values())) == 1 and None not in digests().values(),
+            "one digest in every entry", timeout=10)
+    assert digests()["n0"] != d["n0"]
+    step("n2", dict(V1, version=3), 0)  # no request at all
+    # a write on the coordinator: every other node's job/ differs from its own now
+    cl["n0"].write("job/b.txt", "b\n")
+    step("n0", dict(V2, version=4), 3)
+    for n in cl.nodes:
+        assert n.read("job/b.txt") == b"b\n", n.id
+    # a time set alone (touch -d) changes the manifest too
+    cl.wait(lambda: None not in digests().values(), "digests back", timeout=10)
+    os.utime(cl["n3"].p("job/b.txt"), (1_000_000_000, 1_000_000_000))
+    cl.wait(lambda: digests()["n3"] is None, "n3's entry without a digest", timeout=10)
+    step("n1", dict(V1, version=5), 1)
+
+
 def test_job_writers_during_reconfigurations_lose_nothing(cluster_factory):
     """A writer on every node keeps creating job/ files and rewriting one of its own
     (every 20 ms) while configs are written back and forth: every write that succeeded

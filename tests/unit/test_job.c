@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cluster/cluster_i.h"
 #include "store/store.h"
 #include "tests/unit/unit.h"
 
@@ -382,6 +383,67 @@ static uint64_t rnd(uint64_t *s)
 	return *s;
 }
 
+/* The digest a node's entry carries (mlfs_jobsync_digest): the same for two
+ * trees that hold the same paths, kinds, sizes, hashes and times, whatever
+ * order they were made in; another when any of these differs. */
+static char *digest_of(struct mlfs_job *root, char out[17])
+{
+	json_t *m = mlfs_job_manifest(root);
+	assert_non_null(m);
+	assert_int_equal(mlfs_jobsync_digest(m, out), 0);
+	json_decref(m);
+	assert_int_equal(strlen(out), 16);
+	return out;
+}
+
+static void test_digest(void **state)
+{
+	(void)state;
+	struct xf_mem mem = {0};
+	struct mlfs_job *a = mlfs_job_new_dir("job", &mem), *b = mlfs_job_new_dir("job", &mem);
+	const int64_t t = 1700000000LL * 1000000000LL;
+	char da[17], db[17], empty[17];
+
+	assert_non_null(a);
+	assert_non_null(b);
+	digest_of(a, empty);
+	assert_string_equal(digest_of(b, db), empty);
+	/* the same tree, built in the other order */
+	file_at(a, "x", "one", t + 1);
+	struct mlfs_job *ad = dir_of(a, "d");
+	file_at(ad, "y", "two", t + 2);
+	mlfs_job_set_mtime(ad, t + 3);
+	struct mlfs_job *bd = dir_of(b, "d");
+	file_at(bd, "y", "two", t + 2);
+	mlfs_job_set_mtime(bd, t + 3);
+	struct mlfs_job *bx = file_at(b, "x", "one", t + 1);
+	assert_string_equal(digest_of(a, da), digest_of(b, db));
+	assert_string_not_equal(da, empty);
+	/* a time alone */
+	mlfs_job_set_mtime(bx, t + 5);
+	assert_string_not_equal(digest_of(b, db), da);
+	mlfs_job_set_mtime(bx, t + 1);
+	assert_string_equal(digest_of(b, db), da);
+	/* content of the same size */
+	assert_int_equal(mlfs_job_set(bx, (const uint8_t *)"eno", 3), 0);
+	mlfs_job_set_mtime(bx, t + 1);
+	assert_string_not_equal(digest_of(b, db), da);
+	assert_int_equal(mlfs_job_set(bx, (const uint8_t *)"one", 3), 0);
+	mlfs_job_set_mtime(bx, t + 1);
+	assert_string_equal(digest_of(b, db), da);
+	/* a file where the other has a directory of the same name and time */
+	assert_int_equal(mlfs_job_unlink(b, "d", true), -ENOTEMPTY);
+	assert_int_equal(mlfs_job_unlink(bd, "y", false), 0);
+	assert_int_equal(mlfs_job_unlink(b, "d", true), 0);
+	file_at(b, "d", "", t + 3);
+	file_at(a, "z", "", t + 4);
+	file_at(b, "z", "", t + 4);
+	assert_string_not_equal(digest_of(a, da), digest_of(b, db));
+	mlfs_job_free(a);
+	mlfs_job_free(b);
+	assert_int_equal(atomic_load(&mem.used), 0);
+}
+
 static void test_random_against_model(void **state)
 {
 	(void)state;
@@ -471,6 +533,7 @@ int main(void)
 	    cmocka_unit_test(test_enospc_unchanged),
 	    cmocka_unit_test(test_random_against_model),
 	    cmocka_unit_test(test_keep_newer),
+	    cmocka_unit_test(test_digest),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
