@@ -3,8 +3,10 @@
  * the participants' job/ trees into one manifest (in the attempt), and
  * each participant stages that tree before it votes (mlfs_attempt.c swaps
  * it in at the commit). The other nodes' trees and files come through the
- * peer client (mlfs_peer_job_manifest, mlfs_peer_job_get). See
- * cluster_i.h.
+ * peer client (mlfs_peer_job_manifest, mlfs_peer_job_get). A node whose
+ * entry carries the digest of the coordinator's own tree (the tree it
+ * swapped in, unchanged since: mlfs_jobsync_note_digest, and
+ * st->job_gen) is not asked for its manifest. See cluster_i.h.
  *
  * Threads: the control thread. Under the store lock it only lists job/
  * (the hashes are those cached when each file was written) and, for a
