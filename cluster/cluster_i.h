@@ -355,6 +355,12 @@ static inline bool mlfs_cluster_ids_has(const json_t *ids, const char *id)
 /* ------------------------------------------------------ mlfs_jobkeys.c */
 
 /* What one read of the job's keys found; mlfs_jobkeys_free releases it. */
+/* result/<v> keys of versions before the committed one: pruned by the
+ * next attempt's transaction once this many piled up (mlfs_propose.c), at
+ * most MLFS_RESULTS_PRUNED at a time (the oldest may wait for the next). */
+#define MLFS_RESULTS_KEPT   8
+#define MLFS_RESULTS_PRUNED 64
+
 struct mlfs_jobkeys {
 	struct net_etcd_kv *kvs;
 	size_t n;

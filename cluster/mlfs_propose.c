@@ -473,6 +473,45 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	return rc;
 }
 
+/* The result/<v> keys of @k for versions before the committed one, into
+ * @ops from @at on (at most @cap), as deletes, once MLFS_RESULTS_KEPT or
+ * more of them piled up; their number. Each reconfiguration puts one,
+ * and every node's rounds copy the job's keys: without this they grew
+ * with every reconfiguration of the job's life. A node reads a result of
+ * its own attempt's version only (why its prepared attempt was
+ * discarded), never of an older one. Names into @names (@cap of 512). */
+static size_t old_results(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
+			  struct net_etcd_op *ops, char (*names)[512], size_t cap)
+{
+	char pre[512];
+	size_t n = 0, old = 0;
+
+	mlfs_jobkeys_name(c, pre, sizeof(pre), "result/");
+	size_t plen = strlen(pre);
+	for (size_t i = 0; i < k->n; i++) {
+		char *end;
+		if (strncmp(k->kvs[i].key, pre, plen) != 0)
+			continue;
+		long long v = strtoll(k->kvs[i].key + plen, &end, 10);
+		if (*end == '\0' && v < k->committed)
+			old++;
+	}
+	if (old < MLFS_RESULTS_KEPT)
+		return 0;
+	for (size_t i = 0; i < k->n && n < cap; i++) {
+		char *end;
+		if (strncmp(k->kvs[i].key, pre, plen) != 0)
+			continue;
+		long long v = strtoll(k->kvs[i].key + plen, &end, 10);
+		if (*end != '\0' || v >= k->committed)
+			continue;
+		snprintf(names[n], sizeof(names[n]), "%s", k->kvs[i].key);
+		ops[n] = (struct net_etcd_op){.kind = NET_ETCD_DELETE, .key = names[n]};
+		n++;
+	}
+	return n;
+}
+
 /*
  * Creates attempt @att (text; this node's from now on: c->mine) in etcd
  * with one transaction that requires no attempt and "config" unchanged
@@ -502,8 +541,10 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 						.result = NET_ETCD_EQUAL,
 						.value = replace->value,
 						.len = replace->len};
-	struct net_etcd_op put[] = {
+	struct net_etcd_op put[1 + MLFS_RESULTS_PRUNED] = {
 	    {.kind = NET_ETCD_PUT, .key = ka, .value = att, .len = strlen(att), .lease = lease}};
+	char names[MLFS_RESULTS_PRUNED][512];
+	size_t nput = 1 + old_results(c, k, put + 1, names, MLFS_RESULTS_PRUNED);
 	pthread_mutex_lock(&c->lock);
 	free(c->mine);
 	c->mine = att;
@@ -515,7 +556,7 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 	if (!lease)
 		rc = ptc_error_set(err, -EIO,
 				   "config.json: this node is not registered with etcd (yet)");
-	else if (net_etcd_txn(c->etcd, cmps, 2, put, 1, NULL, 0, &ok, rev, NULL, &why) == 0) {
+	else if (net_etcd_txn(c->etcd, cmps, 2, put, nput, NULL, 0, &ok, rev, NULL, &why) == 0) {
 		if (!ok)
 			rc = ptc_error_set(err, -EBUSY,
 					   "config.json: another reconfiguration started, or the "

@@ -478,6 +478,28 @@ def test_job_manifests_read_only_where_job_changed(cluster_factory):
     step("n1", dict(V1, version=5), 1)
 
 
+def test_old_results_pruned(cluster_factory):
+    """Every attempt leaves result/<version> ("committed" or "aborted: ..."), under the
+    prefix every node follows and copies each round. Those of versions before the
+    committed one are deleted by the next attempt's transaction once 8 piled up: after
+    20 reconfigurations there are at most 9 (they grew by one per reconfiguration for the
+    job's whole life), and the last one is still there to read."""
+    cl = cluster_factory(nnodes=2, devices=1)
+    cfg = {"tp": 1, "pp": 1, "nodes": ["n0", "n1"]}
+    cl.start_job(MIXED, dict(cfg, version=1, dp=2), "n0")
+    counts = []
+    for v in range(2, 22):
+        p = cl.reconfigure(f"n{v % 2}", dict(cfg, version=v, dp=1 + v % 2))
+        assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+        results = {k: kv.value for k, kv in cl.keys().items() if k.startswith("result/")}
+        assert results[f"result/{v}"] == b"committed", results
+        counts.append(len(results))
+    # versions 2-10 add one each; the attempt to 11 finds 8 before 10 (2-9) and
+    # deletes them, the attempt to 19 the next 8 (10-17)
+    assert counts == list(range(1, 10)) + list(range(2, 10)) + [2, 3, 4], counts
+    cl.wait_version(21)
+
+
 def test_job_writers_during_reconfigurations_lose_nothing(cluster_factory):
     """A writer on every node keeps creating job/ files and rewriting one of its own
     (every 20 ms) while configs are written back and forth: every write that succeeded
