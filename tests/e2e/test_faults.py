@@ -6,8 +6,8 @@ checkpoint, read through the mounts.
 The proxied node's cluster.json "addr" is the proxy's port, which its peers connect
 to; the daemon itself listens on its real port (`mlfs mount --peer-listen`).
 
-1. replies held (the node alive in etcd): the coordinator cannot read its job/ within
-   2 s, so its vote fails once it prepared; the abort cancels the fetches held in the
+1. replies held (the node alive in etcd): the coordinator cannot read its job/ (written
+   since the last commit) within 2 s, so its vote fails once it prepared; the abort cancels the fetches held in the
    proxy, every node is idle again within 2 s of the decision, the old layout is intact,
    and the same config commits once replies pass. Replies held for 3 s (less than the
    fetch's 10 s stall timeout), then released: the config commits;
@@ -164,6 +164,11 @@ def test_held_replies_abort_and_every_node_is_idle_within_2s(proxied):
     p0, p1 = cl.proxies["n0"], cl.proxies["n1"]
     full = start(cl, V1, 40)
     before = cl.snapshot()
+    # a job/ write on n1: its entry no longer says its job/ is the coordinator's, so the
+    # coordinator must read n1's (it reads only those it does not know)
+    cl["n1"].write("job/notes.txt", "n1's\n")
+    cl.wait(lambda: "job" not in json.loads(cl.etcd.kv(f"/mlfs-nodes/{cl.job}/n1").value),
+            "n1's entry without its job/ digest", timeout=10)
 
     # n1's replies are all held: the coordinator's read of n1's job/ (2 s) and n2's
     # fetches of stage 1. n0's partition replies are held too, so that n1, fetching
