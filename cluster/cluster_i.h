@@ -11,7 +11,9 @@
  *                        -> attempt, join, jobkeys, jobsync, idset
  *   mlfs_attempt.c     a round: a snapshot, mlfs_decide, its actions carried
  *                      out (prepare, vote, commit, discard, lost)
- *                        -> decide, idset, nodeentry, jobkeys, jobsync
+ *                        -> round, decide, idset, nodeentry, jobkeys, jobsync
+ *   mlfs_round.c       what a round knows: the snapshot mlfs_decide reads
+ *                        -> decide, idset, jobkeys
  *   mlfs_decide.c      the decisions: a pure function (decide_i.h)
  *   mlfs_idset.c       node ids indexed and packed as ranges (decide_i.h)
  *   mlfs_nodeentry.c   this node's entry in etcd, the others' in status.json
@@ -588,6 +590,25 @@ int mlfs_jobsync_stage(struct mlfs_store *st, const json_t *manifest, const char
 /* The job/ node at @path ("a/b", components split by one or more '/')
  * under @root, or NULL. The store lock held when @root is st->job. */
 struct mlfs_job *mlfs_jobsync_find(struct mlfs_job *root, const char *path);
+
+/* -------------------------------------------------------- mlfs_round.c */
+
+/* What a round knows: the snapshot mlfs_decide reads, and its storage. */
+struct mlfs_round {
+	struct mlfs_snap s;
+	struct mlfs_snap_attempt att;
+	struct mlfs_snap_node *nodes;
+	char prepared_id[24];
+	char restore_tried[40];
+	char import_tried[40];
+	const char *aid; /* the attempt in etcd's id, or NULL */
+};
+
+/* Fills @r from @k (read with etcd answering: @etcd_ok) and this node's
+ * store: 0 or -ENOMEM. Frees nothing of @k; @r->nodes is the caller's
+ * (free). The control thread. */
+int mlfs_round_snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool etcd_ok,
+			struct mlfs_round *r);
 
 /* ---------------------------------------------------- mlfs_peerclient.c */
 
