@@ -473,13 +473,13 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	return rc;
 }
 
-/* The result/<v> keys of @k for versions before the committed one, into
- * @ops from @at on (at most @cap), as deletes, once MLFS_RESULTS_KEPT or
- * more of them piled up; their number. Each reconfiguration puts one,
- * and every node's rounds copy the job's keys: without this they grew
- * with every reconfiguration of the job's life. A node reads a result of
- * its own attempt's version only (why its prepared attempt was
- * discarded), never of an older one. Names into @names (@cap of 512). */
+/* The result/<v> keys of @k for versions before the committed one, as
+ * deletes into @ops (at most @cap; their names into @names), once
+ * MLFS_RESULTS_KEPT or more of them piled up; their number (0 before).
+ * Each reconfiguration puts one, and every node's rounds copy the job's
+ * keys: without this they grew with every reconfiguration of the job's
+ * life. A node reads a result of its own attempt's version only (why its
+ * prepared attempt was discarded), never of an older one. */
 static size_t old_results(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 			  struct net_etcd_op *ops, char (*names)[512], size_t cap)
 {
@@ -493,23 +493,15 @@ static size_t old_results(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 		if (strncmp(k->kvs[i].key, pre, plen) != 0)
 			continue;
 		long long v = strtoll(k->kvs[i].key + plen, &end, 10);
-		if (*end == '\0' && v < k->committed)
-			old++;
-	}
-	if (old < MLFS_RESULTS_KEPT)
-		return 0;
-	for (size_t i = 0; i < k->n && n < cap; i++) {
-		char *end;
-		if (strncmp(k->kvs[i].key, pre, plen) != 0)
-			continue;
-		long long v = strtoll(k->kvs[i].key + plen, &end, 10);
 		if (*end != '\0' || v >= k->committed)
 			continue;
-		snprintf(names[n], sizeof(names[n]), "%s", k->kvs[i].key);
-		ops[n] = (struct net_etcd_op){.kind = NET_ETCD_DELETE, .key = names[n]};
-		n++;
+		if (old++ < cap) {
+			snprintf(names[n], sizeof(names[n]), "%s", k->kvs[i].key);
+			ops[n] = (struct net_etcd_op){.kind = NET_ETCD_DELETE, .key = names[n]};
+			n++;
+		}
 	}
-	return n;
+	return old < MLFS_RESULTS_KEPT ? 0 : n;
 }
 
 /*
