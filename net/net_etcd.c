@@ -183,22 +183,30 @@ int net_etcd_set_b64(json_t *o, const char *field, const void *p, size_t n)
 	return 0;
 }
 
+int net_etcd_prefix_end(const char *prefix, char *end, size_t *n)
+{
+	size_t k = strlen(prefix);
+	memcpy(end, prefix, k);
+	while (k && (uint8_t)end[k - 1] == 0xff)
+		k--;
+	if (k == 0) { /* every key */
+		end[0] = '\0';
+		*n = 1;
+	} else {
+		end[k - 1]++;
+		*n = k;
+	}
+	return 0;
+}
+
 /* The end of the range of keys starting with @prefix ("" when none). */
 int net_etcd_set_prefix_end(json_t *o, const char *prefix)
 {
-	size_t n = strlen(prefix);
-	char *end = strdup(prefix);
-	int rc;
-	if (!end)
-		return -ENOMEM;
-	while (n && (uint8_t)end[n - 1] == 0xff)
-		n--;
-	if (n == 0) {
-		rc = net_etcd_set_b64(o, "range_end", "\0", 1); /* every key */
-	} else {
-		end[n - 1]++;
+	char *end = malloc(strlen(prefix) + 1);
+	size_t n;
+	int rc = end ? net_etcd_prefix_end(prefix, end, &n) : -ENOMEM;
+	if (rc == 0)
 		rc = net_etcd_set_b64(o, "range_end", end, n);
-	}
 	free(end);
 	return rc;
 }

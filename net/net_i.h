@@ -112,6 +112,10 @@ int net_b64_decode(const char *s, char **out, size_t *n);
 int net_etcd_set_b64(json_t *o, const char *field, const void *p, size_t n);
 /* Adds "range_end" for the keys starting with @prefix to @o. */
 int net_etcd_set_prefix_end(json_t *o, const char *prefix);
+/* The end of the range of keys starting with @prefix into @end (at least
+ * strlen(@prefix) + 1 bytes), its length into *@n: "\0" (every key) when
+ * the prefix is all 0xff bytes. 0. */
+int net_etcd_prefix_end(const char *prefix, char *end, size_t *n);
 /* An int64 the gateway sends as a JSON string (or a number); @def if absent. */
 int64_t net_etcd_jint(const json_t *o, const char *k, int64_t def);
 /* One {"key","value","mod_revision",...} of a reply into *@out (its key and

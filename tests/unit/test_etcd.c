@@ -351,6 +351,46 @@ static void test_watch(void **state)
 	assert_int_equal(s.calls, calls); /* nothing after the last call */
 }
 
+/* A watch from a revision etcd compacted away: etcd creates it, then
+ * cancels it; the last call says -ESTALE and the error names the
+ * compaction (the mirror reads the keys again then). */
+static void test_watch_compacted(void **state)
+{
+	(void)state;
+	struct seen s = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	struct net_etcd_watch *w;
+	struct net_etcd_kv *kvs;
+	struct net_http *http;
+	int64_t first = 0, rev = 0;
+	size_t n;
+	char url[128], body[64];
+	uint8_t *reply;
+	size_t len;
+
+	assert_int_equal(net_etcd_put(E, "/t8/a", "1", 1, 0, NULL, &why), 0);
+	assert_int_equal(net_etcd_range(E, "/t8/", true, &kvs, &n, &first, NULL, &why), 0);
+	net_etcd_kvs_free(kvs, n);
+	assert_int_equal(net_etcd_put(E, "/t8/a", "2", 1, 0, NULL, &why), 0);
+	assert_int_equal(net_etcd_put(E, "/t8/a", "3", 1, 0, NULL, &why), 0);
+	assert_int_equal(net_etcd_range(E, "/t8/", true, &kvs, &n, &rev, NULL, &why), 0);
+	net_etcd_kvs_free(kvs, n);
+	/* (compaction is no call of net_etcd's: the gateway's, directly) */
+	assert_int_equal(net_http_new(NULL, &http, &why), 0);
+	snprintf(url, sizeof(url), "%s/v3/kv/compaction", endpoint);
+	snprintf(body, sizeof(body), "{\"revision\": %lld}", (long long)rev);
+	assert_int_equal(
+	    net_http_post_json(http, url, body, strlen(body), 4096, &reply, &len, NULL, &why), 0);
+	free(reply);
+	net_http_free(http);
+	assert_int_equal(net_etcd_watch_start(E, "/t8/", first, on_watch, &s, &w, &why), 0);
+	for (int i = 0; i < 500 && !s.ended; i++)
+		usleep(10000);
+	assert_int_equal(s.ended, -ESTALE);
+	assert_non_null(strstr(net_etcd_watch_error(w), "compacted"));
+	assert_null(strstr(s.log, "/t8/a=2")); /* nothing from the compacted past */
+	net_etcd_watch_stop(w);
+}
+
 /* A watch whose etcd goes away ends with -EIO (see test_etcd_gone). */
 static struct seen gone_seen = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static struct net_etcd_watch *gone_watch;
@@ -386,8 +426,11 @@ static void test_etcd_gone(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_put_get_delete), cmocka_unit_test(test_txn),
-	    cmocka_unit_test(test_leases),	   cmocka_unit_test(test_watch),
+	    cmocka_unit_test(test_put_get_delete),
+	    cmocka_unit_test(test_txn),
+	    cmocka_unit_test(test_leases),
+	    cmocka_unit_test(test_watch),
+	    cmocka_unit_test(test_watch_compacted),
 	    cmocka_unit_test(test_etcd_gone), /* last: stops etcd */
 	};
 	signal(SIGPIPE, SIG_IGN);
