@@ -614,30 +614,44 @@ static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const stru
 
 void mlfs_attempt_round(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bool etcd_ok)
 {
-	struct mlfs_round r;
 	struct mlfs_action acts[MLFS_DECIDE_MAX];
-
-	if (mlfs_round_snapshot(c, k, etcd_ok, &r))
-		return;
-	int n = mlfs_decide(&r.s, acts);
-	for (int i = 0; i < n; i++) {
-		mlfs_log(MLFS_LOG_DEBUG, "cluster: %s(%" PRId64 ")%s%s",
-			 mlfs_act_name(acts[i].kind), acts[i].version,
-			 acts[i].reason[0] ? ": " : "", acts[i].reason);
-		/* A prepare's start and a commit change the store's state on
-		 * this thread: no round follows them (nothing to do), unless the
-		 * commit did not end idle (a failed commit: the next round sees
-		 * it). The prepare's end, on its own thread, wakes a round. */
-		bool own = acts[i].kind == MLFS_ACT_PREPARE || acts[i].kind == MLFS_ACT_COMMIT;
-		mlfs_cluster_own_changes(own);
-		act(c, k, &r, &acts[i]);
-		mlfs_cluster_own_changes(false);
-		int64_t target;
-		if (acts[i].kind == MLFS_ACT_COMMIT &&
-		    reconf_state(c->st, &target, NULL) != MLFS_RECONF_IDLE)
-			mlfs_cluster_wake(c);
+	/* A second pass when a prepare's build ended on this thread (it moved
+	 * nothing over the network: mlfs_reconf_prepare's inline build): its
+	 * vote goes now, not in a round of its own. */
+	for (int pass = 0; pass < 2; pass++) {
+		struct mlfs_round r;
+		bool again = false;
+		if (mlfs_round_snapshot(c, k, etcd_ok, &r))
+			return;
+		int n = mlfs_decide(&r.s, acts);
+		for (int i = 0; i < n; i++) {
+			mlfs_log(MLFS_LOG_DEBUG, "cluster: %s(%" PRId64 ")%s%s",
+				 mlfs_act_name(acts[i].kind), acts[i].version,
+				 acts[i].reason[0] ? ": " : "", acts[i].reason);
+			/* A prepare's start and a commit change the store's state
+			 * on this thread: no round follows them (nothing to do),
+			 * unless the commit did not end idle (a failed commit: the
+			 * next round sees it). The end of a prepare's build on its
+			 * own thread wakes a round; one that ended here makes a
+			 * second pass. */
+			bool own =
+			    acts[i].kind == MLFS_ACT_PREPARE || acts[i].kind == MLFS_ACT_COMMIT;
+			mlfs_cluster_own_changes(own);
+			act(c, k, &r, &acts[i]);
+			mlfs_cluster_own_changes(false);
+			int64_t target = 0;
+			enum mlfs_reconf_state s =
+			    own ? reconf_state(c->st, &target, NULL) : MLFS_RECONF_IDLE;
+			if (acts[i].kind == MLFS_ACT_COMMIT && s != MLFS_RECONF_IDLE)
+				mlfs_cluster_wake(c);
+			if (acts[i].kind == MLFS_ACT_PREPARE && target == acts[i].version &&
+			    (s == MLFS_RECONF_PREPARED || s == MLFS_RECONF_FAILED))
+				again = true;
+		}
+		free(r.nodes);
+		if (!again)
+			break;
 	}
-	free(r.nodes);
 }
 
 void mlfs_attempt_waiting(struct mlfs_cluster *c, char *buf, size_t cap)

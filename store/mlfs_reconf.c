@@ -23,7 +23,10 @@
  *              (no attempt, the same current view, the same saved step,
  *              room in --max-memory) and to publish "preparing"; a
  *              transformer thread builds the new partitions (xf_execute;
- *              unchanged ones shared, not copied).
+ *              unchanged ones shared, not copied). A build that fetches
+ *              nothing and copies at most MLFS_INLINE_BUILD_BYTES here,
+ *              and waits for a commit (a job of many nodes), runs on the
+ *              preparing thread instead (build_inline).
  *  prepared    the build ended: the attempt waits with the new view and its
  *              pin on the old one. With autocommit (config.json on one
  *              node) the thread commits at once.
@@ -55,11 +58,11 @@
  *
  * Threads and locks: FUSE workers (control-file writes) call validate,
  * prepare, commit and abort; one transformer thread per attempt builds and
- * (autocommit) commits. st->lock guards the state, the attempt pointer and
- * the store fields; it is held to check and publish, never while planning,
- * copying, freeing large buffers or notifying. The previous attempt's
- * thread is joined by the next prepare, after it is published, or at
- * unmount.
+ * (autocommit) commits, unless the build runs inline (then the preparing
+ * thread is the transformer until its prepare returns). st->lock guards the state, the attempt
+ * pointer and the store fields; it is held to check and publish, never while planning, copying,
+ * freeing large buffers or notifying. The previous attempt's thread is joined by the next prepare,
+ * after it is published, or at unmount.
  */
 #include <assert.h>
 #include <errno.h>
@@ -568,16 +571,35 @@ static int attempt_fetch(void *arg, const struct ptc_op *op, uint8_t *dst, int64
 			 row_bytes);
 }
 
-static void *prepare_main(void *arg)
+/* The build of @a, then prepared (or aborted). */
+static void prepare_run(struct mlfs_attempt *a)
 {
-	pthread_setname_np(pthread_self(), "mlfs-prepare"); /* for top -H, perf */
-	struct mlfs_attempt *a = arg;
 	struct mlfs_store *st = a->st;
 	int rc = xf_execute(a->plan, st->node, &a->from->parts, &a->to->parts, &st->mem,
 			    st->threads, attempt_fetch, a, &st->progress, &a->stats);
 
 	reconf_prepared(st, a, rc);
+}
+
+static void *prepare_main(void *arg)
+{
+	pthread_setname_np(pthread_self(), "mlfs-prepare"); /* for top -H, perf */
+	prepare_run(arg);
 	return NULL;
+}
+
+/* Whether attempt @a's build runs on the thread that prepares it rather
+ * than on a transformer thread of its own: it fetches nothing and copies
+ * at most MLFS_INLINE_BUILD_BYTES on this node (a millisecond's work),
+ * and it waits for a commit (an autocommit commits at the build's end and
+ * tells the FUSE layer, which its caller, a FUSE worker, must not wait
+ * for). Most attempts of a job of many nodes move nothing on most nodes:
+ * a thread for each cost more than the build. */
+static bool build_inline(const struct mlfs_store *st, const struct mlfs_attempt *a)
+{
+	const struct ptc_node_stats *n = &a->plan->per_node[st->node];
+	return !a->autocommit && n->bytes_in == 0 &&
+	       n->bytes_local + n->bytes_zero <= MLFS_INLINE_BUILD_BYTES;
 }
 
 /* ----------------------------------------------------------------- prepare */
@@ -647,7 +669,8 @@ static int reconf_publish(struct mlfs_store *st, struct mlfs_attempt *a, struct 
 	st->progress = 0;
 	st->progress_total = a->plan->per_node[st->node].bytes_total;
 	st->error[0] = '\0';
-	if ((rc = -pthread_create(&st->xf_thread, NULL, prepare_main, a))) {
+	bool here = build_inline(st, a);
+	if (!here && (rc = -pthread_create(&st->xf_thread, NULL, prepare_main, a))) {
 		ptc_error_set(err, rc, "%s: cannot start a transformer thread: %s", a->what,
 			      strerror(-rc));
 		snprintf(st->error, sizeof(st->error), "%s", err->text);
@@ -656,12 +679,14 @@ static int reconf_publish(struct mlfs_store *st, struct mlfs_attempt *a, struct 
 		set_state(st, MLFS_RECONF_FAILED);
 		goto err_unlock;
 	}
-	st->xf_joinable = true;
+	st->xf_joinable = !here; /* (the previous one is joined below) */
 	pthread_mutex_unlock(&st->lock);
 	/* The previous attempt ended (the store was idle or failed); its thread
 	 * may still be letting go of its old view. */
 	if (join_prev)
 		pthread_join(prev, NULL);
+	if (here)
+		prepare_run(a);
 	return 0;
 
 err_unlock:

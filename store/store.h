@@ -623,7 +623,10 @@ int mlfs_reconf_busy(const struct mlfs_store *st, const char *what, struct ptc_e
  * partition and step writes get EBUSY meanwhile. The build stops in
  * "prepared", or with @autocommit (one node: config.json) commits at once.
  * Returns 0 once the attempt runs (the build's own failure shows later as
- * "failed" in status.json); otherwise nothing changed and @err says why:
+ * "failed" in status.json); a build without @autocommit that fetches
+ * nothing and copies at most MLFS_INLINE_BUILD_BYTES on this node runs on
+ * the caller's thread and has ended ("prepared", or aborted) when this
+ * returns. Otherwise nothing changed and @err says why:
  * -EINVAL (the config, its version not newer, ranks that saved different
  * steps, a dataset change, no current layout), -EBUSY (an attempt in
  * progress, or the store changed while planning: write it again),
@@ -631,6 +634,9 @@ int mlfs_reconf_busy(const struct mlfs_store *st, const char *what, struct ptc_e
  * FUSE workers (any thread but the transformer); may read a dataset index
  * (network) before planning.
  */
+/* The most bytes a build copies on the thread that prepares it (no
+ * transformer thread; mlfs_reconf_prepare). */
+#define MLFS_INLINE_BUILD_BYTES ((int64_t)1 << 20)
 int mlfs_reconf_prepare(struct mlfs_store *st, const char *text, size_t len, const char *what,
 			bool autocommit, struct ptc_error *err);
 /* Nodes of the current layout that cannot serve: @down (ndown cluster
