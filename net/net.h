@@ -1,13 +1,14 @@
 /*
  * net.h - the HTTP client of mlfs: ranged GETs into a caller's buffers,
- * whole-object GETs and small JSON POSTs, with retries, a stall timeout, a
- * total deadline and reused connections.
+ * whole-object GETs, small JSON POSTs and unary gRPC calls, with retries,
+ * a stall timeout, a total deadline and reused connections.
  *
- * net depends on libc, libcurl, jansson (etcd), pthreads and, for its error
- * detail (struct ptc_error), ptc/ptc.h; not on transform.
+ * net depends on libc, libcurl (with HTTP/2: nghttp2), pthreads and, for
+ * its error detail (struct ptc_error), ptc/ptc.h; not on transform.
  * Its users: dataset shards and indexes (dataset/mlfs_source.c), the peer
  * fetches of a reconfiguration (row ranges of partitions, cluster/) and
- * etcd's v3 JSON gateway (POST /v3/kv/range and friends, /v3/watch).
+ * etcd's v3 gRPC API (/etcdserverpb.KV/Range and friends, and a Watch
+ * stream; the protobuf messages in net_pb.c).
  *
  * Errors: every int function returns 0 or a negative errno and writes one
  * line, naming the URL and the reason, into a caller's struct ptc_error
@@ -179,6 +180,20 @@ int net_http_post_json(struct net_http *c, const char *url, const void *body, si
 		       int64_t max, uint8_t **data, size_t *len, const struct net_http_call *call,
 		       struct ptc_error *err);
 
+/*
+ * One unary gRPC call over HTTP/2 (without TLS spoken from the first byte;
+ * over https negotiated): POSTs the message @msg (@msg_len bytes of
+ * protobuf, framed here) with "Content-Type: application/grpc" and returns
+ * the reply's one message (at most @max bytes; the frame taken off). A
+ * call succeeds only with grpc-status 0 in the reply's trailers; another
+ * status is -EIO, its text ending with "gRPC status N: <grpc-message>";
+ * UNAVAILABLE and DEADLINE_EXCEEDED
+ * are retried like a 503 (net_http_call.idempotent). Any thread.
+ */
+int net_http_post_grpc(struct net_http *c, const char *url, const void *msg, size_t msg_len,
+		       int64_t max, uint8_t **data, size_t *len, const struct net_http_call *call,
+		       struct ptc_error *err);
+
 /* ---------------------------------------------------------------- server */
 
 /*
@@ -253,14 +268,16 @@ int net_reply_stream(struct net_request *r, int status, int64_t len, net_read_fn
 /* ------------------------------------------------------------------ etcd */
 
 /*
- * An etcd v3 client over its JSON gateway (etcd 3.4: POST /v3/kv/range,
- * /v3/kv/put, /v3/kv/deleterange, /v3/kv/txn, /v3/lease/grant, keepalive,
- * revoke), built on net_http (retries, timeouts, deadlines as above; reads,
- * puts and deletes are idempotent, a transaction and a lease grant are
- * retried only when they cannot have reached etcd). Keys are text, values
- * bytes. Errors: those of net_http_post_json, -ENOENT (no such key, an
- * expired lease), -EIO a reply that is not etcd's. Every call may take a
- * NULL budget (the client's deadline). Any thread, as net_http.
+ * An etcd v3 client over its gRPC API (etcd 3.4 and later: KV Range, Put,
+ * DeleteRange, Txn; Lease LeaseGrant, LeaseKeepAlive, LeaseRevoke; each a
+ * unary call of net_http_post_grpc), built on net_http (retries, timeouts,
+ * deadlines as above; reads, puts and deletes are idempotent, a
+ * transaction and a lease grant are retried only when they cannot have
+ * reached etcd). Keys are text, values bytes. Errors: those of
+ * net_http_post_grpc (etcd's refusals: -EIO with its gRPC status and
+ * message), -ENOENT (no such key, an expired lease), -EIO a reply that is
+ * not etcd's. Every call may take a NULL budget (the client's deadline).
+ * Any thread, as net_http.
  */
 struct net_etcd;
 

@@ -1,18 +1,25 @@
 /*
- * net_etcd.c - an etcd v3 client over its JSON gateway (POST /v3/...),
- * on top of net_http: keys and values, one-transaction compare-and-swap,
- * leases (net_etcd_watch.c follows changes as they happen).
+ * net_etcd.c - an etcd v3 client over its gRPC API, on top of net_http:
+ * keys and values, one-transaction compare-and-swap, leases
+ * (net_etcd_watch.c follows changes as they happen).
  *
  * DESIGN
  * mlfs decides nothing by itself that needs consensus: which config is
  * current, who is alive and whether an attempt committed are etcd's
  * answers (DESIGN section 7). This file is the whole client: every call is
- * one POST of a small JSON body built with jansson, keys and values base64
- * as the gateway wants them, the reply parsed and bounded (NET_ETCD_MAX_REPLY).
- * Reads and puts of a known value are idempotent and retried by net_http;
- * a transaction is not (it could have applied), and is retried only when it
- * cannot have reached etcd. Changes are followed by a watch, a stream on
- * a transfer of its own (net_etcd_watch.c), not by polling.
+ * one unary gRPC call (net_http_post_grpc: HTTP/2, a protobuf message
+ * written and its reply read by net_pb.c), the reply bounded
+ * (NET_ETCD_MAX_REPLY). Reads and puts of a known value are idempotent and
+ * retried by net_http; a transaction is not (it could have applied), and
+ * is retried only when it cannot have reached etcd. Changes are followed
+ * by a watch, a stream on a transfer of its own (net_etcd_watch.c), not by
+ * polling.
+ *
+ * Why gRPC and not etcd's JSON gateway (POST /v3/kv/..., which this file
+ * used first): the gateway is a gRPC client inside etcd that turns every
+ * request and reply into JSON by reflection; for the small requests of a
+ * control plane that was most of etcd's CPU per request (BENCHMARKS.md,
+ * thirteenth session).
  *
  * Threads: any number at once on one client (net_http's rule).
  */
@@ -23,74 +30,8 @@
 #include <string.h>
 #include <time.h>
 
-#include <jansson.h>
-
 #include "net/net.h"
 #include "net/net_i.h"
-
-/* ---------------------------------------------------------------- base64 */
-
-static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/* A new NUL-terminated base64 text of @n bytes at @p, or NULL. */
-char *net_b64_encode(const void *p, size_t n)
-{
-	const uint8_t *s = p;
-	char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
-	if (!out)
-		return NULL;
-	for (size_t i = 0; i < n; i += 3) {
-		uint32_t v = (uint32_t)s[i] << 16 | (i + 1 < n ? (uint32_t)s[i + 1] << 8 : 0) |
-			     (i + 2 < n ? s[i + 2] : 0);
-		*o++ = B64[v >> 18 & 63];
-		*o++ = B64[v >> 12 & 63];
-		*o++ = i + 1 < n ? B64[v >> 6 & 63] : '=';
-		*o++ = i + 2 < n ? B64[v & 63] : '=';
-	}
-	*o = '\0';
-	return out;
-}
-
-static int b64_val(char c)
-{
-	const char *p = c ? strchr(B64, c) : NULL;
-	return p ? (int)(p - B64) : -1;
-}
-
-/* Decodes @s into a new buffer (NUL after its *@n bytes): 0, -EINVAL, -ENOMEM. */
-int net_b64_decode(const char *s, char **out, size_t *n)
-{
-	size_t len = strlen(s);
-	char *o = malloc(len / 4 * 3 + 1);
-	size_t k = 0;
-	if (!o)
-		return -ENOMEM;
-	if (len % 4) {
-		free(o);
-		return -EINVAL;
-	}
-	for (size_t i = 0; i < len; i += 4) {
-		int a = b64_val(s[i]), b = b64_val(s[i + 1]);
-		int c = s[i + 2] == '=' ? 0 : b64_val(s[i + 2]);
-		int d = s[i + 3] == '=' ? 0 : b64_val(s[i + 3]);
-		bool pad2 = s[i + 2] == '=', pad3 = s[i + 3] == '=';
-		if (a < 0 || b < 0 || c < 0 || d < 0 || (pad2 && !pad3) ||
-		    ((pad2 || pad3) && i + 4 < len)) {
-			free(o);
-			return -EINVAL;
-		}
-		uint32_t v = (uint32_t)a << 18 | (uint32_t)b << 12 | (uint32_t)c << 6 | (uint32_t)d;
-		o[k++] = (char)(v >> 16);
-		if (!pad2)
-			o[k++] = (char)(v >> 8 & 255);
-		if (!pad3)
-			o[k++] = (char)(v & 255);
-	}
-	o[k] = '\0';
-	*out = o;
-	*n = k;
-	return 0;
-}
 
 /* ---------------------------------------------------------------- calls */
 
@@ -127,60 +68,67 @@ void net_etcd_free(struct net_etcd *e)
 	free(e);
 }
 
-/* POSTs @req (taken over) to @path; the reply parsed into *@reply. */
-static int call(struct net_etcd *e, const char *path, json_t *req, bool idempotent,
-		const struct net_http_call *budget, json_t **reply, struct ptc_error *err)
+/* Calls @method ("/etcdserverpb.KV/Range") with the message @req (freed
+ * here); its reply message into *@reply (@n bytes; the caller's). */
+static int call(struct net_etcd *e, const char *method, struct net_pb_buf *req, bool idempotent,
+		const struct net_http_call *budget, uint8_t **reply, size_t *n,
+		struct ptc_error *err)
 {
 	char url[NET_MAX_URL + 64];
-	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
-	uint8_t *data = NULL;
-	size_t len = 0;
-	int rc;
+	int rc = req->err;
 
-	json_decref(req);
 	*reply = NULL;
-	if (!body)
-		return -ENOMEM;
-	snprintf(url, sizeof(url), "%s%s", e->base, path);
+	*n = 0;
+	snprintf(url, sizeof(url), "%s%s", e->base, method);
+	if (rc) {
+		net_pb_free(req);
+		return ptc_error_set(err, rc, "%s: out of memory", url);
+	}
 	struct net_http_call c = budget ? *budget : (struct net_http_call){0};
 	c.idempotent = idempotent;
-	rc = net_http_post_json(e->http, url, body, strlen(body), NET_ETCD_MAX_REPLY, &data, &len,
-				&c, err);
-	free(body);
-	if (rc)
-		return rc;
-	json_error_t je;
-	*reply = json_loadb((const char *)data, len, 0, &je);
-	free(data);
-	if (!*reply || !json_is_object(*reply)) {
-		json_decref(*reply);
-		*reply = NULL;
-		return ptc_error_set(err, -EIO, "%s: the reply is not a JSON object", url);
-	}
-	return 0;
+	rc =
+	    net_http_post_grpc(e->http, url, req->p, req->n, NET_ETCD_MAX_REPLY, reply, n, &c, err);
+	net_pb_free(req);
+	return rc;
 }
 
-/* An int64 the gateway sends as a JSON string (or a number); @def if absent. */
-int64_t net_etcd_jint(const json_t *o, const char *k, int64_t def)
+/* A malformed reply of @method: -EIO. */
+static int malformed(struct net_etcd *e, const char *method, struct ptc_error *err)
 {
-	const json_t *v = json_object_get(o, k);
-	if (json_is_integer(v))
-		return json_integer_value(v);
-	if (json_is_string(v))
-		return strtoll(json_string_value(v), NULL, 10);
+	return ptc_error_set(err, -EIO, "%s%s: a malformed reply", e->base, method);
+}
+
+/* The varint field @num of the message at @p (@def when absent), or
+ * -EINVAL into *@rc when the message is malformed. */
+static int64_t field_int(const uint8_t *p, size_t n, uint32_t num, int64_t def, int *rc)
+{
+	const uint8_t *end = p + n;
+	struct net_pb_field f;
+	int r;
+
+	while ((r = net_pb_next(&p, end, &f)) == 1)
+		if (f.num == num && !f.p)
+			def = (int64_t)f.v;
+	if (r < 0)
+		*rc = -EINVAL;
 	return def;
 }
 
-/* Adds "key" (and "value") base64 to @o: 0 or -ENOMEM. */
-int net_etcd_set_b64(json_t *o, const char *field, const void *p, size_t n)
+/* The header's revision of the reply at @p (0 when absent), or -EINVAL
+ * into *@rc. */
+static int64_t reply_revision(const uint8_t *p, size_t n, int *rc)
 {
-	char *s = net_b64_encode(p, n);
-	if (!s || json_object_set_new(o, field, json_string(s))) {
-		free(s);
-		return -ENOMEM;
-	}
-	free(s);
-	return 0;
+	const uint8_t *end = p + n;
+	struct net_pb_field f;
+	int64_t rev = 0;
+	int r;
+
+	while ((r = net_pb_next(&p, end, &f)) == 1)
+		if (f.num == 1 && f.p && net_pb_header_revision(f.p, f.n, &rev) < 0)
+			r = -EINVAL;
+	if (r < 0)
+		*rc = -EINVAL;
+	return rev;
 }
 
 int net_etcd_prefix_end(const char *prefix, char *end, size_t *n)
@@ -199,16 +147,18 @@ int net_etcd_prefix_end(const char *prefix, char *end, size_t *n)
 	return 0;
 }
 
-/* The end of the range of keys starting with @prefix ("" when none). */
-int net_etcd_set_prefix_end(json_t *o, const char *prefix)
+/* Field @num of @b: the end of the range of keys starting with @key. */
+static void prefix_end(struct net_pb_buf *b, uint32_t num, const char *key)
 {
-	char *end = malloc(strlen(prefix) + 1);
 	size_t n;
-	int rc = end ? net_etcd_prefix_end(prefix, end, &n) : -ENOMEM;
-	if (rc == 0)
-		rc = net_etcd_set_b64(o, "range_end", end, n);
+	char *end = malloc(strlen(key) + 1);
+	if (!end) {
+		b->err = -ENOMEM;
+		return;
+	}
+	net_etcd_prefix_end(key, end, &n);
+	net_pb_bytes(b, num, end, n);
 	free(end);
-	return rc;
 }
 
 void net_etcd_kvs_free(struct net_etcd_kv *kvs, size_t n)
@@ -220,71 +170,33 @@ void net_etcd_kvs_free(struct net_etcd_kv *kvs, size_t n)
 	free(kvs);
 }
 
-int net_etcd_parse_kv(const json_t *kv, struct net_etcd_kv *out)
-{
-	const char *k = json_string_value(json_object_get(kv, "key"));
-	const char *v = json_string_value(json_object_get(kv, "value"));
-	size_t kn;
-	int rc = k ? net_b64_decode(k, &out->key, &kn) : -EINVAL;
-
-	if (rc == 0 && (rc = net_b64_decode(v ? v : "", &out->value, &out->len))) {
-		free(out->key);
-		out->key = NULL;
-	}
-	if (rc)
-		return rc;
-	out->mod_revision = net_etcd_jint(kv, "mod_revision", 0);
-	out->create_revision = net_etcd_jint(kv, "create_revision", 0);
-	out->version = net_etcd_jint(kv, "version", 0);
-	out->lease = net_etcd_jint(kv, "lease", 0);
-	return 0;
-}
-
-/* The "kvs" of a range reply into a new array. */
-static int parse_kvs(const json_t *reply, struct net_etcd_kv **out, size_t *n)
-{
-	const json_t *kvs = json_object_get(reply, "kvs");
-	size_t cnt = json_is_array(kvs) ? json_array_size(kvs) : 0;
-	struct net_etcd_kv *a = calloc(cnt ? cnt : 1, sizeof(*a));
-
-	*out = NULL;
-	*n = 0;
-	if (!a)
-		return -ENOMEM;
-	for (size_t i = 0; i < cnt; i++) {
-		int rc = net_etcd_parse_kv(json_array_get(kvs, i), &a[i]);
-		if (rc) {
-			net_etcd_kvs_free(a, cnt);
-			return rc;
-		}
-	}
-	*out = a;
-	*n = cnt;
-	return 0;
-}
-
 int net_etcd_range(struct net_etcd *e, const char *key, bool prefix, struct net_etcd_kv **kvs,
 		   size_t *n, int64_t *revision, const struct net_http_call *budget,
 		   struct ptc_error *err)
 {
-	json_t *req = json_object(), *reply;
-	int rc = req ? net_etcd_set_b64(req, "key", key, strlen(key)) : -ENOMEM;
+	static const char method[] = "/etcdserverpb.KV/Range";
+	struct net_pb_buf req = {0};
+	uint8_t *reply;
+	size_t len;
+	int64_t rev = 0;
+	int rc;
 
 	*kvs = NULL;
 	*n = 0;
-	if (rc == 0 && prefix)
-		rc = net_etcd_set_prefix_end(req, key);
-	if (rc) {
-		json_decref(req);
+	net_pb_bytes(&req, 1, key, strlen(key)); /* RangeRequest.key */
+	if (prefix)
+		prefix_end(&req, 2, key); /* .range_end */
+	if ((rc = call(e, method, &req, true, budget, &reply, &len, err)))
 		return rc;
-	}
-	if ((rc = call(e, "/v3/kv/range", req, true, budget, &reply, err)))
-		return rc;
+	rc = net_pb_range_reply(reply, len, kvs, n, &rev);
+	free(reply);
+	if (rc == -EINVAL)
+		return malformed(e, method, err);
+	if (rc)
+		return ptc_error_set(err, rc, "%s%s: out of memory", e->base, method);
 	if (revision)
-		*revision = net_etcd_jint(json_object_get(reply, "header"), "revision", 0);
-	rc = parse_kvs(reply, kvs, n);
-	json_decref(reply);
-	return rc;
+		*revision = rev;
+	return 0;
 }
 
 int net_etcd_get(struct net_etcd *e, const char *key, struct net_etcd_kv *kv,
@@ -307,48 +219,60 @@ int net_etcd_get(struct net_etcd *e, const char *key, struct net_etcd_kv *kv,
 	return 0;
 }
 
-/* A request_put or request_delete_range of @op. */
-static json_t *op_json(const struct net_etcd_op *op)
+/* PutRequest {key 1, value 2, lease 3} or DeleteRangeRequest {key 1,
+ * range_end 2} of @op into @b. */
+static void op_message(struct net_pb_buf *b, const struct net_etcd_op *op)
 {
-	json_t *r = json_object(), *w = json_object();
-	int rc = r && w ? net_etcd_set_b64(r, "key", op->key, strlen(op->key)) : -ENOMEM;
-	if (rc == 0 && op->kind == NET_ETCD_PUT) {
-		rc = net_etcd_set_b64(r, "value", op->value ? op->value : "", op->len);
-		if (rc == 0 && op->lease)
-			rc = json_object_set_new(r, "lease", json_integer(op->lease)) ? -ENOMEM : 0;
-	} else if (rc == 0 && op->prefix) {
-		rc = net_etcd_set_prefix_end(r, op->key);
+	net_pb_bytes(b, 1, op->key, strlen(op->key));
+	if (op->kind == NET_ETCD_PUT) {
+		net_pb_bytes(b, 2, op->value ? op->value : "", op->len);
+		if (op->lease)
+			net_pb_varint(b, 3, (uint64_t)op->lease);
+	} else if (op->prefix) {
+		prefix_end(b, 2, op->key);
 	}
-	if (rc == 0 &&
-	    json_object_set_new(
-		w, op->kind == NET_ETCD_PUT ? "request_put" : "request_delete_range", r) == 0)
-		return w;
-	json_decref(w);
-	if (rc)
-		json_decref(r);
-	return NULL;
 }
 
-static json_t *cmp_json(const struct net_etcd_cmp *c)
+/* A RequestOp (request_put 2, request_delete_range 3) of @op as field @num. */
+static void request_op(struct net_pb_buf *b, uint32_t num, const struct net_etcd_op *op)
 {
-	static const char *const targets[] = {"VERSION", "CREATE", "MOD", "VALUE"};
-	static const char *const fields[] = {"version", "create_revision", "mod_revision", "value"};
-	static const char *const results[] = {"EQUAL", "NOT_EQUAL", "GREATER", "LESS"};
-	json_t *o = json_object();
-	int rc = o ? net_etcd_set_b64(o, "key", c->key, strlen(c->key)) : -ENOMEM;
+	struct net_pb_buf inner = {0}, wrap = {0};
+	op_message(&inner, op);
+	net_pb_message(&wrap, op->kind == NET_ETCD_PUT ? 2 : 3, &inner);
+	net_pb_message(b, num, &wrap);
+	net_pb_free(&inner);
+	net_pb_free(&wrap);
+}
 
-	if (rc == 0 && (json_object_set_new(o, "target", json_string(targets[c->target])) ||
-			json_object_set_new(o, "result", json_string(results[c->result]))))
-		rc = -ENOMEM;
-	if (rc == 0 && c->target == NET_ETCD_VALUE)
-		rc = net_etcd_set_b64(o, "value", c->value ? c->value : "", c->len);
-	else if (rc == 0 && json_object_set_new(o, fields[c->target], json_integer(c->num)))
-		rc = -ENOMEM;
-	if (rc) {
-		json_decref(o);
-		return NULL;
-	}
-	return o;
+/* A Compare {result 1, target 2, key 3; version 4, create_revision 5,
+ * mod_revision 6 or value 7} of @c as field 1 of a TxnRequest. */
+static void compare(struct net_pb_buf *b, const struct net_etcd_cmp *c)
+{
+	/* etcd's enums: CompareResult EQUAL 0, GREATER 1, LESS 2, NOT_EQUAL 3;
+	 * CompareTarget VERSION 0, CREATE 1, MOD 2, VALUE 3 */
+	static const uint64_t results[] = {[NET_ETCD_EQUAL] = 0,
+					   [NET_ETCD_NOT_EQUAL] = 3,
+					   [NET_ETCD_GREATER] = 1,
+					   [NET_ETCD_LESS] = 2};
+	static const uint64_t targets[] = {[NET_ETCD_VERSION] = 0,
+					   [NET_ETCD_CREATE] = 1,
+					   [NET_ETCD_MOD] = 2,
+					   [NET_ETCD_VALUE] = 3};
+	static const uint32_t fields[] = {[NET_ETCD_VERSION] = 4,
+					  [NET_ETCD_CREATE] = 5,
+					  [NET_ETCD_MOD] = 6,
+					  [NET_ETCD_VALUE] = 7};
+	struct net_pb_buf m = {0};
+
+	net_pb_varint(&m, 1, results[c->result]);
+	net_pb_varint(&m, 2, targets[c->target]);
+	net_pb_bytes(&m, 3, c->key, strlen(c->key));
+	if (c->target == NET_ETCD_VALUE) /* the oneof's member, even when empty */
+		net_pb_bytes(&m, fields[c->target], c->value ? c->value : "", c->len);
+	else
+		net_pb_varint(&m, fields[c->target], (uint64_t)c->num);
+	net_pb_message(b, 1, &m);
+	net_pb_free(&m);
 }
 
 int net_etcd_txn(struct net_etcd *e, const struct net_etcd_cmp *cmps, size_t ncmp,
@@ -356,32 +280,28 @@ int net_etcd_txn(struct net_etcd *e, const struct net_etcd_cmp *cmps, size_t ncm
 		 size_t notherwise, bool *succeeded, int64_t *revision,
 		 const struct net_http_call *budget, struct ptc_error *err)
 {
-	json_t *req = json_object(), *c = json_array(), *s = json_array(), *f = json_array(),
-	       *reply;
-	int rc = req && c && s && f ? 0 : -ENOMEM;
+	static const char method[] = "/etcdserverpb.KV/Txn";
+	struct net_pb_buf req = {0};
+	uint8_t *reply;
+	size_t len;
+	int rc;
 
-	for (size_t i = 0; rc == 0 && i < ncmp; i++)
-		rc = json_array_append_new(c, cmp_json(&cmps[i])) ? -ENOMEM : 0;
-	for (size_t i = 0; rc == 0 && i < nthen; i++)
-		rc = json_array_append_new(s, op_json(&then[i])) ? -ENOMEM : 0;
-	for (size_t i = 0; rc == 0 && i < notherwise; i++)
-		rc = json_array_append_new(f, op_json(&otherwise[i])) ? -ENOMEM : 0;
-	if (rc == 0 && (json_object_set(req, "compare", c) || json_object_set(req, "success", s) ||
-			json_object_set(req, "failure", f)))
-		rc = -ENOMEM;
-	json_decref(c);
-	json_decref(s);
-	json_decref(f);
-	if (rc) {
-		json_decref(req);
+	for (size_t i = 0; i < ncmp; i++) /* TxnRequest.compare 1 */
+		compare(&req, &cmps[i]);
+	for (size_t i = 0; i < nthen; i++) /* .success 2 */
+		request_op(&req, 2, &then[i]);
+	for (size_t i = 0; i < notherwise; i++) /* .failure 3 */
+		request_op(&req, 3, &otherwise[i]);
+	if ((rc = call(e, method, &req, false, budget, &reply, &len, err)))
 		return rc;
-	}
-	if ((rc = call(e, "/v3/kv/txn", req, false, budget, &reply, err)))
-		return rc;
-	*succeeded = json_is_true(json_object_get(reply, "succeeded"));
+	/* TxnResponse {header 1, succeeded 2} */
+	*succeeded = field_int(reply, len, 2, 0, &rc) != 0;
+	int64_t rev = reply_revision(reply, len, &rc);
+	free(reply);
+	if (rc)
+		return malformed(e, method, err);
 	if (revision)
-		*revision = net_etcd_jint(json_object_get(reply, "header"), "revision", 0);
-	json_decref(reply);
+		*revision = rev;
 	return 0;
 }
 
@@ -389,35 +309,35 @@ int net_etcd_put(struct net_etcd *e, const char *key, const void *value, size_t 
 		 const struct net_http_call *budget, struct ptc_error *err)
 {
 	struct net_etcd_op op = {NET_ETCD_PUT, key, value, len, lease, false};
-	json_t *w = op_json(&op), *reply;
-	json_t *req = json_incref(json_object_get(w, "request_put"));
-	int rc;
+	struct net_pb_buf req = {0};
+	uint8_t *reply;
+	size_t n;
 
-	json_decref(w);
-	if (!req)
-		return -ENOMEM;
-	if ((rc = call(e, "/v3/kv/put", req, true, budget, &reply, err)))
-		return rc;
-	json_decref(reply);
-	return 0;
+	op_message(&req, &op);
+	int rc = call(e, "/etcdserverpb.KV/Put", &req, true, budget, &reply, &n, err);
+	free(reply);
+	return rc;
 }
 
 int net_etcd_delete(struct net_etcd *e, const char *key, bool prefix, int64_t *deleted,
 		    const struct net_http_call *budget, struct ptc_error *err)
 {
+	static const char method[] = "/etcdserverpb.KV/DeleteRange";
 	struct net_etcd_op op = {NET_ETCD_DELETE, key, NULL, 0, 0, prefix};
-	json_t *w = op_json(&op), *reply;
-	json_t *req = json_incref(json_object_get(w, "request_delete_range"));
+	struct net_pb_buf req = {0};
+	uint8_t *reply;
+	size_t n;
 	int rc;
 
-	json_decref(w);
-	if (!req)
-		return -ENOMEM;
-	if ((rc = call(e, "/v3/kv/deleterange", req, true, budget, &reply, err)))
+	op_message(&req, &op);
+	if ((rc = call(e, method, &req, true, budget, &reply, &n, err)))
 		return rc;
+	int64_t d = field_int(reply, n, 2, 0, &rc); /* DeleteRangeResponse.deleted */
+	free(reply);
+	if (rc)
+		return malformed(e, method, err);
 	if (deleted)
-		*deleted = net_etcd_jint(reply, "deleted", 0);
-	json_decref(reply);
+		*deleted = d;
 	return 0;
 }
 
@@ -426,31 +346,42 @@ int net_etcd_delete(struct net_etcd *e, const char *key, bool prefix, int64_t *d
 int net_etcd_lease_grant(struct net_etcd *e, int ttl_s, int64_t *id,
 			 const struct net_http_call *budget, struct ptc_error *err)
 {
-	json_t *reply;
-	int rc = call(e, "/v3/lease/grant", json_pack("{sI}", "TTL", (json_int_t)ttl_s), false,
-		      budget, &reply, err);
-	if (rc)
+	static const char method[] = "/etcdserverpb.Lease/LeaseGrant";
+	struct net_pb_buf req = {0};
+	uint8_t *reply;
+	size_t n;
+	int rc;
+
+	net_pb_varint(&req, 1, (uint64_t)ttl_s); /* LeaseGrantRequest.TTL */
+	if ((rc = call(e, method, &req, false, budget, &reply, &n, err)))
 		return rc;
-	*id = net_etcd_jint(reply, "ID", 0);
-	json_decref(reply);
+	*id = field_int(reply, n, 2, 0, &rc); /* LeaseGrantResponse.ID */
+	free(reply);
+	if (rc)
+		return malformed(e, method, err);
 	if (*id == 0)
-		return ptc_error_set(err, -EIO, "%s/v3/lease/grant: no lease in the reply",
-				     e->base);
+		return ptc_error_set(err, -EIO, "%s%s: no lease in the reply", e->base, method);
 	return 0;
 }
 
 int net_etcd_lease_keepalive(struct net_etcd *e, int64_t id, int64_t *ttl_s,
 			     const struct net_http_call *budget, struct ptc_error *err)
 {
-	json_t *reply;
-	int rc = call(e, "/v3/lease/keepalive", json_pack("{sI}", "ID", (json_int_t)id), true,
-		      budget, &reply, err);
-	if (rc)
+	struct net_pb_buf req = {0};
+	uint8_t *reply;
+	size_t n;
+	int rc;
+
+	/* A stream in etcd's API: one request, and its one reply, as a
+	 * unary call (etcd answers it, then ends at the request's end). */
+	net_pb_varint(&req, 1, (uint64_t)id); /* LeaseKeepAliveRequest.ID */
+	if ((rc = call(e, "/etcdserverpb.Lease/LeaseKeepAlive", &req, true, budget, &reply, &n,
+		       err)))
 		return rc;
-	/* The gateway wraps a stream's first message in "result". */
-	const json_t *r = json_object_get(reply, "result");
-	*ttl_s = net_etcd_jint(r ? r : reply, "TTL", 0);
-	json_decref(reply);
+	*ttl_s = field_int(reply, n, 3, 0, &rc); /* LeaseKeepAliveResponse.TTL */
+	free(reply);
+	if (rc)
+		return malformed(e, "/etcdserverpb.Lease/LeaseKeepAlive", err);
 	if (*ttl_s <= 0)
 		return ptc_error_set(err, -ENOENT, "lease %" PRId64 " expired", id);
 	return 0;
@@ -459,9 +390,12 @@ int net_etcd_lease_keepalive(struct net_etcd *e, int64_t id, int64_t *ttl_s,
 int net_etcd_lease_revoke(struct net_etcd *e, int64_t id, const struct net_http_call *budget,
 			  struct ptc_error *err)
 {
-	json_t *reply;
-	int rc = call(e, "/v3/lease/revoke", json_pack("{sI}", "ID", (json_int_t)id), true, budget,
-		      &reply, err);
-	json_decref(reply);
+	struct net_pb_buf req = {0};
+	uint8_t *reply;
+	size_t n;
+
+	net_pb_varint(&req, 1, (uint64_t)id); /* LeaseRevokeRequest.ID */
+	int rc = call(e, "/etcdserverpb.Lease/LeaseRevoke", &req, true, budget, &reply, &n, err);
+	free(reply);
 	return rc;
 }

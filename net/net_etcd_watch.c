@@ -10,11 +10,8 @@
  * not end the watch (etcd stops reading, not sending). The reply is a
  * stream that never ends: gRPC messages (a compression flag, a 4-byte
  * length, a WatchResponse), each {header {revision}, created, canceled,
- * compact_revision, cancel_reason, events [{type, kv}]}. Only those fields
- * are read, from the protobuf wire format directly (pb_next walks a
- * message's fields; unknown ones are skipped, as protobuf requires), so no
- * generated code and no protobuf library: the wire format is stable and
- * the messages are etcd's rpc.proto and kv.proto.
+ * compact_revision, cancel_reason, events [{type, kv}]}, read from the
+ * protobuf wire format by net_pb.c.
  *
  * Why not the JSON gateway's /v3/watch, which this file used first: etcd
  * sends each message of a gateway watch through its own gRPC client and
@@ -73,201 +70,30 @@ struct net_etcd_watch {
 	char why[256];
 };
 
-/* ------------------------------------------------------------- protobuf */
-
-/* A field of a protobuf message (wire format): its number, and its value,
- * a varint (@v) or bytes (@p, @n). */
-struct pb_field {
-	uint32_t num;
-	uint64_t v;
-	const uint8_t *p;
-	size_t n;
-};
-
-static int pb_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
-{
-	*v = 0;
-	for (int shift = 0; shift < 64; shift += 7) {
-		if (*p == end)
-			return -EINVAL;
-		uint8_t b = *(*p)++;
-		*v |= (uint64_t)(b & 0x7f) << shift;
-		if (!(b & 0x80))
-			return 0;
-	}
-	return -EINVAL;
-}
-
-/* The next field of the message at *@p (before @end) into @f, *@p past
- * it: 1, 0 at the message's end, -EINVAL (malformed: a field past the
- * end, a group, an unknown wire type). */
-static int pb_next(const uint8_t **p, const uint8_t *end, struct pb_field *f)
-{
-	uint64_t key, n;
-
-	if (*p == end)
-		return 0;
-	if (pb_varint(p, end, &key) || key >> 3 == 0 || key >> 3 > UINT32_MAX)
-		return -EINVAL;
-	f->num = (uint32_t)(key >> 3);
-	f->p = NULL;
-	f->n = 0;
-	switch (key & 7) {
-	case 0: /* varint */
-		return pb_varint(p, end, &f->v) ? -EINVAL : 1;
-	case 1: /* 64-bit */
-	case 5: /* 32-bit */
-		n = (key & 7) == 1 ? 8 : 4;
-		if ((uint64_t)(end - *p) < n)
-			return -EINVAL;
-		*p += n;
-		return 1;
-	case 2: /* bytes, strings, messages */
-		if (pb_varint(p, end, &n) || n > (uint64_t)(end - *p))
-			return -EINVAL;
-		f->p = *p;
-		f->n = (size_t)n;
-		*p += n;
-		return 1;
-	default:
-		return -EINVAL;
-	}
-}
-
-/* @n bytes at @p into a new NUL-terminated string: 0 or -ENOMEM. */
-static int pb_dup(const uint8_t *p, size_t n, char **out)
-{
-	if (!(*out = malloc(n + 1)))
-		return -ENOMEM;
-	if (n)
-		memcpy(*out, p, n);
-	(*out)[n] = '\0';
-	return 0;
-}
-
-/* mvccpb.KeyValue: key 1, create_revision 2, mod_revision 3, version 4,
- * value 5, lease 6. */
-static int pb_kv(const uint8_t *p, const uint8_t *end, struct net_etcd_kv *kv)
-{
-	struct pb_field f;
-	const uint8_t *key = NULL, *value = NULL;
-	size_t nkey = 0, nvalue = 0;
-	int r;
-
-	while ((r = pb_next(&p, end, &f)) == 1) {
-		switch (f.num) {
-		case 1:
-			key = f.p ? f.p : (const uint8_t *)"";
-			nkey = f.n;
-			break;
-		case 2:
-			kv->create_revision = (int64_t)f.v;
-			break;
-		case 3:
-			kv->mod_revision = (int64_t)f.v;
-			break;
-		case 4:
-			kv->version = (int64_t)f.v;
-			break;
-		case 5:
-			value = f.p;
-			nvalue = f.n;
-			break;
-		case 6:
-			kv->lease = (int64_t)f.v;
-			break;
-		}
-	}
-	if (r < 0 || !key)
-		return -EINVAL;
-	if (pb_dup(key, nkey, &kv->key))
-		return -ENOMEM;
-	if (pb_dup(value, nvalue, &kv->value)) {
-		free(kv->key);
-		kv->key = NULL;
-		return -ENOMEM;
-	}
-	kv->len = nvalue;
-	return 0;
-}
-
-/* etcdserverpb.WatchResponse (header 1 {revision 3}, created 3, canceled
- * 4, compact_revision 5, cancel_reason 6, events 11 {type 2: PUT 0,
- * DELETE 1; kv 2}): its events to the caller. 0, or the error that ends
+/* One WatchResponse: its events to the caller. 0, or the error that ends
  * the watch (with w->why). */
 static int take_message(struct net_etcd_watch *w, const uint8_t *p, size_t len)
 {
-	const uint8_t *end = p + len, *q = p;
-	struct pb_field f, g;
-	int64_t rev = 0, compact = 0;
-	bool canceled = false;
-	size_t n = 0, got = 0;
-	char reason[128] = "";
-	int r, rc = 0;
+	struct net_pb_watch m;
+	int rc = net_pb_watch_reply(p, len, &m);
 
-	while ((r = pb_next(&q, end, &f)) == 1) {
-		if (f.num == 1 && f.p) {
-			const uint8_t *h = f.p;
-			while ((r = pb_next(&h, f.p + f.n, &g)) == 1)
-				if (g.num == 3)
-					rev = (int64_t)g.v;
-			if (r < 0)
-				break;
-		} else if (f.num == 3) {
-			w->created = w->created || f.v;
-		} else if (f.num == 4) {
-			canceled = f.v != 0;
-		} else if (f.num == 5) {
-			compact = (int64_t)f.v;
-		} else if (f.num == 6 && f.p) {
-			snprintf(reason, sizeof(reason), "%.*s", (int)(f.n < 100 ? f.n : 100),
-				 (const char *)f.p);
-		} else if (f.num == 11) {
-			n++;
-		}
+	if (rc) {
+		snprintf(w->why, sizeof(w->why), "etcd watch: %s",
+			 rc == -ENOMEM ? "out of memory" : "a malformed message");
+		return rc == -ENOMEM ? rc : -EIO;
 	}
-	if (r < 0) {
-		snprintf(w->why, sizeof(w->why), "etcd watch: a malformed message");
-		return -EIO;
-	}
-	if (canceled) {
+	if (m.canceled) {
 		snprintf(w->why, sizeof(w->why), "etcd watch canceled%s%s%s",
-			 compact ? " (compacted)" : "", reason[0] ? ": " : "", reason);
+			 m.compact_revision ? " (compacted)" : "", m.cancel_reason[0] ? ": " : "",
+			 m.cancel_reason);
+		net_pb_watch_free(&m);
 		return -ESTALE;
 	}
-	struct net_etcd_event *ev = calloc(n ? n : 1, sizeof(*ev));
-	if (!ev)
-		return -ENOMEM;
-	q = p;
-	while (rc == 0 && got < n && pb_next(&q, end, &f) == 1) {
-		if (f.num != 11)
-			continue;
-		const uint8_t *e = f.p ? f.p : q, *eend = f.p ? f.p + f.n : q;
-		bool has_kv = false;
-		while (rc == 0 && (r = pb_next(&e, eend, &g)) == 1) {
-			if (g.num == 1)
-				ev[got].deleted = g.v == 1;
-			else if (g.num == 2 && g.p && !has_kv) {
-				rc = pb_kv(g.p, g.p + g.n, &ev[got].kv);
-				has_kv = rc == 0;
-			}
-		}
-		if (rc == 0 && (r < 0 || !has_kv))
-			rc = -EINVAL;
-		if (has_kv)
-			got++;
-		if (rc)
-			snprintf(w->why, sizeof(w->why), "etcd watch: %s",
-				 rc == -ENOMEM ? "out of memory" : "an event without a key");
-	}
-	if (rc == 0 && (n || w->created))
-		w->fn(w->arg, ev, n, rev);
-	for (size_t i = 0; i < got; i++) {
-		free(ev[i].kv.key);
-		free(ev[i].kv.value);
-	}
-	free(ev);
-	return rc == -EINVAL ? -EIO : rc;
+	w->created = w->created || m.created;
+	if (m.n || w->created)
+		w->fn(w->arg, m.ev, m.n, m.revision);
+	net_pb_watch_free(&m);
+	return 0;
 }
 
 /* The stream's bytes: gRPC messages, each a compression flag (0: etcd
@@ -388,55 +214,26 @@ static void *watch_main(void *arg)
 	return NULL;
 }
 
-/* Appends @v as a varint at @p: the bytes written. */
-static size_t pb_put_varint(uint8_t *p, uint64_t v)
-{
-	size_t n = 0;
-	do {
-		p[n++] = (uint8_t)(v & 0x7f) | (v > 0x7f ? 0x80 : 0);
-		v >>= 7;
-	} while (v);
-	return n;
-}
-
-/* Appends field @num's @n bytes at @p: the bytes written. */
-static size_t pb_put_bytes(uint8_t *p, uint32_t num, const void *b, size_t n)
-{
-	size_t k = pb_put_varint(p, (uint64_t)num << 3 | 2);
-	k += pb_put_varint(p + k, n);
-	memcpy(p + k, b, n);
-	return k + n;
-}
-
 /* The gRPC message that creates the watch into w->body: a WatchRequest
  * whose create_request (1) is {key 1, range_end 2, start_revision 3}. */
 static int create_request(struct net_etcd_watch *w, const char *prefix, int64_t start_revision)
 {
-	size_t n = strlen(prefix), nend = 0;
-	uint8_t *end = malloc(n + 1), *inner = malloc(2 * n + 40), *body = malloc(2 * n + 60);
-	int rc = end && inner && body ? 0 : -ENOMEM;
+	struct net_pb_buf create = {0}, req = {0};
+	size_t n = strlen(prefix), nend;
+	char *end = malloc(n + 1);
 
-	if (rc == 0) {
-		rc = net_etcd_prefix_end(prefix, (char *)end, &nend);
-		size_t k = pb_put_bytes(inner, 1, prefix, n);
-		k += pb_put_bytes(inner + k, 2, end, nend);
-		if (start_revision > 0) {
-			inner[k++] = 3 << 3;
-			k += pb_put_varint(inner + k, (uint64_t)start_revision);
-		}
-		size_t m = 5 + pb_put_bytes(body + 5, 1, inner, k);
-		body[0] = 0; /* not compressed */
-		body[1] = (uint8_t)((m - 5) >> 24);
-		body[2] = (uint8_t)((m - 5) >> 16);
-		body[3] = (uint8_t)((m - 5) >> 8);
-		body[4] = (uint8_t)(m - 5);
-		w->body = body;
-		w->body_len = m;
-		body = NULL;
-	}
+	if (!end)
+		return -ENOMEM;
+	net_etcd_prefix_end(prefix, end, &nend);
+	net_pb_bytes(&create, 1, prefix, n);
+	net_pb_bytes(&create, 2, end, nend);
+	if (start_revision > 0)
+		net_pb_varint(&create, 3, (uint64_t)start_revision);
+	net_pb_message(&req, 1, &create);
 	free(end);
-	free(inner);
-	free(body);
+	net_pb_free(&create);
+	int rc = req.err ? req.err : net_grpc_frame(req.p, req.n, &w->body, &w->body_len);
+	net_pb_free(&req);
 	return rc;
 }
 

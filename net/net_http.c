@@ -71,7 +71,10 @@
 #define NET_DEF_BACKOFF	    20
 #define NET_DEF_MAX_BACKOFF 2000
 #define NET_DEF_IDLE	    64
-#define NET_MAX_IDLE	    1024
+/* An HTTP/2 connection idle longer is not asked for again (libcurl closes
+ * those idle for 118 s: CURLOPT_MAXAGE_CONN) */
+#define NET_H2_REUSE_NS ((int64_t)60 * 1000000000)
+#define NET_MAX_IDLE	1024
 /* Bytes of an error reply's body quoted in a POST's message. */
 #define NET_ERR_BODY 160
 
@@ -81,6 +84,7 @@ struct net_http {
 	pthread_mutex_t lock;	 /* guards pool, origin and npool */
 	CURL **pool;		 /* idle handles, each may hold live connections */
 	char **origin;		 /* pool[i]'s last call's origin (url_origin; owned) */
+	int64_t *h2_ns;		 /* pool[i]'s HTTP/2 connection there: when last used (0: none) */
 	int npool;
 	_Atomic int64_t requests, retries, failures, bytes;
 };
@@ -112,6 +116,13 @@ struct xfer {
 	int64_t size;	  /* the object's size from a successful reply, or -1 */
 	atomic_int *stop; /* the call's stop flag: ends the attempt in flight too */
 	XXH3_state_t *xs; /* X_RANGE with verify: the body's hash so far */
+	/* a gRPC call (net_http_post_grpc): the status and message of the
+	 * reply's trailers (-1: none yet) */
+	bool grpc;
+	long grpc_status;
+	char grpc_msg[160];
+	bool h2_reuse;	 /* this attempt reuses the handle's HTTP/2 connection */
+	long h2_version; /* the HTTP version the attempt's reply came in */
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -240,7 +251,8 @@ int net_http_new(const struct net_http_opts *opts, struct net_http **out, struct
 
 	if (!(c = calloc(1, sizeof(*c))) ||
 	    !(c->pool = calloc((size_t)o.max_idle, sizeof(CURL *))) ||
-	    !(c->origin = calloc((size_t)o.max_idle, sizeof(char *))))
+	    !(c->origin = calloc((size_t)o.max_idle, sizeof(char *))) ||
+	    !(c->h2_ns = calloc((size_t)o.max_idle, sizeof(int64_t))))
 		goto err_nomem;
 	for (const char *const *h = o.headers; h && *h; h++) {
 		struct curl_slist *l;
@@ -264,6 +276,7 @@ err_nomem:
 		curl_slist_free_all(c->hdrs);
 		free(c->pool);
 		free(c->origin);
+		free(c->h2_ns);
 		free(c);
 	}
 	return fail_url(err, -ENOMEM, "net_http_new", "out of memory");
@@ -280,6 +293,7 @@ void net_http_free(struct net_http *c)
 	curl_slist_free_all(c->hdrs);
 	free(c->pool);
 	free(c->origin);
+	free(c->h2_ns);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 }
@@ -301,12 +315,14 @@ static size_t url_origin(const char *url)
 }
 
 /* An idle handle, the one whose last call went to @url's origin when the
- * pool has it (its connection there is reused), else the newest. */
-static CURL *pool_get(struct net_http *c, const char *url)
+ * pool has it (its connection there is reused), else the newest; *@h2_ns
+ * says when its HTTP/2 connection there was last used (0: none). */
+static CURL *pool_get(struct net_http *c, const char *url, int64_t *h2_ns)
 {
 	CURL *h = NULL;
 	size_t n = url_origin(url);
 
+	*h2_ns = 0;
 	pthread_mutex_lock(&c->lock);
 	if (c->npool) {
 		int i = c->npool - 1;
@@ -314,6 +330,7 @@ static CURL *pool_get(struct net_http *c, const char *url)
 			if (c->origin[j] && strlen(c->origin[j]) == n &&
 			    memcmp(c->origin[j], url, n) == 0) {
 				i = j;
+				*h2_ns = c->h2_ns[j];
 				break;
 			}
 		h = c->pool[i];
@@ -321,19 +338,22 @@ static CURL *pool_get(struct net_http *c, const char *url)
 		c->npool--;
 		c->pool[i] = c->pool[c->npool];
 		c->origin[i] = c->origin[c->npool];
+		c->h2_ns[i] = c->h2_ns[c->npool];
 	}
 	pthread_mutex_unlock(&c->lock);
 	return h ? h : curl_easy_init();
 }
 
-/* Gives back @h, whose last call went to @url. */
-static void pool_put(struct net_http *c, CURL *h, const char *url)
+/* Gives back @h, whose last call went to @url (its HTTP/2 connection
+ * there last used at @h2_ns; 0: none). */
+static void pool_put(struct net_http *c, CURL *h, const char *url, int64_t h2_ns)
 {
 	char *origin = strndup(url, url_origin(url)); /* NULL: matches nothing */
 
 	pthread_mutex_lock(&c->lock);
 	if (c->npool < c->o.max_idle) {
 		c->pool[c->npool] = h;
+		c->h2_ns[c->npool] = h2_ns;
 		c->origin[c->npool++] = origin;
 		h = NULL;
 		origin = NULL;
@@ -346,12 +366,50 @@ static void pool_put(struct net_http *c, CURL *h, const char *url)
 
 /* -------------------------------------------------------- curl callbacks */
 
+static int hexval(char c)
+{
+	return c >= '0' && c <= '9'   ? c - '0'
+	       : c >= 'a' && c <= 'f' ? c - 'a' + 10
+	       : c >= 'A' && c <= 'F' ? c - 'A' + 10
+				      : -1;
+}
+
+/* A gRPC trailer (or a trailers-only reply's header): grpc-status and
+ * grpc-message, the latter percent-decoded. */
+static void grpc_trailer(struct xfer *x, const char *line, size_t len)
+{
+	while (len && strchr(" \r\n", line[len - 1]))
+		len--;
+	if (len > 12 && strncasecmp(line, "grpc-status:", 12) == 0) {
+		char num[16];
+		snprintf(num, sizeof(num), "%.*s", (int)(len - 12), line + 12);
+		x->grpc_status = strtol(num, NULL, 10);
+	} else if (len > 13 && strncasecmp(line, "grpc-message:", 13) == 0) {
+		size_t i = 13, o = 0;
+		while (i < len && line[i] == ' ')
+			i++;
+		for (; i < len && o + 1 < sizeof(x->grpc_msg); i++) {
+			char ch = line[i];
+			int hi = i + 2 < len ? hexval(line[i + 1]) : -1;
+			int lo = i + 2 < len ? hexval(line[i + 2]) : -1;
+			if (ch == '%' && hi >= 0 && lo >= 0) {
+				ch = (char)(hi << 4 | lo);
+				i += 2;
+			}
+			x->grpc_msg[o++] = (uint8_t)ch < 0x20 ? ' ' : ch;
+		}
+		x->grpc_msg[o] = '\0';
+	}
+}
+
 static size_t on_header(char *line, size_t size, size_t n, void *arg)
 {
 	struct xfer *x = arg;
 	int rc;
 
 	x->last_ns = now_ns();
+	if (x->grpc)
+		grpc_trailer(x, line, size * n);
 	rc = net_reply_header(&x->rep, line, size * n, &x->fail);
 	if (rc == NET_HEADER_STATUS)
 		x->errbody_len = 0; /* a new reply */
@@ -536,6 +594,28 @@ static enum net_verdict judge(struct xfer *x, CURLcode res, const char *errbuf, 
 		if (v != NET_OK && x->kind == X_POST)
 			quote_errbody(x, err);
 		unsent = x->rep.status == 429;
+		if (x->grpc && x->h2_version != CURL_HTTP_VERSION_2_0 &&
+		    x->h2_version != CURL_HTTP_VERSION_NONE && x->rep.status != 0) {
+			/* a reused connection was gone: the HTTP/1.1 request
+			 * went to another server on that port, and did nothing */
+			ptc_error_set(err, -EIO, "HTTP %ld over HTTP/1.x, not a gRPC reply",
+				      x->rep.status);
+			*rc = -EIO;
+			return NET_RETRY;
+		}
+		if (v == NET_OK && x->grpc && x->grpc_status != 0) {
+			/* 14 UNAVAILABLE, 4 DEADLINE_EXCEEDED: another attempt
+			 * may meet them */
+			if (x->grpc_status < 0)
+				ptc_error_set(err, -EIO, "no gRPC status (the reply was cut)");
+			else
+				ptc_error_set(err, -EIO, "gRPC status %ld: %s", x->grpc_status,
+					      x->grpc_msg[0] ? x->grpc_msg : "(no message)");
+			*rc = err->code;
+			v = x->grpc_status < 0 || x->grpc_status == 14 || x->grpc_status == 4
+				? NET_RETRY
+				: NET_FATAL;
+		}
 	}
 	if (v == NET_RETRY && !idempotent && !unsent)
 		v = NET_FATAL; /* it may have been carried out: not twice */
@@ -578,24 +658,43 @@ static void setup(struct net_http *c, CURL *h, const char *url, struct xfer *x,
 		curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
 	if (range)
 		curl_easy_setopt(h, CURLOPT_RANGE, range);
+	if (x->grpc && strncasecmp(url, "https:", 6) == 0) {
+		curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
+	} else if (x->grpc && x->h2_reuse) {
+		/* Its live HTTP/2 connection, asked for as "HTTP/2": libcurl
+		 * 7.88 (Debian 12's) fails a reused connection asked for with
+		 * prior knowledge ("Error in the HTTP2 framing layer", curl
+		 * issue 10634, fixed in 7.89). Were that connection gone, this
+		 * asks with HTTP/1.1 and an upgrade, which etcd's port answers
+		 * from its gateway (a 404): judge retries it anew. */
+		curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2_0);
+	} else if (x->grpc) { /* h2c from the first byte, on a new connection */
+		curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
+				 (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
+		curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
+	}
 	if (x->kind == X_POST) {
 		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)x->body_len);
 		curl_easy_setopt(h, CURLOPT_POSTFIELDS, x->body ? x->body : "");
 	}
 }
 
-/* The headers of a POST: the client's, the content type, no "Expect: 100-continue". */
-static struct curl_slist *post_headers(const struct net_http *c)
+/* The headers of a POST: the client's, the content type, no "Expect:
+ * 100-continue"; a gRPC call's say so and that trailers are read. */
+static struct curl_slist *post_headers(const struct net_http *c, bool grpc)
 {
 	struct curl_slist *l = NULL, *t;
-	static const char *const own[] = {"Content-Type: application/json", "Expect:"};
+	static const char *const json[] = {"Content-Type: application/json", "Expect:", NULL};
+	static const char *const rpc[] = {"Content-Type: application/grpc", "TE: trailers",
+					  "Expect:"};
+	const char *const *own = grpc ? rpc : json;
 
 	for (const struct curl_slist *h = c->hdrs; h; h = h->next) {
 		if (!(t = curl_slist_append(l, h->data)))
 			goto err_free;
 		l = t;
 	}
-	for (size_t i = 0; i < sizeof(own) / sizeof(*own); i++) {
+	for (size_t i = 0; i < 3 && own[i]; i++) {
 		if (!(t = curl_slist_append(l, own[i])))
 			goto err_free;
 		l = t;
@@ -634,17 +733,21 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 		return fail_url(err, -EIO, url,
 				"timed out before its request, deadline of %g s reached",
 				deadline_ms / 1e3);
-	if (x->kind == X_POST && !(hdrs = post_headers(c)))
+	if (x->kind == X_POST && !(hdrs = post_headers(c, x->grpc)))
 		return fail_url(err, -ENOMEM, url, "out of memory");
-	if (!(h = pool_get(c, url))) {
+	int64_t h2_ns = 0;
+	if (!(h = pool_get(c, url, &h2_ns))) {
 		if (hdrs != c->hdrs)
 			curl_slist_free_all(hdrs);
 		return fail_url(err, -ENOMEM, url, "out of memory");
 	}
 	if (x->kind == X_RANGE)
 		snprintf(range, sizeof(range), "%" PRId64 "-%" PRId64, x->rep.a, x->rep.b);
+	bool at_once = false; /* the next attempt: no backoff, no retry spent */
 	for (att = 0;; att++) {
-		if (att > 0) {
+		if (at_once) {
+			at_once = false;
+		} else if (att > 0) {
 			if (stop && atomic_load(stop)) {
 				rc = -ECANCELED;
 				break;
@@ -660,6 +763,8 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 			stat_add(&c->retries, 1);
 		}
 		net_reply_init(&x->rep, x->rep.a, x->rep.b, x->rep.max);
+		x->grpc_status = -1;
+		x->grpc_msg[0] = '\0';
 		x->fail_rc = 0;
 		x->fail.text[0] = 0;
 		x->fail.code = 0;
@@ -671,9 +776,13 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 		if (x->xs)
 			XXH3_64bits_reset(x->xs);
 		errbuf[0] = 0;
+		x->h2_reuse = h2_ns && now_ns() - h2_ns < NET_H2_REUSE_NS;
 		setup(c, h, url, x, hdrs, x->kind == X_RANGE ? range : NULL, errbuf, left_ms);
 		stat_add(&c->requests, 1);
 		CURLcode cres = curl_easy_perform(h);
+		x->h2_version = CURL_HTTP_VERSION_NONE;
+		curl_easy_getinfo(h, CURLINFO_HTTP_VERSION, &x->h2_version);
+		h2_ns = cres == CURLE_OK && x->h2_version == CURL_HTTP_VERSION_2_0 ? now_ns() : 0;
 		if (x->fail_rc == -ECANCELED) {
 			rc = -ECANCELED;
 			break;
@@ -705,10 +814,17 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 			late = true;
 			break;
 		}
+		if (res == NET_RETRY && x->h2_reuse && !h2_ns) {
+			/* the handle's HTTP/2 connection was gone (a restarted
+			 * etcd): again at once, on a new one */
+			at_once = true;
+			att--;
+			continue;
+		}
 		if (res != NET_RETRY || att >= c->o.retries)
 			break;
 	}
-	pool_put(c, h, url);
+	pool_put(c, h, url, h2_ns);
 	if (hdrs != c->hdrs)
 		curl_slist_free_all(hdrs);
 	if (rc == -ECANCELED)
@@ -819,4 +935,40 @@ int net_http_post_json(struct net_http *c, const char *url, const void *body, si
 	if (body_len && !body)
 		return fail_url(err, -EINVAL, url, "no body");
 	return run_whole(c, url, &x, max, data, len, call, err);
+}
+
+int net_http_post_grpc(struct net_http *c, const char *url, const void *msg, size_t msg_len,
+		       int64_t max, uint8_t **data, size_t *len, const struct net_http_call *call,
+		       struct ptc_error *err)
+{
+	struct xfer x = {.kind = X_POST, .grpc = true};
+	uint8_t *body, *reply;
+	size_t body_len, n;
+	int rc;
+
+	*data = NULL;
+	*len = 0;
+	if ((rc = net_url_check(url, err)))
+		return rc;
+	if ((rc = net_grpc_frame(msg, msg_len, &body, &body_len)))
+		return fail_url(err, rc, url, "%s", strerror(-rc));
+	x.body = body;
+	x.body_len = body_len;
+	rc = run_whole(c, url, &x, max + 5, &reply, &n, call, err);
+	free(body);
+	if (rc)
+		return rc;
+	/* one message: a flag (0: not compressed), its length, its bytes */
+	uint64_t mlen = n >= 5 ? (uint64_t)reply[1] << 24 | (uint64_t)reply[2] << 16 |
+				     (uint64_t)reply[3] << 8 | reply[4]
+			       : 0;
+	if (n < 5 || reply[0] != 0 || mlen != n - 5) {
+		free(reply);
+		return fail_url(err, -EIO, url, "not one gRPC message (%zu bytes)", n);
+	}
+	memmove(reply, reply + 5, n - 5);
+	reply[n - 5] = '\0';
+	*data = reply;
+	*len = n - 5;
+	return 0;
 }

@@ -91,8 +91,6 @@ bool net_status_retryable(long status);
 
 /* ------------------------------------------------- the etcd client's files */
 
-#include <jansson.h>
-
 #include "net/net.h"
 
 /* The longest reply (or watch message) of etcd accepted. */
@@ -103,23 +101,65 @@ struct net_etcd {
 	char base[NET_MAX_URL]; /* "http://host:port" */
 };
 
-/* Base64 as the gateway wants keys and values: a new NUL-terminated text
- * of @n bytes at @p (NULL: no memory); and decoding @s into a new buffer
- * (NUL after its *@n bytes): 0, -EINVAL, -ENOMEM. */
-char *net_b64_encode(const void *p, size_t n);
-int net_b64_decode(const char *s, char **out, size_t *n);
-/* Adds @field (base64 of @n bytes at @p) to @o: 0 or -ENOMEM. */
-int net_etcd_set_b64(json_t *o, const char *field, const void *p, size_t n);
-/* Adds "range_end" for the keys starting with @prefix to @o. */
-int net_etcd_set_prefix_end(json_t *o, const char *prefix);
 /* The end of the range of keys starting with @prefix into @end (at least
  * strlen(@prefix) + 1 bytes), its length into *@n: "\0" (every key) when
  * the prefix is all 0xff bytes. 0. */
 int net_etcd_prefix_end(const char *prefix, char *end, size_t *n);
-/* An int64 the gateway sends as a JSON string (or a number); @def if absent. */
-int64_t net_etcd_jint(const json_t *o, const char *k, int64_t def);
-/* One {"key","value","mod_revision",...} of a reply into *@out (its key and
- * value new buffers): 0, -EINVAL, -ENOMEM. */
-int net_etcd_parse_kv(const json_t *kv, struct net_etcd_kv *out);
+
+/* ------------------------------------------------------------ net_pb.c */
+
+/* A protobuf message being written: fields appended in order; @err is
+ * -ENOMEM once an append failed (the rest are dropped). */
+struct net_pb_buf {
+	uint8_t *p;
+	size_t n, cap;
+	int err;
+};
+/* Field @field as a varint @v (written even when 0: a oneof's member). */
+void net_pb_varint(struct net_pb_buf *b, uint32_t field, uint64_t v);
+/* Field @field as @n bytes at @p (bytes, strings). */
+void net_pb_bytes(struct net_pb_buf *b, uint32_t field, const void *p, size_t n);
+/* Field @field as the message @m (its error carried over). */
+void net_pb_message(struct net_pb_buf *b, uint32_t field, const struct net_pb_buf *m);
+void net_pb_free(struct net_pb_buf *b);
+/* The gRPC message of @n bytes at @msg, framed (a compression flag of 0, a
+ * 4-byte big-endian length, the bytes) into a new buffer: 0, -EFBIG,
+ * -ENOMEM. */
+int net_grpc_frame(const uint8_t *msg, size_t n, uint8_t **out, size_t *len);
+
+/* A field read: its number, and its value: a varint (@v; @p NULL) or
+ * length-delimited bytes (@p, @n); fixed-size fields are skipped (@p NULL,
+ * @v 0). */
+struct net_pb_field {
+	uint32_t num;
+	uint64_t v;
+	const uint8_t *p;
+	size_t n;
+};
+/* The next field of the message at *@p (before @end) into @f, *@p past it:
+ * 1; 0 at the end; -EINVAL when malformed. Pure. */
+int net_pb_next(const uint8_t **p, const uint8_t *end, struct net_pb_field *f);
+/* ResponseHeader.revision of the header at @p (@n bytes) into *@revision
+ * (left as it is when absent): 0 or -EINVAL. Pure. */
+int net_pb_header_revision(const uint8_t *p, size_t n, int64_t *revision);
+/* mvccpb.KeyValue at @p into *@kv (key and value new NUL-terminated
+ * buffers): 0, -EINVAL (malformed, no key, or a NUL in it), -ENOMEM. */
+int net_pb_kv(const uint8_t *p, size_t n, struct net_etcd_kv *kv);
+/* RangeResponse at @p: its kvs (the caller's: net_etcd_kvs_free) and its
+ * header's revision (unchanged when absent): 0, -EINVAL, -ENOMEM. */
+int net_pb_range_reply(const uint8_t *p, size_t n, struct net_etcd_kv **kvs, size_t *nkvs,
+		       int64_t *revision);
+/* WatchResponse, as read (net_pb_watch_reply). */
+struct net_pb_watch {
+	int64_t revision, compact_revision;
+	bool created, canceled;
+	char cancel_reason[128];
+	struct net_etcd_event *ev; /* @n of them, in order */
+	size_t n;
+};
+/* WatchResponse at @p into @w (the caller's: net_pb_watch_free): 0,
+ * -EINVAL (malformed: an event without a key), -ENOMEM. */
+int net_pb_watch_reply(const uint8_t *p, size_t n, struct net_pb_watch *w);
+void net_pb_watch_free(struct net_pb_watch *w);
 
 #endif

@@ -3,7 +3,7 @@ machine, a tiny model, nothing happening; then one reconfiguration.
 
 For each N: the CPU the daemons and etcd use together over an idle window (from
 /proc/<pid>/stat, in cores), the etcd requests that window cost (etcd's own
-counter of gRPC/gateway requests from its /metrics), and the wall-clock time of
+counter of gRPC requests from its /metrics), and the wall-clock time of
 one reconfiguration of a tiny model (`mlfs reconfigure`, from writing the config
 until every node swapped), first run, and the median of that run and --runs - 1 more (four by default)
 (back and forth between all nodes and half of them), with the CPU every daemon and
@@ -50,7 +50,8 @@ def cpu_seconds(pids):
 
 
 def etcd_requests(url):
-    """etcd's count of handled requests (gRPC, which the JSON gateway calls)."""
+    """etcd's count of handled requests (gRPC: the daemons' calls, and those the JSON
+    gateway makes for the tests' harness)."""
     text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
     return sum(float(m.group(1)) for m in
                re.finditer(r'^grpc_server_handled_total\{[^}]*\} ([0-9.e+]+)$', text, re.M))

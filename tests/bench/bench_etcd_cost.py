@@ -1,5 +1,6 @@
-"""What one request costs etcd through its JSON gateway (the only client mlfs uses,
-DESIGN section 7): the CPU etcd spends per put and per range, with no watcher and
+"""What one request costs etcd through its JSON gateway (the client mlfs used until
+the daemons moved to etcd's gRPC API: docs/decisions.md, "etcd's gRPC API, not its
+JSON gateway"; this script, in Python, still speaks JSON): the CPU etcd spends per put and per range, with no watcher and
 with W watchers of the written prefix (each put is an event to every watch), its
 data directory on this machine's disk (as the tests' and the benchmarks' etcd) and,
 for comparison, on tmpfs (the WAL's fsync is part of a put's cost here).

@@ -31,8 +31,8 @@
  *   - its lease: granted (TTL 5 s; past 1,000 nodes longer, by
  *     mlfs_lease_schedule: 30 s at 10,000) by mlfs_nodeentry_register and
  *     kept alive by its own keep-alive "thread" every 2 s (10 s at 10,000 nodes)
- *     after the previous one answered (mlfs_nodeentry_keepalive_main), one POST
- *     /v3/lease/keepalive each; etcd saying it expired flags it, and the
+ *     after the previous one answered (mlfs_nodeentry_keepalive_main), one
+ *     LeaseKeepAlive call each; etcd saying it expired flags it, and the
  *     next round registers again (mlfs_decide's REGISTER); its entry is
  *     /mlfs-nodes/<job>/<id>, bound to the lease;
  *   - what it watches (mlfs_cluster.c's two mirrors): /mlfs/<job>/

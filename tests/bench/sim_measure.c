@@ -272,7 +272,7 @@ static int64_t etcd_rss_kb(void)
 }
 
 /* etcd's own counts from its /metrics: gRPC requests handled and started
- * (what the JSON gateway's requests become) and watch events sent. */
+ * (what every request is, the daemons' over gRPC) and watch events sent. */
 static void etcd_metrics(double *handled, double *started, double *events)
 {
 	char url[300];

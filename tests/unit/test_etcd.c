@@ -45,20 +45,17 @@ static int free_port(void)
 	return ntohs(a.sin_port);
 }
 
-static int etcd_start(void **state)
-{
-	(void)state;
-	char client[64], peer[64], data[160], cluster[160], log[160];
-	int cport = free_port(), pport = free_port();
+static char peer[64];
 
-	if (!mkdtemp(etcd_dir))
-		return -1;
-	snprintf(client, sizeof(client), "http://127.0.0.1:%d", cport);
-	snprintf(peer, sizeof(peer), "http://127.0.0.1:%d", pport);
+/* Starts etcd on @endpoint and @peer with its data in etcd_dir. */
+static int etcd_spawn(void)
+{
+	char data[160], cluster[160], log[160];
+	const char *client = endpoint;
+
 	snprintf(cluster, sizeof(cluster), "default=%s", peer);
 	snprintf(data, sizeof(data), "%s/data", etcd_dir);
 	snprintf(log, sizeof(log), "%s/etcd.log", etcd_dir);
-	snprintf(endpoint, sizeof(endpoint), "%s", client);
 	etcd_pid = fork();
 	if (etcd_pid < 0)
 		return -1;
@@ -71,12 +68,14 @@ static int etcd_start(void **state)
 		       (char *)NULL);
 		_exit(127);
 	}
-	struct net_http_opts o = {.retries = 0, .timeout_ms = 2000, .deadline_ms = 5000};
-	if (net_etcd_new(endpoint, &o, &E, &why)) {
-		fprintf(stderr, "net_etcd_new: %s\n", why.text);
-		return -1;
-	}
-	/* Up when a read answers (a few hundred ms). */
+	return 0;
+}
+
+/* Waits until etcd answers a read (a few hundred ms; 10 s at most). */
+static int etcd_wait(void)
+{
+	char log[160];
+	snprintf(log, sizeof(log), "%s/etcd.log", etcd_dir);
 	for (int i = 0; i < 200; i++) {
 		struct net_etcd_kv *kvs;
 		size_t n;
@@ -96,6 +95,23 @@ static int etcd_start(void **state)
 	}
 	fprintf(stderr, "etcd did not answer in 10 s: %s\n", why.text);
 	return -1;
+}
+
+static int etcd_start(void **state)
+{
+	(void)state;
+	if (!mkdtemp(etcd_dir))
+		return -1;
+	snprintf(endpoint, sizeof(endpoint), "http://127.0.0.1:%d", free_port());
+	snprintf(peer, sizeof(peer), "http://127.0.0.1:%d", free_port());
+	if (etcd_spawn())
+		return -1;
+	struct net_http_opts o = {.retries = 0, .timeout_ms = 2000, .deadline_ms = 5000};
+	if (net_etcd_new(endpoint, &o, &E, &why)) {
+		fprintf(stderr, "net_etcd_new: %s\n", why.text);
+		return -1;
+	}
+	return etcd_wait();
 }
 
 static void etcd_stop(void)
@@ -391,6 +407,39 @@ static void test_watch_compacted(void **state)
 	net_etcd_watch_stop(w);
 }
 
+static void etcd_stop(void);
+
+/* etcd restarted on its port: the client's next call, whose pooled
+ * handle held an HTTP/2 connection to the old process, succeeds at once
+ * on a new one, with no retry to spend (this client has none). */
+static void test_etcd_restarted(void **state)
+{
+	(void)state;
+	struct net_etcd_kv kv;
+
+	assert_int_equal(net_etcd_put(E, "/t9/a", "1", 1, 0, NULL, &why), 0);
+	assert_int_equal(net_etcd_get(E, "/t9/a", &kv, NULL, &why), 0);
+	free(kv.key);
+	free(kv.value);
+	etcd_stop();
+	assert_int_equal(etcd_spawn(), 0);
+	/* (another client waits for it: E's pooled handles stay as they were) */
+	struct net_etcd *probe;
+	struct net_http_opts o = {.retries = 0, .timeout_ms = 2000, .deadline_ms = 5000};
+	assert_int_equal(net_etcd_new(endpoint, &o, &probe, &why), 0);
+	struct net_etcd *keep = E;
+	E = probe;
+	assert_int_equal(etcd_wait(), 0);
+	E = keep;
+	net_etcd_free(probe);
+	assert_int_equal(net_etcd_put(E, "/t9/a", "2", 1, 0, NULL, &why), 0);
+	assert_int_equal(net_etcd_get(E, "/t9/a", &kv, NULL, &why), 0);
+	assert_int_equal(kv.len, 1);
+	assert_int_equal(kv.value[0], '2');
+	free(kv.key);
+	free(kv.value);
+}
+
 /* A watch whose etcd goes away ends with -EIO (see test_etcd_gone). */
 static struct seen gone_seen = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static struct net_etcd_watch *gone_watch;
@@ -418,7 +467,7 @@ static void test_etcd_gone(void **state)
 	int rc = net_etcd_get(E, "/t1x", &kv, NULL, &why);
 	assert_int_equal(rc, -EIO);
 	assert_non_null(strstr(why.text, endpoint));
-	assert_non_null(strstr(why.text, "/v3/kv/range"));
+	assert_non_null(strstr(why.text, "/etcdserverpb.KV/Range"));
 	assert_int_equal(why.code, rc);
 	assert_true(now_ms() - t0 < 6000); /* the client's deadline (5 s) */
 }
@@ -426,11 +475,9 @@ static void test_etcd_gone(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_put_get_delete),
-	    cmocka_unit_test(test_txn),
-	    cmocka_unit_test(test_leases),
-	    cmocka_unit_test(test_watch),
-	    cmocka_unit_test(test_watch_compacted),
+	    cmocka_unit_test(test_put_get_delete),  cmocka_unit_test(test_txn),
+	    cmocka_unit_test(test_leases),	    cmocka_unit_test(test_watch),
+	    cmocka_unit_test(test_watch_compacted), cmocka_unit_test(test_etcd_restarted),
 	    cmocka_unit_test(test_etcd_gone), /* last: stops etcd */
 	};
 	signal(SIGPIPE, SIG_IGN);

@@ -1,0 +1,2 @@
+
+/mlfs/j/attempt	 *{"to":3}0M

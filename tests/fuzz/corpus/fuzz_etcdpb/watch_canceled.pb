@@ -1,0 +1,2 @@
+
+	{È	  (2*mvcc: required revision has been compacted
