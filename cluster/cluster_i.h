@@ -135,9 +135,17 @@ int mlfs_vote_serve(struct mlfs_votebox *b, struct net_request *r,
 int mlfs_votebox_new(struct mlfs_votebox **out);
 /* Frees @b (NULL: fine); nothing may use it any more. */
 void mlfs_votebox_free(struct mlfs_votebox *b);
-/* @wake(@arg) on every vote put from now on (@wake NULL: none); called
- * under the box's lock. Control thread's start and stop. */
+/* @wake(@arg) on the votes put from now on (@wake NULL: none): on every
+ * one, but those on an expected attempt that leave nothing to decide
+ * (mlfs_votebox_expect); called under the box's lock. Control thread's
+ * start and stop. */
 void mlfs_votebox_listen(struct mlfs_votebox *b, void (*wake)(void *arg), void *arg);
+/* Attempt @aid has @n participants: a vote on it wakes the listener only
+ * when the coordinator may decide (a failed vote; the last participant's
+ * "ready"; the last one's "swapped"), not at each of N. One attempt at a
+ * time, the last one expected; votes on another wake at each. Any thread
+ * (propose, before the attempt exists). */
+void mlfs_votebox_expect(struct mlfs_votebox *b, const char *aid, size_t n);
 /* Node @node's vote @vote ("ready", "failed: <reason>", "swapped") on attempt @aid to
  * version @to, replacing its earlier one. 0 or -ENOMEM. Any thread. */
 int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,

@@ -602,6 +602,8 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	size_t njob = 0;
 	int rc =
 	    propose_build(c, k, cfg, agreed, text, aid, &att, &dn, &me_in, &parts, by, &njob, err);
+	if (rc == 0 && c->st->votebox) /* votes may come before the reply */
+		mlfs_votebox_expect(c->st->votebox, aid, json_array_size(parts));
 	if (rc == 0)
 		rc = propose_create(c, k, att, replace, njob, &rev, err);
 	if (rc == 0)

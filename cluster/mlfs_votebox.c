@@ -16,9 +16,16 @@
  * attempt with it (the attempt is bound to its lease), votes and all.
  *
  * One box per node (its peer server's), keyed by node id: a participant's
- * later vote replaces its earlier one. Threads: peer server threads (put),
- * the control thread (copy, clear, listen). Its lock is a leaf but for the
- * wake-up hook, which takes only the control thread's wake lock.
+ * later vote replaces its earlier one. The coordinator's rounds decide on
+ * the box when it can decide something: a failed vote, or the last of the
+ * participants' "ready" votes (or "swapped" acks) on the attempt it
+ * expects (mlfs_votebox_expect, set by propose before the attempt
+ * exists); the N - 1 before wake nothing (a round each, at 32 nodes, was
+ * 60 rounds per reconfiguration that decided nothing). Its deadline and
+ * a participant's death wake it otherwise (the 1 s nap, the entries).
+ * Threads: peer server threads (put), the control thread (copy, clear,
+ * listen), propose (expect). Its lock is a leaf but for the wake-up hook,
+ * which takes only the control thread's wake lock.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -116,6 +123,10 @@ struct mlfs_votebox {
 	json_t *votes; /* {id: "<to> <attempt id> <vote>"} */
 	void (*wake)(void *arg);
 	void *arg;
+	/* mlfs_votebox_expect: attempt @expect_aid has @expect_n participants
+	 * ("": none expected) */
+	char expect_aid[24];
+	size_t expect_n;
 };
 
 int mlfs_votebox_new(struct mlfs_votebox **out)
@@ -149,6 +160,36 @@ void mlfs_votebox_listen(struct mlfs_votebox *b, void (*wake)(void *arg), void *
 	pthread_mutex_unlock(&b->lock);
 }
 
+void mlfs_votebox_expect(struct mlfs_votebox *b, const char *aid, size_t n)
+{
+	pthread_mutex_lock(&b->lock);
+	snprintf(b->expect_aid, sizeof(b->expect_aid), "%s", aid);
+	b->expect_n = n;
+	pthread_mutex_unlock(&b->lock);
+}
+
+/* Whether the coordinator's rounds may decide something after vote @v
+ * ("<to> <aid> <vote>") came in: a vote other than "ready" or "swapped"
+ * (a failure aborts), one on an attempt not expected, or the last of the
+ * expected participants' votes of its kind (every one ready: the commit;
+ * every one swapped: the release). Lock held. */
+static bool decidable(struct mlfs_votebox *b, const char *v, const char *aid, const char *vote)
+{
+	if (!b->expect_aid[0] || strcmp(aid, b->expect_aid) != 0 ||
+	    (strcmp(vote, "ready") != 0 && strcmp(vote, "swapped") != 0))
+		return true;
+	const char *tail = strchr(v, ' '); /* " <aid> <vote>": the same for each */
+	size_t same = 0;
+	const char *id;
+	json_t *o;
+	json_object_foreach(b->votes, id, o)
+	{
+		const char *t = strchr(json_string_value(o), ' ');
+		same += t && strcmp(t, tail) == 0;
+	}
+	return same >= b->expect_n;
+}
+
 int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,
 		     const char *vote)
 {
@@ -158,7 +199,7 @@ int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const
 		return -ENOMEM;
 	pthread_mutex_lock(&b->lock);
 	int rc = json_object_set_new(b->votes, node, json_string(v)) ? -ENOMEM : 0;
-	if (rc == 0 && b->wake)
+	if (rc == 0 && b->wake && decidable(b, v, aid, vote))
 		b->wake(b->arg);
 	pthread_mutex_unlock(&b->lock);
 	free(v);

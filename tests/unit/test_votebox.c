@@ -3,7 +3,8 @@
  * a node's later vote replaces its earlier one, the copy is what the
  * coordinator's round decides on (key "<to>/<id>", value "<aid> <vote>"),
  * status.json's description names only the votes on one attempt, every
- * put wakes the listener (none once it stopped listening), the box
+ * put wakes the listener (none once it stopped listening) unless its
+ * attempt is expected and nothing is decidable yet, the box
  * holds up under concurrent puts from the peer server's threads, and a
  * vote's body is read back as it was made, every malformed field named.
  */
@@ -112,6 +113,41 @@ static void test_every_put_wakes_the_listener(void **state)
 	assert_int_equal(wakes, 2);
 	mlfs_votebox_free(b);
 	mlfs_votebox_free(NULL);
+}
+
+/* An expected attempt of three participants: its "ready" votes wake the
+ * listener only at the third, a failed vote at once, its "swapped" acks
+ * only at the third again; a vote on another attempt wakes at each. */
+static void test_expected_attempt_wakes_when_decidable(void **state)
+{
+	(void)state;
+	struct mlfs_votebox *b;
+
+	assert_int_equal(mlfs_votebox_new(&b), 0);
+	mlfs_votebox_listen(b, count_wake, NULL);
+	mlfs_votebox_expect(b, "att1", 3);
+	wakes = 0;
+	assert_int_equal(mlfs_votebox_put(b, "n1", 2, "att1", "ready"), 0);
+	assert_int_equal(mlfs_votebox_put(b, "n2", 2, "att1", "ready"), 0);
+	assert_int_equal(mlfs_votebox_put(b, "n2", 2, "att1", "ready"), 0); /* again */
+	assert_int_equal(wakes, 0);
+	assert_int_equal(mlfs_votebox_put(b, "n3", 2, "att1", "ready"), 0);
+	assert_int_equal(wakes, 1); /* every one ready: the commit */
+	assert_int_equal(mlfs_votebox_put(b, "n1", 2, "att1", "swapped"), 0);
+	assert_int_equal(mlfs_votebox_put(b, "n3", 2, "att1", "swapped"), 0);
+	assert_int_equal(wakes, 1);
+	assert_int_equal(mlfs_votebox_put(b, "n2", 2, "att1", "swapped"), 0);
+	assert_int_equal(wakes, 2); /* every one swapped: the release */
+	/* a failure wakes at once, whatever came before */
+	mlfs_votebox_expect(b, "att2", 3);
+	assert_int_equal(mlfs_votebox_put(b, "n1", 3, "att2", "ready"), 0);
+	assert_int_equal(wakes, 2);
+	assert_int_equal(mlfs_votebox_put(b, "n2", 3, "att2", "failed: out of memory"), 0);
+	assert_int_equal(wakes, 3);
+	/* votes on an attempt not expected (a stale one, or none set) */
+	assert_int_equal(mlfs_votebox_put(b, "n3", 2, "att1", "ready"), 0);
+	assert_int_equal(wakes, 4);
+	mlfs_votebox_free(b);
 }
 
 struct putter {
@@ -245,6 +281,7 @@ int main(void)
 	    cmocka_unit_test(test_later_vote_replaces_earlier),
 	    cmocka_unit_test(test_describe_names_one_attempt),
 	    cmocka_unit_test(test_every_put_wakes_the_listener),
+	    cmocka_unit_test(test_expected_attempt_wakes_when_decidable),
 	    cmocka_unit_test(test_concurrent_puts),
 	    cmocka_unit_test(test_vote_body_round_trip),
 	    cmocka_unit_test(test_vote_parse_names_the_field),
