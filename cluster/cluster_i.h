@@ -505,11 +505,6 @@ void mlfs_join_sync(struct mlfs_cluster *c, const struct mlfs_jobkeys *k);
 int mlfs_attempt_down(struct mlfs_store *st, const json_t *att, struct mlfs_reconf_down *dn);
 /* Frees @dn's arrays and empties it (an empty @dn: fine). */
 void mlfs_attempt_down_free(struct mlfs_reconf_down *dn);
-/* Whether the calling thread prepares attempt @aid on this node: the
- * first to claim it does (the control thread on seeing it in etcd, or the
- * coordinator's propose on the transaction's reply); the other leaves it.
- * Control thread and I/O workers (propose). */
-bool mlfs_attempt_claim(struct mlfs_cluster *c, const char *aid);
 /*
  * Starts preparing attempt @aid in the store: the other nodes' ranks
  * given the step the live ranks agreed on (@step, the attempt's "step";

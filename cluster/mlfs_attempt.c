@@ -273,24 +273,19 @@ static int64_t attempt_step(const json_t *a)
 	return json_is_integer(step) ? json_integer_value(step) : -1;
 }
 
-bool mlfs_attempt_claim(struct mlfs_cluster *c, const char *aid)
-{
-	pthread_mutex_lock(&c->lock);
-	bool first = strcmp(c->started_id, aid) != 0;
-	if (first)
-		snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
-	pthread_mutex_unlock(&c->lock);
-	return first;
-}
-
 /* PREPARE: starts preparing the attempt of @k in the store, once (the
- * coordinator's propose may be starting it: mlfs_attempt_claim). */
+ * coordinator's propose may be starting it: started_id says so). */
 static void act_prepare(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const char *aid,
 			int64_t to)
 {
 	struct ptc_error err = {.text = ""};
 
-	if (!mlfs_attempt_claim(c, aid))
+	pthread_mutex_lock(&c->lock);
+	bool start = strcmp(c->started_id, aid) != 0;
+	if (start)
+		snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
+	pthread_mutex_unlock(&c->lock);
+	if (!start)
 		return;
 	const char *by = json_string_value(json_object_get(k->attempt_j, "by"));
 	if (strcmp(c->failpoint, "ignore-controller-attempts") == 0 && by &&

@@ -507,13 +507,14 @@ static size_t old_results(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 /*
  * Creates attempt @att (text; this node's from now on: c->mine) in etcd
  * with one transaction that requires no attempt and "config" unchanged
- * since @k was read, bound to this node's lease. 0, -EBUSY (another
- * attempt, or the config moved), -EIO (etcd, or not registered yet), with
- * @err.
+ * since @k was read, bound to this node's lease. When this node takes
+ * part (@me_in) it marks the attempt started, so that the control thread
+ * does not start it too. 0, -EBUSY (another attempt, or the config moved),
+ * -EIO (etcd, or not registered yet), with @err.
  */
 static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, char *att,
-			  const struct net_etcd_kv *replace, size_t njob, int64_t *rev,
-			  struct ptc_error *err)
+			  const char *aid, bool me_in, const struct net_etcd_kv *replace,
+			  size_t njob, int64_t *rev, struct ptc_error *err)
 {
 	char ka[512], kc[512];
 	struct ptc_error why;
@@ -539,6 +540,10 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 	pthread_mutex_lock(&c->lock);
 	free(c->mine);
 	c->mine = att;
+	/* This thread prepares it (propose_attempt): the control thread, which
+	 * may see the attempt in etcd first, must not start it too. */
+	if (me_in)
+		snprintf(c->started_id, sizeof(c->started_id), "%s", aid);
 	pthread_mutex_unlock(&c->lock);
 	if (!lease)
 		rc = ptc_error_set(err, -EIO,
@@ -573,6 +578,12 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 		c->mine_rev = 0;
 	}
 	pthread_mutex_unlock(&c->lock);
+	if (rc && me_in) { /* no attempt of ours: the next one starts */
+		pthread_mutex_lock(&c->lock);
+		if (strcmp(c->started_id, aid) == 0)
+			c->started_id[0] = '\0';
+		pthread_mutex_unlock(&c->lock);
+	}
 	return rc;
 }
 
@@ -605,7 +616,7 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	if (rc == 0 && c->st->votebox) /* votes may come before the reply */
 		mlfs_votebox_expect(c->st->votebox, aid, json_array_size(parts));
 	if (rc == 0)
-		rc = propose_create(c, k, att, replace, njob, &rev, err);
+		rc = propose_create(c, k, att, aid, me_in && !replace, replace, njob, &rev, err);
 	if (rc == 0)
 		mlfs_log(MLFS_LOG_DEBUG, "cluster: attempt %s to version %" PRId64 " created", aid,
 			 cfg->version);
@@ -617,14 +628,10 @@ static int propose_attempt(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 			 c->me);
 	/* The coordinator prepares at once when it takes part: its
 	 * status.json (which mlfs reconfigure reads) shows the attempt from
-	 * now on. Unless its control thread started it already: etcd's watch
-	 * brings the attempt to every node, this one's included, before the
-	 * transaction's reply comes back to this thread (at 32 nodes, several
-	 * ms later: etcd sends the watchers' messages first), and the
-	 * coordinator that prepared last voted last. Not when it replaced the
-	 * controller's attempt, which its store may be preparing: its control
-	 * thread discards that one first, then prepares this one. */
-	if (rc == 0 && me_in && !replace && mlfs_attempt_claim(c, aid)) {
+	 * now on. Not when it replaced the controller's attempt, which its
+	 * store may be preparing: its control thread discards that one
+	 * first, then prepares this one. */
+	if (rc == 0 && me_in && !replace) {
 		struct ptc_error perr = {.text = ""};
 		if ((rc = mlfs_attempt_prepare(c, agreed, aid, rev, text, len, &dn, parts, c->me,
 					       &perr))) {
