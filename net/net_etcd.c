@@ -131,36 +131,6 @@ static int64_t reply_revision(const uint8_t *p, size_t n, int *rc)
 	return rev;
 }
 
-int net_etcd_prefix_end(const char *prefix, char *end, size_t *n)
-{
-	size_t k = strlen(prefix);
-	memcpy(end, prefix, k);
-	while (k && (uint8_t)end[k - 1] == 0xff)
-		k--;
-	if (k == 0) { /* every key */
-		end[0] = '\0';
-		*n = 1;
-	} else {
-		end[k - 1]++;
-		*n = k;
-	}
-	return 0;
-}
-
-/* Field @num of @b: the end of the range of keys starting with @key. */
-static void prefix_end(struct net_pb_buf *b, uint32_t num, const char *key)
-{
-	size_t n;
-	char *end = malloc(strlen(key) + 1);
-	if (!end) {
-		b->err = -ENOMEM;
-		return;
-	}
-	net_etcd_prefix_end(key, end, &n);
-	net_pb_bytes(b, num, end, n);
-	free(end);
-}
-
 void net_etcd_kvs_free(struct net_etcd_kv *kvs, size_t n)
 {
 	for (size_t i = 0; kvs && i < n; i++) {
@@ -185,7 +155,7 @@ int net_etcd_range(struct net_etcd *e, const char *key, bool prefix, struct net_
 	*n = 0;
 	net_pb_bytes(&req, 1, key, strlen(key)); /* RangeRequest.key */
 	if (prefix)
-		prefix_end(&req, 2, key); /* .range_end */
+		net_pb_prefix_end(&req, 2, key); /* .range_end */
 	if ((rc = call(e, method, &req, true, budget, &reply, &len, err)))
 		return rc;
 	rc = net_pb_range_reply(reply, len, kvs, n, &rev);
@@ -229,7 +199,7 @@ static void op_message(struct net_pb_buf *b, const struct net_etcd_op *op)
 		if (op->lease)
 			net_pb_varint(b, 3, (uint64_t)op->lease);
 	} else if (op->prefix) {
-		prefix_end(b, 2, op->key);
+		net_pb_prefix_end(b, 2, op->key);
 	}
 }
 

@@ -43,7 +43,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include <curl/curl.h>
 
@@ -127,8 +126,7 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
 	size_t pos = 0;
 	while (w->len - pos >= 5) {
 		const uint8_t *m = w->buf + pos;
-		uint32_t mlen =
-		    (uint32_t)m[1] << 24 | (uint32_t)m[2] << 16 | (uint32_t)m[3] << 8 | m[4];
+		uint32_t mlen = net_grpc_length(m);
 		if (m[0] != 0 || mlen > (uint64_t)NET_ETCD_MAX_REPLY) {
 			snprintf(w->why, sizeof(w->why), "etcd watch: %s",
 				 m[0] ? "a compressed message" : "a message over the limit");
@@ -154,20 +152,9 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
 static size_t on_header(char *p, size_t size, size_t nmemb, void *arg)
 {
 	struct net_etcd_watch *w = arg;
-	size_t n = size * nmemb;
-
-	if (n > 12 && strncasecmp(p, "grpc-status:", 12) == 0)
-		w->grpc_status = strtol(p + 12, NULL, 10);
-	else if (n > 13 && strncasecmp(p, "grpc-message:", 13) == 0) {
-		size_t k = n - 13;
-		while (k && strchr(" \r\n", p[13 + k - 1]))
-			k--;
-		const char *s = p + 13;
-		while (k && *s == ' ')
-			s++, k--;
-		snprintf(w->grpc_message, sizeof(w->grpc_message), "%.*s", (int)k, s);
-	}
-	return n;
+	net_grpc_trailer(p, size * nmemb, &w->grpc_status, w->grpc_message,
+			 sizeof(w->grpc_message));
+	return size * nmemb;
 }
 
 static void *watch_main(void *arg)
@@ -219,18 +206,12 @@ static void *watch_main(void *arg)
 static int create_request(struct net_etcd_watch *w, const char *prefix, int64_t start_revision)
 {
 	struct net_pb_buf create = {0}, req = {0};
-	size_t n = strlen(prefix), nend;
-	char *end = malloc(n + 1);
 
-	if (!end)
-		return -ENOMEM;
-	net_etcd_prefix_end(prefix, end, &nend);
-	net_pb_bytes(&create, 1, prefix, n);
-	net_pb_bytes(&create, 2, end, nend);
+	net_pb_bytes(&create, 1, prefix, strlen(prefix));
+	net_pb_prefix_end(&create, 2, prefix);
 	if (start_revision > 0)
 		net_pb_varint(&create, 3, (uint64_t)start_revision);
 	net_pb_message(&req, 1, &create);
-	free(end);
 	net_pb_free(&create);
 	int rc = req.err ? req.err : net_grpc_frame(req.p, req.n, &w->body, &w->body_len);
 	net_pb_free(&req);

@@ -366,42 +366,6 @@ static void pool_put(struct net_http *c, CURL *h, const char *url, int64_t h2_ns
 
 /* -------------------------------------------------------- curl callbacks */
 
-static int hexval(char c)
-{
-	return c >= '0' && c <= '9'   ? c - '0'
-	       : c >= 'a' && c <= 'f' ? c - 'a' + 10
-	       : c >= 'A' && c <= 'F' ? c - 'A' + 10
-				      : -1;
-}
-
-/* A gRPC trailer (or a trailers-only reply's header): grpc-status and
- * grpc-message, the latter percent-decoded. */
-static void grpc_trailer(struct xfer *x, const char *line, size_t len)
-{
-	while (len && strchr(" \r\n", line[len - 1]))
-		len--;
-	if (len > 12 && strncasecmp(line, "grpc-status:", 12) == 0) {
-		char num[16];
-		snprintf(num, sizeof(num), "%.*s", (int)(len - 12), line + 12);
-		x->grpc_status = strtol(num, NULL, 10);
-	} else if (len > 13 && strncasecmp(line, "grpc-message:", 13) == 0) {
-		size_t i = 13, o = 0;
-		while (i < len && line[i] == ' ')
-			i++;
-		for (; i < len && o + 1 < sizeof(x->grpc_msg); i++) {
-			char ch = line[i];
-			int hi = i + 2 < len ? hexval(line[i + 1]) : -1;
-			int lo = i + 2 < len ? hexval(line[i + 2]) : -1;
-			if (ch == '%' && hi >= 0 && lo >= 0) {
-				ch = (char)(hi << 4 | lo);
-				i += 2;
-			}
-			x->grpc_msg[o++] = (uint8_t)ch < 0x20 ? ' ' : ch;
-		}
-		x->grpc_msg[o] = '\0';
-	}
-}
-
 static size_t on_header(char *line, size_t size, size_t n, void *arg)
 {
 	struct xfer *x = arg;
@@ -409,7 +373,7 @@ static size_t on_header(char *line, size_t size, size_t n, void *arg)
 
 	x->last_ns = now_ns();
 	if (x->grpc)
-		grpc_trailer(x, line, size * n);
+		net_grpc_trailer(line, size * n, &x->grpc_status, x->grpc_msg, sizeof(x->grpc_msg));
 	rc = net_reply_header(&x->rep, line, size * n, &x->fail);
 	if (rc == NET_HEADER_STATUS)
 		x->errbody_len = 0; /* a new reply */
@@ -684,17 +648,18 @@ static void setup(struct net_http *c, CURL *h, const char *url, struct xfer *x,
 static struct curl_slist *post_headers(const struct net_http *c, bool grpc)
 {
 	struct curl_slist *l = NULL, *t;
-	static const char *const json[] = {"Content-Type: application/json", "Expect:", NULL};
+	static const char *const json[] = {"Content-Type: application/json", "Expect:"};
 	static const char *const rpc[] = {"Content-Type: application/grpc", "TE: trailers",
 					  "Expect:"};
 	const char *const *own = grpc ? rpc : json;
+	size_t nown = grpc ? 3 : 2;
 
 	for (const struct curl_slist *h = c->hdrs; h; h = h->next) {
 		if (!(t = curl_slist_append(l, h->data)))
 			goto err_free;
 		l = t;
 	}
-	for (size_t i = 0; i < 3 && own[i]; i++) {
+	for (size_t i = 0; i < nown; i++) {
 		if (!(t = curl_slist_append(l, own[i])))
 			goto err_free;
 		l = t;
@@ -959,10 +924,7 @@ int net_http_post_grpc(struct net_http *c, const char *url, const void *msg, siz
 	if (rc)
 		return rc;
 	/* one message: a flag (0: not compressed), its length, its bytes */
-	uint64_t mlen = n >= 5 ? (uint64_t)reply[1] << 24 | (uint64_t)reply[2] << 16 |
-				     (uint64_t)reply[3] << 8 | reply[4]
-			       : 0;
-	if (n < 5 || reply[0] != 0 || mlen != n - 5) {
+	if (n < 5 || reply[0] != 0 || net_grpc_length(reply) != n - 5) {
 		free(reply);
 		return fail_url(err, -EIO, url, "not one gRPC message (%zu bytes)", n);
 	}

@@ -101,11 +101,6 @@ struct net_etcd {
 	char base[NET_MAX_URL]; /* "http://host:port" */
 };
 
-/* The end of the range of keys starting with @prefix into @end (at least
- * strlen(@prefix) + 1 bytes), its length into *@n: "\0" (every key) when
- * the prefix is all 0xff bytes. 0. */
-int net_etcd_prefix_end(const char *prefix, char *end, size_t *n);
-
 /* ------------------------------------------------------------ net_pb.c */
 
 /* A protobuf message being written: fields appended in order; @err is
@@ -121,7 +116,19 @@ void net_pb_varint(struct net_pb_buf *b, uint32_t field, uint64_t v);
 void net_pb_bytes(struct net_pb_buf *b, uint32_t field, const void *p, size_t n);
 /* Field @field as the message @m (its error carried over). */
 void net_pb_message(struct net_pb_buf *b, uint32_t field, const struct net_pb_buf *m);
+/* Field @field as the end of the range of keys starting with @key (a
+ * range_end): @key with its last byte below 0xff raised, "\0" (every key)
+ * when it has none. */
+void net_pb_prefix_end(struct net_pb_buf *b, uint32_t field, const char *key);
 void net_pb_free(struct net_pb_buf *b);
+/* The length of the gRPC message whose 5-byte frame header is at @frame
+ * (a compression flag, then 4 bytes big-endian). Pure. */
+uint32_t net_grpc_length(const uint8_t *frame);
+/* A header or trailer line of a gRPC reply (@len bytes, its CR LF there
+ * or not): "grpc-status: N" into *@status, "grpc-message: ..." into @msg
+ * (@cap bytes, percent-decoded, control bytes as spaces); any other line
+ * changes nothing. Pure. */
+void net_grpc_trailer(const char *line, size_t len, long *status, char *msg, size_t cap);
 /* The gRPC message of @n bytes at @msg, framed (a compression flag of 0, a
  * 4-byte big-endian length, the bytes) into a new buffer: 0, -EFBIG,
  * -ENOMEM. */

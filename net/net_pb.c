@@ -1,7 +1,9 @@
 /*
  * net_pb.c - the protobuf wire format of the etcd messages mlfs sends and
  * reads (etcd's rpc.proto and kv.proto): a writer for requests, a reader
- * of fields, and the replies' parsers.
+ * of fields, and the replies' parsers; and gRPC's framing around them (a
+ * message's 5-byte header, the grpc-status and grpc-message trailers),
+ * which the unary calls (net_http.c) and the watch stream share.
  *
  * DESIGN
  * etcd's gRPC API is what its JSON gateway calls for every request; mlfs
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "net/net.h"
 #include "net/net_i.h"
@@ -98,6 +101,67 @@ int net_grpc_frame(const uint8_t *msg, size_t n, uint8_t **out, size_t *len)
 	*out = f;
 	*len = n + 5;
 	return 0;
+}
+
+void net_pb_prefix_end(struct net_pb_buf *b, uint32_t field, const char *key)
+{
+	size_t k = strlen(key);
+	char *end = malloc(k + 1);
+	if (!end) {
+		b->err = -ENOMEM;
+		return;
+	}
+	memcpy(end, key, k);
+	while (k && (uint8_t)end[k - 1] == 0xff)
+		k--;
+	if (k == 0) { /* every key */
+		end[0] = '\0';
+		k = 1;
+	} else {
+		end[k - 1]++;
+	}
+	net_pb_bytes(b, field, end, k);
+	free(end);
+}
+
+uint32_t net_grpc_length(const uint8_t *frame)
+{
+	return (uint32_t)frame[1] << 24 | (uint32_t)frame[2] << 16 | (uint32_t)frame[3] << 8 |
+	       frame[4];
+}
+
+static int hexval(char c)
+{
+	return c >= '0' && c <= '9'   ? c - '0'
+	       : c >= 'a' && c <= 'f' ? c - 'a' + 10
+	       : c >= 'A' && c <= 'F' ? c - 'A' + 10
+				      : -1;
+}
+
+void net_grpc_trailer(const char *line, size_t len, long *status, char *msg, size_t cap)
+{
+	while (len && strchr(" \r\n", line[len - 1]))
+		len--;
+	if (len > 12 && strncasecmp(line, "grpc-status:", 12) == 0) {
+		char num[16];
+		snprintf(num, sizeof(num), "%.*s", (int)(len - 12), line + 12);
+		*status = strtol(num, NULL, 10);
+	} else if (len > 13 && cap && strncasecmp(line, "grpc-message:", 13) == 0) {
+		size_t i = 13, o = 0;
+		while (i < len && line[i] == ' ')
+			i++;
+		for (; i < len && o + 1 < cap; i++) {
+			char ch = line[i];
+			int hi = i + 2 < len ? hexval(line[i + 1]) : -1;
+			int lo = i + 2 < len ? hexval(line[i + 2]) : -1;
+			if (ch == '%' && hi >= 0 && lo >= 0) {
+				ch = (char)(hi << 4 | lo);
+				i += 2;
+			}
+			msg[o++] = (uint8_t)ch < 0x20 ? ' ' : ch;
+		}
+		msg[o] = '\0';
+	}
 }
 
 void net_pb_free(struct net_pb_buf *b)

@@ -1,6 +1,7 @@
 /*
  * fuzz_etcdpb.c - fuzzes the readers of etcd's protobuf replies (net_pb.c):
- * a watch message, a range reply, a key-value, a header, the field walker.
+ * a watch message, a range reply, a key-value, a header, the field walker,
+ * and a gRPC trailer line.
  *
  * The whole input goes to each reader. None may read past the input, and
  * each either parses or says -EINVAL (or -ENOMEM). What parses is checked
@@ -105,5 +106,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	rev = 7;
 	rc = net_pb_header_revision(data, size, &rev);
 	CHECK(rc == 0 || rc == -EINVAL);
+
+	/* the input as a reply's header line: the message stays within its
+	 * room, NUL-terminated, with no control byte */
+	char msg[9];
+	long status = -7;
+	memset(msg, 'x', sizeof(msg));
+	net_grpc_trailer((const char *)data, size, &status, msg, sizeof(msg));
+	if (size > 13 && memchr(msg, 0, sizeof(msg))) {
+		for (const char *q = msg; *q; q++)
+			CHECK((uint8_t)*q >= 0x20);
+	}
 	return 0;
 }
