@@ -124,9 +124,11 @@ struct mlfs_votebox {
 	void (*wake)(void *arg);
 	void *arg;
 	/* mlfs_votebox_expect: attempt @expect_aid has @expect_n participants
-	 * ("": none expected) */
+	 * ("": none expected); @expect_got: how many of the box's votes are
+	 * "ready" ([0]) and "swapped" ([1]) on it, kept as votes replace
+	 * votes (a count per put, not a walk of N votes) */
 	char expect_aid[24];
-	size_t expect_n;
+	size_t expect_n, expect_got[2];
 };
 
 int mlfs_votebox_new(struct mlfs_votebox **out)
@@ -160,34 +162,35 @@ void mlfs_votebox_listen(struct mlfs_votebox *b, void (*wake)(void *arg), void *
 	pthread_mutex_unlock(&b->lock);
 }
 
+/* Which count of the expected attempt the vote @v ("<to> <aid> <vote>")
+ * is in: 0 "ready", 1 "swapped", -1 none (another attempt, a failure, or
+ * no attempt expected). Lock held. */
+static int expected_kind(const struct mlfs_votebox *b, const char *v)
+{
+	const char *a = v ? strchr(v, ' ') : NULL;
+	size_t n = strlen(b->expect_aid);
+	if (!a || !n || strncmp(a + 1, b->expect_aid, n) != 0 || a[1 + n] != ' ')
+		return -1;
+	const char *vote = a + 2 + n;
+	return strcmp(vote, "ready") == 0 ? 0 : strcmp(vote, "swapped") == 0 ? 1 : -1;
+}
+
 void mlfs_votebox_expect(struct mlfs_votebox *b, const char *aid, size_t n)
 {
+	const char *id;
+	json_t *v;
+
 	pthread_mutex_lock(&b->lock);
 	snprintf(b->expect_aid, sizeof(b->expect_aid), "%s", aid);
 	b->expect_n = n;
-	pthread_mutex_unlock(&b->lock);
-}
-
-/* Whether the coordinator's rounds may decide something after vote @v
- * ("<to> <aid> <vote>") came in: a vote other than "ready" or "swapped"
- * (a failure aborts), one on an attempt not expected, or the last of the
- * expected participants' votes of its kind (every one ready: the commit;
- * every one swapped: the release). Lock held. */
-static bool decidable(struct mlfs_votebox *b, const char *v, const char *aid, const char *vote)
-{
-	if (!b->expect_aid[0] || strcmp(aid, b->expect_aid) != 0 ||
-	    (strcmp(vote, "ready") != 0 && strcmp(vote, "swapped") != 0))
-		return true;
-	const char *tail = strchr(v, ' '); /* " <aid> <vote>": the same for each */
-	size_t same = 0;
-	const char *id;
-	json_t *o;
-	json_object_foreach(b->votes, id, o)
+	b->expect_got[0] = b->expect_got[1] = 0;
+	json_object_foreach(b->votes, id, v) /* (none yet, when it comes first) */
 	{
-		const char *t = strchr(json_string_value(o), ' ');
-		same += t && strcmp(t, tail) == 0;
+		int k = expected_kind(b, json_string_value(v));
+		if (k >= 0)
+			b->expect_got[k]++;
 	}
-	return same >= b->expect_n;
+	pthread_mutex_unlock(&b->lock);
 }
 
 int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,
@@ -198,9 +201,22 @@ int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const
 	if (asprintf(&v, "%" PRId64 " %s %s", to, aid, vote) < 0)
 		return -ENOMEM;
 	pthread_mutex_lock(&b->lock);
+	int was = expected_kind(b, json_string_value(json_object_get(b->votes, node)));
 	int rc = json_object_set_new(b->votes, node, json_string(v)) ? -ENOMEM : 0;
-	if (rc == 0 && b->wake && decidable(b, v, aid, vote))
-		b->wake(b->arg);
+	if (rc == 0) {
+		/* The coordinator's rounds decide after a vote other than
+		 * "ready" or "swapped" (a failure aborts), one on an attempt
+		 * not expected, or the last of the expected participants' votes
+		 * of its kind (every one ready: the commit; every one swapped:
+		 * the release). */
+		int now = expected_kind(b, v);
+		if (was >= 0)
+			b->expect_got[was]--;
+		if (now >= 0)
+			b->expect_got[now]++;
+		if (b->wake && (now < 0 || b->expect_got[now] >= b->expect_n))
+			b->wake(b->arg);
+	}
 	pthread_mutex_unlock(&b->lock);
 	free(v);
 	return rc;
