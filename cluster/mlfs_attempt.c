@@ -472,6 +472,9 @@ static void act_announce(struct mlfs_cluster *c, int64_t version)
 	char k[512], v[32];
 	struct ptc_error why;
 
+	/* status.json now shows every node at @version (its swap acks): a
+	 * waiting mlfs reconfigure returns */
+	mlfs_store_status_changed(c->st);
 	mlfs_jobkeys_name(c, k, sizeof(k), "released");
 	snprintf(v, sizeof(v), "%" PRId64, version);
 	if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why))
@@ -532,6 +535,7 @@ static void act_restore(struct mlfs_cluster *c, const struct mlfs_jobkeys *k)
 		pthread_mutex_lock(&st->lock);
 		st->error[0] = '\0';
 		pthread_mutex_unlock(&st->lock);
+		mlfs_store_status_changed(st);
 		mlfs_log(MLFS_LOG_INFO, "cluster: restored step %" JSON_INTEGER_FORMAT " from %s",
 			 json_integer_value(step), dir);
 	} else {
@@ -569,6 +573,7 @@ static void act(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, const stru
 		break;
 	case MLFS_ACT_CLEAR_LOST:
 		atomic_store(&st->lost, false);
+		mlfs_store_status_changed(st);
 		break;
 	case MLFS_ACT_RESTORE:
 		act_restore(c, k);

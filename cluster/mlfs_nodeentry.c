@@ -318,6 +318,7 @@ void mlfs_nodeentry_keep_seen(struct mlfs_cluster *c)
 	c->seen = nodes;
 	c->seen_ms = mlfs_cluster_now_ms();
 	pthread_mutex_unlock(&c->seen_lock);
+	mlfs_store_status_changed(c->st); /* the nodes' versions, for a waiter */
 }
 
 void mlfs_nodeentry_steps_mirrored(void *arg)

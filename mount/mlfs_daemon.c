@@ -71,6 +71,7 @@ static const struct fuse_lowlevel_ops ops = {
     .listxattr = mlfs_op_listxattr,
     .setxattr = mlfs_op_setxattr,
     .statfs = mlfs_op_statfs,
+    .poll = mlfs_op_poll,
 };
 
 static int64_t default_memory(void)
@@ -197,6 +198,7 @@ static struct mlfs_daemon *daemon_new(struct mlfs_store *st)
 	pthread_mutex_init(&d->inodes.lock, NULL);
 	pthread_mutex_init(&d->notes.lock, NULL);
 	pthread_cond_init(&d->notes.cond, NULL);
+	pthread_mutex_init(&d->polls.lock, NULL);
 	pthread_mutex_init(&d->fresh.lock, NULL);
 	d->uid = getuid();
 	d->gid = getgid();
@@ -214,6 +216,7 @@ static void daemon_free(struct mlfs_daemon *d)
 	pthread_mutex_destroy(&d->inodes.lock);
 	pthread_mutex_destroy(&d->notes.lock);
 	pthread_cond_destroy(&d->notes.cond);
+	pthread_mutex_destroy(&d->polls.lock);
 	pthread_mutex_destroy(&d->fresh.lock);
 	free(d);
 }
@@ -373,8 +376,9 @@ int mlfs_daemon_run(const struct mlfs_options *o)
 	fuse_loop_cfg_set_idle_threads(lc, 8);
 	io = mlfs_io_start(&d->io, MLFS_IO_THREADS) == 0;
 	if (io && mlfs_notify_start(d, se) == 0) {
-		st->changed = mlfs_notify_store_changed;
 		st->changed_arg = d;
+		st->changed = mlfs_notify_store_changed;
+		st->status_changed = mlfs_notify_status_changed;
 		mlfs_log(MLFS_LOG_INFO, "serving %s as node \"%s\" (pid %d)", o->mountpoint,
 			 o->node_id, (int)getpid());
 		int lrc = fuse_session_loop_mt(se, lc);
@@ -393,6 +397,8 @@ out_unmount:
 	fuse_session_unmount(se);
 	if (io)
 		mlfs_io_stop(&d->io);
+	st->status_changed = NULL;
+	mlfs_notify_polls_end(d);
 	if (!mlfs_notify_stop(d)) {
 		mlfs_log(MLFS_LOG_ERROR,
 			 "%s: a kernel notification did not return; exiting "

@@ -10,6 +10,15 @@
  * directory's lock to drop a name, and a FUSE worker holding a request in
  * that directory must never wait for it. The queue is bounded: past
  * MLFS_NOTIFY_MAX paths it collapses into one "everything" entry.
+ *
+ * status.json can be polled: `mlfs reconfigure` (or any script) reads it,
+ * keeps the file open and polls it; the handle turns readable when what a
+ * waiter looks at changed since its open (the store's status_gen: state,
+ * version, lost, error, every node swapped), and the waiter opens it again
+ * for the new text. The kernel's handle for a poll that found nothing new
+ * is kept until the store's next change, which wakes (fuse_lowlevel_notify_
+ * poll: a write to the session's device that takes no lock of the kernel's
+ * a FUSE request could hold) and frees every one kept.
  */
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
@@ -19,6 +28,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +145,70 @@ bool mlfs_notify_stop(struct mlfs_daemon *d)
 	clock_gettime(CLOCK_REALTIME, &until);
 	until.tv_sec += 5;
 	return pthread_timedjoin_np(d->notes.thread, NULL, &until) == 0;
+}
+
+/* Wakes and frees the handles in polls.ph. */
+static void polls_wake(struct mlfs_daemon *d)
+{
+	struct fuse_pollhandle *ph[MLFS_POLLS_MAX];
+
+	pthread_mutex_lock(&d->polls.lock);
+	int n = d->polls.n;
+	memcpy(ph, d->polls.ph, (size_t)n * sizeof(ph[0]));
+	d->polls.n = 0;
+	pthread_mutex_unlock(&d->polls.lock);
+	for (int i = 0; i < n; i++) {
+		fuse_lowlevel_notify_poll(ph[i]); /* an error: the file is gone */
+		fuse_pollhandle_destroy(ph[i]);
+	}
+}
+
+void mlfs_notify_status_changed(void *arg)
+{
+	polls_wake(arg);
+}
+
+void mlfs_notify_polls_end(struct mlfs_daemon *d)
+{
+	polls_wake(d);
+}
+
+void mlfs_op_poll(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi,
+		  struct fuse_pollhandle *ph)
+{
+	struct mlfs_daemon *d = fuse_req_userdata(req);
+	struct mlfs_fh *f = (struct mlfs_fh *)(uintptr_t)fi->fh;
+	unsigned ready = POLLIN | POLLRDNORM;
+	(void)ino;
+
+	if (f->kind != MLFS_K_STATUS) {
+		if (ph)
+			fuse_pollhandle_destroy(ph);
+		fuse_reply_poll(req, ready | (f->write ? POLLOUT | POLLWRNORM : 0));
+		return;
+	}
+	pthread_mutex_lock(&d->polls.lock);
+	/* (the generation is read under the lock that a change's wake-up
+	 * takes after moving it: a change after this read wakes this handle) */
+	bool moved = atomic_load(&d->st->status_gen) != f->status_gen;
+	if (moved || !ph) {
+		pthread_mutex_unlock(&d->polls.lock);
+	} else {
+		bool full = d->polls.n == MLFS_POLLS_MAX;
+		if (!full)
+			d->polls.ph[d->polls.n++] = ph;
+		pthread_mutex_unlock(&d->polls.lock);
+		if (full) { /* the waiters read again; this one keeps its place */
+			polls_wake(d);
+			pthread_mutex_lock(&d->polls.lock);
+			d->polls.ph[d->polls.n++] = ph;
+			pthread_mutex_unlock(&d->polls.lock);
+		}
+		ph = NULL;
+	}
+	if (ph)
+		fuse_pollhandle_destroy(ph);
+	fuse_reply_poll(req, moved ? ready | POLLPRI : 0);
 }
 
 /* Queues the names whose content a commit of (rank, state, tensor) of @v

@@ -374,6 +374,8 @@ out_locked:
 	mlfs_target_done(&t);
 	mlfs_target_put(&t);
 	if (rc == 0 && f->kind == MLFS_K_STATUS) {
+		f->status_gen =
+		    atomic_load(&d->st->status_gen); /* before: a poll sees later moves */
 		f->text = mlfs_store_status_json(d->st);
 		f->text_len = f->text ? strlen(f->text) : 0;
 		rc = f->text ? 0 : -ENOMEM;

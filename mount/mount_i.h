@@ -139,6 +139,17 @@ struct mlfs_notes {
 	struct fuse_session *se;
 };
 
+/* Those who poll status.json for a change (mlfs_notify.c): the kernel's
+ * handles, woken and freed at the store's next status change. Bounded: a
+ * full list is woken at once (a waiter then reads again). @lock guards
+ * all. */
+#define MLFS_POLLS_MAX 256
+struct mlfs_polls {
+	pthread_mutex_t lock;
+	struct fuse_pollhandle *ph[MLFS_POLLS_MAX];
+	int n;
+};
+
 /* A path resolved against a view: what it names. */
 struct mlfs_ent {
 	enum mlfs_kind kind;
@@ -197,6 +208,7 @@ struct mlfs_fh {
 	size_t hdr_len;
 	char *text;
 	size_t text_len;
+	uint64_t status_gen;  /* status.json: the store's status_gen before its text */
 	struct mlfs_pin *pin; /* full tensors: the sources, until assembled at open */
 	/* a safetensors file with parts on other nodes: the pin's local parts
 	 * and the ones fetched at the open, read instead of the pin's */
@@ -265,6 +277,7 @@ struct mlfs_daemon {
 	struct mlfs_store *st;
 	struct mlfs_inodes inodes;
 	struct mlfs_notes notes;
+	struct mlfs_polls polls;
 	struct mlfs_fresh fresh;
 	struct mlfs_io io;
 	uid_t uid; /* owner of every file */
@@ -337,6 +350,16 @@ int mlfs_notify_start(struct mlfs_daemon *d, struct fuse_session *se);
  * Returns false when the thread is still stuck in the kernel after a few
  * seconds (the session must then outlive it: it is not destroyed). */
 bool mlfs_notify_stop(struct mlfs_daemon *d);
+/* The store's "status.json changed" callback (@arg is the daemon): wakes
+ * every poller. Any thread, any lock; takes polls.lock only. */
+void mlfs_notify_status_changed(void *arg);
+/* Wakes and frees the pollers left; once, after the session loop. */
+void mlfs_notify_polls_end(struct mlfs_daemon *d);
+/* FUSE poll: status.json is readable (POLLIN | POLLPRI) once the store's
+ * status moved past what the handle's text says (a waiter then opens it
+ * again); every other file always is. */
+void mlfs_op_poll(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi,
+		  struct fuse_pollhandle *ph);
 /* Queues the names whose content a commit of (@rank, @state, @tensor)
  * changed: the partition and its full tensor. Any thread; takes notes.lock
  * only. */

@@ -27,6 +27,7 @@
 static int refuse(struct mlfs_store *st, int rc, const struct ptc_error *err)
 {
 	snprintf(st->error, sizeof(st->error), "%s", err->text);
+	mlfs_store_status_changed(st);
 	return rc;
 }
 

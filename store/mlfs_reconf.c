@@ -120,6 +120,7 @@ static void set_state(struct mlfs_store *st, enum mlfs_reconf_state s)
 	    s == MLFS_RECONF_IDLE || s == MLFS_RECONF_FAILED ? MLFS_IDLE : MLFS_TRANSFORMING;
 	if (st->reconf_changed) /* the control plane votes or publishes at once */
 		st->reconf_changed(st->cluster_arg);
+	mlfs_store_status_changed(st); /* mlfs reconfigure waits on it */
 }
 
 /*
@@ -229,6 +230,7 @@ static int set_first_config(struct mlfs_store *st, struct ptc_config *c, struct 
 	st->view = v;
 	free(st->steps);
 	st->steps = steps;
+	mlfs_store_status_changed(st);
 	mlfs_store_saving(st, true);
 	mlfs_view_snap_local(st, v, NULL);
 	return 0;

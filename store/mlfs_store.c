@@ -114,6 +114,13 @@ void mlfs_store_changed(struct mlfs_store *st, const char *prefix)
 		st->changed(st->changed_arg, prefix);
 }
 
+void mlfs_store_status_changed(struct mlfs_store *st)
+{
+	atomic_fetch_add(&st->status_gen, 1);
+	if (st->status_changed)
+		st->status_changed(st->changed_arg);
+}
+
 void mlfs_store_job_changed(struct mlfs_store *st)
 {
 	atomic_fetch_add(&st->job_gen, 1);
@@ -143,6 +150,7 @@ void mlfs_store_note_error(struct mlfs_store *st, const char *msg)
 	pthread_mutex_lock(&st->lock);
 	snprintf(st->error, sizeof(st->error), "%s", msg);
 	pthread_mutex_unlock(&st->lock);
+	mlfs_store_status_changed(st);
 }
 
 /* st->saves sized for the current view's ranks (all MLFS_SAVE_NONE when

@@ -239,6 +239,12 @@ struct mlfs_store {
 	 * the FUSE layer can drop cached pages. */
 	void (*changed)(void *arg, const char *prefix);
 	void *changed_arg;
+	/* What status.json says that a waiter looks at (state, version, lost,
+	 * error, the job's nodes) changed: the generation moves and the FUSE
+	 * layer wakes those who poll status.json (mlfs_store_status_changed).
+	 * Called with any lock held: it may only take its own. */
+	_Atomic uint64_t status_gen;
+	void (*status_changed)(void *arg);
 	/* Fetches rows of a partition of layout @version from the node that
 	 * holds it (the plan's FETCH ops; cluster/mlfs_peerclient.c), or NULL on a daemon
 	 * without peers. Called by transformer workers, concurrently; 0 or a
@@ -530,6 +536,10 @@ void mlfs_store_note_error(struct mlfs_store *st, const char *msg);
 /* Tells the FUSE layer (st->changed) that content under @prefix ("" =
  * everything) changed. No lock held. */
 void mlfs_store_changed(struct mlfs_store *st, const char *prefix);
+/* status.json changed for a waiter: st->status_gen moves and the FUSE
+ * layer wakes its pollers (st->status_changed, with st->changed_arg). Any
+ * thread, any lock held. */
+void mlfs_store_status_changed(struct mlfs_store *st);
 /* A change to job/ through the mount (a file created, written, truncated,
  * removed or renamed) was made: st->job_gen moves, and the control plane
  * is told (st->job_changed). Store lock held. */

@@ -11,6 +11,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -508,11 +509,30 @@ int cmd_reconfigure(int argc, char **argv)
 	bool tty = isatty(STDOUT_FILENO);
 	struct timespec t0;
 	int64_t idle_since = 0;
+	char *prev = NULL;
+	bool woke = false;
+	int rc = 1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
+	snprintf(path, sizeof(path), "%s/status.json", mnt);
 	for (;;) {
-		json_t *s = read_json(mnt, "status.json");
-		if (!s)
-			return 1;
+		/* status.json stays open until it changes (the mount wakes a
+		 * poll of it: mlfs_op_poll), and is read again then */
+		FILE *f = fopen(path, "rb");
+		if (!f) {
+			fprintf(stderr, "mlfs: %s: %s\n", path, strerror(errno));
+			break;
+		}
+		size_t tlen;
+		char *stext = tools_read_stream(f, path, &tlen);
+		json_error_t je;
+		json_t *s = stext ? json_loadb(stext, tlen, 0, &je) : NULL;
+		if (stext && !s)
+			fprintf(stderr, "mlfs: %s: %s\n", path, je.text);
+		if (!s) {
+			free(stext);
+			fclose(f);
+			break;
+		}
 		const char *state = json_string_value(json_object_get(s, "state"));
 		int64_t v = json_integer_value(json_object_get(s, "version"));
 		if (state && strcmp(state, "failed") == 0) {
@@ -521,7 +541,9 @@ int cmd_reconfigure(int argc, char **argv)
 			fprintf(stderr, "mlfs reconfigure: %s\n",
 				json_string_value(json_object_get(s, "error")));
 			json_decref(s);
-			return 1;
+			free(stext);
+			fclose(f);
+			break;
 		}
 		if (state && strcmp(state, "idle") == 0 && v >= version &&
 		    !settling(json_object_get(s, "cluster"), version, &idle_since)) {
@@ -537,13 +559,16 @@ int cmd_reconfigure(int argc, char **argv)
 			       json_real_value(json_object_get(last, "seconds")));
 			print_cluster(json_object_get(s, "cluster")); /* every node's outcome */
 			json_decref(s);
-			return 0;
+			free(stext);
+			fclose(f);
+			rc = 0;
+			break;
 		}
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		double dt =
+		    (double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) / 1e9;
 		if (tty && state) { /* live progress: phase, bytes, rate */
-			struct timespec now;
-			clock_gettime(CLOCK_MONOTONIC, &now);
-			double dt = (double)(now.tv_sec - t0.tv_sec) +
-				    (double)(now.tv_nsec - t0.tv_nsec) / 1e9;
 			int64_t done = json_integer_value(json_object_get(s, "progress_bytes"));
 			int64_t total = json_integer_value(json_object_get(s, "progress_total"));
 			printf("\r%-10s %12" PRId64 " / %-12" PRId64 " bytes  %8.1f MB/s  %5.1f s",
@@ -551,14 +576,26 @@ int cmd_reconfigure(int argc, char **argv)
 			fflush(stdout);
 		}
 		json_decref(s);
-		/* every 5 ms for the first second (most reconfigurations of a
-		 * small model end within it), then every 20 ms */
-		struct timespec now, ts = {0, 20 * 1000 * 1000};
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if (now.tv_sec - t0.tv_sec < 1)
-			ts.tv_nsec = 5 * 1000 * 1000;
-		nanosleep(&ts, NULL);
+		/* A wake-up that brought nothing new: the mount does not
+		 * answer polls (every handle is always readable), so wait as
+		 * a poller would: 5 ms for the first second, then 20 ms. */
+		bool idle_wake = woke && prev && strcmp(prev, stext) == 0;
+		free(prev);
+		prev = stext;
+		if (idle_wake) {
+			struct timespec ts = {0, (dt < 1 ? 5 : 20) * 1000 * 1000};
+			nanosleep(&ts, NULL);
+			woke = false;
+		} else {
+			/* the progress and the other nodes' entries move
+			 * without a wake-up: read again at least this often */
+			struct pollfd p = {.fd = fileno(f), .events = POLLIN | POLLPRI};
+			woke = poll(&p, 1, dt < 1 ? 20 : 100) > 0;
+		}
+		fclose(f);
 	}
+	free(prev);
+	return rc;
 }
 
 int cmd_import(int argc, char **argv)

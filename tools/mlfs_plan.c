@@ -40,23 +40,19 @@ int tools_create_tmp(const char *dst, char *tmp, size_t cap)
 	return fd;
 }
 
-char *tools_read_file(const char *path, size_t *len)
+char *tools_read_stream(FILE *f, const char *path, size_t *len)
 {
-	FILE *f = fopen(path, "rb");
 	char *buf = NULL;
 	size_t cap = 0, n = 0;
 
-	if (!f) {
-		fprintf(stderr, "mlfs: %s: %s\n", path, strerror(errno));
-		return NULL;
-	}
 	for (;;) {
 		if (n + 4096 + 1 > cap) {
 			cap = cap ? cap * 2 : 65536;
 			char *p = realloc(buf, cap);
 			if (!p) {
 				fprintf(stderr, "mlfs: %s: out of memory\n", path);
-				goto err_close;
+				free(buf);
+				return NULL;
 			}
 			buf = p;
 		}
@@ -67,17 +63,25 @@ char *tools_read_file(const char *path, size_t *len)
 	}
 	if (ferror(f)) {
 		fprintf(stderr, "mlfs: %s: read error\n", path);
-		goto err_close;
+		free(buf);
+		return NULL;
 	}
-	fclose(f);
 	buf[n] = '\0';
 	*len = n;
 	return buf;
+}
 
-err_close:
-	free(buf);
+char *tools_read_file(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+
+	if (!f) {
+		fprintf(stderr, "mlfs: %s: %s\n", path, strerror(errno));
+		return NULL;
+	}
+	char *buf = tools_read_stream(f, path, len);
 	fclose(f);
-	return NULL;
+	return buf;
 }
 
 /* Human-readable byte count. */

@@ -7,6 +7,8 @@
 #ifndef MLFS_TOOLS_H
 #define MLFS_TOOLS_H
 
+#include <stdio.h>
+
 #include <jansson.h>
 
 int cmd_plan(int argc, char **argv);
@@ -28,6 +30,8 @@ int cmd_resume(int argc, char **argv);
 /* Reads a whole file into a new NUL-terminated buffer; NULL and a message
  * on stderr on failure. *len gets the size. */
 char *tools_read_file(const char *path, size_t *len);
+/* tools_read_file of the open @f, read to its end (@path for messages). */
+char *tools_read_stream(FILE *f, const char *path, size_t *len);
 
 /* `mlfs export --format safetensors` (mlfs_stexport.c): every state of the
  * mount at @mnt into @to, named by @names ("schema", "hf") or the mapping

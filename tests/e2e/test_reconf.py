@@ -264,6 +264,59 @@ def test_config_json_still_reconfigures_by_itself(mount, tmp_path):
     assert json.loads(m.read("config.json")) == cfg
 
 
+def test_status_json_can_be_polled(mount, tmp_path):
+    """status.json, kept open, turns readable (POLLIN | POLLPRI) when what a waiter
+    reads in it changed since the open (the state, the version, an error), and not
+    before: `mlfs reconfigure` waits on it instead of reading it every few ms. Any
+    other file is always readable."""
+    import select
+    m = mount
+    imported(m, tmp_path)
+
+    def opened():
+        fd = os.open(m.p("status.json"), os.O_RDONLY)
+        return fd, json.loads(os.pread(fd, 1 << 20, 0))
+
+    def polled(fd, ms):
+        p = select.poll()
+        p.register(fd, select.POLLIN | select.POLLPRI)
+        return p.poll(ms)
+
+    fd, st = opened()
+    try:
+        assert st["state"] == "idle" and st["version"] == 1, st
+        assert polled(fd, 300) == [], "nothing changed, yet status.json polled readable"
+        err, _ = prepare(m, V2)  # idle -> preparing -> prepared, from another handle
+        assert err == 0
+        t = time.monotonic()
+        got = polled(fd, 10000)
+        assert got and got[0][1] & select.POLLIN, got
+        assert time.monotonic() - t < 5, "the poll waited past the change"
+    finally:
+        os.close(fd)
+    wait_state(m, "prepared")
+    fd, st = opened()
+    try:
+        assert st["state"] == "prepared", st
+        assert polled(fd, 300) == []
+        err, _ = ctl(m, op="commit", version=2)
+        assert err == 0
+        assert polled(fd, 10000), "the commit did not wake the poll"
+    finally:
+        os.close(fd)
+    fd, st = opened()
+    try:  # the text as of this open: the new version; a refusal wakes it again
+        assert st["state"] == "idle" and st["version"] == 2, st
+        expect_errno(errno.EINVAL, m.write, "config.json", "{not json")
+        assert polled(fd, 10000), "a refused write (status.json's error) did not wake it"
+    finally:
+        os.close(fd)
+    with open(m.p("config.json")) as f:  # any other file: readable at once
+        p = select.poll()
+        p.register(f.fileno(), select.POLLIN)
+        assert p.poll(0), "config.json not readable"
+
+
 def test_umount_with_a_prepared_attempt(mount_factory, tmp_path):
     """A prepared attempt never committed is discarded at unmount; the daemon exits 0."""
     m = mount_factory()
