@@ -73,13 +73,22 @@ int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, struct
  * "retained"}) into *@out (the caller's), within 2 s. Errors of
  * net_http_get; -EIO for a reply that is not a JSON object. */
 int mlfs_peer_health(struct mlfs_store *st, int node, json_t **out, struct ptc_error *err);
-/* This node's vote @vote ("ready", or "failed: <reason>") on attempt @aid
- * to version @to, delivered to the attempt's coordinator, cluster node
- * @node (POST /v1/vote: mlfs_votebox.c), within 2 s. Errors of
- * net_http_post_json, -EHOSTUNREACH without a data plane, with @err. Not
- * from a FUSE worker. */
+/* A node's entry as its swap ack carries it to the coordinator, which puts
+ * it with the others' in the transaction of its announcement
+ * (mlfs_attempt.c): the entry's JSON text, the lease it is bound to, and
+ * the mod revision of the node's key as the node last put it (the
+ * transaction puts it only while the key is still that). */
+struct mlfs_vote_entry {
+	const char *entry;
+	int64_t lease, rev;
+};
+/* This node's vote @vote ("ready", "failed: <reason>", or "swapped" with
+ * its entry @e, or NULL) on attempt @aid to version @to, delivered to the
+ * attempt's coordinator, cluster node @node (POST /v1/vote:
+ * mlfs_votebox.c), within 2 s. Errors of net_http_post_json, -EHOSTUNREACH
+ * without a data plane, with @err. Not from a FUSE worker. */
 int mlfs_peer_vote(struct mlfs_store *st, int node, int64_t to, const char *aid, const char *vote,
-		   struct ptc_error *err);
+		   const struct mlfs_vote_entry *e, struct ptc_error *err);
 /* The whole partition (@rank, @state, @tensor) of layout @l, as saved at
  * step @snap, from cluster node @node into @dst (its size); no new try
  * starts once *@stop is set. 0, -EINVAL (@dst's size), -EHOSTUNREACH

@@ -104,19 +104,29 @@ int mlfs_mirror_copy(struct mlfs_mirror *m, struct net_etcd_kv **kvs, size_t *n,
 /* The votes a coordinator received (mlfs_votebox.c). */
 struct mlfs_votebox;
 
-/* A vote as POST /v1/vote carries it: {"node", "to", "attempt", "vote"}. */
+/* A vote as POST /v1/vote carries it: {"node", "to", "attempt", "vote"},
+ * and with "swapped" the node's entry: "entry", "lease", "rev". */
 struct mlfs_vote_msg {
 	/* vote: "ready" or "failed: <reason>"; "swapped": the node swapped to
 	 * the layout that attempt committed (its ack, for the release) */
 	const char *node, *attempt, *vote;
 	int64_t to;
+	struct mlfs_vote_entry entry; /* .entry NULL: none */
 };
-/* The most bytes of a vote's "vote". */
-#define MLFS_VOTE_MAX 1024
+/* The most bytes of a vote's "vote", and of the entry a swap ack carries. */
+#define MLFS_VOTE_MAX	    1024
+#define MLFS_VOTE_ENTRY_MAX (64 * 1024)
+/* The most entries the coordinator's announcement puts in its one
+ * transaction (etcd refuses more than --max-txn-ops, 128 by default,
+ * compares or puts); past it every node puts its own. */
+#define MLFS_ANNOUNCE_ENTRIES_MAX 100
 
 /* The body of node @node's vote @vote on attempt @aid to version @to (the
  * caller's), or NULL (out of memory). */
 char *mlfs_vote_body(const char *node, int64_t to, const char *aid, const char *vote);
+/* mlfs_vote_body with the node's entry @e (NULL: none). */
+char *mlfs_vote_body_entry(const char *node, int64_t to, const char *aid, const char *vote,
+			   const struct mlfs_vote_entry *e);
 /* The vote in @body (@len bytes) into @m, whose strings are borrowed from
  * *@doc (the caller's: json_decref, also on an error). 0, or -EINVAL with
  * @err naming the field that is missing or malformed; the node is checked
@@ -150,6 +160,14 @@ void mlfs_votebox_expect(struct mlfs_votebox *b, const char *aid, size_t n);
  * version @to, replacing its earlier one. 0 or -ENOMEM. Any thread. */
 int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,
 		     const char *vote);
+/* mlfs_votebox_put with the node's entry @e (a "swapped" ack's; NULL:
+ * none), kept with the vote and replaced with it. */
+int mlfs_votebox_put_entry(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,
+			   const char *vote, const struct mlfs_vote_entry *e);
+/* The entries that the "swapped" acks on attempt @aid carried, of the
+ * nodes whose last vote is that ack: {id: {"entry", "lease", "rev"}} (a
+ * new reference; NULL: out of memory). Any thread. */
+json_t *mlfs_votebox_entries(struct mlfs_votebox *b, const char *aid);
 /* Every node's last vote as a key "<to>/<id>" and a value "<aid> <vote>"
  * (the caller's: net_etcd_kvs_free). 0 or -ENOMEM. Any thread. */
 int mlfs_votebox_copy(struct mlfs_votebox *b, struct net_etcd_kv **kvs, size_t *n);
@@ -298,7 +316,13 @@ struct mlfs_cluster {
 	int64_t seen_ms;
 	pthread_mutex_t publock; /* published, and the put of the node's key */
 	char *published;	 /* the node entry last put */
-	char entry_state[16];	 /* publock: the settled state it says */
+	int64_t published_rev;	 /* publock: its key's mod revision (0: unknown) */
+	/* publock: the entry this node's last swap ack carried (NULL: none),
+	 * to version @acked_entry_to, when its key was at @acked_entry_base:
+	 * the coordinator's announcement puts it (mlfs_nodeentry_adopt) */
+	char *acked_entry;
+	int64_t acked_entry_to, acked_entry_base;
+	char entry_state[16]; /* publock: the settled state it says */
 	/* lock: the last `mlfs resume` this node ran (mlfs_decide's rule 10):
 	 * the restore key's id ("": none) and its error ("": it restored).
 	 * Published in the node's entry as "restore". */
@@ -322,6 +346,9 @@ struct mlfs_cluster {
 	char *parsed_att_text, *parsed_cfg_text;
 	int64_t parsed_cfg_version;
 	json_t *parsed_att;
+	/* parsed_lock: the "released" key as last parsed, by its revision */
+	int64_t parsed_rel_rev, parsed_rel_version;
+	bool parsed_rel_mine;
 };
 
 /* Wall-clock milliseconds (an attempt's deadline is one: every node
@@ -379,8 +406,12 @@ struct mlfs_jobkeys {
 	const struct net_etcd_kv *controller; /* the elastic controller's id, or NULL */
 	json_t *draining;		      /* {id: true}: the drain/<id> keys (mlfs drain) */
 	json_t *nodes;			      /* {id: entry}; empty unless @nodes_known */
-	bool nodes_known;  /* the entries were read (not every round reads them) */
-	int64_t released;  /* the "released" key: 0 none (mlfs_decide's rule 8) */
+	bool nodes_known; /* the entries were read (not every round reads them) */
+	int64_t released; /* the "released" key: 0 none (mlfs_decide's rule 8) */
+	/* that key's mod revision, and whether it names this node among those
+	 * whose entries its transaction put (mlfs_attempt.c's act_announce) */
+	int64_t released_rev;
+	bool released_mine;
 	json_t *attempt_j; /* @attempt parsed, or NULL */
 	json_t *restore_j; /* the "restore" key parsed (`mlfs resume`), or NULL */
 	json_t *import_j;  /* the "import" key parsed (`mlfs import --every-node`), or NULL */
@@ -422,6 +453,20 @@ void mlfs_jobkeys_free(struct mlfs_jobkeys *k);
  * its ranks' saved steps, the backup it holds) when it changed since the
  * last put. 0, -ENOMEM, or net_etcd_put's error with @err. Any thread. */
 int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err);
+/* This node's entry as its swap ack to version @to carries it (what the
+ * put after the release would say) into @e, a copy kept as
+ * c->acked_entry: 0, or -EAGAIN when this node's key has no known
+ * revision (the ack goes without it; the node puts its own). The caller
+ * calls mlfs_nodeentry_acked(c, ok) once the ack went or failed. */
+int mlfs_nodeentry_for_ack(struct mlfs_cluster *c, int64_t to, struct mlfs_vote_entry *e);
+/* The ack with the entry reached the coordinator (@ok) or not (the copy
+ * is dropped). */
+void mlfs_nodeentry_acked(struct mlfs_cluster *c, bool ok);
+/* The announcement of @version ("released") is etcd's at @rev, naming
+ * this node among those whose entries it put (@mine): the entry its
+ * ack carried is its published one, unless it put its key since
+ * (mlfs_entry_adopted). The control thread. */
+void mlfs_nodeentry_adopt(struct mlfs_cluster *c, int64_t version, bool mine, int64_t rev);
 /* Registers: a new lease (lease_expired cleared) and this node's entry put
  * under it. 0 or an etcd error with @err. The control thread (and start,
  * before it runs). */

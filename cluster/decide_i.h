@@ -210,6 +210,14 @@ int mlfs_release_wait_ms(int nnodes);
  * The coordinator's announcement (rule 8) comes up to N ms later. Pure.
  */
 int mlfs_publish_delay_ms(int nnodes, int node);
+/* Whether the entry a node's swap ack to @acked_to carried, when its key
+ * was at revision @base, is its entry in etcd once the announcement of
+ * @released names the node (@mine): the same version, and no put of the
+ * node's own since (its key still at @base as the node last put it,
+ * @published_rev). Then the announcement's transaction put it (it
+ * compared the key with @base); else the node puts its own. Pure. */
+bool mlfs_entry_adopted(int64_t acked_to, int64_t base, int64_t released, bool mine,
+			int64_t published_rev);
 
 /* One node of a snapshot by id (mlfs_snap_index). */
 struct mlfs_snap_key {

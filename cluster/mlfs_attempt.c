@@ -52,24 +52,26 @@ static int vote_in_entry(struct mlfs_cluster *c, int64_t to, const char *attempt
 	return rc;
 }
 
-/* @what ("ready", "failed: <reason>", "swapped") on attempt @attempt_id to
- * @to into the box of its @coordinator: this node's own box when it is
- * this node (NULL: this node), else a POST to that node's peer server. 0,
- * or why not with @why. */
+/* @what ("ready", "failed: <reason>", "swapped" with this node's entry
+ * @e or NULL) on attempt @attempt_id to @to into the box of its
+ * @coordinator: this node's own box when it is this node (NULL: this
+ * node), else a POST to that node's peer server. 0, or why not with @why. */
 static int to_coordinator(struct mlfs_cluster *c, const char *coordinator, int64_t to,
-			  const char *attempt_id, const char *what, struct ptc_error *why)
+			  const char *attempt_id, const char *what, const struct mlfs_vote_entry *e,
+			  struct ptc_error *why)
 {
 	struct mlfs_store *st = c->st;
 
 	if (!coordinator || strcmp(coordinator, c->me) == 0)
-		return st->votebox ? mlfs_votebox_put(st->votebox, c->me, to, attempt_id, what)
-				   : ptc_error_set(why, -ENOTCONN, "this node has no votebox");
+		return st->votebox
+			   ? mlfs_votebox_put_entry(st->votebox, c->me, to, attempt_id, what, e)
+			   : ptc_error_set(why, -ENOTCONN, "this node has no votebox");
 	pthread_mutex_lock(&st->lock);
 	int n = ptc_cluster_find(mlfs_store_cluster(st), coordinator);
 	pthread_mutex_unlock(&st->lock);
 	return n < 0 ? ptc_error_set(why, -ENOENT, "the coordinator %s is not in the cluster",
 				     coordinator)
-		     : mlfs_peer_vote(st, n, to, attempt_id, what, why);
+		     : mlfs_peer_vote(st, n, to, attempt_id, what, e, why);
 }
 
 static void vote(struct mlfs_cluster *c, const char *coordinator, int64_t to,
@@ -79,7 +81,7 @@ static void vote(struct mlfs_cluster *c, const char *coordinator, int64_t to,
 
 	if (!attempt_id || !*attempt_id)
 		return; /* nothing to vote on */
-	int rc = to_coordinator(c, coordinator, to, attempt_id, what, &why);
+	int rc = to_coordinator(c, coordinator, to, attempt_id, what, NULL, &why);
 	if (rc && coordinator && strcmp(coordinator, c->me) != 0)
 		rc = vote_in_entry(c, to, attempt_id, what, &why);
 	if (rc == 0) {
@@ -339,16 +341,33 @@ static void act_vote_ready(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 /* This node swapped to @version, which attempt @aid committed: its ack
  * ("swapped") to that attempt's coordinator @co, which releases the
  * retained layouts once every participant's ack (or entry) shows the swap
- * (mlfs_decide's rule 8). Its entry's put follows the release (round_once),
- * off the path the release waits for. Whether the coordinator took it;
- * else the entry says it at once. */
+ * (mlfs_decide's rule 8). The ack carries this node's new entry, which the
+ * coordinator's announcement of the release puts with the others' in one
+ * transaction (act_announce); when it did not, the node's own put follows
+ * the release (round_once), off the path the release waits for. Whether
+ * the coordinator took it; else the entry says it at once. */
 static bool swap_ack(struct mlfs_cluster *c, int64_t version, const char *aid, const char *co)
 {
 	struct ptc_error why = {.text = ""};
+	struct mlfs_vote_entry e;
 
 	if (!*aid || !*co)
 		return false;
-	int rc = to_coordinator(c, co, version, aid, "swapped", &why);
+	bool with = mlfs_nodeentry_for_ack(c, version, &e) == 0;
+	int rc = to_coordinator(c, co, version, aid, "swapped", with ? &e : NULL, &why);
+	if (with)
+		mlfs_nodeentry_acked(c, rc == 0);
+	if (rc == 0 && strcmp(c->failpoint, "put-entry-after-ack") == 0) {
+		/* a put of this node's own between its ack and the
+		 * announcement (a step saved): the announcement must not
+		 * put the older entry the ack carried over it */
+		mlfs_log(MLFS_LOG_WARNING, "cluster: failpoint put-entry-after-ack");
+		pthread_mutex_lock(&c->publock);
+		free(c->published);
+		c->published = NULL; /* puts it again, as it is */
+		pthread_mutex_unlock(&c->publock);
+		mlfs_nodeentry_publish(c, &why);
+	}
 	if (rc)
 		mlfs_log(MLFS_LOG_WARNING,
 			 "cluster: the swap to version %" PRId64
@@ -382,17 +401,6 @@ static void act_commit(struct mlfs_cluster *c, int64_t version)
 	memcpy(aid, c->prep_aid, sizeof(aid));
 	memcpy(co, c->prep_coord, sizeof(co));
 	pthread_mutex_unlock(&c->lock);
-	int nnodes = mlfs_store_cluster(st)->nnodes;
-	if (swap_ack(c, version, aid, co)) {
-		/* the entry's put waits for the release (round_once), or for
-		 * as long as this node waits for it before it reads the
-		 * entries itself (need_peers) */
-		c->publish_after = version;
-		c->publish_at_ms = mlfs_cluster_now_ms() + mlfs_release_wait_ms(nnodes);
-	} else { /* the N entry puts after a commit, spread past 1,000 nodes */
-		c->publish_after = 0;
-		c->publish_at_ms = mlfs_cluster_now_ms() + mlfs_publish_delay_ms(nnodes, st->node);
-	}
 	if (c->job && c->job_to == version) {
 		/* This node's job/ writes since the coordinator read its
 		 * manifest are newer than the staged tree's copies, or absent
@@ -425,6 +433,18 @@ static void act_commit(struct mlfs_cluster *c, int64_t version)
 	/* the entry put after the release says what job/ is now: where no
 	 * node wrote during the attempt, the same on every node */
 	mlfs_jobsync_note_digest(c);
+	/* the ack last: the entry it carries says job/ as swapped in */
+	int nnodes = mlfs_store_cluster(st)->nnodes;
+	if (swap_ack(c, version, aid, co)) {
+		/* the entry's put waits for the release (round_once), or for
+		 * as long as this node waits for it before it reads the
+		 * entries itself (need_peers) */
+		c->publish_after = version;
+		c->publish_at_ms = mlfs_cluster_now_ms() + mlfs_release_wait_ms(nnodes);
+	} else { /* the N entry puts after a commit, spread past 1,000 nodes */
+		c->publish_after = 0;
+		c->publish_at_ms = mlfs_cluster_now_ms() + mlfs_publish_delay_ms(nnodes, st->node);
+	}
 }
 
 /* DISCARD: the store's attempt to @version, which etcd will never commit,
@@ -463,10 +483,87 @@ static void act_release(struct mlfs_cluster *c, int64_t version)
 		 version);
 }
 
+/*
+ * The announcement of @version (key @k; @plain, its value without entries)
+ * in one transaction with the entries the swap acks of this node's commit
+ * carried (@ents: {id: {"entry", "lease", "rev"}}), each put bound to its
+ * node's lease while its key is still at the revision the node last put
+ * it; the value names those nodes. Were one put since (a step saved), the
+ * announcement alone. 0 (*@rev: the revision of the entries' puts, 0 when
+ * they were not), or the transaction's error (a lease gone).
+ */
+static int announce_with_entries(struct mlfs_cluster *c, const char *k, const char *plain,
+				 int64_t version, const json_t *ents, int64_t *rev,
+				 struct ptc_error *why)
+{
+	size_t n = json_object_size(ents), i = 0;
+	struct net_etcd_cmp *cmps = calloc(n, sizeof(*cmps));
+	struct net_etcd_op *ops = calloc(n + 1, sizeof(*ops));
+	char **keys = calloc(n, sizeof(*keys));
+	json_t *ids = json_array(), *e;
+	const char *id;
+	char *value = NULL;
+	int rc = -ENOMEM;
+
+	*rev = 0;
+	if (!cmps || !ops || !keys || !ids)
+		goto out;
+	json_object_foreach((json_t *)ents, id, e)
+	{
+		if (asprintf(&keys[i], "%s%s", c->nprefix, id) < 0) {
+			keys[i] = NULL;
+			goto out;
+		}
+		const char *text = json_string_value(json_object_get(e, "entry"));
+		cmps[i] =
+		    (struct net_etcd_cmp){.key = keys[i],
+					  .target = NET_ETCD_MOD,
+					  .result = NET_ETCD_EQUAL,
+					  .num = json_integer_value(json_object_get(e, "rev"))};
+		ops[i] =
+		    (struct net_etcd_op){.kind = NET_ETCD_PUT,
+					 .key = keys[i],
+					 .value = text,
+					 .len = strlen(text),
+					 .lease = json_integer_value(json_object_get(e, "lease"))};
+		json_array_append_new(ids, json_string(id));
+		i++;
+	}
+	json_t *o = json_pack("{sIsO}", "version", (json_int_t)version, "entries", ids);
+	value = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	if (!value)
+		goto out;
+	ops[n] = (struct net_etcd_op){
+	    .kind = NET_ETCD_PUT, .key = k, .value = value, .len = strlen(value)};
+	struct net_etcd_op alone = {
+	    .kind = NET_ETCD_PUT, .key = k, .value = plain, .len = strlen(plain)};
+	bool all = false;
+	rc = net_etcd_txn(c->etcd, cmps, n, ops, n + 1, &alone, 1, &all, rev, NULL, why);
+	if (rc || !all)
+		*rev = 0;
+	if (rc == 0 && !all)
+		mlfs_log(MLFS_LOG_INFO,
+			 "cluster: a node put its entry after its swap ack to version %" PRId64
+			 ": the release announced alone, every node puts its own",
+			 version);
+out:
+	for (size_t j = 0; keys && j < n; j++)
+		free(keys[j]);
+	free(keys);
+	free(cmps);
+	free(ops);
+	free(value);
+	json_decref(ids);
+	return rc;
+}
+
 /* ANNOUNCE_RELEASED: this node saw every participant of the commit of
  * @version swap; the others, which do not read the entries, learn it from
- * the "released" key. A failed put is only logged: they read the entries
- * themselves after 2 s. */
+ * the "released" key. When this node made that commit, the entries its
+ * participants' swap acks carried go in the same transaction (the N entry
+ * puts that would follow the release become one write). A failed put is
+ * only logged: they read the entries themselves after 2 s. */
 static void act_announce(struct mlfs_cluster *c, int64_t version)
 {
 	char k[512], v[32];
@@ -477,7 +574,25 @@ static void act_announce(struct mlfs_cluster *c, int64_t version)
 	mlfs_store_status_changed(c->st);
 	mlfs_jobkeys_name(c, k, sizeof(k), "released");
 	snprintf(v, sizeof(v), "%" PRId64, version);
-	if (net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why))
+	pthread_mutex_lock(&c->lock);
+	char aid[sizeof(c->acked_id)];
+	snprintf(aid, sizeof(aid), "%s", c->acked_to == version ? c->acked_id : "");
+	pthread_mutex_unlock(&c->lock);
+	json_t *ents = aid[0] && c->st->votebox ? mlfs_votebox_entries(c->st->votebox, aid) : NULL;
+	size_t n = json_object_size(ents);
+	int64_t rev = 0;
+	int rc = n > 0 && n <= MLFS_ANNOUNCE_ENTRIES_MAX
+		     ? announce_with_entries(c, k, v, version, ents, &rev, &why)
+		     : -EAGAIN;
+	if (rc == 0 && rev) /* its own entry, when its own ack carried it */
+		mlfs_nodeentry_adopt(c, version, json_object_get(ents, c->me) != NULL, rev);
+	json_decref(ents);
+	if (rc && rc != -EAGAIN)
+		mlfs_log(MLFS_LOG_INFO,
+			 "cluster: the release of version %" PRId64
+			 " announced without the entries: %s",
+			 version, why.text);
+	if (rc && net_etcd_put(c->etcd, k, v, strlen(v), 0, NULL, &why))
 		mlfs_log(MLFS_LOG_WARNING,
 			 "cluster: cannot announce the release of version %" PRId64 ": %s", version,
 			 why.text);

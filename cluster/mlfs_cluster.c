@@ -256,7 +256,9 @@ static void round_once(struct mlfs_cluster *c)
 	drop_entry_vote(c, &k);
 	if (c->publish_after && k.released >= c->publish_after) {
 		/* every participant swapped: this node's entry says so now
-		 * (spread past 1,000 nodes) */
+		 * (spread past 1,000 nodes), unless the announcement put the
+		 * one its ack carried */
+		mlfs_nodeentry_adopt(c, k.released, k.released_mine, k.released_rev);
 		c->publish_after = 0;
 		c->publish_at_ms =
 		    mlfs_cluster_now_ms() +
@@ -540,6 +542,7 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	json_decref(c->entry_vote);
 	free(c->mine);
 	free(c->published);
+	free(c->acked_entry);
 	json_decref(c->prep_parts);
 	json_decref(c->swap_wait);
 	mlfs_job_free(c->job);

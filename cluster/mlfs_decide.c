@@ -314,6 +314,12 @@ int mlfs_publish_delay_ms(int nnodes, int node)
 		   : 0;
 }
 
+bool mlfs_entry_adopted(int64_t acked_to, int64_t base, int64_t released, bool mine,
+			int64_t published_rev)
+{
+	return mine && acked_to > 0 && released == acked_to && base > 0 && published_rev == base;
+}
+
 const char *mlfs_act_name(enum mlfs_act a)
 {
 	static const char *const names[] = {

@@ -136,6 +136,41 @@ static int64_t config_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *k
 	return v;
 }
 
+/* The "released" key @kv into @k: "<version>", or {"version", "entries":
+ * [ids]} when the announcement's transaction put those nodes' entries
+ * (mlfs_attempt.c's act_announce). */
+static void released_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *kv,
+			    struct mlfs_jobkeys *k)
+{
+	k->released_rev = kv->mod_revision;
+	if (kv->len == 0 || kv->value[0] != '{') {
+		k->released = strtoll(kv->value, NULL, 10);
+		return;
+	}
+	pthread_mutex_lock(&c->parsed_lock); /* parsed once per revision */
+	bool hit = c->parsed_rel_rev == kv->mod_revision;
+	k->released = c->parsed_rel_version;
+	k->released_mine = c->parsed_rel_mine;
+	pthread_mutex_unlock(&c->parsed_lock);
+	if (hit)
+		return;
+	json_t *j = json_loadb(kv->value, kv->len, 0, NULL), *id;
+	size_t i;
+	k->released = json_integer_value(json_object_get(j, "version"));
+	k->released_mine = false;
+	json_array_foreach(json_object_get(j, "entries"), i, id)
+	{
+		if (json_is_string(id) && strcmp(json_string_value(id), c->me) == 0)
+			k->released_mine = true;
+	}
+	json_decref(j);
+	pthread_mutex_lock(&c->parsed_lock);
+	c->parsed_rel_rev = kv->mod_revision;
+	c->parsed_rel_version = k->released;
+	c->parsed_rel_mine = k->released_mine;
+	pthread_mutex_unlock(&c->parsed_lock);
+}
+
 /* Sorts the job's keys @kvs (@n of them, taken over) of a read at
  * @revision into @k. */
 static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int64_t revision,
@@ -168,7 +203,7 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 		else if (strncmp(name, "drain/", 6) == 0)
 			json_object_set_new(k->draining, name + 6, json_true());
 		else if (strcmp(name, "released") == 0)
-			k->released = strtoll(kv->value, NULL, 10);
+			released_parsed(c, kv, k);
 		else if (strcmp(name, "restore") == 0)
 			k->restore_j = json_loadb(kv->value, kv->len, 0, NULL);
 		else if (strcmp(name, "import") == 0)

@@ -96,19 +96,17 @@ static void saved_key(const struct mlfs_cluster *c, char *k, size_t cap)
 	snprintf(k, cap, "%ssaved/%s", c->nprefix, c->me);
 }
 
-int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err)
+/* This node's entry as JSON text (a new string; NULL: out of memory),
+ * its settled state updated (c->entry_state). publock held. */
+static char *entry_text(struct mlfs_cluster *c)
 {
-	char k[512];
-	int rc = 0;
 	bool lost;
 	enum mlfs_reconf_state reconf;
 	json_t *o = node_entry(c, &lost, &reconf);
-	int64_t lease = atomic_load(&c->lease);
 	char *e = NULL;
 
 	if (!o)
-		return -ENOMEM;
-	pthread_mutex_lock(&c->publock);
+		return NULL;
 	/* Its last settled state (idle, failed, lost): a reconfiguration's
 	 * passing ones (preparing, prepared, committing, aborting) would put
 	 * the entry four more times per node, and every put reaches every
@@ -122,19 +120,84 @@ int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err)
 	if (json_object_set_new(o, "state", json_string(c->entry_state)) == 0)
 		e = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(o);
+	return e;
+}
+
+int mlfs_nodeentry_publish(struct mlfs_cluster *c, struct ptc_error *err)
+{
+	char k[512];
+	int rc = 0;
+	int64_t lease = atomic_load(&c->lease), rev = 0;
+
+	pthread_mutex_lock(&c->publock);
+	char *e = entry_text(c);
 	if (!e)
 		rc = -ENOMEM;
 	else if (lease && (!c->published || strcmp(c->published, e) != 0)) {
 		snprintf(k, sizeof(k), "%s%s", c->nprefix, c->me);
-		if ((rc = net_etcd_put(c->etcd, k, e, strlen(e), lease, NULL, err)) == 0) {
+		if ((rc = net_etcd_put_rev(c->etcd, k, e, strlen(e), lease, &rev, NULL, err)) ==
+		    0) {
 			free(c->published);
 			c->published = e;
+			c->published_rev = rev;
 			e = NULL;
+		} else {
+			c->published_rev = 0; /* it may have landed: unknown */
 		}
 	}
 	pthread_mutex_unlock(&c->publock);
 	free(e);
 	return rc;
+}
+
+int mlfs_nodeentry_for_ack(struct mlfs_cluster *c, int64_t to, struct mlfs_vote_entry *e)
+{
+	int64_t lease = atomic_load(&c->lease);
+	int rc = 0;
+
+	*e = (struct mlfs_vote_entry){0};
+	pthread_mutex_lock(&c->publock);
+	free(c->acked_entry);
+	c->acked_entry = NULL;
+	if (!lease || !c->published || !c->published_rev)
+		rc = -EAGAIN;
+	else if (!(c->acked_entry = entry_text(c)))
+		rc = -ENOMEM;
+	else {
+		c->acked_entry_to = to;
+		c->acked_entry_base = c->published_rev;
+		*e = (struct mlfs_vote_entry){
+		    .entry = c->acked_entry, .lease = lease, .rev = c->published_rev};
+	}
+	pthread_mutex_unlock(&c->publock);
+	return rc;
+}
+
+void mlfs_nodeentry_acked(struct mlfs_cluster *c, bool ok)
+{
+	if (ok)
+		return;
+	pthread_mutex_lock(&c->publock);
+	free(c->acked_entry);
+	c->acked_entry = NULL;
+	pthread_mutex_unlock(&c->publock);
+}
+
+void mlfs_nodeentry_adopt(struct mlfs_cluster *c, int64_t version, bool mine, int64_t rev)
+{
+	pthread_mutex_lock(&c->publock);
+	if (c->acked_entry && mlfs_entry_adopted(c->acked_entry_to, c->acked_entry_base, version,
+						 mine, c->published_rev)) {
+		free(c->published);
+		c->published = c->acked_entry;
+		c->published_rev = rev;
+		c->acked_entry = NULL;
+	}
+	if (c->acked_entry && version >= c->acked_entry_to) { /* not put: its own put follows */
+		free(c->acked_entry);
+		c->acked_entry = NULL;
+	}
+	pthread_mutex_unlock(&c->publock);
 }
 
 void mlfs_nodeentry_steps_saved(void *arg)
@@ -195,6 +258,7 @@ int mlfs_nodeentry_register(struct mlfs_cluster *c, struct ptc_error *err)
 	pthread_mutex_lock(&c->publock);
 	free(c->published); /* the entry went with the old lease */
 	c->published = NULL;
+	c->published_rev = 0;
 	pthread_mutex_unlock(&c->publock);
 	atomic_store(&c->lease, lease);
 	atomic_store(&c->lease_expired, false);

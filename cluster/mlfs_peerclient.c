@@ -255,7 +255,7 @@ int mlfs_peer_job_manifest(struct mlfs_store *st, int node, json_t **out, struct
 }
 
 int mlfs_peer_vote(struct mlfs_store *st, int node, int64_t to, const char *aid, const char *vote,
-		   struct ptc_error *err)
+		   const struct mlfs_vote_entry *e, struct ptc_error *err)
 {
 	struct mlfs_peerclient *cl = client_of(st);
 	char url[NET_MAX_URL];
@@ -265,7 +265,7 @@ int mlfs_peer_vote(struct mlfs_store *st, int node, int64_t to, const char *aid,
 	if (!cl)
 		return -EHOSTUNREACH;
 	const struct ptc_cluster *c = mlfs_store_cluster(st);
-	char *body = mlfs_vote_body(c->nodes[st->node].id, to, aid, vote);
+	char *body = mlfs_vote_body_entry(c->nodes[st->node].id, to, aid, vote, e);
 	if (!body)
 		return -ENOMEM;
 	snprintf(url, sizeof(url), "http://%s/v1/vote", c->nodes[node].addr);

@@ -41,13 +41,59 @@
 
 /* ---------------------------------------------------------------- message */
 
-char *mlfs_vote_body(const char *node, int64_t to, const char *aid, const char *vote)
+char *mlfs_vote_body_entry(const char *node, int64_t to, const char *aid, const char *vote,
+			   const struct mlfs_vote_entry *e)
 {
 	json_t *v = json_pack("{sssIssss}", "node", node, "to", (json_int_t)to, "attempt", aid,
 			      "vote", vote);
+	if (v && e && e->entry &&
+	    (json_object_set_new(v, "entry", json_string(e->entry)) ||
+	     json_object_set_new(v, "lease", json_integer(e->lease)) ||
+	     json_object_set_new(v, "rev", json_integer(e->rev)))) {
+		json_decref(v);
+		return NULL;
+	}
 	char *body = v ? json_dumps(v, JSON_COMPACT) : NULL;
 	json_decref(v);
 	return body;
+}
+
+char *mlfs_vote_body(const char *node, int64_t to, const char *aid, const char *vote)
+{
+	return mlfs_vote_body_entry(node, to, aid, vote, NULL);
+}
+
+/* The entry fields of vote @v into @m (none: .entry NULL): 0, or -EINVAL
+ * with @err naming the field. */
+static int entry_parse(const json_t *v, struct mlfs_vote_msg *m, struct ptc_error *err)
+{
+	const json_t *e = json_object_get(v, "entry"), *lease = json_object_get(v, "lease"),
+		     *rev = json_object_get(v, "rev");
+
+	if (!e && !lease && !rev)
+		return 0;
+	if (strcmp(m->vote, "swapped") != 0)
+		return ptc_error_set(err, -EINVAL, "\"entry\" goes only with the vote \"swapped\"");
+	if (!json_is_string(e) || json_string_length(e) > MLFS_VOTE_ENTRY_MAX)
+		return ptc_error_set(err, -EINVAL,
+				     "expected \"entry\", the node's entry as JSON text (at most "
+				     "%d bytes)",
+				     MLFS_VOTE_ENTRY_MAX);
+	json_t *obj = json_loadb(json_string_value(e), json_string_length(e), 0, NULL);
+	bool ok = json_is_object(obj);
+	json_decref(obj);
+	if (!ok)
+		return ptc_error_set(err, -EINVAL, "expected \"entry\" to be a JSON object's text");
+	if (!json_is_integer(lease) || json_integer_value(lease) < 1)
+		return ptc_error_set(err, -EINVAL,
+				     "expected \"lease\", the lease the entry is bound to");
+	if (!json_is_integer(rev) || json_integer_value(rev) < 1)
+		return ptc_error_set(err, -EINVAL,
+				     "expected \"rev\", the revision of the node's last entry put");
+	m->entry = (struct mlfs_vote_entry){.entry = json_string_value(e),
+					    .lease = json_integer_value(lease),
+					    .rev = json_integer_value(rev)};
+	return 0;
 }
 
 /* Whether @s is an attempt id: 1 to 23 letters and digits. */
@@ -91,7 +137,7 @@ int mlfs_vote_parse(const char *body, size_t len, json_t **doc, struct mlfs_vote
 				     MLFS_VOTE_MAX);
 	if (!m->node || !*m->node)
 		return ptc_error_set(err, -EINVAL, "expected \"node\", a node of the cluster");
-	return 0;
+	return entry_parse(v, m, err);
 }
 
 int mlfs_vote_serve(struct mlfs_votebox *b, struct net_request *r,
@@ -108,7 +154,8 @@ int mlfs_vote_serve(struct mlfs_votebox *b, struct net_request *r,
 		rc = ptc_error_set(&err, -EINVAL, "expected \"node\", a node of the cluster");
 	if (rc)
 		net_reply_error(r, 400, "%s", err.text);
-	else if ((rc = mlfs_votebox_put(b, m.node, m.to, m.attempt, m.vote)))
+	else if ((rc = mlfs_votebox_put_entry(b, m.node, m.to, m.attempt, m.vote,
+					      m.entry.entry ? &m.entry : NULL)))
 		net_reply_error(r, 503, "out of memory");
 	else
 		net_reply_buf(r, 200, "{}", 2, "application/json");
@@ -121,6 +168,9 @@ int mlfs_vote_serve(struct mlfs_votebox *b, struct net_request *r,
 struct mlfs_votebox {
 	pthread_mutex_t lock;
 	json_t *votes; /* {id: "<to> <attempt id> <vote>"} */
+	/* {id: {"attempt", "entry", "lease", "rev"}}: the entry the node's
+	 * last vote (a "swapped" ack) carried; gone with the vote */
+	json_t *entries;
 	void (*wake)(void *arg);
 	void *arg;
 	/* mlfs_votebox_expect: attempt @expect_aid has @expect_n participants
@@ -136,7 +186,9 @@ int mlfs_votebox_new(struct mlfs_votebox **out)
 	struct mlfs_votebox *b = calloc(1, sizeof(*b));
 
 	*out = NULL;
-	if (!b || !(b->votes = json_object())) {
+	if (!b || !(b->votes = json_object()) || !(b->entries = json_object())) {
+		if (b)
+			json_decref(b->votes);
 		free(b);
 		return -ENOMEM;
 	}
@@ -150,6 +202,7 @@ void mlfs_votebox_free(struct mlfs_votebox *b)
 	if (!b)
 		return;
 	json_decref(b->votes);
+	json_decref(b->entries);
 	pthread_mutex_destroy(&b->lock);
 	free(b);
 }
@@ -193,16 +246,29 @@ void mlfs_votebox_expect(struct mlfs_votebox *b, const char *aid, size_t n)
 	pthread_mutex_unlock(&b->lock);
 }
 
-int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,
-		     const char *vote)
+int mlfs_votebox_put_entry(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,
+			   const char *vote, const struct mlfs_vote_entry *e)
 {
 	char *v = NULL;
+	json_t *ent = e && e->entry
+			  ? json_pack("{sssssIsI}", "attempt", aid, "entry", e->entry, "lease",
+				      (json_int_t)e->lease, "rev", (json_int_t)e->rev)
+			  : NULL;
 
-	if (asprintf(&v, "%" PRId64 " %s %s", to, aid, vote) < 0)
+	if ((e && e->entry && !ent) || asprintf(&v, "%" PRId64 " %s %s", to, aid, vote) < 0) {
+		json_decref(ent);
 		return -ENOMEM;
+	}
 	pthread_mutex_lock(&b->lock);
 	int was = expected_kind(b, json_string_value(json_object_get(b->votes, node)));
 	int rc = json_object_set_new(b->votes, node, json_string(v)) ? -ENOMEM : 0;
+	/* the entry before the wake-up below: the round it wakes sees it */
+	if (rc == 0 && ent)
+		rc = json_object_set_new(b->entries, node, ent) ? -ENOMEM : 0;
+	else if (rc == 0)
+		json_object_del(b->entries, node);
+	else
+		json_decref(ent);
 	if (rc == 0) {
 		/* The coordinator's rounds decide after a vote other than
 		 * "ready" or "swapped" (a failure aborts), one on an attempt
@@ -220,6 +286,33 @@ int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const
 	pthread_mutex_unlock(&b->lock);
 	free(v);
 	return rc;
+}
+
+int mlfs_votebox_put(struct mlfs_votebox *b, const char *node, int64_t to, const char *aid,
+		     const char *vote)
+{
+	return mlfs_votebox_put_entry(b, node, to, aid, vote, NULL);
+}
+
+json_t *mlfs_votebox_entries(struct mlfs_votebox *b, const char *aid)
+{
+	json_t *out = json_object(), *e;
+	const char *id;
+
+	pthread_mutex_lock(&b->lock);
+	json_object_foreach(b->entries, id, e)
+	{
+		if (!out)
+			break;
+		if (strcmp(json_string_value(json_object_get(e, "attempt")), aid) == 0)
+			json_object_set_new(out, id,
+					    json_pack("{sOsOsO}", "entry",
+						      json_object_get(e, "entry"), "lease",
+						      json_object_get(e, "lease"), "rev",
+						      json_object_get(e, "rev")));
+	}
+	pthread_mutex_unlock(&b->lock);
+	return out;
 }
 
 int mlfs_votebox_copy(struct mlfs_votebox *b, struct net_etcd_kv **kvs, size_t *n)

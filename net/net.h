@@ -309,6 +309,11 @@ int net_etcd_get(struct net_etcd *e, const char *key, struct net_etcd_kv *kv,
 /* Puts @len bytes at @value under @key, bound to @lease (0: none). */
 int net_etcd_put(struct net_etcd *e, const char *key, const void *value, size_t len, int64_t lease,
 		 const struct net_http_call *budget, struct ptc_error *err);
+/* net_etcd_put, and the revision of the put (the key's new mod revision)
+ * into *@revision. */
+int net_etcd_put_rev(struct net_etcd *e, const char *key, const void *value, size_t len,
+		     int64_t lease, int64_t *revision, const struct net_http_call *budget,
+		     struct ptc_error *err);
 /* Deletes @key (or the keys starting with it); how many into *@deleted. */
 int net_etcd_delete(struct net_etcd *e, const char *key, bool prefix, int64_t *deleted,
 		    const struct net_http_call *budget, struct ptc_error *err);

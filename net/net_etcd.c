@@ -275,18 +275,31 @@ int net_etcd_txn(struct net_etcd *e, const struct net_etcd_cmp *cmps, size_t ncm
 	return 0;
 }
 
-int net_etcd_put(struct net_etcd *e, const char *key, const void *value, size_t len, int64_t lease,
-		 const struct net_http_call *budget, struct ptc_error *err)
+int net_etcd_put_rev(struct net_etcd *e, const char *key, const void *value, size_t len,
+		     int64_t lease, int64_t *revision, const struct net_http_call *budget,
+		     struct ptc_error *err)
 {
+	static const char method[] = "/etcdserverpb.KV/Put";
 	struct net_etcd_op op = {NET_ETCD_PUT, key, value, len, lease, false};
 	struct net_pb_buf req = {0};
 	uint8_t *reply;
 	size_t n;
 
 	op_message(&req, &op);
-	int rc = call(e, "/etcdserverpb.KV/Put", &req, true, budget, &reply, &n, err);
+	int rc = call(e, method, &req, true, budget, &reply, &n, err);
+	if (rc == 0 && revision) {
+		*revision = reply_revision(reply, n, &rc); /* PutResponse.header */
+		if (rc)
+			rc = malformed(e, method, err);
+	}
 	free(reply);
 	return rc;
+}
+
+int net_etcd_put(struct net_etcd *e, const char *key, const void *value, size_t len, int64_t lease,
+		 const struct net_http_call *budget, struct ptc_error *err)
+{
+	return net_etcd_put_rev(e, key, value, len, lease, NULL, budget, err);
 }
 
 int net_etcd_delete(struct net_etcd *e, const char *key, bool prefix, int64_t *deleted,

@@ -184,14 +184,15 @@ def test_death_between_vote_and_swap_loses_nothing(cluster_factory):
                 f"{nid} released its retained layout")
 
 
-def test_swaps_acked_to_the_coordinator_release_before_the_entries(cluster_factory):
+def test_swaps_acked_to_the_coordinator_carry_the_entries(cluster_factory):
     """After the commit each participant acks its swap to the coordinator (POST /v1/vote,
     "swapped"), whose rounds count the acks as they count the entries: it announces the
-    release ("released") on them, and `mlfs reconfigure` (reading its status.json)
-    returns on them. The N entry puts come after the announcement, off the path the
-    command waits for: `released` is older in etcd than every participant's entry at the
-    new version (before, each entry was put at its swap and the release waited for all
-    of them). The retained layouts go, and a config written at once commits."""
+    release ("released") on them, and `mlfs reconfigure` (polling its status.json)
+    returns on them. Each ack carries the node's new entry, and the announcement puts
+    them all with it in one transaction: every entry at the new version has the
+    announcement's revision, which names every node (before, each node put its own
+    after the announcement: N puts, N raft entries). The retained layouts go, and a
+    config written at once commits."""
     cl = cluster_factory(nnodes=4, devices=1)
     full = full_of(35)
     v1 = {"version": 1, "tp": 1, "pp": 1, "dp": 4, "nodes": ["n0", "n1", "n2", "n3"]}
@@ -208,18 +209,27 @@ def test_swaps_acked_to_the_coordinator_release_before_the_entries(cluster_facto
 
     def entries():
         return {nid: cl.etcd.kv(f"/mlfs-nodes/{cl.job}/{nid}") for nid in cl.ids}
-    cl.wait(lambda: all(json.loads(e.value)["version"] == 2 for e in entries().values()),
-            "every entry at version 2", timeout=10)
+    cl.wait(lambda: json.loads(cl.keys()["released"].value)["version"] == 2,
+            "the release of version 2 announced", timeout=10)
     rel = cl.keys()["released"]
-    assert int(rel.value) == 2, rel
-    late = {nid: e.mod_revision for nid, e in entries().items()}
-    assert all(rel.mod_revision < r for r in late.values()), (rel.mod_revision, late)
+    assert sorted(json.loads(rel.value)["entries"]) == cl.ids, rel.value
+    got = entries()
+    for nid, e in got.items():
+        assert json.loads(e.value)["version"] == 2 and json.loads(e.value)["state"] == "idle", \
+            (nid, e.value)
+        assert e.mod_revision == rel.mod_revision, (nid, e.mod_revision, rel.mod_revision)
+        assert e.lease, (nid, "the entry is bound to no lease")
     for nid in cl.ids:
         cl.wait(lambda nid=nid: retained(cl, nid) == 0, f"{nid} released version 1")
         assert "cannot reach the coordinator" not in cl[nid].stderr(), cl[nid].stderr()
+    # No node put its entry again after the announcement: it took the one its ack
+    # carried as its own.
+    time.sleep(0.5)
+    assert {nid: e.mod_revision for nid, e in entries().items()} == \
+        {nid: rel.mod_revision for nid in cl.ids}
 
     # Back to back, on another node each time: a config written as the command
-    # returns waits for the entries (10 ms naps), then commits.
+    # returns commits.
     v3 = {"version": 3, "tp": 1, "pp": 1, "dp": 4, "nodes": ["n0", "n1", "n2", "n3"]}
     v4 = {"version": 4, "tp": 1, "pp": 1, "dp": 2, "nodes": ["n2", "n3"]}
     for nid, v in (("n1", v3), ("n3", v4)):
@@ -227,6 +237,28 @@ def test_swaps_acked_to_the_coordinator_release_before_the_entries(cluster_facto
         assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
     cl.wait_version(4)
     cl.check_layout(MIXED, v4, full, step=6)
+
+
+def test_entry_put_after_the_ack_is_not_overwritten(cluster_factory):
+    """A node that puts its own entry between its swap ack and the announcement (a
+    failpoint does what a step saved then does) makes the announcement's comparison
+    fail: the release is announced alone, naming no entry, and every node puts its own
+    entry, none older than its last put."""
+    cl = cluster_factory(nnodes=3, devices=1,
+                         node_env={"n2": {"MLFS_FAILPOINT": "put-entry-after-ack"}})
+    full = full_of(36)
+    v1 = {"version": 1, "tp": 1, "pp": 1, "dp": 3, "nodes": ["n0", "n1", "n2"]}
+    cl.start_job(MIXED, v1, "n0", full, step=4)
+    v2 = {"version": 2, "tp": 1, "pp": 1, "dp": 1, "nodes": ["n1"]}
+    p = cl.reconfigure("n0", v2)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait(lambda: cl.keys()["released"].value == b"2", "version 2's release announced alone",
+            timeout=10)
+    cl.wait(lambda: all(json.loads(cl.etcd.kv(f"/mlfs-nodes/{cl.job}/{nid}").value)["version"]
+                        == 2 for nid in cl.ids), "every entry at version 2", timeout=10)
+    assert "failpoint put-entry-after-ack" in cl["n2"].stderr()
+    assert "the release announced alone" in cl["n0"].stderr(), cl["n0"].stderr()
+    cl.check_layout(MIXED, v2, full, step=4)
 
 
 def test_whole_job_restart_is_lost_until_reset(cluster_factory):

@@ -858,6 +858,22 @@ static void test_entry_puts_after_a_commit_are_spread(void **state)
 	assert_int_equal(mlfs_publish_delay_ms(10000, -1), 0);
 }
 
+/* The entry a swap ack carried is the node's in etcd once the announcement
+ * names the node, for that version, and the node put nothing since. */
+static void test_entry_adopted_from_the_announcement(void **state)
+{
+	(void)state;
+	/* acked to 5 at revision 40; released 5 names it; no put since */
+	assert_true(mlfs_entry_adopted(5, 40, 5, true, 40));
+	assert_false(mlfs_entry_adopted(5, 40, 5, false, 40)); /* not named: its own put */
+	assert_false(mlfs_entry_adopted(5, 40, 6, true, 40));  /* another version's */
+	assert_false(mlfs_entry_adopted(5, 40, 4, true, 40));
+	assert_false(mlfs_entry_adopted(5, 40, 5, true, 41)); /* it put its key since */
+	assert_false(mlfs_entry_adopted(5, 40, 5, true, 0));  /* a put whose fate is unknown */
+	assert_false(mlfs_entry_adopted(0, 40, 0, true, 40)); /* no ack */
+	assert_false(mlfs_entry_adopted(5, 0, 5, true, 0));   /* no revision known */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -880,6 +896,7 @@ int main(void)
 	    cmocka_unit_test(test_participants_packed_as_ranges),
 	    cmocka_unit_test(test_lease_schedule_keeps_etcd_at_1000_keepalives),
 	    cmocka_unit_test(test_entry_puts_after_a_commit_are_spread),
+	    cmocka_unit_test(test_entry_adopted_from_the_announcement),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

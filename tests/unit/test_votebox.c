@@ -233,6 +233,54 @@ static void test_vote_body_round_trip(void **state)
 	free(body);
 }
 
+/* A swap ack carries the node's entry: it round-trips through the body, is
+ * kept with the vote in the box, named by its attempt, and goes when a
+ * later vote of the node replaces the ack. */
+static void test_swap_ack_carries_the_entry(void **state)
+{
+	(void)state;
+	struct mlfs_vote_msg m;
+	struct ptc_error err;
+	struct mlfs_votebox *b;
+	json_t *doc;
+	const char *text = "{\"addr\":\"127.0.0.1:1\",\"version\":4}";
+	struct mlfs_vote_entry e = {.entry = text, .lease = 77, .rev = 123};
+
+	char *body = mlfs_vote_body_entry("n3", 4, "ff00", "swapped", &e);
+	assert_int_equal(mlfs_vote_parse(body, strlen(body), &doc, &m, &err), 0);
+	assert_string_equal(m.entry.entry, text);
+	assert_int_equal(m.entry.lease, 77);
+	assert_int_equal(m.entry.rev, 123);
+	json_decref(doc);
+	free(body);
+	body = mlfs_vote_body("n3", 4, "ff00", "swapped"); /* none */
+	assert_int_equal(mlfs_vote_parse(body, strlen(body), &doc, &m, &err), 0);
+	assert_null(m.entry.entry);
+	json_decref(doc);
+	free(body);
+
+	assert_int_equal(mlfs_votebox_new(&b), 0);
+	assert_int_equal(mlfs_votebox_put_entry(b, "n1", 4, "ff00", "swapped", &e), 0);
+	assert_int_equal(mlfs_votebox_put_entry(b, "n2", 4, "ff00", "swapped", NULL), 0);
+	assert_int_equal(mlfs_votebox_put_entry(b, "n3", 4, "ee00", "swapped", &e), 0);
+	json_t *got = mlfs_votebox_entries(b, "ff00");
+	assert_int_equal(json_object_size(got), 1); /* n2 carried none, n3 another attempt */
+	json_t *n1 = json_object_get(got, "n1");
+	assert_string_equal(json_string_value(json_object_get(n1, "entry")), text);
+	assert_int_equal(json_integer_value(json_object_get(n1, "lease")), 77);
+	assert_int_equal(json_integer_value(json_object_get(n1, "rev")), 123);
+	json_decref(got);
+	/* a later vote of n1 replaces the ack, and its entry with it */
+	assert_int_equal(mlfs_votebox_put(b, "n1", 5, "dd00", "ready"), 0);
+	got = mlfs_votebox_entries(b, "ff00");
+	assert_int_equal(json_object_size(got), 0);
+	json_decref(got);
+	got = mlfs_votebox_entries(b, "ee00");
+	assert_int_equal(json_object_size(got), 1);
+	json_decref(got);
+	mlfs_votebox_free(b);
+}
+
 static void test_vote_parse_names_the_field(void **state)
 {
 	(void)state;
@@ -261,6 +309,24 @@ static void test_vote_parse_names_the_field(void **state)
 	    {toolong, "\"vote\""},
 	    {"{\"to\":2,\"attempt\":\"abc\",\"vote\":\"ready\"}", "\"node\""},
 	    {"{\"node\":\"\",\"to\":2,\"attempt\":\"abc\",\"vote\":\"ready\"}", "\"node\""},
+	    /* the entry a swap ack carries */
+	    {"{\"node\":\"n1\",\"to\":2,\"attempt\":\"abc\",\"vote\":\"ready\",\"entry\":\"{}\","
+	     "\"lease\":1,\"rev\":1}",
+	     "\"swapped\""},
+	    {"{\"node\":\"n1\",\"to\":2,\"attempt\":\"abc\",\"vote\":\"swapped\",\"entry\":3,"
+	     "\"lease\":1,\"rev\":1}",
+	     "\"entry\""},
+	    {"{\"node\":\"n1\",\"to\":2,\"attempt\":\"abc\",\"vote\":\"swapped\",\"entry\":\"[1]\","
+	     "\"lease\":1,\"rev\":1}",
+	     "\"entry\""},
+	    {"{\"node\":\"n1\",\"to\":2,\"attempt\":\"abc\",\"vote\":\"swapped\",\"entry\":\"{}\","
+	     "\"rev\":1}",
+	     "\"lease\""},
+	    {"{\"node\":\"n1\",\"to\":2,\"attempt\":\"abc\",\"vote\":\"swapped\",\"entry\":\"{}\","
+	     "\"lease\":1,\"rev\":0}",
+	     "\"rev\""},
+	    {"{\"node\":\"n1\",\"to\":2,\"attempt\":\"abc\",\"vote\":\"swapped\",\"lease\":1}",
+	     "\"entry\""},
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		struct mlfs_vote_msg m;
@@ -284,6 +350,7 @@ int main(void)
 	    cmocka_unit_test(test_expected_attempt_wakes_when_decidable),
 	    cmocka_unit_test(test_concurrent_puts),
 	    cmocka_unit_test(test_vote_body_round_trip),
+	    cmocka_unit_test(test_swap_ack_carries_the_entry),
 	    cmocka_unit_test(test_vote_parse_names_the_field),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
