@@ -102,20 +102,24 @@
  *     puts it and nothing else), its commit transaction exactly as
  *     mlfs_attempt.c's finish() writes it (config, config_id, the attempt
  *     deleted, result/2: no vote to delete).
- * The etcd requests of one reconfiguration, by the code above: each node
- * puts its entry once (the new version, after the release): N; its
- * vote and its swap ack are no etcd request. The coordinator also reads the job and the
- * entries (2 ranges), follows the entries (a watch and its range) from its
- * proposal until it announces, creates the attempt (txn), commits (txn)
- * and announces (put): N + 7 (puts N + 1, ranges 3, txns 2, watches 1).
+ * The etcd requests of one reconfiguration, by the code above: no node
+ * puts its entry: each swap ack carries the node's new entry to the
+ * coordinator, whose announcement puts them all in its transaction (up to
+ * MLFS_ANNOUNCE_ENTRIES_MAX, 100; past it "released" alone, then each
+ * node's put: N more); its vote and its swap ack are no etcd request. The
+ * coordinator reads the job and the entries (2 ranges), follows the
+ * entries (a watch and its range) from its proposal until it announces,
+ * creates the attempt (txn), commits (txn) and announces (txn): 7 (ranges
+ * 3, txns 3, watches 1; N + 7 past 100 nodes: puts N + 1, txns 2).
  * Besides etcd, N - 1 vote POSTs and N - 1 swap acks reach n0's peer
  * server (n0's own are no request; "peer_server_requests"), and its box
  * gets N votes and N acks ("votes_received", "acks"). Each node that falls back after 2 s adds a
  * watch and a range of N entries, and a put when it announces. Watch events: 6 per job watch (the
  * attempt; the commit's config, config_id, attempt and result/2; "released"): 6N in all. The
- * entries' puts come after the announcement, when no watch follows them; the coordinator's entries
- * range (before the attempt existed) read every entry at version 1. No
- * vote or ack among them, no passing states.
+ * entries' puts come with the announcement, which no job watch sees (the
+ * coordinator's entries watch may, as it stops); its entries range (before
+ * the attempt existed) read every entry at version 1. No vote or ack
+ * among them, no passing states.
  *
  * How a simulated node differs from a daemon:
  *   - the daemon's CPU. A round's CPU in the daemon (mirror copy of the

@@ -79,6 +79,7 @@ void finish(struct worker *w, struct node *nd, const struct att *a, int64_t to, 
 		abort_run("the coordinator aborted: %s", reason);
 	} else {
 		nd->announce = to; /* it follows the swaps and says when all are done */
+		snprintf(nd->acked_id, sizeof(nd->acked_id), "%s", a->id);
 		atomic_store(&S.commit_sent_wall, sent);
 		atomic_store(&S.commit_wall, wall_ns());
 	}

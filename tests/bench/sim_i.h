@@ -132,6 +132,8 @@ struct group {
 	int64_t last_event; /* the revision of the last event applied (or the read's) */
 	bool has_schema;
 	int64_t committed, released;
+	int64_t released_rev;
+	json_t *released_ids; /* {id: true}: the entries the announcement put */
 	char config_id[24];
 	struct att *att;
 };
@@ -180,6 +182,10 @@ struct node {
 	struct att *prep_parts, *swap_wait; /* c->prep_parts, c->swap_wait */
 	char *mine;			    /* c->mine: the attempt it created */
 	char *published;		    /* c->published */
+	int64_t published_rev;		    /* c->published_rev */
+	char *acked_entry;		    /* c->acked_entry, and: */
+	int64_t acked_entry_to, acked_entry_base;
+	char acked_id[24]; /* c->acked_id: the attempt it committed */
 	bool publish_failed;		    /* c->publish_failed */
 	int64_t publish_at_ms;		    /* c->publish_at_ms (wall) */
 	int64_t publish_after;		    /* c->publish_after: its swap, acked */

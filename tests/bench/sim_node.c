@@ -71,15 +71,18 @@ static void publish(struct worker *w, struct node *nd)
 	}
 	snprintf(k, sizeof(k), "%s%s", S.nprefix, nd->id);
 	c_add(C_PUT, 1);
-	if (net_etcd_put(w->etcd, k, e, strlen(e), lease, NULL, &err)) {
+	int64_t rev = 0;
+	if (net_etcd_put_rev(w->etcd, k, e, strlen(e), lease, &rev, NULL, &err)) {
 		fprintf(stderr, "sim_control: %s: put entry: %s\n", nd->id, err.text);
 		nd->publish_failed = true;
+		nd->published_rev = 0;
 		free(e);
 		return;
 	}
 	nd->publish_failed = false;
 	free(nd->published);
 	nd->published = e;
+	nd->published_rev = rev;
 	int target = atomic_load(&S.target);
 	if (nd->have == target && nd->published_v != target) { /* the job sees its swap */
 		nd->published_v = target;
@@ -100,6 +103,7 @@ int do_register(struct worker *w, struct node *nd)
 	}
 	free(nd->published); /* the entry went with the old lease */
 	nd->published = NULL;
+	nd->published_rev = 0;
 	atomic_store(&nd->lease, lease);
 	atomic_store(&nd->lease_expired, false);
 	publish(w, nd);
@@ -119,12 +123,24 @@ static bool vote(struct worker *w, struct node *nd, const char *coordinator, int
 {
 	bool ack = strcmp(what, "swapped") == 0;
 	struct ptc_error err = {.text = ""};
+	struct mlfs_vote_entry e = {0};
 	int rc;
 
 	if (!aid || !*aid)
 		return false; /* nothing to vote on */
+	free(nd->acked_entry); /* mlfs_nodeentry_for_ack: its swap ack carries its entry */
+	nd->acked_entry = NULL;
+	if (ack && atomic_load(&nd->lease) && nd->published && nd->published_rev) {
+		nd->acked_entry = entry_text(nd, nd->entry_state);
+		nd->acked_entry_to = to;
+		nd->acked_entry_base = nd->published_rev;
+		e = (struct mlfs_vote_entry){.entry = nd->acked_entry,
+					     .lease = atomic_load(&nd->lease),
+					     .rev = nd->published_rev};
+	}
 	if (!coordinator || strcmp(coordinator, nd->id) == 0) {
-		rc = S.box ? mlfs_votebox_put(S.box, nd->id, to, aid, what) : -ENOTCONN;
+		rc = S.box ? mlfs_votebox_put_entry(S.box, nd->id, to, aid, what, e.entry ? &e : NULL)
+			   : -ENOTCONN;
 		if (rc == 0)
 			c_add(C_VOTES_RECEIVED, 1);
 		else
@@ -134,7 +150,7 @@ static bool vote(struct worker *w, struct node *nd, const char *coordinator, int
 		rc = ptc_error_set(&err, -ENOENT, "the coordinator %s is not simulated",
 				   coordinator);
 	} else {
-		char *body = mlfs_vote_body(nd->id, to, aid, what);
+		char *body = mlfs_vote_body_entry(nd->id, to, aid, what, e.entry ? &e : NULL);
 		uint8_t *data = NULL;
 		size_t len = 0;
 		if (!body)
@@ -155,6 +171,8 @@ static bool vote(struct worker *w, struct node *nd, const char *coordinator, int
 		c_add(C_VOTES, 1);
 		c_max(C_LAST_VOTE, wall_ns());
 	} else {
+		free(nd->acked_entry); /* mlfs_nodeentry_acked(c, false) */
+		nd->acked_entry = NULL;
 		if (ack)
 			c_add(C_ACKS_FAILED, 1);
 		fprintf(stderr, "sim_control: %s: %s on version %" PRId64 ": %s\n", nd->id,
@@ -163,8 +181,86 @@ static bool vote(struct worker *w, struct node *nd, const char *coordinator, int
 	return rc == 0;
 }
 
+/* mlfs_nodeentry_adopt: the announcement of @version at @rev put the
+ * entry its ack carried (@mine): its published one now. */
+static void adopt(struct node *nd, int64_t version, bool mine, int64_t rev)
+{
+	if (nd->acked_entry && mlfs_entry_adopted(nd->acked_entry_to, nd->acked_entry_base,
+						   version, mine, nd->published_rev)) {
+		free(nd->published);
+		nd->published = nd->acked_entry;
+		nd->published_rev = rev;
+		nd->acked_entry = NULL;
+		int target = atomic_load(&S.target);
+		if (nd->have == target && nd->published_v != target) { /* as publish's */
+			nd->published_v = target;
+			c_add(C_PUBLISHED, 1);
+			c_max(C_LAST_PUBLISHED, wall_ns());
+		}
+	}
+	if (nd->acked_entry && version >= nd->acked_entry_to) {
+		free(nd->acked_entry);
+		nd->acked_entry = NULL;
+	}
+}
+
+/* mlfs_attempt.c's announce_with_entries: "released" with the entries the
+ * swap acks carried, one transaction, each while its key is as its node
+ * last put it; else "released" alone. 0 (*@rev: the entries' revision, 0
+ * when they were not put) or the transaction's error. */
+static int announce_entries(struct worker *w, const char *k, const char *plain,
+			    int64_t version, json_t *ents, int64_t *rev, struct ptc_error *err)
+{
+	size_t n = json_object_size(ents), i = 0;
+	struct net_etcd_cmp *cmps = calloc(n, sizeof(*cmps));
+	struct net_etcd_op *ops = calloc(n + 1, sizeof(*ops));
+	char(*keys)[256] = calloc(n ? n : 1, sizeof(*keys));
+	json_t *ids = json_array(), *e;
+	const char *id;
+	if (!cmps || !ops || !keys || !ids)
+		die("out of memory");
+	json_object_foreach(ents, id, e)
+	{
+		snprintf(keys[i], sizeof(keys[i]), "%s%s", S.nprefix, id);
+		const char *text = json_string_value(json_object_get(e, "entry"));
+		cmps[i] = (struct net_etcd_cmp){.key = keys[i],
+						.target = NET_ETCD_MOD,
+						.result = NET_ETCD_EQUAL,
+						.num = json_integer_value(json_object_get(e, "rev"))};
+		ops[i] = (struct net_etcd_op){.kind = NET_ETCD_PUT,
+					      .key = keys[i],
+					      .value = text,
+					      .len = strlen(text),
+					      .lease = json_integer_value(json_object_get(e, "lease"))};
+		json_array_append_new(ids, json_string(id));
+		i++;
+	}
+	json_t *o = json_pack("{sIsO}", "version", (json_int_t)version, "entries", ids);
+	char *value = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	if (!value)
+		die("out of memory");
+	ops[n] = (struct net_etcd_op){
+	    .kind = NET_ETCD_PUT, .key = k, .value = value, .len = strlen(value)};
+	struct net_etcd_op alone = {
+	    .kind = NET_ETCD_PUT, .key = k, .value = plain, .len = strlen(plain)};
+	bool all = false;
+	c_add(C_TXN, 1);
+	int rc = net_etcd_txn(w->etcd, cmps, n, ops, n + 1, &alone, 1, &all, rev, NULL, err);
+	if (rc || !all)
+		*rev = 0;
+	free(value);
+	free(keys);
+	free(cmps);
+	free(ops);
+	json_decref(ids);
+	return rc;
+}
+
 /* mlfs_attempt.c's act_announce: "released" = @version, under the job's
- * keys (every node's watch); a failed put only said (the others follow
+ * keys (every node's watch), with the entries its commit's swap acks
+ * carried (up to MLFS_ANNOUNCE_ENTRIES_MAX; past it "released" alone and
+ * every node puts its own); a failed put only said (the others follow
  * the entries themselves after 2 s). */
 static void announce(struct worker *w, struct node *nd, int64_t version)
 {
@@ -172,8 +268,20 @@ static void announce(struct worker *w, struct node *nd, int64_t version)
 	struct ptc_error err;
 	name(k, sizeof(k), "released");
 	snprintf(v, sizeof(v), "%" PRId64, version);
-	c_add(C_PUT, 1);
-	if (net_etcd_put(w->etcd, k, v, strlen(v), 0, NULL, &err) == 0) {
+	json_t *ents = nd->acked_id[0] && S.box ? mlfs_votebox_entries(S.box, nd->acked_id) : NULL;
+	size_t n = json_object_size(ents);
+	int64_t rev = 0;
+	int rc = n > 0 && n <= MLFS_ANNOUNCE_ENTRIES_MAX
+		     ? announce_entries(w, k, v, version, ents, &rev, &err)
+		     : -EAGAIN;
+	if (rc == 0 && rev)
+		adopt(nd, version, json_object_get(ents, nd->id) != NULL, rev);
+	json_decref(ents);
+	if (rc) {
+		c_add(C_PUT, 1);
+		rc = net_etcd_put(w->etcd, k, v, strlen(v), 0, NULL, &err);
+	}
+	if (rc == 0) {
 		c_add(C_ANNOUNCED, 1);
 		c_max(C_LAST_ANNOUNCE, wall_ns());
 	} else {
@@ -380,11 +488,14 @@ void round_decide(struct worker *w, struct node *nd)
 	if (group_sync(w, g))
 		return; /* rule 1: without etcd nothing is decided */
 	pthread_mutex_lock(&g->lock);
-	int64_t released = g->released;
+	int64_t released = g->released, released_rev = g->released_rev;
+	bool mine = g->released_ids && json_object_get(g->released_ids, nd->id);
 	pthread_mutex_unlock(&g->lock);
 	if (nd->publish_after && released >= nd->publish_after) {
 		/* every participant swapped: its entry says so now (spread
-		 * past 1,000 nodes) */
+		 * past 1,000 nodes), unless the announcement put the one its
+		 * ack carried */
+		adopt(nd, released, mine, released_rev);
 		nd->publish_after = 0;
 		nd->publish_at_ms = wall_ms() + mlfs_publish_delay_ms(S.n, nd->idx);
 	}

@@ -337,6 +337,7 @@ void stop_slice(void)
 		peers_stop(nd);
 		free(nd->mine);
 		free(nd->published);
+		free(nd->acked_entry);
 		att_put(nd->prep_parts);
 		att_put(nd->swap_wait);
 		att_put(nd->seen.att);

@@ -93,8 +93,20 @@ void apply(struct group *g, const struct net_etcd_kv *kv, bool deleted)
 	} else if (strcmp(nm, "attempt") == 0) {
 		att_put(g->att);
 		g->att = deleted ? NULL : att_get(kv->value, kv->len, kv->mod_revision);
-	} else if (strcmp(nm, "released") == 0) {
+	} else if (strcmp(nm, "released") == 0) { /* mlfs_jobkeys.c's released_parsed */
+		json_decref(g->released_ids);
+		g->released_ids = NULL;
+		g->released_rev = kv->mod_revision;
 		g->released = deleted ? 0 : strtoll(kv->value, NULL, 10);
+		if (!deleted && kv->value[0] == '{') {
+			json_t *j = json_loads(kv->value, 0, NULL), *id;
+			size_t i;
+			g->released = json_integer_value(json_object_get(j, "version"));
+			g->released_ids = json_object();
+			json_array_foreach(json_object_get(j, "entries"), i, id)
+			    json_object_set_new(g->released_ids, json_string_value(id), json_true());
+			json_decref(j);
+		}
 	}
 }
 
@@ -105,6 +117,8 @@ static void view_reset(struct group *g)
 	g->config_id[0] = '\0';
 	g->has_schema = false;
 	g->committed = g->released = 0;
+	json_decref(g->released_ids);
+	g->released_ids = NULL;
 }
 
 /* The watch's function: mlfs_mirror.c's on_watch (while group_sync reads,
