@@ -345,6 +345,7 @@ struct mlfs_cluster {
 	 * shared, read-only, its participants unpacked. */
 	char *parsed_att_text, *parsed_cfg_text;
 	int64_t parsed_cfg_version;
+	bool parsed_cfg_elastic;
 	json_t *parsed_att;
 	/* parsed_lock: the "released" key as last parsed, by its revision */
 	int64_t parsed_rel_rev, parsed_rel_version;
@@ -417,6 +418,7 @@ struct mlfs_jobkeys {
 	json_t *import_j;  /* the "import" key parsed (`mlfs import --every-node`), or NULL */
 	int64_t config_mod;
 	int64_t committed;     /* @config's version: 0 without one, -1 unreadable */
+	bool config_elastic;   /* @config has an "elastic" section */
 	const char *config_id; /* the attempt that committed it ("": a first config) */
 	int64_t revision;      /* etcd's revision of the read */
 	/* The votes in this node's box (mlfs_votebox_copy: keys "<to>/<id>")

@@ -354,13 +354,10 @@ static bool swap_ack(struct mlfs_cluster *c, int64_t version, const char *aid, c
 	if (!*aid || !*co)
 		return false;
 	bool with = mlfs_nodeentry_for_ack(c, version, &e) == 0;
-	int rc = to_coordinator(c, co, version, aid, "swapped", with ? &e : NULL, &why);
-	if (with)
-		mlfs_nodeentry_acked(c, rc == 0);
-	if (rc == 0 && strcmp(c->failpoint, "put-entry-after-ack") == 0) {
-		/* a put of this node's own between its ack and the
-		 * announcement (a step saved): the announcement must not
-		 * put the older entry the ack carried over it */
+	if (strcmp(c->failpoint, "put-entry-after-ack") == 0) {
+		/* a put of this node's own after its ack took the entry (a
+		 * step saved before the announcement): the announcement must
+		 * not put the older entry the ack carries over it */
 		mlfs_log(MLFS_LOG_WARNING, "cluster: failpoint put-entry-after-ack");
 		pthread_mutex_lock(&c->publock);
 		free(c->published);
@@ -368,6 +365,9 @@ static bool swap_ack(struct mlfs_cluster *c, int64_t version, const char *aid, c
 		pthread_mutex_unlock(&c->publock);
 		mlfs_nodeentry_publish(c, &why);
 	}
+	int rc = to_coordinator(c, co, version, aid, "swapped", with ? &e : NULL, &why);
+	if (with)
+		mlfs_nodeentry_acked(c, rc == 0);
 	if (rc)
 		mlfs_log(MLFS_LOG_WARNING,
 			 "cluster: the swap to version %" PRId64

@@ -363,15 +363,12 @@ void mlfs_controller_note(struct mlfs_controller *t, const struct mlfs_jobkeys *
 {
 	if (!t || !k->config)
 		return;
-	if (k->config_mod != t->noted_mod) { /* parsed once per config */
-		struct ptc_config *cur = NULL;
-		struct ptc_error why;
-		ptc_config_parse_text(k->config->value, k->config->len, "the committed config",
-				      &cur, &why);
+	if (k->config_mod != t->noted_mod) { /* once per config */
+		/* (a committed config passed the proposer's parse: its
+		 * "elastic" section is a valid one) */
 		bool was = t->noted_elastic;
-		t->noted_elastic = cur && cur->elastic;
+		t->noted_elastic = k->config_elastic;
 		t->noted_mod = k->config_mod;
-		ptc_config_free(cur);
 		if (was != t->noted_elastic) {
 			mlfs_controller_kick(t); /* elastic now, or no more */
 			return;

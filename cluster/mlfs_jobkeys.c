@@ -23,13 +23,15 @@ void mlfs_jobkeys_name(const struct mlfs_cluster *c, char *buf, size_t cap, cons
 	va_end(ap);
 }
 
-/* The version of a config text, or -1. */
-static int64_t config_version(const char *text, size_t len)
+/* The version of a config text, or -1; whether it has an "elastic"
+ * section into *@elastic. */
+static int64_t config_version(const char *text, size_t len, bool *elastic)
 {
 	json_t *j = json_loadb(text, len, 0, NULL);
 	int64_t v = json_is_integer(json_object_get(j, "version"))
 			? json_integer_value(json_object_get(j, "version"))
 			: -1;
+	*elastic = json_is_object(json_object_get(j, "elastic"));
 	json_decref(j);
 	return v;
 }
@@ -115,22 +117,25 @@ static json_t *attempt_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *
 	return j;
 }
 
-/* The version of the config @kv (-1: none in it), parsed once per text. */
-static int64_t config_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *kv)
+/* The version of the config @kv (-1: none in it), and whether it is
+ * elastic into *@elastic, parsed once per text. */
+static int64_t config_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *kv, bool *elastic)
 {
 	pthread_mutex_lock(&c->parsed_lock);
 	bool hit = same_text(c->parsed_cfg_text, kv);
 	int64_t v = c->parsed_cfg_version;
+	*elastic = c->parsed_cfg_elastic;
 	pthread_mutex_unlock(&c->parsed_lock);
 	if (hit)
 		return v;
-	v = config_version(kv->value, kv->len);
+	v = config_version(kv->value, kv->len, elastic);
 	char *text = strndup(kv->value, kv->len);
 	if (text) {
 		pthread_mutex_lock(&c->parsed_lock);
 		free(c->parsed_cfg_text);
 		c->parsed_cfg_text = text;
 		c->parsed_cfg_version = v;
+		c->parsed_cfg_elastic = *elastic;
 		pthread_mutex_unlock(&c->parsed_lock);
 	}
 	return v;
@@ -211,7 +216,7 @@ static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int
 	}
 	if (k->attempt)
 		k->attempt_j = attempt_parsed(c, k->attempt);
-	k->committed = k->config ? config_parsed(c, k->config) : 0;
+	k->committed = k->config ? config_parsed(c, k->config, &k->config_elastic) : 0;
 }
 
 /* {id: entry} of the nodes' keys @kvs (@n; entries and saved marks). */

@@ -127,7 +127,7 @@ static bool vote(struct worker *w, struct node *nd, const char *coordinator, int
 	int rc;
 
 	if (!aid || !*aid)
-		return false; /* nothing to vote on */
+		return false;  /* nothing to vote on */
 	free(nd->acked_entry); /* mlfs_nodeentry_for_ack: its swap ack carries its entry */
 	nd->acked_entry = NULL;
 	if (ack && atomic_load(&nd->lease) && nd->published && nd->published_rev) {
@@ -139,8 +139,9 @@ static bool vote(struct worker *w, struct node *nd, const char *coordinator, int
 					     .rev = nd->published_rev};
 	}
 	if (!coordinator || strcmp(coordinator, nd->id) == 0) {
-		rc = S.box ? mlfs_votebox_put_entry(S.box, nd->id, to, aid, what, e.entry ? &e : NULL)
-			   : -ENOTCONN;
+		rc = S.box
+			 ? mlfs_votebox_put_entry(S.box, nd->id, to, aid, what, e.entry ? &e : NULL)
+			 : -ENOTCONN;
 		if (rc == 0)
 			c_add(C_VOTES_RECEIVED, 1);
 		else
@@ -185,8 +186,8 @@ static bool vote(struct worker *w, struct node *nd, const char *coordinator, int
  * entry its ack carried (@mine): its published one now. */
 static void adopt(struct node *nd, int64_t version, bool mine, int64_t rev)
 {
-	if (nd->acked_entry && mlfs_entry_adopted(nd->acked_entry_to, nd->acked_entry_base,
-						   version, mine, nd->published_rev)) {
+	if (nd->acked_entry && mlfs_entry_adopted(nd->acked_entry_to, nd->acked_entry_base, version,
+						  mine, nd->published_rev)) {
 		free(nd->published);
 		nd->published = nd->acked_entry;
 		nd->published_rev = rev;
@@ -208,8 +209,8 @@ static void adopt(struct node *nd, int64_t version, bool mine, int64_t rev)
  * swap acks carried, one transaction, each while its key is as its node
  * last put it; else "released" alone. 0 (*@rev: the entries' revision, 0
  * when they were not put) or the transaction's error. */
-static int announce_entries(struct worker *w, const char *k, const char *plain,
-			    int64_t version, json_t *ents, int64_t *rev, struct ptc_error *err)
+static int announce_entries(struct worker *w, const char *k, const char *plain, int64_t version,
+			    json_t *ents, int64_t *rev, struct ptc_error *err)
 {
 	size_t n = json_object_size(ents), i = 0;
 	struct net_etcd_cmp *cmps = calloc(n, sizeof(*cmps));
@@ -223,15 +224,17 @@ static int announce_entries(struct worker *w, const char *k, const char *plain,
 	{
 		snprintf(keys[i], sizeof(keys[i]), "%s%s", S.nprefix, id);
 		const char *text = json_string_value(json_object_get(e, "entry"));
-		cmps[i] = (struct net_etcd_cmp){.key = keys[i],
-						.target = NET_ETCD_MOD,
-						.result = NET_ETCD_EQUAL,
-						.num = json_integer_value(json_object_get(e, "rev"))};
-		ops[i] = (struct net_etcd_op){.kind = NET_ETCD_PUT,
-					      .key = keys[i],
-					      .value = text,
-					      .len = strlen(text),
-					      .lease = json_integer_value(json_object_get(e, "lease"))};
+		cmps[i] =
+		    (struct net_etcd_cmp){.key = keys[i],
+					  .target = NET_ETCD_MOD,
+					  .result = NET_ETCD_EQUAL,
+					  .num = json_integer_value(json_object_get(e, "rev"))};
+		ops[i] =
+		    (struct net_etcd_op){.kind = NET_ETCD_PUT,
+					 .key = keys[i],
+					 .value = text,
+					 .len = strlen(text),
+					 .lease = json_integer_value(json_object_get(e, "lease"))};
 		json_array_append_new(ids, json_string(id));
 		i++;
 	}

@@ -104,7 +104,8 @@ void apply(struct group *g, const struct net_etcd_kv *kv, bool deleted)
 			g->released = json_integer_value(json_object_get(j, "version"));
 			g->released_ids = json_object();
 			json_array_foreach(json_object_get(j, "entries"), i, id)
-			    json_object_set_new(g->released_ids, json_string_value(id), json_true());
+			    json_object_set_new(g->released_ids, json_string_value(id),
+						json_true());
 			json_decref(j);
 		}
 	}

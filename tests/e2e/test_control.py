@@ -240,10 +240,12 @@ def test_swaps_acked_to_the_coordinator_carry_the_entries(cluster_factory):
 
 
 def test_entry_put_after_the_ack_is_not_overwritten(cluster_factory):
-    """A node that puts its own entry between its swap ack and the announcement (a
-    failpoint does what a step saved then does) makes the announcement's comparison
-    fail: the release is announced alone, naming no entry, and every node puts its own
-    entry, none older than its last put."""
+    """A node that puts its own entry after its swap ack took it (a failpoint does what
+    a step saved then does) is never overwritten by the older entry its ack carries:
+    either the announcement's comparison fails and it goes alone, or the coordinator,
+    which follows the entries, saw that put show the swap before the ack came, and the
+    announcement names the others only. Its entry in etcd is its own last put, at
+    version 2, and so is every other's."""
     cl = cluster_factory(nnodes=3, devices=1,
                          node_env={"n2": {"MLFS_FAILPOINT": "put-entry-after-ack"}})
     full = full_of(36)
@@ -252,12 +254,23 @@ def test_entry_put_after_the_ack_is_not_overwritten(cluster_factory):
     v2 = {"version": 2, "tp": 1, "pp": 1, "dp": 1, "nodes": ["n1"]}
     p = cl.reconfigure("n0", v2)
     assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
-    cl.wait(lambda: cl.keys()["released"].value == b"2", "version 2's release announced alone",
-            timeout=10)
+
+    def released():
+        r = cl.keys().get("released")
+        v = json.loads(r.value) if r else 0
+        return r, (v if isinstance(v, dict) else {"version": v, "entries": []})
+    cl.wait(lambda: released()[1]["version"] == 2, "version 2's release announced", timeout=10)
     cl.wait(lambda: all(json.loads(cl.etcd.kv(f"/mlfs-nodes/{cl.job}/{nid}").value)["version"]
                         == 2 for nid in cl.ids), "every entry at version 2", timeout=10)
+    rel, value = released()
+    assert "n2" not in value["entries"], rel
+    n2 = cl.etcd.kv(f"/mlfs-nodes/{cl.job}/n2")
+    assert n2.mod_revision != rel.mod_revision, (n2, rel)  # its own put, not the ack's
     assert "failpoint put-entry-after-ack" in cl["n2"].stderr()
-    assert "the release announced alone" in cl["n0"].stderr(), cl["n0"].stderr()
+    if not value["entries"]:
+        assert "the release announced alone" in cl["n0"].stderr(), cl["n0"].stderr()
+    time.sleep(0.5)  # and no put of the older one after
+    assert cl.etcd.kv(f"/mlfs-nodes/{cl.job}/n2").mod_revision == n2.mod_revision
     cl.check_layout(MIXED, v2, full, step=4)
 
 
