@@ -185,12 +185,12 @@ struct node {
 	int64_t published_rev;		    /* c->published_rev */
 	char *acked_entry;		    /* c->acked_entry, and: */
 	int64_t acked_entry_to, acked_entry_base;
-	char acked_id[24]; /* c->acked_id: the attempt it committed */
-	bool publish_failed;		    /* c->publish_failed */
-	int64_t publish_at_ms;		    /* c->publish_at_ms (wall) */
-	int64_t publish_after;		    /* c->publish_after: its swap, acked */
-	char entry_state[16];		    /* c->entry_state */
-	bool attempt_seen;		    /* c->attempt != NULL */
+	char acked_id[24];     /* c->acked_id: the attempt it committed */
+	bool publish_failed;   /* c->publish_failed */
+	int64_t publish_at_ms; /* c->publish_at_ms (wall) */
+	int64_t publish_after; /* c->publish_after: its swap, acked */
+	char entry_state[16];  /* c->entry_state */
+	bool attempt_seen;     /* c->attempt != NULL */
 	/* a round between its decision and its actions */
 	struct mlfs_action acts[MLFS_DECIDE_MAX];
 	int nacts;
