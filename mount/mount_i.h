@@ -17,7 +17,8 @@
  *   mlfs_write.c    writes and the write policies: what a write stages, what
  *                   a flush commits, what a release does with the rest
  *   mlfs_dir.c      directory listings and the job/ namespace
- *   mlfs_notify.c   telling the kernel which names a commit superseded
+ *   mlfs_notify.c   telling the kernel which names a commit superseded, and
+ *                   waking those who poll status.json
  *   mlfs_io.c       the I/O workers that answer requests which may block
  *
  * Inodes are (path, content): a partition's or full tensor's inode pins the
