@@ -120,6 +120,20 @@ struct mlfs_vote_msg {
  * transaction (etcd refuses more than --max-txn-ops, 128 by default,
  * compares or puts); past it every node puts its own. */
 #define MLFS_ANNOUNCE_ENTRIES_MAX 100
+/*
+ * The announcement of @version (key @k; @plain, its value without entries)
+ * in one transaction with the entries the swap acks of a commit carried
+ * (@ents: {id: {"entry", "lease", "rev"}}, the keys under @nprefix), each
+ * put bound to its node's lease while its key is still at the revision the
+ * node last put it; the value then names those nodes ({"version",
+ * "entries"}). Were one put since (a step saved), @plain alone. 0 with
+ * *@all whether the entries went (*@rev: their revision, else 0), or the
+ * transaction's error (a lease gone). mlfs_attempt.c's act_announce, and
+ * the simulator's.
+ */
+int mlfs_announce_entries(struct net_etcd *etcd, const char *nprefix, const char *k,
+			  const char *plain, int64_t version, const json_t *ents, int64_t *rev,
+			  bool *all, struct ptc_error *why);
 
 /* The body of node @node's vote @vote on attempt @aid to version @to (the
  * caller's), or NULL (out of memory). */

@@ -483,18 +483,9 @@ static void act_release(struct mlfs_cluster *c, int64_t version)
 		 version);
 }
 
-/*
- * The announcement of @version (key @k; @plain, its value without entries)
- * in one transaction with the entries the swap acks of this node's commit
- * carried (@ents: {id: {"entry", "lease", "rev"}}), each put bound to its
- * node's lease while its key is still at the revision the node last put
- * it; the value names those nodes. Were one put since (a step saved), the
- * announcement alone. 0 (*@rev: the revision of the entries' puts, 0 when
- * they were not), or the transaction's error (a lease gone).
- */
-static int announce_with_entries(struct mlfs_cluster *c, const char *k, const char *plain,
-				 int64_t version, const json_t *ents, int64_t *rev,
-				 struct ptc_error *why)
+int mlfs_announce_entries(struct net_etcd *etcd, const char *nprefix, const char *k,
+			  const char *plain, int64_t version, const json_t *ents, int64_t *rev,
+			  bool *all, struct ptc_error *why)
 {
 	size_t n = json_object_size(ents), i = 0;
 	struct net_etcd_cmp *cmps = calloc(n, sizeof(*cmps));
@@ -506,11 +497,12 @@ static int announce_with_entries(struct mlfs_cluster *c, const char *k, const ch
 	int rc = -ENOMEM;
 
 	*rev = 0;
+	*all = false;
 	if (!cmps || !ops || !keys || !ids)
 		goto out;
 	json_object_foreach((json_t *)ents, id, e)
 	{
-		if (asprintf(&keys[i], "%s%s", c->nprefix, id) < 0) {
+		if (asprintf(&keys[i], "%s%s", nprefix, id) < 0) {
 			keys[i] = NULL;
 			goto out;
 		}
@@ -538,15 +530,9 @@ static int announce_with_entries(struct mlfs_cluster *c, const char *k, const ch
 	    .kind = NET_ETCD_PUT, .key = k, .value = value, .len = strlen(value)};
 	struct net_etcd_op alone = {
 	    .kind = NET_ETCD_PUT, .key = k, .value = plain, .len = strlen(plain)};
-	bool all = false;
-	rc = net_etcd_txn(c->etcd, cmps, n, ops, n + 1, &alone, 1, &all, rev, NULL, why);
-	if (rc || !all)
+	rc = net_etcd_txn(etcd, cmps, n, ops, n + 1, &alone, 1, all, rev, NULL, why);
+	if (rc || !*all)
 		*rev = 0;
-	if (rc == 0 && !all)
-		mlfs_log(MLFS_LOG_INFO,
-			 "cluster: a node put its entry after its swap ack to version %" PRId64
-			 ": the release announced alone, every node puts its own",
-			 version);
 out:
 	for (size_t j = 0; keys && j < n; j++)
 		free(keys[j]);
@@ -581,9 +567,16 @@ static void act_announce(struct mlfs_cluster *c, int64_t version)
 	json_t *ents = aid[0] && c->st->votebox ? mlfs_votebox_entries(c->st->votebox, aid) : NULL;
 	size_t n = json_object_size(ents);
 	int64_t rev = 0;
-	int rc = n > 0 && n <= MLFS_ANNOUNCE_ENTRIES_MAX
-		     ? announce_with_entries(c, k, v, version, ents, &rev, &why)
-		     : -EAGAIN;
+	bool all = false;
+	int rc =
+	    n > 0 && n <= MLFS_ANNOUNCE_ENTRIES_MAX
+		? mlfs_announce_entries(c->etcd, c->nprefix, k, v, version, ents, &rev, &all, &why)
+		: -EAGAIN;
+	if (rc == 0 && !all)
+		mlfs_log(MLFS_LOG_INFO,
+			 "cluster: a node put its entry after its swap ack to version %" PRId64
+			 ": the release announced alone, every node puts its own",
+			 version);
 	if (rc == 0 && rev) /* its own entry, when its own ack carried it */
 		mlfs_nodeentry_adopt(c, version, json_object_get(ents, c->me) != NULL, rev);
 	json_decref(ents);

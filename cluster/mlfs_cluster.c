@@ -372,10 +372,15 @@ static void keys_changed(void *arg)
 	mlfs_cluster_wake(arg);
 }
 
-/* The votebox's hook: a participant's vote arrived (mlfs_votebox.c). */
+/* The votebox's hook: a participant's vote arrived that leaves something
+ * to decide (mlfs_votebox.c): the last swap ack of a commit among them,
+ * which status.json shows at once (its swap acks), so its pollers wake
+ * now, not after the round that announces it. */
 static void votes_changed(void *arg)
 {
-	mlfs_cluster_wake(arg);
+	struct mlfs_cluster *c = arg;
+	mlfs_cluster_wake(c);
+	mlfs_store_status_changed(c->st);
 }
 
 /* The peers mirror's hook: a node's entry changed, came or went. A round

@@ -205,61 +205,6 @@ static void adopt(struct node *nd, int64_t version, bool mine, int64_t rev)
 	}
 }
 
-/* mlfs_attempt.c's announce_with_entries: "released" with the entries the
- * swap acks carried, one transaction, each while its key is as its node
- * last put it; else "released" alone. 0 (*@rev: the entries' revision, 0
- * when they were not put) or the transaction's error. */
-static int announce_entries(struct worker *w, const char *k, const char *plain, int64_t version,
-			    json_t *ents, int64_t *rev, struct ptc_error *err)
-{
-	size_t n = json_object_size(ents), i = 0;
-	struct net_etcd_cmp *cmps = calloc(n, sizeof(*cmps));
-	struct net_etcd_op *ops = calloc(n + 1, sizeof(*ops));
-	char(*keys)[256] = calloc(n ? n : 1, sizeof(*keys));
-	json_t *ids = json_array(), *e;
-	const char *id;
-	if (!cmps || !ops || !keys || !ids)
-		die("out of memory");
-	json_object_foreach(ents, id, e)
-	{
-		snprintf(keys[i], sizeof(keys[i]), "%s%s", S.nprefix, id);
-		const char *text = json_string_value(json_object_get(e, "entry"));
-		cmps[i] =
-		    (struct net_etcd_cmp){.key = keys[i],
-					  .target = NET_ETCD_MOD,
-					  .result = NET_ETCD_EQUAL,
-					  .num = json_integer_value(json_object_get(e, "rev"))};
-		ops[i] =
-		    (struct net_etcd_op){.kind = NET_ETCD_PUT,
-					 .key = keys[i],
-					 .value = text,
-					 .len = strlen(text),
-					 .lease = json_integer_value(json_object_get(e, "lease"))};
-		json_array_append_new(ids, json_string(id));
-		i++;
-	}
-	json_t *o = json_pack("{sIsO}", "version", (json_int_t)version, "entries", ids);
-	char *value = o ? json_dumps(o, JSON_COMPACT) : NULL;
-	json_decref(o);
-	if (!value)
-		die("out of memory");
-	ops[n] = (struct net_etcd_op){
-	    .kind = NET_ETCD_PUT, .key = k, .value = value, .len = strlen(value)};
-	struct net_etcd_op alone = {
-	    .kind = NET_ETCD_PUT, .key = k, .value = plain, .len = strlen(plain)};
-	bool all = false;
-	c_add(C_TXN, 1);
-	int rc = net_etcd_txn(w->etcd, cmps, n, ops, n + 1, &alone, 1, &all, rev, NULL, err);
-	if (rc || !all)
-		*rev = 0;
-	free(value);
-	free(keys);
-	free(cmps);
-	free(ops);
-	json_decref(ids);
-	return rc;
-}
-
 /* mlfs_attempt.c's act_announce: "released" = @version, under the job's
  * keys (every node's watch), with the entries its commit's swap acks
  * carried (up to MLFS_ANNOUNCE_ENTRIES_MAX; past it "released" alone and
@@ -274,9 +219,13 @@ static void announce(struct worker *w, struct node *nd, int64_t version)
 	json_t *ents = nd->acked_id[0] && S.box ? mlfs_votebox_entries(S.box, nd->acked_id) : NULL;
 	size_t n = json_object_size(ents);
 	int64_t rev = 0;
-	int rc = n > 0 && n <= MLFS_ANNOUNCE_ENTRIES_MAX
-		     ? announce_entries(w, k, v, version, ents, &rev, &err)
-		     : -EAGAIN;
+	bool all = false;
+	int rc = -EAGAIN;
+	if (n > 0 && n <= MLFS_ANNOUNCE_ENTRIES_MAX) {
+		c_add(C_TXN, 1);
+		rc = mlfs_announce_entries(w->etcd, S.nprefix, k, v, version, ents, &rev, &all,
+					   &err);
+	}
 	if (rc == 0 && rev)
 		adopt(nd, version, json_object_get(ents, nd->id) != NULL, rev);
 	json_decref(ents);
