@@ -327,6 +327,7 @@ void stop_slice(void)
 		struct group *g = &S.groups[gi];
 		net_etcd_watch_stop(g->watch);
 		att_put(g->att);
+		json_decref(g->released_ids);
 		pend_free(&g->pend);
 		pthread_mutex_destroy(&g->lock);
 		pthread_cond_destroy(&g->cond);
