@@ -20,6 +20,7 @@ Rules this module follows, and a hand-written client must too:
 import errno
 import json
 import os
+import select
 import sys
 import time
 
@@ -95,6 +96,38 @@ class Mount:
 
     def status(self):
         return self._json("status.json")
+
+    def _statuses(self, deadline):
+        """status.json, again each time it changes, until @deadline (time.monotonic())
+        passes: the file stays open and is polled (the mount wakes the poll when the
+        state, version or error moved), read again at least every 100 ms (progress
+        bytes move without a wake-up) and every 10 ms on a mount whose polls always
+        say readable. Yields the parsed status, then None once the deadline passed."""
+        prev, woke = None, False
+        while True:
+            fd = os.open(self.p("status.json"), os.O_RDONLY)
+            try:
+                text = b""
+                while True:
+                    chunk = os.read(fd, 1 << 20)
+                    if not chunk:
+                        break
+                    text += chunk
+                yield json.loads(text)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    yield None
+                    return
+                if woke and text == prev:  # a wake-up with nothing new
+                    time.sleep(min(0.01, left))
+                    woke = False
+                else:
+                    p = select.poll()
+                    p.register(fd, select.POLLIN | select.POLLPRI)
+                    woke = bool(p.poll(min(100, max(1, int(left * 1000)))))
+                prev = text
+            finally:
+                os.close(fd)
 
     def error(self):
         """status.json's error (why the last write or reconfiguration was refused), or None."""
@@ -208,20 +241,19 @@ class Mount:
         return out
 
     def wait_writable(self, version, deadline):
-        """After a write refused with EBUSY: polls status.json until the reconfiguration
+        """After a write refused with EBUSY: waits on status.json until the reconfiguration
         that refused it ends or @deadline (time.monotonic()) passes. Returns (True, v)
         when writes are open again at layout version @version (the change was aborted
         or failed: the refused write can be made again), (False, v) when the layout is
         now version v != @version (the change committed: the writer's layout is gone),
         (None, v) at the deadline."""
-        while True:
-            s = self.status()
+        v = None
+        for s in self._statuses(deadline):
+            if s is None:
+                return None, v
             v = s.get("version")
             if s.get("state") in ("idle", "failed"):
                 return (v == version), v
-            if time.monotonic() >= deadline:
-                return None, v
-            time.sleep(0.01)
 
     def job_json(self, name, value=None):
         """Reads (or, with @value, writes) job/<name>: JSON shared by every rank and kept
@@ -256,25 +288,25 @@ class Mount:
         return self.wait_version(new["version"], timeout, progress or on_progress)
 
     def wait_version(self, version, timeout=600, on_progress=None):
-        """Polls status.json until config version @version (or a later one) is current
-        on this node and the node is idle, calling on_progress(state, bytes_done,
+        """Waits on status.json (polled: _statuses) until config version @version (or a
+        later one) is current on this node and the node is idle, calling on_progress(state, bytes_done,
         bytes_total) as it goes; returns status.json's "last" figures. In a job of many
         nodes every node swaps when it sees the commit, the node where config.json was
         written not necessarily first: wait on each node whose files are read next.
         MlfsError, with the reason, when the change failed."""
         deadline = time.monotonic() + timeout
-        while True:
-            s = self.status()
+        last = None
+        for s in self._statuses(deadline):
+            if s is None:
+                raise MlfsError(f"reconfiguration to version {version}: still "
+                                f"{last['state']} after {timeout} s")
+            last = s
             if s["state"] == "failed":
                 raise MlfsError(f"reconfiguration to version {version}: {s.get('error')}")
             if on_progress:
                 on_progress(s["state"], s.get("progress_bytes", 0), s.get("progress_total", 0))
             if s["state"] == "idle" and (s["version"] or 0) >= version:
                 return s.get("last")
-            if time.monotonic() > deadline:
-                raise MlfsError(f"reconfiguration to version {version}: still "
-                                f"{s['state']} after {timeout} s")
-            time.sleep(0.01)
 
 
 class Rank:
