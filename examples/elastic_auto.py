@@ -70,13 +70,22 @@ class Node:
                     self.events.append(e)
 
     def kill(self):
-        """kill -9 of the agent and its workers (its process group)."""
+        """kill -9 of the agent and its workers (its process group), and a wait until
+        every one of them is gone: a worker still exiting keeps files of the mount
+        open, and the mount busy."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait()
         self.reader.join(5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)  # a member left (a worker, reparented)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
 
     def stderr(self):
         self.err.seek(0)
@@ -212,9 +221,8 @@ def run_elastic(tmp, steps, say=print):
             raise RuntimeError(f"{e}\nstatus.json: {json.dumps(sts)}\n{cl.describe()}") from e
         finally:
             stop.set()
-            for n in agents.values():
-                if n.proc.poll() is None:
-                    n.kill()
+            for n in agents.values():  # an agent that ended may leave a worker exiting
+                n.kill()
         st = first.status()
         assert st["state"] == "idle", st
         if st["error"] is not None:
