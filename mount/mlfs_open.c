@@ -374,8 +374,14 @@ out_locked:
 	mlfs_target_done(&t);
 	mlfs_target_put(&t);
 	if (rc == 0 && f->kind == MLFS_K_STATUS) {
-		f->status_gen =
-		    atomic_load(&d->st->status_gen); /* before: a poll sees later moves */
+		/* Its text is all it reads: it pins no layout. A status.json kept
+		 * open (a waiter polling it) would otherwise hold the layout a
+		 * reconfiguration replaces, whose buffers it then copies instead
+		 * of taking them over (twice the memory of a DP change). */
+		mlfs_view_put(f->v);
+		f->v = NULL;
+		/* (read before the text: a poll sees the moves after it) */
+		f->status_gen = atomic_load(&d->st->status_gen);
 		f->text = mlfs_store_status_json(d->st);
 		f->text_len = f->text ? strlen(f->text) : 0;
 		rc = f->text ? 0 : -ENOMEM;
