@@ -311,19 +311,37 @@ int cmd_umount(int argc, char **argv)
 }
 
 /* Reads <mnt>/<name> as JSON; NULL with a message on failure. */
+/* The JSON document read to the end of @f (@path for messages), and its
+ * text into *@text (the caller's; @text NULL: not kept); NULL with a
+ * message on stderr. */
+static json_t *read_json_stream(FILE *f, const char *path, char **text)
+{
+	size_t len;
+	char *t = tools_read_stream(f, path, &len);
+	if (!t)
+		return NULL;
+	json_error_t je;
+	json_t *j = json_loadb(t, len, 0, &je);
+	if (!j)
+		fprintf(stderr, "mlfs: %s: %s\n", path, je.text);
+	if (text && j)
+		*text = t;
+	else
+		free(t);
+	return j;
+}
+
 static json_t *read_json(const char *mnt, const char *name)
 {
 	char path[PATH_MAX];
-	size_t len;
 	snprintf(path, sizeof(path), "%s/%s", mnt, name);
-	char *text = tools_read_file(path, &len);
-	if (!text)
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		fprintf(stderr, "mlfs: %s: %s\n", path, strerror(errno));
 		return NULL;
-	json_error_t je;
-	json_t *j = json_loadb(text, len, 0, &je);
-	if (!j)
-		fprintf(stderr, "mlfs: %s: %s\n", path, je.text);
-	free(text);
+	}
+	json_t *j = read_json_stream(f, path, NULL);
+	fclose(f);
 	return j;
 }
 
@@ -522,14 +540,9 @@ int cmd_reconfigure(int argc, char **argv)
 			fprintf(stderr, "mlfs: %s: %s\n", path, strerror(errno));
 			break;
 		}
-		size_t tlen;
-		char *stext = tools_read_stream(f, path, &tlen);
-		json_error_t je;
-		json_t *s = stext ? json_loadb(stext, tlen, 0, &je) : NULL;
-		if (stext && !s)
-			fprintf(stderr, "mlfs: %s: %s\n", path, je.text);
+		char *stext = NULL;
+		json_t *s = read_json_stream(f, path, &stext);
 		if (!s) {
-			free(stext);
 			fclose(f);
 			break;
 		}
