@@ -90,14 +90,15 @@ static int fetch_from(struct mlfs_peerclient *cl, int node, int rank, int64_t ve
 }
 
 /*
- * The plan's piece @op: from its source node, and when that fails, from
+ * The plan's piece @pc: from its source node, and when that fails, from
  * every other node holding the same rows in layout @version (a DP replica:
  * the same TP rank of a stage that holds the tensor), in rank order.
  */
-static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8_t *dst,
-		      int64_t dst_rows, int64_t outer, int64_t row_bytes)
+static int fetch_piece(struct mlfs_peerclient *cl, int64_t version, const struct xf_piece *pc)
 {
-	struct mlfs_peerclient *cl = arg;
+	const struct ptc_op *op = &pc->op;
+	uint8_t *dst = pc->dst;
+	int64_t dst_rows = pc->dst_rows, outer = pc->outer, row_bytes = pc->row_bytes;
 	struct ptc_error why, first = {.text = ""};
 	struct iovec stack[64], *iov = outer <= 64 ? stack : malloc((size_t)outer * sizeof(*iov));
 
@@ -162,6 +163,63 @@ static int peer_fetch(void *arg, int64_t version, const struct ptc_op *op, uint8
 	if (iov != stack)
 		free(iov);
 	return rc;
+}
+
+/*
+ * @n > 1 small pieces of one source node (xf_execute batched them): one
+ * GET of /v1/parts, its reply scattered into every piece's blocks and
+ * verified as a whole against the sender's checksum. When it fails (the
+ * source cannot serve one of them, a checksum mismatch after net_http's
+ * retries, an old peer without /v1/parts), each piece is fetched alone,
+ * with the replicas tried and the error named per piece (fetch_piece).
+ */
+static int fetch_batch(struct mlfs_peerclient *cl, int64_t version, const struct xf_piece *v,
+		       size_t n)
+{
+	const struct ptc_node *src = &mlfs_store_cluster(cl->st)->nodes[v[0].op.src_node];
+	char url[NET_MAX_URL];
+	int64_t niov = 0, len = 0;
+	int at = snprintf(url, sizeof(url), "http://%s/v1/parts?version=%" PRId64 "%s&boxes=",
+			  src->addr, version, v[0].op.dst_node < 0 ? "&full=1" : "");
+	for (size_t i = 0; i < n; i++) {
+		const struct ptc_op *op = &v[i].op;
+		at += snprintf(url + at, sizeof(url) - (size_t)at,
+			       "%s%d.%d.%d.%" PRId64 ".%" PRId64, i ? "," : "", op->src_rank,
+			       op->state, op->src_tensor, op->src_row, op->rows);
+		if ((size_t)at >= sizeof(url))
+			goto alone; /* cannot happen for XF_BATCH_MAX pieces */
+		niov += v[i].outer;
+		len += op->bytes;
+	}
+	struct iovec *iov = malloc((size_t)niov * sizeof(*iov));
+	if (!iov)
+		goto alone;
+	for (size_t i = 0, k = 0; i < n; i++)
+		for (int64_t o = 0; o < v[i].outer; o++)
+			iov[k++] = (struct iovec){
+			    v[i].dst + (o * v[i].dst_rows + v[i].op.dst_row) * v[i].row_bytes,
+			    (size_t)(v[i].op.rows * v[i].row_bytes)};
+	struct ptc_error why = {.text = ""};
+	int rc = get_rows(cl, url, iov, (int)niov, len, &cl->st->cancel, NULL, &why);
+	free(iov);
+	if (rc == 0 || rc == -ECANCELED)
+		return rc;
+	mlfs_log(MLFS_LOG_DEBUG, "fetch of %zu pieces from node %s in one request: %s; one by one",
+		 n, src->id, why.text);
+alone:
+	for (size_t i = 0; i < n; i++) {
+		int rc2 = fetch_piece(cl, version, &v[i]);
+		if (rc2)
+			return rc2;
+	}
+	return 0;
+}
+
+/* The store's fetch (xf_fetch_fn, for layout @version). */
+static int peer_fetch(void *arg, int64_t version, const struct xf_piece *v, size_t n)
+{
+	struct mlfs_peerclient *cl = arg;
+	return n == 1 ? fetch_piece(cl, version, v) : fetch_batch(cl, version, v, n);
 }
 
 /* The client @st fetches with (mlfs_peerclient_attach), or NULL: a daemon

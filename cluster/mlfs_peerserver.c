@@ -23,6 +23,13 @@
  *       it saved another); with &backup=1: a dead node's rows from the
  *       backup this node holds (mlfs_backup.c); with &full=1: not counted
  *       in the reconfiguration's bytes served.
+ *   /v1/parts?version=V&boxes=R.S.T.A.N,R.S.T.A.N,...
+ *       several such ranges in one reply, back to back in the order asked
+ *       (each as /v1/part sends it), with X-Mlfs-XXH3 over the whole body:
+ *       the small pieces of one source a build batched (xf_execute). At
+ *       most XF_BATCH_MAX boxes and XF_BATCH_BYTES bytes; copied from the
+ *       pinned buffers into one reply buffer and hashed here. A bad box is
+ *       a 400 (404, 409) naming it; &full=1 as above.
  *   /v1/job?path=P               a job/ file's bytes
  *   /v1/jobmanifest              the job/ tree: paths, sizes, hashes, mtimes
  * and one POST:
@@ -219,6 +226,141 @@ out:
 	mlfs_view_put(v);
 }
 
+/* One box of /v1/parts: "R.S.T.A.N" (rank, state, tensor, row, rows),
+ * each a decimal number; the rest of the list after it into *@end. */
+static bool box_parse(const char *s, int64_t f[5], const char **end)
+{
+	for (int i = 0; i < 5; i++) {
+		if (*s < '0' || *s > '9')
+			return false;
+		int64_t x = 0;
+		for (int d = 0; *s >= '0' && *s <= '9'; s++, d++) {
+			if (d >= 18)
+				return false;
+			x = x * 10 + (*s - '0');
+		}
+		f[i] = x;
+		if (i < 4 && *s++ != '.')
+			return false;
+	}
+	if (*s != ',' && *s != '\0')
+		return false;
+	*end = *s ? s + 1 : s;
+	return true;
+}
+
+static void reply_free(void *arg)
+{
+	free(arg);
+}
+
+/* /v1/parts: several boxes of one layout in one reply (the DESIGN above). */
+static void serve_parts(struct mlfs_peer *pe, struct net_request *r)
+{
+	struct mlfs_store *st = pe->st;
+	int64_t version;
+	const char *list = net_request_arg(r, "boxes");
+
+	if (!arg_int(r, "version", INT64_MAX, &version)) {
+		net_reply_error(r, 400, "expected version, a layout version (a decimal number)");
+		return;
+	}
+	if (!list || !*list) {
+		net_reply_error(r, 400,
+				"expected boxes=R.S.T.A.N,... (rank, state, tensor, row, rows)");
+		return;
+	}
+	struct mlfs_view *v = mlfs_store_view_of(st, version);
+	if (!v) {
+		net_reply_error(r, 409, "layout version %" PRId64 " is neither current nor retained on this node",
+				version);
+		return;
+	}
+	const struct ptc_layout *l = &v->layout;
+	const struct ptc_schema *s = l->schema;
+	struct {
+		struct xf_buf *b;
+		int64_t prows, row, rows, outer, rb;
+	} box[XF_BATCH_MAX];
+	int n = 0;
+	int64_t total = 0;
+	uint8_t *out = NULL;
+	if (atomic_load(&st->lost)) {
+		net_reply_error(r, 409, "node %s restarted and lost its partitions",
+				mlfs_store_cluster(st)->nodes[st->node].id);
+		goto out;
+	}
+	for (const char *p = list; *p; n++) {
+		int64_t f[5];
+		if (n == XF_BATCH_MAX) {
+			net_reply_error(r, 400, "more than %d boxes; ask for fewer", XF_BATCH_MAX);
+			goto out;
+		}
+		if (!box_parse(p, f, &p) || f[0] >= l->world || f[1] >= s->nstates ||
+		    f[2] >= s->ntensors || f[4] == 0) {
+			net_reply_error(r, 400,
+					"box %d: expected R.S.T.A.N with rank < %d, state < %d, "
+					"tensor < %d, rows > 0",
+					n, l->world, s->nstates, s->ntensors);
+			goto out;
+		}
+		box[n].row = f[3];
+		box[n].rows = f[4];
+		mlfs_peer_part_geometry(l, (int)f[0], (int)f[1], (int)f[2], &box[n].outer,
+					&box[n].prows, &box[n].rb);
+		box[n].b = mlfs_store_part_get(st, v, (int)f[0], (int)f[1], (int)f[2]);
+		if (!box[n].b) {
+			net_reply_error(r, 404,
+					"box %d: partition (rank %" PRId64 ", %s, %s) is not on this node",
+					n, f[0], s->states[f[1]].name, s->tensors[f[2]].name);
+			goto out;
+		}
+		if (box[n].row > box[n].prows || box[n].rows > box[n].prows - box[n].row ||
+		    box[n].b->size != box[n].outer * box[n].prows * box[n].rb) {
+			net_reply_error(r, 400,
+					"box %d: rows [%" PRId64 ", %" PRId64 ") past the %" PRId64
+					" rows of %s/%s of rank %" PRId64,
+					n, box[n].row, box[n].row + box[n].rows, box[n].prows,
+					s->states[f[1]].name, s->tensors[f[2]].name, f[0]);
+			xf_buf_put(box[n].b);
+			goto out;
+		}
+		total += box[n].outer * box[n].rows * box[n].rb;
+		if (total > XF_BATCH_BYTES) {
+			net_reply_error(r, 400, "more than %" PRId64 " bytes; ask for fewer boxes",
+					XF_BATCH_BYTES);
+			xf_buf_put(box[n].b);
+			goto out;
+		}
+	}
+	if (!(out = malloc(total ? (size_t)total : 1))) {
+		net_reply_error(r, 503, "out of memory");
+		goto out;
+	}
+	int64_t at = 0;
+	for (int i = 0; i < n; i++) {
+		int64_t seg = box[i].rows * box[i].rb;
+		for (int64_t o = 0; o < box[i].outer; o++, at += seg)
+			memcpy(out + at,
+			       box[i].b->data + (o * box[i].prows + box[i].row) * box[i].rb,
+			       (size_t)seg);
+	}
+	if (!xf_sums_off()) {
+		char hex[24];
+		snprintf(hex, sizeof(hex), "%016" PRIx64, mlfs_hash(out, (size_t)total));
+		net_reply_add_header(r, NET_SUM_HEADER, hex);
+	}
+	if (!net_request_arg(r, "full"))
+		atomic_fetch_add(&st->served, total);
+	net_reply_pinned(r, 200, out, (size_t)total, reply_free, out, "application/octet-stream");
+	out = NULL;
+out:
+	for (int i = 0; i < n; i++)
+		xf_buf_put(box[i].b);
+	free(out);
+	mlfs_view_put(v);
+}
+
 /* ------------------------------------------------------------------ job/ */
 
 /* The reply's end (or its failure to start): the pin goes. */
@@ -308,6 +450,8 @@ static void handle(void *arg, struct net_request *r)
 		mlfs_vote_serve(pe->st->votebox, r, cluster_has, pe->st);
 	else if (strcmp(net_request_method(r), "GET") != 0)
 		net_reply_error(r, 405, "only GET, and POST /v1/vote");
+	else if (strcmp(path, "/v1/parts") == 0)
+		serve_parts(pe, r);
 	else if (strcmp(path, "/v1/part") == 0)
 		serve_part(pe, r);
 	else if (strcmp(path, "/v1/job") == 0)

@@ -137,17 +137,22 @@ static int fetch_part(struct mlfs_store *st, const struct mlfs_pin *p, int state
 		return rc;
 	int r = remote[0];
 	struct mlfs_view *v = mlfs_store_view(st);
-	struct ptc_op op = {.kind = PTC_OP_FETCH,
-			    .dst_node = -1, /* not an attempt's */
-			    .state = (uint16_t)state,
-			    .src_rank = r,
-			    .src_tensor = remote[1],
-			    .src_node = v && r < v->layout.world ? v->layout.ranks[r].node : 0,
-			    .rows = rows};
+	struct xf_piece pc = {
+	    .op = {.kind = PTC_OP_FETCH,
+		   .dst_node = -1, /* not an attempt's */
+		   .state = (uint16_t)state,
+		   .src_rank = r,
+		   .src_tensor = remote[1],
+		   .src_node = v && r < v->layout.world ? v->layout.ranks[r].node : 0,
+		   .rows = rows,
+		   .bytes = outer * rows * rb},
+	    .dst = (*out)->data,
+	    .dst_rows = rows,
+	    .outer = outer,
+	    .row_bytes = rb};
 	bool same = v && v->config->version == p->version;
 	mlfs_view_put(v);
-	rc = same ? st->fetch(st->fetch_arg, p->version, &op, (*out)->data, rows, outer, rb)
-		  : -ESTALE;
+	rc = same ? st->fetch(st->fetch_arg, p->version, &pc, 1) : -ESTALE;
 	if (rc) {
 		xf_buf_put(*out);
 		*out = NULL;

@@ -562,15 +562,13 @@ static void reconf_prepared(struct mlfs_store *st, struct mlfs_attempt *a, int r
 }
 
 /* The executor's fetch callback: the store's, for the version built from. */
-static int attempt_fetch(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t dst_rows,
-			 int64_t outer, int64_t row_bytes)
+static int attempt_fetch(void *arg, const struct xf_piece *v, size_t n)
 {
 	struct mlfs_attempt *a = arg;
 	struct mlfs_store *st = a->st;
 	if (!st->fetch)
 		return -EHOSTUNREACH;
-	return st->fetch(st->fetch_arg, a->from->config->version, op, dst, dst_rows, outer,
-			 row_bytes);
+	return st->fetch(st->fetch_arg, a->from->config->version, v, n);
 }
 
 /* The build of @a, then prepared (or aborted). */

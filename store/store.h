@@ -245,12 +245,13 @@ struct mlfs_store {
 	 * Called with any lock held: it may only take its own. */
 	_Atomic uint64_t status_gen;
 	void (*status_changed)(void *arg);
-	/* Fetches rows of a partition of layout @version from the node that
-	 * holds it (the plan's FETCH ops; cluster/mlfs_peerclient.c), or NULL on a daemon
-	 * without peers. Called by transformer workers, concurrently; 0 or a
-	 * negative errno. Set before the mount serves; fixed afterwards. */
-	int (*fetch)(void *arg, int64_t version, const struct ptc_op *op, uint8_t *dst,
-		     int64_t dst_rows, int64_t outer, int64_t row_bytes);
+	/* Fetches pieces of partitions of layout @version from the nodes that
+	 * hold them (the plan's FETCH ops, as xf_fetch_fn: @n > 1 pieces of
+	 * one source travel in one request; cluster/mlfs_peerclient.c), or
+	 * NULL on a daemon without peers. Called by transformer workers,
+	 * concurrently; 0 or a negative errno. Set before the mount serves;
+	 * fixed afterwards. */
+	int (*fetch)(void *arg, int64_t version, const struct xf_piece *v, size_t n);
 	void *fetch_arg;
 	/* A job of many nodes (mlfs_cluster.c); all unset on one node. Set
 	 * before the mount serves; fixed afterwards. */

@@ -197,14 +197,35 @@ void xf_parts_release(struct xf_parts *p);
 /* ---------------------------------------------------------------- executor */
 
 /*
- * Fetches rows of an old partition held by another node into @dst (FETCH
- * ops). An op with backup = 1 names a down node and its old rank: the rows
- * come from that node's backup holder, which may be this node. Called from
+ * One piece of a FETCH op: rows [op.src_row, op.src_row + op.rows) of old
+ * partition (op.src_rank, op.state, op.src_tensor), for every outer block,
+ * into rows [op.dst_row, ...) of the new partition at @dst (@outer blocks
+ * of @dst_rows rows of @row_bytes bytes). op.bytes = outer * rows * row_bytes.
+ */
+struct xf_piece {
+	struct ptc_op op;
+	uint8_t *dst;
+	int64_t dst_rows, outer, row_bytes;
+};
+
+/* Pieces one fetch call may carry at most, and their bytes: small pieces
+ * of one source node travel together (xf_execute batches them), so that a
+ * node fetching many small tensors makes one request per source and
+ * megabyte, not one per tensor. The peer server refuses larger batches. */
+#define XF_BATCH_MAX 64
+#define XF_BATCH_BYTES ((int64_t)1 << 20)
+
+/*
+ * Fetches @n pieces (FETCH ops, or pieces of them) from other nodes into
+ * their destinations. With n > 1 every piece is at most XF_BATCH_BYTES / 4
+ * bytes, all together at most XF_BATCH_BYTES, all from the same src_node,
+ * none from a backup, all with the same dst_node sign; a piece with
+ * op.backup = 1 (alone) names a down node and its old rank: its rows come
+ * from that node's backup holder, which may be this node. Called from
  * executor threads, concurrently. Returns 0 or a negative errno (the
  * execution then fails with it). Unused for local plans.
  */
-typedef int (*xf_fetch_fn)(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t dst_rows,
-			   int64_t outer, int64_t row_bytes);
+typedef int (*xf_fetch_fn)(void *arg, const struct xf_piece *v, size_t n);
 
 struct xf_stats {
 	int64_t bytes_reused, bytes_copied, bytes_fetched, bytes_zeroed;

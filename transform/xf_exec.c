@@ -24,8 +24,12 @@
  *  3. cut every COPY, FETCH, DUP and ZERO op into items of about XF_PIECE
  *     bytes: groups of outer blocks when a block's segment is small, row
  *     ranges (or byte ranges of one huge row) within a block when it is
- *     large. FETCH items are cut by rows only, across all blocks, because
- *     the fetch callback speaks in rows of whole partitions.
+ *     large. FETCH ops are cut into pieces by rows only, across all
+ *     blocks, because the fetch callback speaks in rows of whole
+ *     partitions; then small pieces (at most XF_BATCH_BYTES / 4) of one
+ *     source node are batched, up to XF_BATCH_MAX pieces and
+ *     XF_BATCH_BYTES, into one item: one fetch call, one request (a
+ *     piece from a backup goes alone: its source is resolved late).
  *  4. run phase 0 items, join, then phase 1 items (DUPs read new partitions
  *     that phase 0 filled), each phase on @nthreads transformer workers: the
  *     calling thread plus nthreads - 1 pthreads, all taking the next item
@@ -368,18 +372,23 @@ static int alloc_parts(const struct check *c, const struct xf_parts *from, struc
 
 /* ------------------------------------------------------------------ items */
 
-/* A piece of one op: bytes [lo, hi) of its segment in outer blocks [o0, o1). */
+/* A piece of one op: bytes [lo, hi) of its segment in outer blocks [o0, o1);
+ * or fetch pieces [p0, p1) of the phase's (p1 > p0). */
 struct item {
 	const struct ptc_op *op;
 	uint8_t *dst;
 	const uint8_t *src; /* NULL for ZERO and FETCH */
 	int64_t dst_rows, src_rows, outer, row_bytes;
 	int64_t o0, o1, lo, hi;
+	size_t p0, p1;
+	int64_t bytes; /* written: for the progress count */
 };
 
 struct items {
 	struct item *v;
 	size_t n, cap;
+	struct xf_piece *pieces; /* FETCH pieces, batched into items by batch_fetches */
+	size_t np, pcap;
 };
 
 static int items_push(struct items *it, const struct item *tmpl, int64_t o0, int64_t o1, int64_t lo,
@@ -399,6 +408,92 @@ static int items_push(struct items *it, const struct item *tmpl, int64_t o0, int
 	x->o1 = o1;
 	x->lo = lo;
 	x->hi = hi;
+	x->bytes = (o1 - o0) * (hi - lo);
+	return 0;
+}
+
+/* A FETCH piece: rows [a, b) of @op, into @tmpl's partition. */
+static int pieces_push(struct items *it, const struct item *tmpl, int64_t a, int64_t b)
+{
+	if (it->np == it->pcap) {
+		size_t cap = it->pcap ? 2 * it->pcap : 64;
+		struct xf_piece *v = realloc(it->pieces, cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		it->pieces = v;
+		it->pcap = cap;
+	}
+	struct xf_piece *p = &it->pieces[it->np++];
+	*p = (struct xf_piece){.op = *tmpl->op,
+			       .dst = tmpl->dst,
+			       .dst_rows = tmpl->dst_rows,
+			       .outer = tmpl->outer,
+			       .row_bytes = tmpl->row_bytes};
+	p->op.dst_row += a;
+	p->op.src_row += a;
+	p->op.rows = b - a;
+	p->op.bytes = p->op.rows * p->outer * p->row_bytes;
+	return 0;
+}
+
+static void items_free(struct items *it)
+{
+	free(it->v);
+	free(it->pieces);
+}
+
+/* Pieces of one source that may share a request: the same node, not from a
+ * backup (its holder is looked up per piece), the same dst_node sign. */
+static bool batchable(const struct xf_piece *p)
+{
+	return !p->op.backup && p->op.bytes <= XF_BATCH_BYTES / 4;
+}
+
+static int cmp_piece(const void *a, const void *b)
+{
+	const struct xf_piece *x = a, *y = b;
+	int bx = batchable(x), by = batchable(y);
+	if (bx != by)
+		return bx - by;
+	if (x->op.src_node != y->op.src_node)
+		return x->op.src_node < y->op.src_node ? -1 : 1;
+	if ((x->op.dst_node < 0) != (y->op.dst_node < 0))
+		return (x->op.dst_node < 0) - (y->op.dst_node < 0);
+	/* otherwise by destination: a total order, the same on every run */
+	if (x->dst != y->dst)
+		return x->dst < y->dst ? -1 : 1;
+	return (x->op.dst_row > y->op.dst_row) - (x->op.dst_row < y->op.dst_row);
+}
+
+static bool same_batch(const struct xf_piece *a, const struct xf_piece *b)
+{
+	return batchable(a) && batchable(b) && a->op.src_node == b->op.src_node &&
+	       (a->op.dst_node < 0) == (b->op.dst_node < 0);
+}
+
+/* Step 3's end for one phase: its FETCH pieces into items, small pieces of
+ * one source batched (XF_BATCH_MAX pieces, XF_BATCH_BYTES at most). */
+static int batch_fetches(struct items *it)
+{
+	struct item tmpl = {0};
+	int rc;
+
+	qsort(it->pieces, it->np, sizeof(*it->pieces), cmp_piece);
+	for (size_t i = 0, j; i < it->np; i = j) {
+		int64_t bytes = it->pieces[i].op.bytes;
+		for (j = i + 1; j < it->np && j - i < XF_BATCH_MAX &&
+				same_batch(&it->pieces[i], &it->pieces[j]) &&
+				bytes + it->pieces[j].op.bytes <= XF_BATCH_BYTES;
+		     j++)
+			bytes += it->pieces[j].op.bytes;
+		tmpl.op = &it->pieces[i].op;
+		if ((rc = items_push(it, &tmpl, 0, 0, 0, 0)))
+			return rc;
+		struct item *x = &it->v[it->n - 1];
+		x->p0 = i;
+		x->p1 = j;
+		x->bytes = bytes;
+	}
 	return 0;
 }
 
@@ -432,7 +527,7 @@ static int cut_op(struct items *it, const struct ptc_op *op, const struct xf_par
 		per = per < 1 ? 1 : per;
 		for (int64_t a = 0; a < op->rows; a += per) {
 			int64_t b = op->rows - a < per ? op->rows : a + per;
-			if ((rc = items_push(it, &tmpl, 0, dg.outer, a * rb, b * rb)))
+			if ((rc = pieces_push(it, &tmpl, a, b)))
 				return rc;
 		}
 	} else if (seg >= XF_PIECE) {
@@ -458,6 +553,7 @@ static int cut_op(struct items *it, const struct ptc_op *op, const struct xf_par
 struct run {
 	const struct item *items;
 	size_t nitems;
+	const struct xf_piece *pieces;
 	atomic_size_t next;
 	atomic_int err;
 	xf_fetch_fn fetch;
@@ -470,13 +566,8 @@ static int run_item(const struct run *r, const struct item *x)
 	const struct ptc_op *op = x->op;
 	int64_t rb = x->row_bytes, len = x->hi - x->lo;
 
-	if (op->kind == PTC_OP_FETCH) {
-		struct ptc_op sub = *op;
-		sub.dst_row += x->lo / rb;
-		sub.src_row += x->lo / rb;
-		sub.rows = len / rb;
-		sub.bytes = sub.rows * x->outer * rb;
-		int rc = r->fetch(r->fetch_arg, &sub, x->dst, x->dst_rows, x->outer, rb);
+	if (x->p1 > x->p0) {
+		int rc = r->fetch(r->fetch_arg, r->pieces + x->p0, x->p1 - x->p0);
 		return rc > 0 ? -EIO : rc;
 	}
 	for (int64_t o = x->o0; o < x->o1; o++) {
@@ -504,8 +595,7 @@ static void run_items(struct run *r)
 			return;
 		}
 		if (r->progress)
-			atomic_fetch_add_explicit(r->progress, (x->o1 - x->o0) * (x->hi - x->lo),
-						  memory_order_relaxed);
+			atomic_fetch_add_explicit(r->progress, x->bytes, memory_order_relaxed);
 	}
 }
 
@@ -521,6 +611,7 @@ static int run_phase(struct run *r, const struct items *it, int nthreads)
 {
 	r->items = it->v;
 	r->nitems = it->n;
+	r->pieces = it->pieces;
 	atomic_store(&r->next, 0);
 	if ((size_t)nthreads > it->n)
 		nthreads = (int)it->n;
@@ -637,6 +728,8 @@ int xf_execute(const struct ptc_plan *plan, int node, const struct xf_parts *fro
 		if (c.ops[k].kind != PTC_OP_REUSE &&
 		    (rc = cut_op(&phase[c.ops[k].phase], &c.ops[k], from, to)))
 			goto err_free_items;
+	if ((rc = batch_fetches(&phase[0])) || (rc = batch_fetches(&phase[1])))
+		goto err_free_items;
 
 	/* Shared partitions are done as soon as they are shared. */
 	if (progress)
@@ -654,15 +747,15 @@ int xf_execute(const struct ptc_plan *plan, int node, const struct xf_parts *fro
 		stats->seconds = now_seconds() - t0;
 		stats->seconds_sum = now_seconds() - t1;
 	}
-	free(phase[0].v);
-	free(phase[1].v);
+	items_free(&phase[0]);
+	items_free(&phase[1]);
 	free(c.reuse);
 	free(c.spans);
 	return 0;
 
 err_free_items:
-	free(phase[0].v);
-	free(phase[1].v);
+	items_free(&phase[0]);
+	items_free(&phase[1]);
 err_clear_to:
 	parts_clear(to);
 err_free_check:

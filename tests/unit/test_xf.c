@@ -112,14 +112,14 @@ struct peers {
 	atomic_int calls;
 };
 
-/* Fetch calls of every execution, to see FETCH ops cut into pieces. */
-static atomic_int fetch_calls;
+/* Fetch pieces of every execution, to see FETCH ops cut into pieces; calls
+ * that carried more than one (a batch), and the pieces those carried. */
+static atomic_int fetch_calls, batch_calls, batched_pieces;
 
-static int peer_fetch(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t dst_rows,
-		      int64_t outer, int64_t row_bytes)
+static int fetch_one(struct peers *pe, const struct xf_piece *pc)
 {
-	struct peers *pe = arg;
-	int64_t srows, so, srel;
+	const struct ptc_op *op = &pc->op;
+	int64_t srows, so, srel, outer = pc->outer, row_bytes = pc->row_bytes;
 
 	atomic_fetch_add(&pe->calls, 1);
 	atomic_fetch_add(&fetch_calls, 1);
@@ -139,10 +139,40 @@ static int peer_fetch(void *arg, const struct ptc_op *op, uint8_t *dst, int64_t 
 	ptc_tensor_geometry(&l->schema->tensors[op->src_tensor], &so, &srel);
 	if (so != outer || srel * esize(l->schema, op->state, op->src_tensor) != row_bytes ||
 	    op->src_row < 0 || op->src_row + op->rows > srows || op->dst_row < 0 ||
-	    op->dst_row + op->rows > dst_rows || op->bytes != op->rows * outer * row_bytes)
+	    op->dst_row + op->rows > pc->dst_rows || op->bytes != op->rows * outer * row_bytes)
 		return -ERANGE;
-	xf_copy_rows(dst, dst_rows, op->dst_row, b->data, srows, op->src_row, op->rows, outer,
-		     row_bytes);
+	xf_copy_rows(pc->dst, pc->dst_rows, op->dst_row, b->data, srows, op->src_row, op->rows,
+		     outer, row_bytes);
+	return 0;
+}
+
+/* The executor's fetch: @n pieces, a batch when n > 1, whose rules
+ * (xf_fetch_fn) are checked here: small pieces of one source, none from
+ * a backup, within XF_BATCH_MAX and XF_BATCH_BYTES. */
+static int peer_fetch(void *arg, const struct xf_piece *v, size_t n)
+{
+	struct peers *pe = arg;
+	int64_t bytes = 0;
+
+	if (n == 0 || n > XF_BATCH_MAX)
+		return -E2BIG;
+	if (n > 1) {
+		atomic_fetch_add(&batch_calls, 1);
+		atomic_fetch_add(&batched_pieces, (int)n);
+		for (size_t i = 0; i < n; i++) {
+			if (v[i].op.backup || v[i].op.src_node != v[0].op.src_node ||
+			    v[i].op.bytes > XF_BATCH_BYTES / 4)
+				return -EXDEV;
+			bytes += v[i].op.bytes;
+		}
+		if (bytes > XF_BATCH_BYTES)
+			return -E2BIG;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int rc = fetch_one(pe, &v[i]);
+		if (rc)
+			return rc;
+	}
 	return 0;
 }
 
@@ -488,6 +518,81 @@ static const char backup_schema[] =
     "{'name': 'out', 'dtype': 'bfloat16', 'shape': [1000, 64],"
     " 'split': {'dim': 0, 'pad_multiple': 64}, 'place': 'last', 'tied': 'emb'}]}";
 
+/*
+ * Many small tensors and one large one, all of stage 0 on n0; DP grows onto
+ * n1, which fetches every one of them from n0. The small pieces travel in
+ * batches (one fetch call each, within XF_BATCH_MAX and XF_BATCH_BYTES:
+ * peer_fetch checks), the large tensor's pieces alone, and the result is
+ * exact (execute_and_check).
+ */
+static void test_fetch_batches(void **state)
+{
+	(void)state;
+	struct scenario sc;
+	int fetch_nodes = 0, reuse_plans = 0;
+	/* 2 layers x 40 tensors of 16 KiB (float32 [64, 64]), and 2.4 MB */
+	static const char many_schema[] =
+	    "{'num_layers': 2, 'states': {'model': {}},"
+	    " 'tensors': [{'name': 'l/{L}/rep', 'dtype': 'float32', 'shape': [600, 1000]},"
+	    "{'name': 'l/{L}/a0', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/a1', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/a2', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/a3', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/a4', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/a5', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/a6', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/a7', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/a8', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/a9', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/b0', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/b1', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/b2', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/b3', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/b4', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/b5', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/b6', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/b7', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/b8', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/b9', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/c0', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/c1', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/c2', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/c3', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/c4', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/c5', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/c6', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/c7', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/c8', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/c9', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/d0', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/d1', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/d2', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/d3', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/d4', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/d5', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/d6', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/d7', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/d8', 'dtype': 'float32', 'shape': [64, 64]},"
+	    "{'name': 'l/{L}/d9', 'dtype': 'float32', 'shape': [64, 64]}]}";
+
+	fixed_scenario(&sc, many_schema, 2, 1,
+		       "{'version': 1, 'tp': 1, 'pp': 1, 'dp': 1, 'nodes': ['n0']}",
+		       "{'version': 2, 'tp': 1, 'pp': 1, 'dp': 2, 'nodes': ['n0', 'n1']}");
+	atomic_store(&fetch_calls, 0);
+	atomic_store(&batch_calls, 0);
+	atomic_store(&batched_pieces, 0);
+	run_scenario(&sc, &fetch_nodes, &reuse_plans);
+	assert_int_equal(fetch_nodes, 1);
+	/* 80 small tensors, 16 KiB each: two batches (XF_BATCH_MAX is 64) per
+	 * execution; the 2.4 MB ones (one huge row each) alone */
+	int pieces = atomic_load(&fetch_calls), batches = atomic_load(&batch_calls);
+	assert_true(batches > 0);
+	assert_int_equal(atomic_load(&batched_pieces) % 80, 0);
+	assert_int_equal(atomic_load(&batched_pieces) / 80, batches / 2);
+	assert_int_equal(pieces - atomic_load(&batched_pieces), 2 * (batches / 2));
+	free_scenario(&sc);
+}
+
 /* A plan whose node-0 ops are @ops, run on node 0 with @fetch. */
 static int run_node0(const struct ptc_plan *p, const struct ptc_op *ops, size_t nops,
 		     struct xf_parts *old, const struct ptc_layout *lb, struct xf_mem *mem,
@@ -714,7 +819,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_malformed),	  cmocka_unit_test(test_fetch_error),
-	    cmocka_unit_test(test_execute_big),	  cmocka_unit_test(test_execute_local),
+	    cmocka_unit_test(test_execute_big),	  cmocka_unit_test(test_fetch_batches),	  cmocka_unit_test(test_execute_local),
 	    cmocka_unit_test(test_execute_nodes), cmocka_unit_test(test_execute_backup),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
