@@ -243,9 +243,12 @@ static bool box_parse(const char *s, int64_t f[5], const char **end)
 		if (i < 4 && *s++ != '.')
 			return false;
 	}
-	if (*s != ',' && *s != '\0')
-		return false;
-	*end = *s ? s + 1 : s;
+	if (*s == ',' && s[1] != '\0')
+		*end = s + 1;
+	else if (*s == '\0')
+		*end = s;
+	else
+		return false; /* junk, or a trailing comma */
 	return true;
 }
 

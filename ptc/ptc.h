@@ -500,7 +500,10 @@ int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_lay
  * alone (round robin by destination node, rotated by a hash of the tensor,
  * state and old TP rank), not from the least loaded one: the network bytes
  * stay the lower bound; the load spreads over the holders but is not the
- * greedy balance of the whole job's plan.
+ * greedy balance of the whole job's plan. Small partitions (an old TP
+ * rank's, all states together, at most ptc_plan_small_bytes) are not
+ * rotated: a node takes all of them from one replica, where the executor
+ * fetches them in batches, a request each (xf_execute).
  * per_node[@node] is exact: what it builds (bytes_total, _reused, _local,
  * _in, _zero) and in bytes_out what it serves to every node, itself
  * included when it keeps a backup it reads, as the other nodes' plans ask.
@@ -510,6 +513,11 @@ int ptc_plan_compute_backups(const struct ptc_layout *from, const struct ptc_lay
  * node_first_op cover @node's ops only. Fails as ptc_plan_compute_backups
  * does, but only for rows @node needs; -EINVAL also for a bad @node.
  */
+/* Bytes up to which ptc_plan_compute_node does not rotate the source: 64
+ * KiB, where asking costs more than sending. The tests set it to check
+ * the rotation's balance over small random schemas; nothing else writes it. */
+#define PTC_PLAN_SMALL ((int64_t)64 << 10)
+extern int64_t ptc_plan_small_bytes;
 int ptc_plan_compute_node(const struct ptc_layout *from, const struct ptc_layout *to,
 			  const int *down, int ndown, const int *backup_of, int node,
 			  struct ptc_plan **out, struct ptc_error *err);

@@ -110,7 +110,7 @@ static int emit(struct plan_ctx *c, const struct ptc_op *tmpl, const struct plan
 			const struct plan_cand *best = &cands[0];
 			if (c->only >= 0)
 				best = &cands[ptc_plan_pick_source(op->dst_node, c->group[0], st, t,
-								   ncand)];
+								   ncand, ptc_plan_small(c, t))];
 			for (int i = 1; i < ncand && c->only < 0; i++)
 				if (c->stats[cands[i].serve].bytes_out <
 				    c->stats[best->serve].bytes_out)

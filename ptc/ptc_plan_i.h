@@ -122,7 +122,11 @@ int ptc_plan_missing_rows(struct plan_ctx *c, int r0, int r1, size_t hlo, size_t
 /* ptc_plansrc.c */
 
 /* The source a plan per node reads from, among @ncand candidates. */
-int ptc_plan_pick_source(int dst, int logical, int state, int t, int ncand);
+int ptc_plan_pick_source(int dst, int logical, int state, int t, int ncand, bool small);
+/* Whether old TP rank @t's partitions of the current group, all states
+ * together, are at most ptc_plan_small_bytes: a plan per node then takes
+ * them from the destination's own replica (ptc_plan_pick_source). */
+bool ptc_plan_small(const struct plan_ctx *c, int t);
 /* Builds the old-layout index of the current group. */
 int ptc_plan_index_group(struct plan_ctx *c);
 /* The old holders on @node: [*lo, *hi) of c->hold. */

@@ -18,12 +18,17 @@
  * The source a plan per node reads rows of old TP rank @t of the group of
  * logical tensor @logical in @state from, among @ncand candidates (sorted by
  * node), for destination node @dst: round robin by destination node, rotated
- * by a hash of the piece. Every node evaluates it alone from the layouts, so
- * a server knows what it will be asked without a global pass; the rows
- * cut do not enter it, so a node fetches all its rows of one old TP rank
- * (per state) from one source.
+ * by a hash of the piece, so that a node fetching a large stage reads it
+ * from every replica at once. Every node evaluates it alone from the
+ * layouts, so a server knows what it will be asked without a global pass;
+ * the rows cut do not enter it, so a node fetches all its rows of one old
+ * TP rank (per state) from one source. A @small piece (ptc_plan_small) is
+ * not rotated: a node takes every small piece from the same replica, in
+ * batches of one request each (xf_execute), where a rotation would cost
+ * a request per piece for bytes that take less time to send than to ask
+ * for; the destinations still spread over the replicas.
  */
-int ptc_plan_pick_source(int dst, int logical, int state, int t, int ncand)
+int ptc_plan_pick_source(int dst, int logical, int state, int t, int ncand, bool small)
 {
 	uint64_t h =
 	    (uint64_t)logical * 0x9E3779B97F4A7C15ull ^ (uint64_t)state << 40 ^ (uint64_t)t << 20;
@@ -33,7 +38,19 @@ int ptc_plan_pick_source(int dst, int logical, int state, int t, int ncand)
 	h ^= h >> 27;
 	h *= 0x94D049BB133111EBull;
 	h ^= h >> 31;
+	if (small)
+		h = 0;
 	return (int)(((uint64_t)dst + h % (uint64_t)ncand) % (uint64_t)ncand);
+}
+
+int64_t ptc_plan_small_bytes = PTC_PLAN_SMALL;
+
+bool ptc_plan_small(const struct plan_ctx *c, int t)
+{
+	int64_t bytes = 0;
+	for (int st = 0; st < c->s->nstates; st++)
+		bytes += c->old_sl[t].rows * c->row_bytes[st];
+	return bytes <= ptc_plan_small_bytes;
 }
 
 static int cmp_holder(const void *a, const void *b)

@@ -951,6 +951,17 @@ def test_peer_server_needs_the_token_and_checks_every_parameter(cluster_factory)
         a = want[rank][f"{state}/{tensor}.npy"]
         assert status == 200, (rank, state, tensor, status, body)
         assert body == np.ascontiguousarray(sl(a)).tobytes(), (rank, state, tensor)
+    # Several boxes in one reply (/v1/parts: a build's batch of small pieces of one
+    # source), back to back in the order asked.
+    def boxes(*bs, version=1):
+        return (f"/v1/parts?version={version}&boxes="
+                + ",".join(f"{r}.{S[s]}.{T[t]}.{a}.{n}" for r, s, t, a, n in bs))
+
+    for batch in (checks, checks[::-1], checks[:1], checks * 3):
+        status, body = n0.get(boxes(*[c[:5] for c in batch]))
+        assert status == 200, (status, body)
+        assert body == b"".join(np.ascontiguousarray(sl(want[r][f"{s}/{t}.npy"])).tobytes()
+                                for r, s, t, _, _, sl in batch)
     status, body = n0.get("/v1/job?path=notes.txt")
     assert (status, body) == (200, b"hello\n")
 
@@ -973,6 +984,22 @@ def test_peer_server_needs_the_token_and_checks_every_parameter(cluster_factory)
         (part(version=7), 409),                # not the current version
         (part(rank=2), 404),                   # rank 2 lives on n1
         ("/v1/part?%zz=&&&==&rank", 400),
+        ("/v1/parts?version=1", 400),
+        ("/v1/parts?version=1&boxes=", 400),
+        ("/v1/parts?boxes=0.0.0.0.1", 400),
+        ("/v1/parts?version=1&boxes=0.0.0.0", 400),
+        ("/v1/parts?version=1&boxes=0.0.0.0.1,", 400),
+        ("/v1/parts?version=1&boxes=0.0.0.0.1x", 400),
+        ("/v1/parts?version=1&boxes=0.0.-1.0.1", 400),
+        ("/v1/parts?version=1&boxes=0.0.0.0.99999999999999999999", 400),
+        ("/v1/parts?version=1&boxes=" + ",".join(["0.0.0.0.1"] * 65), 400),  # past 64
+        (boxes((0, "model", "layers/0/qkv/weight", 0, 0)), 400),
+        (boxes((0, "model", "layers/0/qkv/weight", 11, 2)), 400),  # past 12 rows
+        (boxes((0, "model", "layers/0/qkv/weight", 0, 1), (4, "model", "layers/0/qkv/weight",
+                                                           0, 1)), 400),  # rank 4
+        (boxes((0, "model", "layers/0/qkv/weight", 0, 1), (2, "model", "layers/0/qkv/weight",
+                                                           0, 1)), 404),  # on n1
+        (boxes((0, "model", "layers/0/qkv/weight", 0, 1), version=7), 409),
         ("/v1/part?" + "&".join(f"a{i}=1" for i in range(200)), 400),
         ("/v1/job", 400),
         ("/v1/job?path=../../etc/passwd", 400),
@@ -986,6 +1013,9 @@ def test_peer_server_needs_the_token_and_checks_every_parameter(cluster_factory)
         assert status == code, (path[:80], status, body[:200])
         assert body.endswith(b"\n") and body.count(b"\n") == 1 and len(body.strip()) > 0, \
             (path[:80], body[:300])
+    status, body = n0.get(boxes((0, "model", "layers/0/qkv/weight", 0, 1),
+                                (2, "model", "layers/0/qkv/weight", 0, 1)))
+    assert status == 404 and body.startswith(b"box 1: partition (rank 2, model, "), body
     status, body = n0.get("/v1/health", method="POST")
     assert status == 405 and body.count(b"\n") == 1, (status, body)
 

@@ -171,6 +171,9 @@ static bool make_scenario(struct scenario *sc)
 
 static void test_random_plans(void **state)
 {
+	/* every piece rotated, as for large partitions: the schemas here are
+	 * small (test_small_pieces has the rule for small ones) */
+	ptc_plan_small_bytes = 0;
 	(void)state;
 	const char *env = getenv("PTC_PROP_CASES");
 	int cases = env ? atoi(env) : 3000, planned = 0, failed = 0, fetched = 0, from_backups = 0;
@@ -242,6 +245,80 @@ static void test_random_plans(void **state)
 	assert_true(served_worst_ratio <= 3.0);
 	assert_true(planned + failed == cases && failed > 0 && fetched > cases / 4 &&
 		    from_backups > 0);
+	ptc_plan_small_bytes = PTC_PLAN_SMALL;
+}
+
+/*
+ * DP 2 -> 8: six new replicas fetch everything from the two old ones. In
+ * the plans per node every small partition of a destination comes from
+ * the same replica (destination index mod 2: three destinations each),
+ * while a large one (past ptc_plan_small_bytes) is rotated over both.
+ */
+static void test_small_pieces(void **state)
+{
+	(void)state;
+	static const char schema[] =
+	    "{\"num_layers\": 4, \"tensors\": ["
+	    "{\"name\": \"emb\", \"dtype\": \"float32\", \"shape\": [512, 256],"
+	    " \"place\": \"first\"},"
+	    "{\"name\": \"layers/{L}/w\", \"dtype\": \"float32\", \"shape\": [64, 64]},"
+	    "{\"name\": \"layers/{L}/b\", \"dtype\": \"float32\", \"shape\": [64]}]}";
+	struct scenario sc = {0};
+	struct ptc_error err;
+	char *ids[] = {"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"};
+
+	assert_int_equal(ptc_schema_parse_text(schema, sizeof(schema) - 1, "s", &sc.schema, &err),
+			 0);
+	sc.cluster = ptc_cluster_new_uniform(8, ids, 1);
+	static const char a[] = "{\"version\":1,\"tp\":1,\"pp\":1,\"dp\":2,"
+				"\"nodes\":[\"n0\",\"n1\"]}";
+	static const char b[] = "{\"version\":2,\"tp\":1,\"pp\":1,\"dp\":8,"
+				"\"nodes\":[\"n0\",\"n1\",\"n2\",\"n3\",\"n4\",\"n5\","
+				"\"n6\",\"n7\"]}";
+	assert_int_equal(ptc_config_parse_text(a, sizeof(a) - 1, "a", &sc.a, &err), 0);
+	assert_int_equal(ptc_config_parse_text(b, sizeof(b) - 1, "b", &sc.b, &err), 0);
+	assert_int_equal(ptc_layout_init(&sc.la, sc.schema, sc.a, sc.cluster, "a", &err), 0);
+	assert_int_equal(ptc_layout_init(&sc.lb, sc.schema, sc.b, sc.cluster, "b", &err), 0);
+	int served[2] = {0, 0}, emb_from[2] = {0, 0};
+	for (int n = 2; n < 8; n++) {
+		struct ptc_plan *q;
+		int small_src = -1, nsmall = 0;
+		assert_int_equal(ptc_plan_compute_node(&sc.la, &sc.lb, NULL, 0, NULL, n, &q, &err),
+				 0);
+		for (size_t k = 0; k < q->nops; k++) {
+			const struct ptc_op *op = &q->ops[k];
+			if (op->kind != PTC_OP_FETCH)
+				continue;
+			if (strcmp(sc.schema->tensors[op->tensor].name, "emb") == 0) {
+				emb_from[op->src_node]++;
+				continue;
+			}
+			assert_true(small_src < 0 || op->src_node == small_src);
+			small_src = op->src_node;
+			nsmall++;
+		}
+		assert_int_equal(nsmall, 8); /* 4 layers x (w, b) */
+		assert_int_equal(small_src, n % 2);
+		served[small_src]++;
+		ptc_plan_free(q);
+	}
+	assert_int_equal(served[0], 3);
+	assert_int_equal(served[1], 3);
+	/* emb, 512 KiB: rotated by a hash of the piece, still spread */
+	assert_int_equal(emb_from[0], 3);
+	assert_int_equal(emb_from[1], 3);
+	ptc_plan_small_bytes = 1 << 30;
+	for (int n = 2; n < 8; n++) {
+		struct ptc_plan *q;
+		assert_int_equal(ptc_plan_compute_node(&sc.la, &sc.lb, NULL, 0, NULL, n, &q, &err),
+				 0);
+		for (size_t k = 0; k < q->nops; k++)
+			if (q->ops[k].kind == PTC_OP_FETCH)
+				assert_int_equal(q->ops[k].src_node, n % 2);
+		ptc_plan_free(q);
+	}
+	ptc_plan_small_bytes = PTC_PLAN_SMALL;
+	free_scenario(&sc);
 }
 
 /* ----------------------------------------------------------- fixed cases */
@@ -343,6 +420,7 @@ int main(void)
 	    cmocka_unit_test(test_many_ties),
 	    cmocka_unit_test(test_readme_example),
 	    cmocka_unit_test(test_random_plans),
+	    cmocka_unit_test(test_small_pieces),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
