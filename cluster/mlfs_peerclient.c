@@ -179,8 +179,9 @@ static int fetch_batch(struct mlfs_peerclient *cl, int64_t version, const struct
 	const struct ptc_node *src = &mlfs_store_cluster(cl->st)->nodes[v[0].op.src_node];
 	char url[NET_MAX_URL];
 	int64_t niov = 0, len = 0;
-	int at = snprintf(url, sizeof(url), "http://%s/v1/parts?version=%" PRId64 "%s&boxes=",
-			  src->addr, version, v[0].op.dst_node < 0 ? "&full=1" : "");
+	int at =
+	    snprintf(url, sizeof(url), "http://%s/v1/parts?version=%" PRId64 "%s&boxes=", src->addr,
+		     version, v[0].op.dst_node < 0 ? "&full=1" : "");
 	for (size_t i = 0; i < n; i++) {
 		const struct ptc_op *op = &v[i].op;
 		at += snprintf(url + at, sizeof(url) - (size_t)at,
@@ -196,9 +197,9 @@ static int fetch_batch(struct mlfs_peerclient *cl, int64_t version, const struct
 		goto alone;
 	for (size_t i = 0, k = 0; i < n; i++)
 		for (int64_t o = 0; o < v[i].outer; o++)
-			iov[k++] = (struct iovec){
-			    v[i].dst + (o * v[i].dst_rows + v[i].op.dst_row) * v[i].row_bytes,
-			    (size_t)(v[i].op.rows * v[i].row_bytes)};
+			iov[k++] = (struct iovec){v[i].dst + (o * v[i].dst_rows + v[i].op.dst_row) *
+								 v[i].row_bytes,
+						  (size_t)(v[i].op.rows * v[i].row_bytes)};
 	struct ptc_error why = {.text = ""};
 	int rc = get_rows(cl, url, iov, (int)niov, len, &cl->st->cancel, NULL, &why);
 	free(iov);

@@ -275,7 +275,9 @@ static void serve_parts(struct mlfs_peer *pe, struct net_request *r)
 	}
 	struct mlfs_view *v = mlfs_store_view_of(st, version);
 	if (!v) {
-		net_reply_error(r, 409, "layout version %" PRId64 " is neither current nor retained on this node",
+		net_reply_error(r, 409,
+				"layout version %" PRId64
+				" is neither current nor retained on this node",
 				version);
 		return;
 	}
@@ -314,7 +316,8 @@ static void serve_parts(struct mlfs_peer *pe, struct net_request *r)
 		box[n].b = mlfs_store_part_get(st, v, (int)f[0], (int)f[1], (int)f[2]);
 		if (!box[n].b) {
 			net_reply_error(r, 404,
-					"box %d: partition (rank %" PRId64 ", %s, %s) is not on this node",
+					"box %d: partition (rank %" PRId64
+					", %s, %s) is not on this node",
 					n, f[0], s->states[f[1]].name, s->tensors[f[2]].name);
 			goto out;
 		}

@@ -79,7 +79,8 @@ static int serve_dst(struct plan_ctx *c, int dst)
 			const struct plan_cand *cands = &c->cand[c->cand_off[rs->t]];
 			bool small = ptc_plan_small(c, rs->t);
 			for (int st = 0; nc && st < c->s->nstates; st++)
-				if (cands[ptc_plan_pick_source(dst, c->group[0], st, rs->t, nc, small)]
+				if (cands[ptc_plan_pick_source(dst, c->group[0], st, rs->t, nc,
+							       small)]
 					.serve == c->only)
 					c->served += (end - x) * c->row_bytes[st];
 			x = end;

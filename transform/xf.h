@@ -212,7 +212,7 @@ struct xf_piece {
  * of one source node travel together (xf_execute batches them), so that a
  * node fetching many small tensors makes one request per source and
  * megabyte, not one per tensor. The peer server refuses larger batches. */
-#define XF_BATCH_MAX 64
+#define XF_BATCH_MAX   64
 #define XF_BATCH_BYTES ((int64_t)1 << 20)
 
 /*

@@ -818,9 +818,10 @@ static void test_malformed(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_malformed),	  cmocka_unit_test(test_fetch_error),
-	    cmocka_unit_test(test_execute_big),	  cmocka_unit_test(test_fetch_batches),	  cmocka_unit_test(test_execute_local),
-	    cmocka_unit_test(test_execute_nodes), cmocka_unit_test(test_execute_backup),
+	    cmocka_unit_test(test_malformed),	   cmocka_unit_test(test_fetch_error),
+	    cmocka_unit_test(test_execute_big),	   cmocka_unit_test(test_fetch_batches),
+	    cmocka_unit_test(test_execute_local),  cmocka_unit_test(test_execute_nodes),
+	    cmocka_unit_test(test_execute_backup),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
