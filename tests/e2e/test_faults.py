@@ -39,7 +39,7 @@ import pytest
 
 from mlfs.testing import Cluster
 from proxy import Proxy
-from test_store import make_full
+from test_store import expand, make_full
 
 # Stage 1 of V1 (layer 1, two TP ranks) is about 1.6 MiB: replies of many chunks.
 SCHEMA = {
@@ -339,6 +339,23 @@ def test_a_batch_that_fails_is_fetched_piece_by_piece(proxied):
     cl.check_layout(SCHEMA, V2, full, step=5)
     plan = cl.plan(SCHEMA, V1, V2)["per_node"]
     assert cl["n2"].status()["last"]["bytes_fetched"] == plan["n2"]["bytes_in"]
+
+
+def test_a_batch_is_at_most_a_megabyte(proxied):
+    """/v1/parts carries at most XF_BATCH_BYTES (1 MiB): five boxes of 256 KiB are a
+    400 that says so, four are served, byte for byte the rows of /v1/part."""
+    cl = proxied()
+    start(cl, V1, 43)
+    names = [name for name, _, _ in expand(SCHEMA)]
+    t = names.index("layers/1/proj/weight")  # 256 x 256 float32 per TP rank: 256 KiB
+    n1 = cl["n1"]
+    box = f"2.0.{t}.0.256"
+    status, body = n1.get(f"/v1/parts?version=1&boxes={','.join([box] * 5)}")
+    assert status == 400 and b"more than 1048576 bytes" in body, (status, body)
+    status, body = n1.get(f"/v1/parts?version=1&boxes={','.join([box] * 4)}")
+    assert status == 200 and len(body) == 4 << 18, (status, len(body))
+    status, one = n1.get(f"/v1/part?version=1&rank=2&state=0&tensor={t}&row=0&rows=256")
+    assert status == 200 and body == one * 4
 
 
 def test_reply_cut_once_is_retried(proxied):
