@@ -478,7 +478,8 @@ static int batch_fetches(struct items *it)
 	struct item tmpl = {0};
 	int rc;
 
-	qsort(it->pieces, it->np, sizeof(*it->pieces), cmp_piece);
+	if (it->np > 1)
+		qsort(it->pieces, it->np, sizeof(*it->pieces), cmp_piece);
 	for (size_t i = 0, j; i < it->np; i = j) {
 		int64_t bytes = it->pieces[i].op.bytes;
 		for (j = i + 1; j < it->np && j - i < XF_BATCH_MAX &&

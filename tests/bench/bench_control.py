@@ -6,8 +6,10 @@ For each N: the CPU the daemons and etcd use together over an idle window (from
 counter of gRPC requests from its /metrics), and the wall-clock time of
 one reconfiguration of a tiny model (`mlfs reconfigure`, from writing the config
 until every node swapped), first run, and the median of that run and --runs - 1 more (four by default)
-(back and forth between all nodes and half of them), with the CPU every daemon and
-etcd spent on the first. Ratios are against N = 4 in the same run.
+(back and forth between all nodes and half of them; the medians of each direction
+apart too: halving moves nothing over the network, growing back makes the new half
+fetch), with the CPU every daemon and etcd spent on the first. Ratios are against
+N = 4 in the same run.
 
     BUILD=build /usr/bin/python3 tests/bench/bench_control.py [--nodes 4,16,32,64]
         [--idle-seconds 10] [--runs 5] [--json OUT]
@@ -115,6 +117,7 @@ def one(n, idle_s, runs=5):
         # of them: the median says what the first run's noise hides on a shared
         # machine.
         times = [reconf]
+        shrink, grow = [reconf], []  # v2 (even versions) halves the job, v1 grows it back
         for v in range(3, 2 + runs):
             cfg = dict(v1 if v % 2 else v2, version=v)
             with open(path, "w") as f:
@@ -122,6 +125,7 @@ def one(n, idle_s, runs=5):
             time.sleep(0.5)  # the retained layout released, entries settled
             p, took = timed()
             times.append(took)
+            (grow if v % 2 else shrink).append(took)
             if p.returncode:
                 raise SystemExit(f"N={n}: mlfs reconfigure to {v}: {p.stderr}")
             cl.wait_version(v, timeout=120)
@@ -132,6 +136,11 @@ def one(n, idle_s, runs=5):
                 "etcd_requests_per_s_idle": round((r1 - r0) / dt, 1),
                 "reconfigure_s": round(reconf, 3),
                 "reconfigure_median_s": round(sorted(times)[len(times) // 2], 3),
+                # the two directions apart: onto half of the nodes (nothing fetched),
+                # and back onto all of them (the new half fetches its partitions)
+                "reconfigure_shrink_median_s": round(sorted(shrink)[len(shrink) // 2], 3),
+                "reconfigure_grow_median_s":
+                    round(sorted(grow)[len(grow) // 2], 3) if grow else None,
                 # CPU of every daemon and etcd over the reconfiguration: on this
                 # machine's cores the time cannot be less than this / cores
                 "reconfigure_cpu_s": round(c3 - c2, 3),
@@ -164,7 +173,9 @@ def main():
               f"requests/s; reconfigure {r['reconfigure_s']:.3f} s "
               f"({r['reconfigure_s'] / base['reconfigure_s']:.2f}x N={base['nodes']}), median "
               f"of {a.runs} {r['reconfigure_median_s']:.3f} s "
-              f"({r['reconfigure_median_s'] / base['reconfigure_median_s']:.2f}x), "
+              f"({r['reconfigure_median_s'] / base['reconfigure_median_s']:.2f}x; halving "
+              f"{r['reconfigure_shrink_median_s']:.3f} s, growing "
+              f"{r['reconfigure_grow_median_s'] or 0:.3f} s), "
               f"{r['etcd_requests_reconfigure']} etcd requests, "
               f"{r['reconfigure_cpu_s']:.2f} CPU s ({r['reconfigure_cpu_s'] / n * 1000:.1f} ms "
               f"per node; floor {r['reconfigure_cpu_s'] / os.cpu_count():.3f} s on "
