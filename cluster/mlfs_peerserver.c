@@ -27,9 +27,9 @@
  *       several such ranges in one reply, back to back in the order asked
  *       (each as /v1/part sends it), with X-Mlfs-XXH3 over the whole body:
  *       the small pieces of one source a build batched (xf_execute). At
- *       most XF_BATCH_MAX boxes and XF_BATCH_BYTES bytes; copied from the
- *       pinned buffers into one reply buffer and hashed here. A bad box is
- *       a 400 (404, 409) naming it; &full=1 as above.
+ *       most XF_BATCH_MAX boxes and XF_BATCH_BYTES bytes; hashed here and
+ *       gathered from the pinned buffers as the reply is sent. A bad box
+ *       is a 400 (404, 409) naming it; &full=1 as above.
  *   /v1/job?path=P               a job/ file's bytes
  *   /v1/jobmanifest              the job/ tree: paths, sizes, hashes, mtimes
  * and one POST:
@@ -252,12 +252,50 @@ static bool box_parse(const char *s, int64_t f[5], const char **end)
 	return true;
 }
 
-static void reply_free(void *arg)
+/* The boxes of a /v1/parts reply, pinned, sent one after the other. */
+struct parts_stream {
+	int n;
+	struct part_box {
+		struct xf_buf *b;
+		int64_t prows, row, rows, outer, rb;
+	} box[XF_BATCH_MAX];
+};
+
+static ssize_t parts_read(void *arg, uint64_t pos, char *out, size_t max)
 {
-	free(arg);
+	struct parts_stream *p = arg;
+	int64_t at = (int64_t)pos, done = 0;
+	for (int i = 0; i < p->n && (size_t)done < max; i++) {
+		const struct part_box *x = &p->box[i];
+		int64_t seg = x->rows * x->rb, size = x->outer * seg;
+		if (at >= size) {
+			at -= size;
+			continue;
+		}
+		while (at < size && (size_t)done < max) {
+			int64_t o = at / seg, off = at % seg;
+			int64_t k =
+			    seg - off < (int64_t)max - done ? seg - off : (int64_t)max - done;
+			memcpy(out + done, x->b->data + (o * x->prows + x->row) * x->rb + off,
+			       (size_t)k);
+			done += k;
+			at += k;
+		}
+		at = 0;
+	}
+	return done ? done : -1;
 }
 
-/* /v1/parts: several boxes of one layout in one reply (the DESIGN above). */
+static void parts_done(void *arg)
+{
+	struct parts_stream *p = arg;
+	for (int i = 0; i < p->n; i++)
+		xf_buf_put(p->box[i].b);
+	free(p);
+}
+
+/* /v1/parts: several boxes of one layout in one reply, sent from their
+ * pinned buffers (the DESIGN above). */
 static void serve_parts(struct mlfs_peer *pe, struct net_request *r)
 {
 	struct mlfs_store *st = pe->st;
@@ -283,87 +321,81 @@ static void serve_parts(struct mlfs_peer *pe, struct net_request *r)
 	}
 	const struct ptc_layout *l = &v->layout;
 	const struct ptc_schema *s = l->schema;
-	struct {
-		struct xf_buf *b;
-		int64_t prows, row, rows, outer, rb;
-	} box[XF_BATCH_MAX];
-	int n = 0;
+	struct parts_stream *p = calloc(1, sizeof(*p));
 	int64_t total = 0;
-	uint8_t *out = NULL;
+	if (!p) {
+		net_reply_error(r, 503, "out of memory");
+		goto out;
+	}
 	if (atomic_load(&st->lost)) {
 		net_reply_error(r, 409, "node %s restarted and lost its partitions",
 				mlfs_store_cluster(st)->nodes[st->node].id);
 		goto out;
 	}
-	for (const char *p = list; *p; n++) {
+	for (const char *at = list; *at; p->n++) {
 		int64_t f[5];
-		if (n == XF_BATCH_MAX) {
+		struct part_box *x = &p->box[p->n];
+		if (p->n == XF_BATCH_MAX) {
 			net_reply_error(r, 400, "more than %d boxes; ask for fewer", XF_BATCH_MAX);
 			goto out;
 		}
-		if (!box_parse(p, f, &p) || f[0] >= l->world || f[1] >= s->nstates ||
+		if (!box_parse(at, f, &at) || f[0] >= l->world || f[1] >= s->nstates ||
 		    f[2] >= s->ntensors || f[4] == 0) {
 			net_reply_error(r, 400,
 					"box %d: expected R.S.T.A.N with rank < %d, state < %d, "
 					"tensor < %d, rows > 0",
-					n, l->world, s->nstates, s->ntensors);
+					p->n, l->world, s->nstates, s->ntensors);
 			goto out;
 		}
-		box[n].row = f[3];
-		box[n].rows = f[4];
-		mlfs_peer_part_geometry(l, (int)f[0], (int)f[1], (int)f[2], &box[n].outer,
-					&box[n].prows, &box[n].rb);
-		box[n].b = mlfs_store_part_get(st, v, (int)f[0], (int)f[1], (int)f[2]);
-		if (!box[n].b) {
+		x->row = f[3];
+		x->rows = f[4];
+		mlfs_peer_part_geometry(l, (int)f[0], (int)f[1], (int)f[2], &x->outer, &x->prows,
+					&x->rb);
+		x->b = mlfs_store_part_get(st, v, (int)f[0], (int)f[1], (int)f[2]);
+		if (!x->b) {
 			net_reply_error(r, 404,
 					"box %d: partition (rank %" PRId64
 					", %s, %s) is not on this node",
-					n, f[0], s->states[f[1]].name, s->tensors[f[2]].name);
+					p->n, f[0], s->states[f[1]].name, s->tensors[f[2]].name);
 			goto out;
 		}
-		if (box[n].row > box[n].prows || box[n].rows > box[n].prows - box[n].row ||
-		    box[n].b->size != box[n].outer * box[n].prows * box[n].rb) {
+		if (x->row > x->prows || x->rows > x->prows - x->row ||
+		    x->b->size != x->outer * x->prows * x->rb) {
 			net_reply_error(r, 400,
 					"box %d: rows [%" PRId64 ", %" PRId64 ") past the %" PRId64
 					" rows of %s/%s of rank %" PRId64,
-					n, box[n].row, box[n].row + box[n].rows, box[n].prows,
+					p->n, x->row, x->row + x->rows, x->prows,
 					s->states[f[1]].name, s->tensors[f[2]].name, f[0]);
-			xf_buf_put(box[n].b);
+			xf_buf_put(x->b);
 			goto out;
 		}
-		total += box[n].outer * box[n].rows * box[n].rb;
+		total += x->outer * x->rows * x->rb;
 		if (total > XF_BATCH_BYTES) {
 			net_reply_error(r, 400, "more than %" PRId64 " bytes; ask for fewer boxes",
 					XF_BATCH_BYTES);
-			xf_buf_put(box[n].b);
+			xf_buf_put(x->b);
 			goto out;
 		}
 	}
-	if (!(out = malloc(total ? (size_t)total : 1))) {
-		net_reply_error(r, 503, "out of memory");
-		goto out;
-	}
-	int64_t at = 0;
-	for (int i = 0; i < n; i++) {
-		int64_t seg = box[i].rows * box[i].rb;
-		for (int64_t o = 0; o < box[i].outer; o++, at += seg)
-			memcpy(out + at,
-			       box[i].b->data + (o * box[i].prows + box[i].row) * box[i].rb,
-			       (size_t)seg);
-	}
 	if (!xf_sums_off()) {
+		/* the checksum of the whole body, box after box, from the
+		 * committed (immutable) buffers */
+		struct xf_rows rows[XF_BATCH_MAX];
+		for (int i = 0; i < p->n; i++)
+			rows[i] =
+			    (struct xf_rows){p->box[i].b->data, p->box[i].prows, p->box[i].row,
+					     p->box[i].rows,	p->box[i].outer, p->box[i].rb};
 		char hex[24];
-		snprintf(hex, sizeof(hex), "%016" PRIx64, mlfs_hash(out, (size_t)total));
+		snprintf(hex, sizeof(hex), "%016" PRIx64, xf_rows_sum_many(rows, (size_t)p->n));
 		net_reply_add_header(r, NET_SUM_HEADER, hex);
 	}
 	if (!net_request_arg(r, "full"))
 		atomic_fetch_add(&st->served, total);
-	net_reply_pinned(r, 200, out, (size_t)total, reply_free, out, "application/octet-stream");
-	out = NULL;
+	net_reply_stream(r, 200, total, parts_read, parts_done, p, "application/octet-stream");
+	p = NULL;
 out:
-	for (int i = 0; i < n; i++)
-		xf_buf_put(box[i].b);
-	free(out);
+	if (p)
+		parts_done(p);
 	mlfs_view_put(v);
 }
 

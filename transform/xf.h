@@ -76,6 +76,13 @@ bool xf_buf_sealed(const struct xf_buf *b);
  * exactly the bytes a /v1/part reply of that range carries. Any thread. */
 uint64_t xf_rows_sum(const uint8_t *data, int64_t prows, int64_t row, int64_t rows, int64_t outer,
 		     int64_t row_bytes);
+/* Such row ranges of several partitions, one after the other: the checksum
+ * of a /v1/parts reply. Any thread. */
+struct xf_rows {
+	const uint8_t *data;
+	int64_t prows, row, rows, outer, row_bytes;
+};
+uint64_t xf_rows_sum_many(const struct xf_rows *v, size_t n);
 
 /* ---------------------------------------------------------------- box copy */
 

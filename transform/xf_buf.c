@@ -213,15 +213,25 @@ uint64_t xf_buf_sum(struct xf_buf *b)
 uint64_t xf_rows_sum(const uint8_t *data, int64_t prows, int64_t row, int64_t rows, int64_t outer,
 		     int64_t row_bytes)
 {
-	int64_t seg = rows * row_bytes;
 	if (outer == 1 || rows == prows) /* one contiguous range */
-		return mlfs_hash(data + row * row_bytes, (size_t)(outer * seg));
+		return mlfs_hash(data + row * row_bytes, (size_t)(outer * rows * row_bytes));
+	struct xf_rows one = {data, prows, row, rows, outer, row_bytes};
+	return xf_rows_sum_many(&one, 1);
+}
+
+uint64_t xf_rows_sum_many(const struct xf_rows *v, size_t n)
+{
 	XXH3_state_t *s = XXH3_createState();
 	uint64_t h = 0;
 	if (!s || XXH3_64bits_reset(s) != XXH_OK)
 		goto out; /* 0: a checksum the receiver refuses, never a wrong pass */
-	for (int64_t o = 0; o < outer; o++)
-		XXH3_64bits_update(s, data + (o * prows + row) * row_bytes, (size_t)seg);
+	for (size_t i = 0; i < n; i++) {
+		int64_t seg = v[i].rows * v[i].row_bytes;
+		for (int64_t o = 0; o < v[i].outer; o++)
+			XXH3_64bits_update(s,
+					   v[i].data + (o * v[i].prows + v[i].row) * v[i].row_bytes,
+					   (size_t)seg);
+	}
 	h = XXH3_64bits_digest(s);
 out:
 	XXH3_freeState(s);
