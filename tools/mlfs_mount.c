@@ -310,14 +310,11 @@ int cmd_umount(int argc, char **argv)
 	return 1;
 }
 
-/* Reads <mnt>/<name> as JSON; NULL with a message on failure. */
-/* The JSON document read to the end of @f (@path for messages), and its
- * text into *@text (the caller's; @text NULL: not kept); NULL with a
- * message on stderr. */
-static json_t *read_json_stream(FILE *f, const char *path, char **text)
+/* The JSON document in @t (@len bytes, taken over; NULL: the read failed
+ * and said why), its text into *@text (the caller's; @text NULL: not
+ * kept); NULL with a message naming @path on stderr. */
+static json_t *json_of_text(char *t, size_t len, const char *path, char **text)
 {
-	size_t len;
-	char *t = tools_read_stream(f, path, &len);
 	if (!t)
 		return NULL;
 	json_error_t je;
@@ -331,18 +328,23 @@ static json_t *read_json_stream(FILE *f, const char *path, char **text)
 	return j;
 }
 
+/* The JSON document read to the end of @f (@path for messages), as
+ * json_of_text. */
+static json_t *read_json_stream(FILE *f, const char *path, char **text)
+{
+	size_t len = 0;
+	char *t = tools_read_stream(f, path, &len);
+	return json_of_text(t, len, path, text);
+}
+
+/* Reads <mnt>/<name> as JSON; NULL with a message on failure. */
 static json_t *read_json(const char *mnt, const char *name)
 {
 	char path[PATH_MAX];
+	size_t len = 0;
 	snprintf(path, sizeof(path), "%s/%s", mnt, name);
-	FILE *f = fopen(path, "rb");
-	if (!f) {
-		fprintf(stderr, "mlfs: %s: %s\n", path, strerror(errno));
-		return NULL;
-	}
-	json_t *j = read_json_stream(f, path, NULL);
-	fclose(f);
-	return j;
+	char *t = tools_read_file(path, &len);
+	return json_of_text(t, len, path, NULL);
 }
 
 /* status.json's "cluster" section as a table: one line per node. */

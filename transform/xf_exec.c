@@ -391,17 +391,26 @@ struct items {
 	size_t np, pcap;
 };
 
+/* Room in *@v (*@cap elements of @elem bytes) for one more past @n,
+ * doubling: 0 or -ENOMEM (*@v unchanged). */
+static int grow(void **v, size_t *cap, size_t n, size_t elem)
+{
+	if (n < *cap)
+		return 0;
+	size_t c = *cap ? 2 * *cap : 64;
+	void *p = realloc(*v, c * elem);
+	if (!p)
+		return -ENOMEM;
+	*v = p;
+	*cap = c;
+	return 0;
+}
+
 static int items_push(struct items *it, const struct item *tmpl, int64_t o0, int64_t o1, int64_t lo,
 		      int64_t hi)
 {
-	if (it->n == it->cap) {
-		size_t cap = it->cap ? 2 * it->cap : 64;
-		struct item *v = realloc(it->v, cap * sizeof(*v));
-		if (!v)
-			return -ENOMEM;
-		it->v = v;
-		it->cap = cap;
-	}
+	if (grow((void **)&it->v, &it->cap, it->n, sizeof(*it->v)))
+		return -ENOMEM;
 	struct item *x = &it->v[it->n++];
 	*x = *tmpl;
 	x->o0 = o0;
@@ -415,14 +424,8 @@ static int items_push(struct items *it, const struct item *tmpl, int64_t o0, int
 /* A FETCH piece: rows [a, b) of @op, into @tmpl's partition. */
 static int pieces_push(struct items *it, const struct item *tmpl, int64_t a, int64_t b)
 {
-	if (it->np == it->pcap) {
-		size_t cap = it->pcap ? 2 * it->pcap : 64;
-		struct xf_piece *v = realloc(it->pieces, cap * sizeof(*v));
-		if (!v)
-			return -ENOMEM;
-		it->pieces = v;
-		it->pcap = cap;
-	}
+	if (grow((void **)&it->pieces, &it->pcap, it->np, sizeof(*it->pieces)))
+		return -ENOMEM;
 	struct xf_piece *p = &it->pieces[it->np++];
 	*p = (struct xf_piece){.op = *tmpl->op,
 			       .dst = tmpl->dst,
@@ -449,16 +452,24 @@ static bool batchable(const struct xf_piece *p)
 	return !p->op.backup && p->op.bytes <= XF_BATCH_BYTES / 4;
 }
 
-static int cmp_piece(const void *a, const void *b)
+/* The order of what a batch shares: batchable or not, the source node, the
+ * dst_node sign; 0 when two pieces may share a request (both batchable). */
+static int cmp_batch(const struct xf_piece *x, const struct xf_piece *y)
 {
-	const struct xf_piece *x = a, *y = b;
 	int bx = batchable(x), by = batchable(y);
 	if (bx != by)
 		return bx - by;
 	if (x->op.src_node != y->op.src_node)
 		return x->op.src_node < y->op.src_node ? -1 : 1;
-	if ((x->op.dst_node < 0) != (y->op.dst_node < 0))
-		return (x->op.dst_node < 0) - (y->op.dst_node < 0);
+	return (x->op.dst_node < 0) - (y->op.dst_node < 0);
+}
+
+static int cmp_piece(const void *a, const void *b)
+{
+	const struct xf_piece *x = a, *y = b;
+	int c = cmp_batch(x, y);
+	if (c)
+		return c;
 	/* otherwise by destination: a total order, the same on every run */
 	if (x->dst != y->dst)
 		return x->dst < y->dst ? -1 : 1;
@@ -467,8 +478,7 @@ static int cmp_piece(const void *a, const void *b)
 
 static bool same_batch(const struct xf_piece *a, const struct xf_piece *b)
 {
-	return batchable(a) && batchable(b) && a->op.src_node == b->op.src_node &&
-	       (a->op.dst_node < 0) == (b->op.dst_node < 0);
+	return batchable(a) && cmp_batch(a, b) == 0;
 }
 
 /* Step 3's end for one phase: its FETCH pieces into items, small pieces of
