@@ -211,6 +211,27 @@ json_t *mlfs_votebox_describe(struct mlfs_votebox *b, const char *aid);
  * c->publock is held across the put of this node's entry, and nothing is
  * taken under it.
  */
+/* Cluster indices of the nodes an id list names, found once per list:
+ * @of (a reference held, so that its address names it) in cluster @cl. */
+struct mlfs_snap_ids {
+	json_t *of;
+	const struct ptc_cluster *cl;
+	int *idx; /* -1: not in @cl */
+	size_t n;
+};
+
+struct mlfs_snap_cache {
+	/* mlfs_snap_index of @cl's ids: clusters are replaced, never changed
+	 * or freed while the store lives (mlfs_store_grow_cluster), so the
+	 * address names one */
+	const struct ptc_cluster *cl;
+	struct mlfs_snap_key *keys;
+	struct mlfs_snap_ids parts, waited;
+};
+
+/* Frees @m's indices (at the cluster's end). */
+void mlfs_snap_cache_free(struct mlfs_snap_cache *m);
+
 struct mlfs_cluster {
 	/* Set by mlfs_cluster_start, fixed afterwards. */
 	struct mlfs_store *st;
@@ -361,9 +382,21 @@ struct mlfs_cluster {
 	int64_t parsed_cfg_version;
 	bool parsed_cfg_elastic;
 	json_t *parsed_att;
+	/* parsed_lock: the config of the last attempt parsed, its version and
+	 * whether it is elastic as the attempt says them (its "to" and
+	 * "elastic"): the committed config once it commits, not parsed again */
+	char *parsed_next_text;
+	int64_t parsed_next_version;
+	bool parsed_next_elastic;
 	/* parsed_lock: the "released" key as last parsed, by its revision */
 	int64_t parsed_rel_rev, parsed_rel_version;
 	bool parsed_rel_mine;
+	/* The control thread's (mlfs_round.c): the index of the cluster's ids
+	 * and the indices of the nodes two id lists name (the attempt's
+	 * participants, the ones the last commit waits for), kept from round
+	 * to round: at 32 nodes, sorting and searching them again took a
+	 * fifth of a round. */
+	struct mlfs_snap_cache snap;
 };
 
 /* Wall-clock milliseconds (an attempt's deadline is one: every node

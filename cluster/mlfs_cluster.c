@@ -428,7 +428,9 @@ static void cluster_free(struct mlfs_cluster *c)
 	json_decref(c->parsed);
 	json_decref(c->parsed_att);
 	free(c->parsed_att_text);
+	mlfs_snap_cache_free(&c->snap);
 	free(c->parsed_cfg_text);
+	free(c->parsed_next_text);
 	json_decref(c->seen);
 	free(c);
 }

@@ -106,22 +106,46 @@ static json_t *attempt_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *
 		json_object_set_new(j, "participants", ids ? ids : json_array());
 	}
 	char *text = j && whole ? strndup(kv->value, kv->len) : NULL;
+	/* the config it commits, as config_parsed will want it */
+	const json_t *cfg = json_object_get(j, "config"), *to = json_object_get(j, "to"),
+		     *el = json_object_get(j, "elastic");
+	char *next = text && json_is_string(cfg) && json_is_integer(to) && json_is_boolean(el)
+			 ? strdup(json_string_value(cfg))
+			 : NULL;
 	if (text) {
 		pthread_mutex_lock(&c->parsed_lock);
 		json_decref(c->parsed_att);
 		free(c->parsed_att_text);
 		c->parsed_att = json_incref(j);
 		c->parsed_att_text = text;
+		if (next) {
+			free(c->parsed_next_text);
+			c->parsed_next_text = next;
+			c->parsed_next_version = json_integer_value(to);
+			c->parsed_next_elastic = json_is_true(el);
+		}
 		pthread_mutex_unlock(&c->parsed_lock);
+	} else {
+		free(next);
 	}
 	return j;
 }
 
 /* The version of the config @kv (-1: none in it), and whether it is
- * elastic into *@elastic, parsed once per text. */
+ * elastic into *@elastic, parsed once per text; or not at all when it is
+ * the config of the attempt this node saw, which says both (its "to" and
+ * "elastic": the coordinator parsed the text), the usual case at a
+ * commit. */
 static int64_t config_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *kv, bool *elastic)
 {
 	pthread_mutex_lock(&c->parsed_lock);
+	if (!same_text(c->parsed_cfg_text, kv) && same_text(c->parsed_next_text, kv)) {
+		free(c->parsed_cfg_text); /* the attempt's, committed */
+		c->parsed_cfg_text = c->parsed_next_text;
+		c->parsed_cfg_version = c->parsed_next_version;
+		c->parsed_cfg_elastic = c->parsed_next_elastic;
+		c->parsed_next_text = NULL;
+	}
 	bool hit = same_text(c->parsed_cfg_text, kv);
 	int64_t v = c->parsed_cfg_version;
 	*elastic = c->parsed_cfg_elastic;

@@ -442,10 +442,10 @@ static int propose_build(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 		json_t *backups = usable_backups(c, k, down, agreed);
 		/* "o": the attempt takes over @backups and @job */
 		a = json_pack(
-		    "{sssIsIsssssOsOsosIsosOsI}", "id", aid, "from", (json_int_t)k->committed, "to",
-		    (json_int_t)cfg->version, "config", text, "coordinator", c->me, "participants",
-		    parts, "down", down, "backups", backups, "deadline_ms",
-		    (json_int_t)(mlfs_cluster_now_ms() + MLFS_ATTEMPT_MS), "job",
+		    "{sssIsIsbsssssOsOsosIsosOsI}", "id", aid, "from", (json_int_t)k->committed,
+		    "to", (json_int_t)cfg->version, "elastic", cfg->elastic, "config", text,
+		    "coordinator", c->me, "participants", parts, "down", down, "backups", backups,
+		    "deadline_ms", (json_int_t)(mlfs_cluster_now_ms() + MLFS_ATTEMPT_MS), "job",
 		    job ? job : json_array(), "job_missing", missing, "step", (json_int_t)agreed);
 		if (a && by) /* a person's config replaces the controller's attempt */
 			json_object_set_new(a, "by", json_string(by));

@@ -93,22 +93,82 @@ static void acks_on(const struct mlfs_jobkeys *k, const struct mlfs_snap_key *ke
 	}
 }
 
-/* Marks each node named in the JSON array @ids, found by @keys: a
- * participant of the attempt (@participant), else one the last commit
- * waits for (swap_waited). */
-static void mark_ids(const json_t *ids, const struct mlfs_snap_key *keys, struct mlfs_round *r,
-		     int nnodes, bool participant)
+static void ids_free(struct mlfs_snap_ids *m)
 {
-	size_t i;
-	json_t *p;
-	json_array_foreach(ids, i, p)
-	{
-		const char *id = json_string_value(p);
-		int n = id ? mlfs_snap_find(keys, nnodes, id, strlen(id)) : -1;
-		if (n >= 0 && participant)
-			r->nodes[n].participant = true;
-		else if (n >= 0)
-			r->nodes[n].swap_waited = true;
+	json_decref(m->of);
+	free(m->idx);
+	memset(m, 0, sizeof(*m));
+}
+
+void mlfs_snap_cache_free(struct mlfs_snap_cache *m)
+{
+	free(m->keys);
+	ids_free(&m->parts);
+	ids_free(&m->waited);
+	memset(m, 0, sizeof(*m));
+}
+
+/* The index of cluster @cl's ids (@nodes: its nodes, in order), built
+ * once per cluster into @m; NULL: out of memory. */
+static const struct mlfs_snap_key *cluster_index(struct mlfs_snap_cache *m,
+						 const struct ptc_cluster *cl,
+						 const struct mlfs_snap_node *nodes)
+{
+	if (m->cl != cl || !m->keys) {
+		struct mlfs_snap_key *keys =
+		    realloc(m->keys, (size_t)(cl->nnodes ? cl->nnodes : 1) * sizeof(*keys));
+		if (!keys)
+			return NULL;
+		mlfs_snap_index(nodes, cl->nnodes, keys);
+		m->keys = keys;
+		m->cl = cl;
+	}
+	return m->keys;
+}
+
+/* The cluster indices of the nodes the JSON array @ids names, found by
+ * @keys once per array (@m keeps them while it is the same one). Out of
+ * memory: found again at every call, into nothing (*@n 0). */
+static const int *ids_indexed(struct mlfs_snap_ids *m, const json_t *ids,
+			      const struct ptc_cluster *cl, const struct mlfs_snap_key *keys,
+			      size_t *n)
+{
+	if (m->of != ids || m->cl != cl) {
+		ids_free(m);
+		size_t cnt = json_array_size(ids);
+		int *idx = malloc((cnt ? cnt : 1) * sizeof(*idx));
+		if (!idx) {
+			*n = 0;
+			return NULL;
+		}
+		for (size_t i = 0; i < cnt; i++) {
+			const json_t *p = json_array_get(ids, i);
+			const char *id = json_string_value(p);
+			idx[i] =
+			    id ? mlfs_snap_find(keys, cl->nnodes, id, json_string_length(p)) : -1;
+		}
+		*m = (struct mlfs_snap_ids){json_incref((json_t *)ids), cl, idx, cnt};
+	}
+	*n = m->n;
+	return m->idx;
+}
+
+/* Marks each node named in the JSON array @ids (@m: its indices, kept):
+ * a participant of the attempt (@participant), else one the last commit
+ * waits for (swap_waited). */
+static void mark_ids(struct mlfs_snap_ids *m, const json_t *ids, const struct ptc_cluster *cl,
+		     const struct mlfs_snap_key *keys, struct mlfs_round *r, bool participant)
+{
+	size_t n;
+	const int *idx = ids ? ids_indexed(m, ids, cl, keys, &n) : NULL;
+
+	for (size_t i = 0; idx && i < n; i++) {
+		if (idx[i] < 0)
+			continue;
+		if (participant)
+			r->nodes[idx[i]].participant = true;
+		else
+			r->nodes[idx[i]].swap_waited = true;
 	}
 }
 
@@ -132,11 +192,8 @@ int mlfs_round_snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bo
 	const json_t *parts = k->attempt_j ? json_object_get(k->attempt_j, "participants") : NULL;
 
 	memset(r, 0, sizeof(*r));
-	struct mlfs_snap_key *keys = calloc((size_t)(cl->nnodes ? cl->nnodes : 1), sizeof(*keys));
-	if (!keys || !(r->nodes = calloc((size_t)cl->nnodes, sizeof(*r->nodes)))) {
-		free(keys);
+	if (!(r->nodes = calloc((size_t)(cl->nnodes ? cl->nnodes : 1), sizeof(*r->nodes))))
 		return -ENOMEM;
-	}
 	pthread_mutex_lock(&c->lock);
 	json_t *swap_wait = json_incref(c->swap_wait); /* replaced, never changed */
 	pthread_mutex_unlock(&c->lock);
@@ -151,19 +208,26 @@ int mlfs_round_snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bo
 			json_integer_value(json_object_get(k->attempt_j, "deadline_ms"))};
 		s->attempt = &r->att;
 	}
+	bool entries = json_object_size(k->nodes) > 0; /* (a node that follows them) */
 	for (int n = 0; n < cl->nnodes; n++) {
 		struct mlfs_snap_node *sn = &r->nodes[n];
-		const json_t *e = json_object_get(k->nodes, cl->nodes[n].id);
+		const json_t *e = entries ? json_object_get(k->nodes, cl->nodes[n].id) : NULL;
 		const char *state = json_string_value(json_object_get(e, "state"));
 		sn->id = cl->nodes[n].id;
 		sn->up = e != NULL;
 		sn->version = json_integer_value(json_object_get(e, "version"));
 		sn->lost = state && strcmp(state, "lost") == 0;
 	}
-	mlfs_snap_index(r->nodes, cl->nnodes, keys);
+	const struct mlfs_snap_key *keys = cluster_index(&c->snap, cl, r->nodes);
+	if (!keys) {
+		json_decref(swap_wait);
+		free(r->nodes);
+		r->nodes = NULL;
+		return -ENOMEM;
+	}
 	if (r->aid)
-		mark_ids(parts, keys, r, cl->nnodes, true);
-	mark_ids(swap_wait, keys, r, cl->nnodes, false);
+		mark_ids(&c->snap.parts, parts, cl, keys, r, true);
+	mark_ids(&c->snap.waited, swap_wait, cl, keys, r, false);
 	/* Every participant's vote as the coordinator's box has it, for the
 	 * coordinator; this node's own as it sent it (the others see no
 	 * votes). */
@@ -176,7 +240,6 @@ int mlfs_round_snapshot(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, bo
 		entry_votes_on(k, r->att.to, r->aid, r, cl->nnodes);
 	if (k->votes && k->committed > 0 && k->config_id) /* swap acks */
 		acks_on(k, keys, r, cl->nnodes);
-	free(keys);
 	s->etcd_ok = etcd_ok;
 	s->revision = k->revision;
 	s->lease_expired = atomic_load(&c->lease_expired);

@@ -12,13 +12,20 @@ fetch), with the CPU every daemon and etcd spent on the first. Ratios are agains
 N = 4 in the same run.
 
     BUILD=build /usr/bin/python3 tests/bench/bench_control.py [--nodes 4,16,32,64]
-        [--idle-seconds 10] [--runs 5] [--json OUT]
+        [--idle-seconds 10] [--runs 5] [--paired 4,32] [--paired-runs 15] [--json OUT]
+
+Then the ratio the issue asks for, measured paired (--paired): the clusters of those
+sizes up at once, one reconfiguration on each in turn, --paired-runs rounds; each
+size's median (and each direction's) against the first size's. Sizes run one after
+the other meet whatever else the shared machine does at that moment; paired ones meet
+the same.
 
 Also per command: etcd's WAL fsyncs and their total time (etcd's /metrics). The
 harness keeps etcd's data under $TMPDIR (default /tmp); TMPDIR=/dev/shm runs the
 same benchmark with etcd's data in memory, which takes the disk's fsyncs out.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -68,15 +75,29 @@ def wal_fsyncs(url):
     return got.get("count", 0.0), got.get("sum", 0.0)
 
 
+def install(cl, n):
+    """The tiny model's schema and a first config on all @n nodes of @cl, committed."""
+    n0 = cl.mounts["n0"]
+    with open(os.path.join(n0, "schema.json"), "w") as f:
+        f.write(json.dumps(SCHEMA))
+    v1 = {"version": 1, "tp": 1, "pp": 1, "dp": n, "nodes": cl.ids}
+    with open(os.path.join(n0, "config.json"), "w") as f:
+        f.write(json.dumps(v1))
+    cl.wait_version(1, timeout=120)
+    return n0, v1
+
+
+def config(cl, n, v):
+    """Version @v: even ones on the first half of the nodes, odd ones on all of them."""
+    half = max(1, n // 2)
+    if v % 2:
+        return {"version": v, "tp": 1, "pp": 1, "dp": n, "nodes": cl.ids}
+    return {"version": v, "tp": 1, "pp": 1, "dp": half, "nodes": cl.ids[:half]}
+
+
 def one(n, idle_s, runs=5):
     with testing.start(nnodes=n, devices=1, job=f"ctl{n}", etcd=True) as cl:
-        n0 = cl.mounts["n0"]
-        with open(os.path.join(n0, "schema.json"), "w") as f:
-            f.write(json.dumps(SCHEMA))
-        v1 = {"version": 1, "tp": 1, "pp": 1, "dp": n, "nodes": cl.ids}
-        with open(os.path.join(n0, "config.json"), "w") as f:
-            f.write(json.dumps(v1))
-        cl.wait_version(1, timeout=120)
+        n0, v1 = install(cl, n)
         time.sleep(2)  # the last entries published
         pids = [node.pid for node in cl.nodes]
         r0, d0, e0 = etcd_requests(cl.etcd_url), cpu_seconds(pids), cpu_seconds([cl.etcd.pid])
@@ -85,7 +106,7 @@ def one(n, idle_s, runs=5):
         dt = time.monotonic() - t0
         r1, d1, e1 = etcd_requests(cl.etcd_url), cpu_seconds(pids), cpu_seconds([cl.etcd.pid])
         # One reconfiguration: the job onto half of the nodes (every node takes part).
-        v2 = {"version": 2, "tp": 1, "pp": 1, "dp": max(1, n // 2), "nodes": cl.ids[:max(1, n // 2)]}
+        v2 = config(cl, n, 2)
         path = os.path.join(cl.tmp, "v2.json")
         with open(path, "w") as f:
             json.dump(v2, f)
@@ -119,7 +140,7 @@ def one(n, idle_s, runs=5):
         times = [reconf]
         shrink, grow = [reconf], []  # v2 (even versions) halves the job, v1 grows it back
         for v in range(3, 2 + runs):
-            cfg = dict(v1 if v % 2 else v2, version=v)
+            cfg = config(cl, n, v)
             with open(path, "w") as f:
                 json.dump(cfg, f)
             time.sleep(0.5)  # the retained layout released, entries settled
@@ -153,16 +174,57 @@ def one(n, idle_s, runs=5):
                 "etcd_requests_reconfigure": int(r3 - r2)}
 
 
+def paired(sizes, runs):
+    """Clusters of every size in @sizes up at once (each with its own etcd), one
+    reconfiguration on each in turn, @runs rounds: the sizes' medians then met the
+    same load on this shared machine, which two runs minutes apart do not (the
+    ratio of two such runs moved from 1.96x to 2.61x). The idle clusters beside
+    the one reconfiguring cost a few thousandths of a core each."""
+    with contextlib.ExitStack() as stack:
+        clusters = []
+        for n in sizes:
+            cl = stack.enter_context(testing.start(nnodes=n, devices=1, job=f"pair{n}",
+                                                   etcd=True))
+            n0, _ = install(cl, n)
+            clusters.append((n, cl, n0, os.path.join(cl.tmp, "paired.json")))
+        time.sleep(2)  # the last entries published
+        times = {n: {"shrink": [], "grow": []} for n in sizes}
+        for v in range(2, 2 + runs):
+            for n, cl, n0, path in clusters:
+                with open(path, "w") as f:
+                    json.dump(config(cl, n, v), f)
+            time.sleep(0.5)  # the retained layouts released, entries settled
+            for n, cl, n0, path in clusters:
+                t = time.monotonic()
+                p = subprocess.run([testing.MLFS, "reconfigure", n0, path],
+                                   capture_output=True, text=True, timeout=300)
+                took = time.monotonic() - t
+                if p.returncode:
+                    raise SystemExit(f"N={n}: mlfs reconfigure to {v}: {p.stderr}")
+                times[n]["grow" if v % 2 else "shrink"].append(took)
+                time.sleep(0.1)
+        return {n: {d: sorted(t[d]) for d in t} for n, t in times.items()}
+
+
+def median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", default="4,16,32,64")
     ap.add_argument("--idle-seconds", type=float, default=10)
     ap.add_argument("--runs", type=int, default=5,
                     help="reconfigurations per size (the first and the median are reported)")
+    ap.add_argument("--paired", default="4,32",
+                    help="sizes reconfigured in turn, all up at once ('' for none)")
+    ap.add_argument("--paired-runs", type=int, default=15)
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.runs < 1:
         ap.error(f"--runs {a.runs}: at least one reconfiguration per size")
+    if a.paired and a.paired_runs < 2:
+        ap.error(f"--paired-runs {a.paired_runs}: at least two (one each way)")
     rows = []
     for n in [int(x) for x in a.nodes.split(",")]:
         rows.append(one(n, a.idle_seconds, a.runs))
@@ -183,9 +245,24 @@ def main():
               f"{r['reconfigure_daemons_cpu_ms']:.1f} ms + etcd {r['reconfigure_etcd_cpu_ms']:.1f} "
               f"ms of CPU; {r['reconfigure_wal_fsyncs']:.1f} etcd WAL fsyncs taking "
               f"{r['reconfigure_wal_fsync_ms']:.1f} ms", flush=True)
+    out = {"sizes": rows}
+    if a.paired:
+        sizes = [int(x) for x in a.paired.split(",")]
+        got = paired(sizes, a.paired_runs)
+        base = got[sizes[0]]
+        out["paired"] = got
+        for n in sizes:
+            t = got[n]
+            every = t["shrink"] + t["grow"]
+            print(f"paired N={n:3d}: median of {len(every)} {median(every):.3f} s "
+                  f"({median(every) / median(base['shrink'] + base['grow']):.2f}x N={sizes[0]}); "
+                  f"halving {median(t['shrink']):.3f} s "
+                  f"({median(t['shrink']) / median(base['shrink']):.2f}x), growing "
+                  f"{median(t['grow']):.3f} s ({median(t['grow']) / median(base['grow']):.2f}x)",
+                  flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":
