@@ -94,8 +94,11 @@ void mlfs_mirror_stop(struct mlfs_mirror *m);
  * applies the events that came meanwhile and are newer than that read: 0,
  * or etcd's error with @err. Control thread only. */
 int mlfs_mirror_sync(struct mlfs_mirror *m, struct ptc_error *err);
-/* A copy of the keys (the caller's: net_etcd_kvs_free) and their revision;
- * -EIO with @err when the mirror is not live, -ENOMEM. Any thread. */
+/* The revision the keys are at; 0 when the mirror is not live. Any thread. */
+int64_t mlfs_mirror_revision(struct mlfs_mirror *m);
+/* A copy of the keys and their revision, in one block (the caller's:
+ * free(*@kvs), not net_etcd_kvs_free); -EIO with @err (when not NULL)
+ * when the mirror is not live, -ENOMEM. Any thread. */
 int mlfs_mirror_copy(struct mlfs_mirror *m, struct net_etcd_kv **kvs, size_t *n, int64_t *revision,
 		     struct ptc_error *err);
 
@@ -375,6 +378,12 @@ struct mlfs_cluster {
 	 * last (mlfs_jobkeys.c). The entries are shared, read-only. */
 	pthread_mutex_t parsed_lock;
 	json_t *parsed;
+	/* parsed_lock: {id: entry} of the followed entries as last parsed
+	 * whole, and the peers' mirror revision it is of: a coordinator's
+	 * rounds woken by votes, not by a put, take it as it is (shared,
+	 * read-only) */
+	json_t *parsed_nodes;
+	int64_t parsed_nodes_rev;
 	/* parsed_lock: the attempt and the config as last parsed, by their
 	 * text (every round of an attempt parsed both again); the attempt is
 	 * shared, read-only, its participants unpacked. */
@@ -449,6 +458,7 @@ static inline bool mlfs_cluster_ids_has(const json_t *ids, const char *id)
 struct mlfs_jobkeys {
 	struct net_etcd_kv *kvs;
 	size_t n;
+	bool kvs_block; /* @kvs is mlfs_mirror_copy's one block */
 	/* the keys of these names, in @kvs, or NULL */
 	const struct net_etcd_kv *schema, *cluster, *config, *attempt;
 	const struct net_etcd_kv *controller; /* the elastic controller's id, or NULL */

@@ -38,7 +38,10 @@ static int64_t config_version(const char *text, size_t len, bool *elastic)
 
 void mlfs_jobkeys_free(struct mlfs_jobkeys *k)
 {
-	net_etcd_kvs_free(k->kvs, k->n);
+	if (k->kvs_block)
+		free(k->kvs);
+	else
+		net_etcd_kvs_free(k->kvs, k->n);
 	net_etcd_kvs_free(k->votes, k->nvotes);
 	json_decref(k->nodes);
 	json_decref(k->attempt_j);
@@ -297,11 +300,27 @@ json_t *mlfs_jobkeys_mirrored_nodes(struct mlfs_cluster *c)
 {
 	struct net_etcd_kv *kvs;
 	size_t n;
+	int64_t rev = mlfs_mirror_revision(&c->peers);
+	json_t *nodes = NULL;
 
-	if (mlfs_mirror_copy(&c->peers, &kvs, &n, &(int64_t){0}, &(struct ptc_error){0}))
+	if (!rev)
+		return NULL; /* not followed */
+	pthread_mutex_lock(&c->parsed_lock);
+	if (c->parsed_nodes && c->parsed_nodes_rev == rev)
+		nodes = json_incref(c->parsed_nodes);
+	pthread_mutex_unlock(&c->parsed_lock);
+	if (nodes)
+		return nodes;
+	if (mlfs_mirror_copy(&c->peers, &kvs, &n, &rev, NULL))
 		return NULL;
-	json_t *nodes = parse_nodes(c, kvs, n);
-	net_etcd_kvs_free(kvs, n);
+	if ((nodes = parse_nodes(c, kvs, n))) {
+		pthread_mutex_lock(&c->parsed_lock);
+		json_decref(c->parsed_nodes);
+		c->parsed_nodes = json_incref(nodes);
+		c->parsed_nodes_rev = rev;
+		pthread_mutex_unlock(&c->parsed_lock);
+	}
+	free(kvs);
 	return nodes;
 }
 
@@ -316,6 +335,7 @@ int mlfs_jobkeys_mirrored(struct mlfs_cluster *c, struct mlfs_jobkeys *k, struct
 	if (rc)
 		return rc;
 	parse(c, kvs, n, rev, k);
+	k->kvs_block = true;
 	json_t *nodes = mlfs_jobkeys_mirrored_nodes(c); /* when this node follows them */
 	if (nodes) {
 		json_decref(k->nodes);

@@ -313,6 +313,14 @@ bool mlfs_mirror_live(struct mlfs_mirror *m)
 	return live;
 }
 
+int64_t mlfs_mirror_revision(struct mlfs_mirror *m)
+{
+	pthread_mutex_lock(&m->lock);
+	int64_t rev = m->live ? m->revision : 0;
+	pthread_mutex_unlock(&m->lock);
+	return rev;
+}
+
 int mlfs_mirror_copy(struct mlfs_mirror *m, struct net_etcd_kv **out, size_t *nout,
 		     int64_t *revision, struct ptc_error *err)
 {
@@ -322,20 +330,31 @@ int mlfs_mirror_copy(struct mlfs_mirror *m, struct net_etcd_kv **out, size_t *no
 	*nout = 0;
 	pthread_mutex_lock(&m->lock);
 	if (!m->live) {
-		rc = ptc_error_set(err, -EIO, "etcd: %s", m->error[0] ? m->error : "not read yet");
+		rc = err ? ptc_error_set(err, -EIO, "etcd: %s",
+					 m->error[0] ? m->error : "not read yet")
+			 : -EIO;
 		goto out;
 	}
-	struct net_etcd_kv *a = calloc(m->n ? m->n : 1, sizeof(*a));
+	/* one block: the array, then every key and value (a round copies
+	 * them all; one allocation instead of two per key) */
+	size_t bytes = (m->n ? m->n : 1) * sizeof(**out);
+	for (size_t i = 0; i < m->n; i++)
+		bytes += strlen(m->kvs[i].key) + 1 + m->kvs[i].len + 1;
+	struct net_etcd_kv *a = malloc(bytes);
 	if (!a) {
 		rc = -ENOMEM;
 		goto out;
 	}
+	char *p = (char *)(a + (m->n ? m->n : 1));
 	for (size_t i = 0; i < m->n; i++) {
-		if (kv_copy(&a[i], &m->kvs[i])) {
-			net_etcd_kvs_free(a, i);
-			rc = -ENOMEM;
-			goto out;
-		}
+		const struct net_etcd_kv *src = &m->kvs[i];
+		size_t kl = strlen(src->key) + 1;
+		a[i] = *src;
+		a[i].key = memcpy(p, src->key, kl);
+		p += kl;
+		a[i].value = memcpy(p, src->value, src->len);
+		p[src->len] = '\0';
+		p += src->len + 1;
 	}
 	*out = a;
 	*nout = m->n;

@@ -470,7 +470,7 @@ bool entries_of(struct node *nd, uint32_t *ent)
 		memset(ent, 0, (size_t)S.n * sizeof(*ent));
 		for (size_t i = 0; i < n; i++)
 			entry_apply(ent, &kvs[i], false);
-		net_etcd_kvs_free(kvs, n);
+		free(kvs);
 		return true;
 	}
 	struct peers *p = nd->pv;
