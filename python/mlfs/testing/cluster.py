@@ -25,6 +25,27 @@ from .util import MLFS, ClusterError, free_port, holders, timed
 TOKEN = object()  # Node.get's default: the cluster token
 
 
+def wait_stopped(pid, timeout=10):
+    """Waits until every thread of process @pid is stopped (state T in
+    /proc/<pid>/task/<tid>/stat), or it is gone; TimeoutError after @timeout s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not os.path.exists(f"/proc/{pid}"):
+            return  # it exited
+        states = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:
+            continue  # a thread ended while they were read: read them again
+        if states and all(st in "TtZX" for st in states):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} not stopped in {timeout} s: {states}")
+        time.sleep(0.002)
+
+
 class Daemon:
     """A running `mlfs mount -f` daemon and helpers to use its mount: @path (the mount
     point), @proc (its Popen), @stderr_path, @tmp (a directory for files the helpers
@@ -314,11 +335,15 @@ class Cluster:
         assert not os.path.ismount(node.path), f"{node.path} still mounted"
 
     def freeze(self, n):
-        """SIGSTOP: the node stops answering (peers, etcd keep-alives, FUSE)."""
+        """SIGSTOP: the node stops answering (peers, etcd keep-alives, FUSE). Returns
+        once every thread of it is stopped: the signal is delivered to each thread
+        as it next enters the kernel, and on a busy machine a FUSE request made
+        just after the kill was answered by a thread not stopped yet."""
         node = self[n]
         self.faults = True
         node.proc.send_signal(signal.SIGSTOP)
         node.frozen = True
+        wait_stopped(node.proc.pid)
 
     def thaw(self, n):
         node = self[n]
