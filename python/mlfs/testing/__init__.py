@@ -43,7 +43,8 @@ Cluster (cluster.py):
   cl.file(name, obj) -> path       a JSON file in the tmp dir (configs for the CLI)
   cl.kill(n)                       kill -9 node n's daemon and lazily unmount its dead
                                    mount (fusermount3 -u -z)
-  cl.freeze(n) / cl.thaw(n)        SIGSTOP / SIGCONT (a node that stops answering)
+  cl.freeze(n) / cl.thaw(n)        SIGSTOP / SIGCONT (a node that stops answering;
+                                   freeze returns once every thread of it stopped)
   cl.kill_etcd()                   the control plane gone (cl.etcd.restart() brings it back)
   cl.mount(id, cluster_path=None) -> Node   starts node id's daemon (cl.mount_all(): all)
   cl.restart(n) -> Node            mounts a killed node n again on the same mount dir

@@ -336,9 +336,9 @@ class Cluster:
 
     def freeze(self, n):
         """SIGSTOP: the node stops answering (peers, etcd keep-alives, FUSE). Returns
-        once every thread of it is stopped: the signal is delivered to each thread
-        as it next enters the kernel, and on a busy machine a FUSE request made
-        just after the kill was answered by a thread not stopped yet."""
+        once every thread of it is stopped: the stop begins when one of its threads
+        next runs and takes the signal, and until then the others go on; on a
+        busy machine a FUSE request made just after the kill was answered."""
         node = self[n]
         self.faults = True
         node.proc.send_signal(signal.SIGSTOP)
