@@ -241,8 +241,8 @@ struct mlfs_cluster {
 	struct net_etcd *etcd;
 	char prefix[300];  /* MLFS_KEYS_JOB: every node follows it */
 	char nprefix[300]; /* MLFS_KEYS_NODES: entries and saved marks */
-	/* MLFS_FAILPOINT, for fault tests (docs/internals/README.md): a named
-	 * phase where the control thread stalls ("" none). */
+	/* MLFS_FAILPOINT, for fault tests (docs/many-nodes.md): a named phase
+	 * where the control thread or a proposal stalls ("" none). */
 	char failpoint[32];
 	const char *me; /* this node's id */
 	pthread_t thread;

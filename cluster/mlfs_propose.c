@@ -504,6 +504,30 @@ static size_t old_results(struct mlfs_cluster *c, const struct mlfs_jobkeys *k,
 	return old < MLFS_RESULTS_KEPT ? 0 : n;
 }
 
+/* The failpoint hold-before-create: a proposal held between its read of
+ * etcd and its transaction until an attempt (key @ka) exists, another
+ * node's (10 s at most), as when two configs are written at once and the
+ * other one is created first; its transaction is then refused. */
+static void hold_before_create(struct mlfs_cluster *c, const char *ka)
+{
+	mlfs_log(MLFS_LOG_WARNING, "cluster: failpoint hold-before-create: holding until "
+				   "another attempt exists");
+	for (int i = 0; i < 1000; i++) {
+		struct net_etcd_kv *kvs;
+		size_t n;
+		int64_t rev;
+		bool there = false;
+		if (mlfs_mirror_copy(&c->mirror, &kvs, &n, &rev, NULL) == 0) {
+			for (size_t j = 0; j < n; j++)
+				there |= strcmp(kvs[j].key, ka) == 0;
+			free(kvs);
+		}
+		if (there)
+			return;
+		usleep(10 * 1000);
+	}
+}
+
 /*
  * Creates attempt @att (text; this node's from now on: c->mine) in etcd
  * with one transaction that requires no attempt and "config" unchanged
@@ -524,6 +548,8 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 
 	mlfs_jobkeys_name(c, ka, sizeof(ka), "attempt");
 	mlfs_jobkeys_name(c, kc, sizeof(kc), "config");
+	if (strcmp(c->failpoint, "hold-before-create") == 0)
+		hold_before_create(c, ka);
 	struct net_etcd_cmp cmps[] = {
 	    {.key = ka, .target = NET_ETCD_VERSION, .result = NET_ETCD_EQUAL},
 	    {.key = kc, .target = NET_ETCD_MOD, .result = NET_ETCD_EQUAL, .num = k->config_mod}};
