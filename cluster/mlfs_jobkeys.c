@@ -300,26 +300,10 @@ json_t *mlfs_jobkeys_mirrored_nodes(struct mlfs_cluster *c)
 {
 	struct net_etcd_kv *kvs;
 	size_t n;
-	int64_t rev = mlfs_mirror_revision(&c->peers);
-	json_t *nodes = NULL;
 
-	if (!rev)
-		return NULL; /* not followed */
-	pthread_mutex_lock(&c->parsed_lock);
-	if (c->parsed_nodes && c->parsed_nodes_rev == rev)
-		nodes = json_incref(c->parsed_nodes);
-	pthread_mutex_unlock(&c->parsed_lock);
-	if (nodes)
-		return nodes;
-	if (mlfs_mirror_copy(&c->peers, &kvs, &n, &rev, NULL))
+	if (mlfs_mirror_copy(&c->peers, &kvs, &n, &(int64_t){0}, NULL)) /* not followed */
 		return NULL;
-	if ((nodes = parse_nodes(c, kvs, n))) {
-		pthread_mutex_lock(&c->parsed_lock);
-		json_decref(c->parsed_nodes);
-		c->parsed_nodes = json_incref(nodes);
-		c->parsed_nodes_rev = rev;
-		pthread_mutex_unlock(&c->parsed_lock);
-	}
+	json_t *nodes = parse_nodes(c, kvs, n);
 	free(kvs);
 	return nodes;
 }
