@@ -94,8 +94,6 @@ void mlfs_mirror_stop(struct mlfs_mirror *m);
  * applies the events that came meanwhile and are newer than that read: 0,
  * or etcd's error with @err. Control thread only. */
 int mlfs_mirror_sync(struct mlfs_mirror *m, struct ptc_error *err);
-/* The revision the keys are at; 0 when the mirror is not live. Any thread. */
-int64_t mlfs_mirror_revision(struct mlfs_mirror *m);
 /* A copy of the keys and their revision, in one block (the caller's:
  * free(*@kvs), not net_etcd_kvs_free); -EIO with @err (when not NULL)
  * when the mirror is not live, -ENOMEM. Any thread. */
@@ -378,12 +376,6 @@ struct mlfs_cluster {
 	 * last (mlfs_jobkeys.c). The entries are shared, read-only. */
 	pthread_mutex_t parsed_lock;
 	json_t *parsed;
-	/* parsed_lock: {id: entry} of the followed entries as last parsed
-	 * whole, and the peers' mirror revision it is of: a coordinator's
-	 * rounds woken by votes, not by a put, take it as it is (shared,
-	 * read-only) */
-	json_t *parsed_nodes;
-	int64_t parsed_nodes_rev;
 	/* parsed_lock: the attempt and the config as last parsed, by their
 	 * text (every round of an attempt parsed both again); the attempt is
 	 * shared, read-only, its participants unpacked. */

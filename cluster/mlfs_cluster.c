@@ -426,7 +426,6 @@ static void cluster_free(struct mlfs_cluster *c)
 	pthread_mutex_destroy(&c->seen_lock);
 	pthread_mutex_destroy(&c->lock);
 	json_decref(c->parsed);
-	json_decref(c->parsed_nodes);
 	json_decref(c->parsed_att);
 	free(c->parsed_att_text);
 	mlfs_snap_cache_free(&c->snap);

@@ -128,8 +128,6 @@ static json_t *attempt_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *
 			c->parsed_next_elastic = json_is_true(el);
 		}
 		pthread_mutex_unlock(&c->parsed_lock);
-	} else {
-		free(next);
 	}
 	return j;
 }

@@ -313,14 +313,6 @@ bool mlfs_mirror_live(struct mlfs_mirror *m)
 	return live;
 }
 
-int64_t mlfs_mirror_revision(struct mlfs_mirror *m)
-{
-	pthread_mutex_lock(&m->lock);
-	int64_t rev = m->live ? m->revision : 0;
-	pthread_mutex_unlock(&m->lock);
-	return rev;
-}
-
 int mlfs_mirror_copy(struct mlfs_mirror *m, struct net_etcd_kv **out, size_t *nout,
 		     int64_t *revision, struct ptc_error *err)
 {
