@@ -435,6 +435,16 @@ static void cluster_free(struct mlfs_cluster *c)
 	free(c);
 }
 
+/* The store's hooks into the control plane, all gone (@st's lock held,
+ * or no other thread yet). */
+static void unhook(struct mlfs_store *st)
+{
+	st->propose = NULL, st->status_add = NULL, st->steps_saved = NULL;
+	st->steps_refresh = NULL, st->steps_mirrored = NULL, st->drain = NULL;
+	st->import_all = NULL;
+	st->reconf_changed = NULL, st->job_changed = NULL, st->cluster_arg = NULL;
+}
+
 int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct ptc_error *err)
 {
 	struct mlfs_cluster *c;
@@ -500,10 +510,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	    (c->keepalive_running = true,
 	     rc = -pthread_create(&c->thread, NULL, cluster_main, c))) {
 		ptc_error_set(err, rc, "cannot start a thread");
-		st->propose = NULL, st->status_add = NULL, st->steps_saved = NULL;
-		st->steps_refresh = NULL, st->steps_mirrored = NULL, st->drain = NULL;
-		st->import_all = NULL;
-		st->reconf_changed = NULL, st->job_changed = NULL, st->cluster_arg = NULL;
+		unhook(st);
 		if (st->votebox)
 			mlfs_votebox_listen(st->votebox, NULL, NULL);
 		goto err_threads;
@@ -538,6 +545,12 @@ void mlfs_cluster_stop(struct mlfs_cluster *c)
 	if (c->st->votebox) /* no vote wakes this node any more */
 		mlfs_votebox_listen(c->st->votebox, NULL, NULL);
 	stop_threads(c);
+	/* the store outlives @c: a transformer still running, or the abort of
+	 * a prepared attempt at the unmount (mlfs_reconf_shutdown), changes
+	 * its state after this */
+	pthread_mutex_lock(&c->st->lock);
+	unhook(c->st);
+	pthread_mutex_unlock(&c->st->lock);
 	mlfs_mirror_release(&c->mirror); /* its watch's thread ends first */
 	mlfs_mirror_release(&c->peers);
 	mlfs_controller_free(c->ctl); /* no mirror kicks it any more */

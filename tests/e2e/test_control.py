@@ -364,3 +364,32 @@ def test_etcd_down_after_every_vote_waits_for_the_decision(cluster_factory):
     cl.wait_version(2, timeout=60)
     cl.check_layout(BIG, v2, full, step=5)
     assert all("waiting" not in s for s in cl.statuses().values())
+
+
+def test_a_prepared_node_unmounted_exits_cleanly_and_the_attempt_aborts(cluster_factory):
+    """A node unmounted between its ready vote and the decision discards what it
+    prepared and exits 0: before, its unmount stopped the control plane first and the
+    abort of the prepared attempt then woke the freed control plane (a use after free
+    that ASan reported at the teardown of a test whose attempt was still in progress).
+    Its lease goes with it, so the attempt aborts on every other node; the old layout
+    stays current."""
+    cl = cluster_factory(nnodes=4, devices=2)
+    full = make_full(BIG, np.random.default_rng(35))
+    v1 = {"version": 1, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n1", "n2"]}
+    cl.start_job(BIG, v1, "n1", full, step=5)
+    before = cl.snapshot(["n0", "n2", "n3"])
+    v2 = {"version": 2, "tp": 2, "pp": 1, "dp": 3, "nodes": ["n1", "n2", "n3"]}
+
+    proc = cl.reconfigure("n0", v2, wait=False)
+    aid = json.loads(wait_attempt(cl, proc).value)["id"]
+    cl.freeze("n3")  # fetching its replica: no decision until it votes
+    cl.wait(lambda: vote_of(cl, 2, "n1").startswith(aid + " ready"), "n1 voted ready",
+            timeout=30)
+    assert cl.status("n1")["state"] == "prepared", cl.describe()
+    cl["n1"].umount()  # exits 0, nothing logged as an error
+    cl.thaw("n3")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "n1" in err, (proc.returncode, out, err)
+    cl.wait_version(1, nodes=["n0", "n2", "n3"], state="failed")  # the abort said
+    assert cl.snapshot(["n0", "n2", "n3"]) == before
+    cl.check_layout(BIG, v1, full, step=5, nodes=["n2"])
