@@ -26,7 +26,8 @@
 
 #include "cluster/cluster_i.h"
 
-#define MLFS_ATTEMPT_MS (300 * 1000) /* an attempt's deadline */
+#define MLFS_ATTEMPT_MS	      (300 * 1000)	/* an attempt's deadline */
+#define MLFS_ETCD_REQUEST_MAX ((size_t)3 << 19) /* etcd's --max-request-bytes default */
 
 /* ---------------------------------------------------------------- schema */
 
@@ -579,9 +580,13 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 			rc = ptc_error_set(err, -EBUSY,
 					   "config.json: another reconfiguration started, or the "
 					   "config changed, meanwhile");
-	} else if (strstr(why.text, "request is too large") || strstr(why.text, "larger than max"))
+	} else if (strstr(why.text, "request is too large") ||
+		   strstr(why.text, "larger than max") ||
+		   (strlen(att) > MLFS_ETCD_REQUEST_MAX && strstr(why.text, "HTTP/2 framing")))
 		/* etcd's --max-request-bytes (1.5 MiB by default), or its
-		 * gateway's 2 MiB: the attempt is mostly job/'s manifest */
+		 * gateway's 2 MiB; past its gRPC limit (512 KiB more) etcd
+		 * resets the stream unread: the attempt is mostly job/'s
+		 * manifest */
 		rc = ptc_error_set(err, -EFBIG,
 				   "config.json: the reconfiguration's attempt (%zu bytes) is "
 				   "larger than etcd takes in one request: job/ holds %zu files "

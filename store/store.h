@@ -140,12 +140,22 @@ struct mlfs_jbuf {
 	struct xf_mem *mem; /* where @cap is counted */
 };
 
+#define MLFS_JOB_INDEXED 16 /* children from which a directory indexes them */
+
 struct mlfs_job {
 	char *name;
 	bool dir;
-	struct mlfs_job *parent, *first, *next; /* children list (dirs) */
-	struct mlfs_jbuf *buf;			/* file content; NULL when empty */
-	size_t size;				/* buf ? buf->size : 0 */
+	struct mlfs_job *parent, *first, *next, *prev; /* children list (dirs) */
+	/* A directory of MLFS_JOB_INDEXED children or more: its children by
+	 * name (open addressing on mlfs_hash of the name, @index_cap slots, a
+	 * power of two, at most half of them used, tombstones counted), so
+	 * that a lookup, a create and an unlink cost the same with 10 or
+	 * 100,000 files (a job writing a file per step). NULL below that,
+	 * or when --max-memory refused its slots: the list is searched. */
+	struct mlfs_job **index;
+	size_t index_cap, index_used, nchildren;
+	struct mlfs_jbuf *buf; /* file content; NULL when empty */
+	size_t size;	       /* buf ? buf->size : 0 */
 	struct timespec mtime;
 	uint64_t id;	    /* content identity */
 	struct xf_mem *mem; /* where its node is counted */

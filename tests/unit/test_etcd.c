@@ -367,6 +367,35 @@ static void test_watch(void **state)
 	assert_int_equal(s.calls, calls); /* nothing after the last call */
 }
 
+/* A watch that carries more than HTTP/2's windows over its life: 40
+ * values of 1 MiB, every one reported (a job/ manifest in each attempt,
+ * which grows as the job writes files, is such a stream). */
+static void test_watch_carries_many_large_values(void **state)
+{
+	(void)state;
+	struct seen s = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	struct net_etcd_watch *w;
+	size_t big = 1 << 20;
+	char *v = malloc(big), want[64];
+
+	assert_non_null(v);
+	memset(v, 'y', big);
+	assert_int_equal(net_etcd_watch_start(E, "/t9/", 0, on_watch, &s, &w, &why), 0);
+	for (int i = 0; i < 200 && !s.created; i++)
+		usleep(10000);
+	assert_true(s.created > 0);
+	for (int i = 0; i < 40; i++) {
+		char tail[4];
+		snprintf(tail, sizeof(tail), "%03d", i);
+		memcpy(v + big - 3, tail, 3);
+		assert_int_equal(net_etcd_put(E, "/t9/k", v, big, 0, NULL, &why), 0);
+		snprintf(want, sizeof(want), "P /t9/k=%zu...%03d@", big, i);
+		assert_true(seen_wait(&s, want));
+	}
+	free(v);
+	net_etcd_watch_stop(w);
+}
+
 /* A watch from a revision etcd compacted away: etcd creates it, then
  * cancels it; the last call says -ESTALE and the error names the
  * compaction (the mirror reads the keys again then). */
@@ -475,9 +504,13 @@ static void test_etcd_gone(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_put_get_delete),  cmocka_unit_test(test_txn),
-	    cmocka_unit_test(test_leases),	    cmocka_unit_test(test_watch),
-	    cmocka_unit_test(test_watch_compacted), cmocka_unit_test(test_etcd_restarted),
+	    cmocka_unit_test(test_put_get_delete),
+	    cmocka_unit_test(test_txn),
+	    cmocka_unit_test(test_leases),
+	    cmocka_unit_test(test_watch),
+	    cmocka_unit_test(test_watch_compacted),
+	    cmocka_unit_test(test_watch_carries_many_large_values),
+	    cmocka_unit_test(test_etcd_restarted),
 	    cmocka_unit_test(test_etcd_gone), /* last: stops etcd */
 	};
 	signal(SIGPIPE, SIG_IGN);

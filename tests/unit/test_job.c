@@ -11,6 +11,10 @@
  * the pins are gone, which a double release would make negative (an
  * assert) and a double free would show under ASan.
  *
+ * Directories of many children: lookups, creates, unlinks and renames
+ * against a model (the children's index), and the index refused by
+ * --max-memory.
+ *
  * The swap's merge (mlfs_job_keep_newer): what a staged tree takes from
  * the live one, by mtime, and when it refuses.
  */
@@ -523,6 +527,122 @@ static void test_random_against_model(void **state)
 	assert_int_equal(atomic_load(&t.mem.used), 0);
 }
 
+/* Children of one directory (store/mlfs_job.c indexes them by name from
+ * MLFS_JOB_INDEXED on): random creates, unlinks and renames (within the
+ * directory and to another) of names from a pool, against a model of which
+ * names exist where. After every step each name's lookup in both
+ * directories answers as the model says, the lists hold the model's
+ * counts, and the index, when there is one, has at most half of its slots
+ * used. */
+static void test_many_children(void **state)
+{
+	(void)state;
+	enum { NAMES = 3000, STEPS = 20000 };
+	static signed char where[NAMES]; /* -1 none, 0 in a, 1 in b */
+	struct xf_mem mem = {0};
+	struct mlfs_job *dirs[2], *c;
+	uint64_t s = 0x2545f4914f6cdd1dull;
+	char name[32], other[32];
+	size_t count[2] = {0, 0};
+
+	memset(where, -1, sizeof(where));
+	assert_non_null(dirs[0] = mlfs_job_new_dir("a", &mem));
+	assert_non_null(dirs[1] = mlfs_job_new_dir("b", &mem));
+	for (int it = 0; it < STEPS; it++) {
+		int k = (int)(rnd(&s) % NAMES), op = (int)(rnd(&s) % 8);
+		int d = (int)(rnd(&s) % 2);
+		snprintf(name, sizeof(name), "file-%d", k);
+		if (op < 4 && where[k] < 0) { /* create (growing more often) */
+			assert_int_equal(mlfs_job_create(dirs[d], name, op == 0, &c), 0);
+			where[k] = (signed char)d;
+			count[d]++;
+		} else if (op < 4) {
+			assert_int_equal(mlfs_job_create(dirs[where[k]], name, false, &c), -EEXIST);
+		} else if (op < 6 && where[k] >= 0) { /* unlink */
+			c = mlfs_job_child(dirs[where[k]], name, strlen(name));
+			assert_non_null(c);
+			assert_int_equal(mlfs_job_unlink(dirs[where[k]], name, c->dir), 0);
+			count[where[k]]--;
+			where[k] = -1;
+		} else if (where[k] >= 0) { /* rename to a free name, here or there */
+			int k2 = (int)(rnd(&s) % NAMES);
+			if (where[k2] >= 0)
+				continue;
+			snprintf(other, sizeof(other), "file-%d", k2);
+			assert_int_equal(mlfs_job_rename(dirs[where[k]], name, dirs[d], other, 1),
+					 0);
+			count[where[k]]--;
+			count[d]++;
+			where[k2] = (signed char)d;
+			where[k] = -1;
+		}
+		for (int j = 0; j < 8; j++) { /* lookups of names the model knows */
+			int q = j == 0 ? k : (int)(rnd(&s) % NAMES);
+			snprintf(name, sizeof(name), "file-%d", q);
+			for (int e = 0; e < 2; e++) {
+				c = mlfs_job_child(dirs[e], name, strlen(name));
+				assert_true((c != NULL) == (where[q] == e));
+				assert_true(!c || strcmp(c->name, name) == 0);
+			}
+		}
+	}
+	for (int e = 0; e < 2; e++) {
+		size_t n = 0;
+		for (c = dirs[e]->first; c; c = c->next) {
+			assert_true(c->parent == dirs[e]);
+			assert_true(!c->next || c->next->prev == c);
+			n++;
+		}
+		assert_int_equal(n, count[e]);
+		assert_int_equal(dirs[e]->nchildren, count[e]);
+		if (count[e] >= MLFS_JOB_INDEXED)
+			assert_non_null(dirs[e]->index);
+		if (dirs[e]->index)
+			assert_true(2 * dirs[e]->index_used <= dirs[e]->index_cap);
+	}
+	mlfs_job_free(dirs[0]);
+	mlfs_job_free(dirs[1]);
+	assert_int_equal(atomic_load(&mem.used), 0); /* the indexes' slots too */
+}
+
+/* The index's slots are counted in --max-memory; refused, the directory
+ * searches its list, and indexes once there is room. */
+static void test_children_index_refused(void **state)
+{
+	(void)state;
+	struct xf_mem mem = {0};
+	struct mlfs_job *dir = mlfs_job_new_dir("a", &mem), *c;
+	char name[32];
+
+	assert_non_null(dir);
+	for (int i = 0; i < MLFS_JOB_INDEXED - 1; i++) {
+		snprintf(name, sizeof(name), "file-%d", i);
+		assert_int_equal(mlfs_job_create(dir, name, false, &c), 0);
+	}
+	assert_null(dir->index);
+	/* room for one more node, not for 64 slots */
+	mem.limit = atomic_load(&mem.used) + (int64_t)sizeof(struct mlfs_job) + 64;
+	snprintf(name, sizeof(name), "file-%d", MLFS_JOB_INDEXED - 1);
+	assert_int_equal(mlfs_job_create(dir, name, false, &c), 0);
+	assert_null(dir->index);
+	assert_int_equal(dir->nchildren, MLFS_JOB_INDEXED);
+	for (int i = 0; i < MLFS_JOB_INDEXED; i++) {
+		snprintf(name, sizeof(name), "file-%d", i);
+		assert_non_null(mlfs_job_child(dir, name, strlen(name)));
+	}
+	assert_null(mlfs_job_child(dir, "file-99", 7));
+	mem.limit = 0;
+	assert_int_equal(mlfs_job_create(dir, "file-99", false, &c), 0);
+	assert_non_null(dir->index);
+	for (int i = 0; i < MLFS_JOB_INDEXED; i++) {
+		snprintf(name, sizeof(name), "file-%d", i);
+		assert_true(mlfs_job_child(dir, name, strlen(name)) != NULL);
+	}
+	assert_true(mlfs_job_child(dir, "file-99", 7) == c);
+	mlfs_job_free(dir);
+	assert_int_equal(atomic_load(&mem.used), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -534,6 +654,8 @@ int main(void)
 	    cmocka_unit_test(test_random_against_model),
 	    cmocka_unit_test(test_keep_newer),
 	    cmocka_unit_test(test_digest),
+	    cmocka_unit_test(test_many_children),
+	    cmocka_unit_test(test_children_index_refused),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
