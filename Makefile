@@ -163,6 +163,7 @@ bench: deps
 	$(PY) tests/bench/bench_data.py --size-mib 1024 --global-batch 2048 --steps 16
 	$(PY) tests/bench/bench_cluster.py --size-mib 1500
 	$(PY) tests/bench/bench_stview.py --size-mib 256
+	$(PY) tests/bench/bench_jobdir.py --files 20000
 	$(PY) tests/bench/bench_control.py --nodes 4,16,32,64
 	$(PY) tests/bench/bench_etcd_cost.py --watchers 32
 	BUILD=$(BUILD) $(PY) examples/elastic_auto.py --out $(BUILD)/elastic-auto
