@@ -585,8 +585,9 @@ static int propose_create(struct mlfs_cluster *c, const struct mlfs_jobkeys *k, 
 		   (strlen(att) > MLFS_ETCD_REQUEST_MAX && strstr(why.text, "HTTP/2 framing")))
 		/* etcd's --max-request-bytes (1.5 MiB by default), or its
 		 * gateway's 2 MiB; past its gRPC limit (512 KiB more) etcd
-		 * resets the stream unread: the attempt is mostly job/'s
-		 * manifest */
+		 * resets the stream while the request is still being sent (a
+		 * transaction runs only on a whole request, so it did not).
+		 * The attempt is mostly job/'s manifest. */
 		rc = ptc_error_set(err, -EFBIG,
 				   "config.json: the reconfiguration's attempt (%zu bytes) is "
 				   "larger than etcd takes in one request: job/ holds %zu files "

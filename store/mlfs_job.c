@@ -173,8 +173,11 @@ struct mlfs_job *mlfs_job_child(const struct mlfs_job *dir, const char *name, si
 static void job_detach(struct mlfs_job *c)
 {
 	struct mlfs_job *dir = c->parent;
-	if (dir->index) /* by its name, which a rename changes only after this */
-		*index_probe(dir, c->name, strlen(c->name)) = &index_tomb;
+	if (dir->index) { /* by its name, which a rename changes only after this */
+		struct mlfs_job **slot = index_probe(dir, c->name, strlen(c->name));
+		if (*slot == c) /* (always: the index holds every child) */
+			*slot = &index_tomb;
+	}
 	if (--dir->nchildren < MLFS_JOB_INDEXED / 2 && dir->index)
 		index_free(dir);
 	if (c->prev)
