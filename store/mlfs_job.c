@@ -19,9 +19,10 @@
  * too: a job that writes a file per step gathers thousands in one
  * directory, and every lookup, create and unlink, and a reconfiguration's
  * staging of the whole tree (a lookup per file), would otherwise walk the
- * list (the staging of 14,000 files took minutes under ASan and starved
- * the peer server of the store lock). The index's slots are counted like
- * the nodes; refused, the list is searched.
+ * list (the staging of thousands of files took minutes under ASan, a
+ * lookup at a time under the store lock, while another node's read of
+ * this node's manifest waited). The index's slots are counted like the
+ * nodes; refused, the list is searched.
  *
  * Every node and every byte of buffer capacity is counted in the store's
  * --max-memory (struct xf_mem): past it, creating or growing a file fails

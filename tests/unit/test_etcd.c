@@ -381,9 +381,14 @@ static void test_watch_carries_many_large_values(void **state)
 	assert_non_null(v);
 	memset(v, 'y', big);
 	assert_int_equal(net_etcd_watch_start(E, "/t9/", 0, on_watch, &s, &w, &why), 0);
-	for (int i = 0; i < 200 && !s.created; i++)
+	int64_t created = 0;
+	for (int i = 0; i < 200 && !created; i++) {
 		usleep(10000);
-	assert_true(s.created > 0);
+		pthread_mutex_lock(&s.lock); /* the watch's thread writes it */
+		created = s.created;
+		pthread_mutex_unlock(&s.lock);
+	}
+	assert_true(created > 0);
 	for (int i = 0; i < 40; i++) {
 		char tail[4];
 		snprintf(tail, sizeof(tail), "%03d", i);
