@@ -357,8 +357,11 @@ int mlfs_peerclient_new(struct mlfs_store *st, const char *token, struct mlfs_pe
 	 * cut mid-reply), then the other holders: a peer whose replies stall
 	 * gives up after 3 x 10 s unless its lease expires first (an abort
 	 * then cancels the fetch at once). */
-	struct net_http_opts ho = {
-	    .retries = 2, .timeout_ms = 10000, .deadline_ms = 120000, .headers = headers};
+	struct net_http_opts ho = {.retries = 2,
+				   .timeout_ms = 10000,
+				   .deadline_ms = 120000,
+				   .headers = headers,
+				   .direct = true}; /* node to node, never via a proxy */
 	if ((rc = net_http_new(&ho, &cl->http, err))) {
 		free(cl);
 		return rc;

@@ -49,6 +49,12 @@ struct net_http_opts {
 	int backoff_ms;	    /* first retry delay, doubled each retry; <= 0: 20 */
 	int max_backoff_ms; /* cap of one retry delay; <= 0: 2000 */
 	int max_idle;	    /* idle connections kept for reuse; <= 0: 64 (at most 1024) */
+	/* Never through a proxy named by the environment (http_proxy,
+	 * HTTPS_PROXY, ALL_PROXY, which libcurl otherwise honours): a
+	 * cluster's own traffic, to etcd and between the nodes. Else the
+	 * environment decides, as for any libcurl program (a dataset's
+	 * http:// source behind a site's proxy). */
+	bool direct;
 	/* Extra request headers, "Name: value", NULL-terminated (e.g. the
 	 * cluster token); NULL: none. Copied by net_http_new. */
 	const char *const *headers;

@@ -52,7 +52,11 @@ int net_etcd_new(const char *endpoint, const struct net_http_opts *o, struct net
 	if (!(e = calloc(1, sizeof(*e))))
 		return -ENOMEM;
 	memcpy(e->base, endpoint, n);
-	if ((rc = net_http_new(o, &e->http, err))) {
+	/* gRPC goes to etcd itself: an HTTP proxy from the environment
+	 * would take the h2c stream for a plain HTTP request */
+	struct net_http_opts ho = o ? *o : (struct net_http_opts){0};
+	ho.direct = true;
+	if ((rc = net_http_new(&ho, &e->http, err))) {
 		free(e);
 		return rc;
 	}

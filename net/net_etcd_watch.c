@@ -256,6 +256,7 @@ int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_r
 		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
 		curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+		curl_easy_setopt(h, CURLOPT_PROXY, ""); /* to etcd itself (net_etcd_new) */
 		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 		if (curl_multi_add_handle(w->multi, h) != CURLM_OK)
 			rc = -ENOMEM;

@@ -612,6 +612,8 @@ static void setup(struct net_http *c, CURL *h, const char *url, struct xfer *x,
 	curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
 #endif
 	curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+	if (c->o.direct) /* "": no proxy, whatever the environment says */
+		curl_easy_setopt(h, CURLOPT_PROXY, "");
 	curl_easy_setopt(h, CURLOPT_USERAGENT, "mlfs");
 	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
 	curl_easy_setopt(h, CURLOPT_HEADERDATA, x);

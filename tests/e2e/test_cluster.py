@@ -290,6 +290,25 @@ def test_reconfigurations_across_nodes(cluster_factory):
     assert not later, "\n".join(later)
 
 
+def test_a_proxy_in_the_environment_is_not_used_between_nodes(cluster_factory):
+    """Daemons started where http_proxy, HTTPS_PROXY and ALL_PROXY name a proxy (a
+    site's, for the web; here a port nothing listens on) still reach etcd and each
+    other directly: they form the job and move partitions between nodes, bit-exact.
+    Before, every daemon's first etcd call went to the proxy and the mount failed
+    ("Failed to connect to 127.0.0.1 port <the proxy's>")."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    env = {v: dead for v in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY",
+                             "all_proxy", "ALL_PROXY")}
+    cl = cluster_factory(node_env={nid: env for nid in ALL})
+    full = full_of(21)
+    cl.start_job(MIXED, V1, "n0", full, step=3)
+    p = cl.reconfigure("n1", V2)
+    assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+    cl.wait_version(2, timeout=10)
+    cl.check_layout(MIXED, V2, full, step=3)
+    check_traffic(cl, V1, V2)
+
+
 def test_nodes_outside_both_layouts_follow_and_coordinate(cluster_factory):
     """A node that holds no rank before or after still takes every committed version, and
     may coordinate (n2, n3 here)."""

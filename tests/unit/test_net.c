@@ -695,6 +695,55 @@ static void test_pool_reuses_per_host(void **state)
 	net_http_free(c);
 }
 
+/* A proxy named by the environment: a client as created carries its POST
+ * there, as libcurl does for any program; one with opts.direct (the job's
+ * own traffic: etcd, peers) goes straight to the server named. The
+ * "proxy" is a second test server, which answers the forwarded request
+ * itself; each server's request count says which one got it. */
+static void test_direct_ignores_proxy_env(void **state)
+{
+	(void)state;
+	struct unit_server *proxy = &hosts[0];
+	struct net_http_opts o = {.retries = 0, .backoff_ms = 1};
+	static const char body[] = "{}";
+	static const char *const vars[] = {"no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"};
+	struct net_http *via, *direct;
+	char url[MAX_URL], env[MAX_URL];
+	struct ptc_error why;
+	uint8_t *data;
+	size_t len;
+	long req_srv, req_proxy, failed, conns;
+
+	unit_server_start(proxy, dir, NULL);
+	server_set(srv.port, "fail_rate=0&reset=1");
+	server_set(proxy->port, "fail_rate=0&reset=1");
+	assert_int_equal(net_http_new(&o, &via, &why), 0);
+	o.direct = true;
+	assert_int_equal(net_http_new(&o, &direct, &why), 0);
+	url_of(url, srv.port, "v3/kv/range");
+	snprintf(env, sizeof(env), "http://127.0.0.1:%d", proxy->port);
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+		unsetenv(vars[i]);
+	setenv("http_proxy", env, 1);
+	/* read per transfer: the control client's calls below come after */
+	int rc_via = net_http_post_json(via, url, body, 2, 4096, &data, &len, NULL, &why);
+	if (rc_via == 0)
+		free(data);
+	int rc_direct = net_http_post_json(direct, url, body, 2, 4096, &data, &len, NULL, &why);
+	if (rc_direct == 0)
+		free(data);
+	unsetenv("http_proxy");
+	assert_int_equal(rc_via, 0);
+	assert_int_equal(rc_direct, 0);
+	server_stats(srv.port, &req_srv, &failed, &conns);
+	server_stats(proxy->port, &req_proxy, &failed, &conns);
+	assert_int_equal(req_proxy, 1); /* the first client's, forwarded */
+	assert_int_equal(req_srv, 1);	/* the direct client's */
+	net_http_free(via);
+	net_http_free(direct);
+	unit_server_stop(proxy);
+}
+
 int main(void)
 {
 	const struct CMUnitTest http_tests[] = {
@@ -707,6 +756,7 @@ int main(void)
 	    cmocka_unit_test(test_stop_in_flight),
 	    cmocka_unit_test(test_threads),
 	    cmocka_unit_test(test_pool_reuses_per_host),
+	    cmocka_unit_test(test_direct_ignores_proxy_env),
 	};
 	int failed;
 
