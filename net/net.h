@@ -111,6 +111,14 @@ struct net_http_call {
 	 * cannot have reached the server: refused connections, unresolved
 	 * names, HTTP 429. GETs are always retried. */
 	bool idempotent;
+	/* Out, when not NULL: set by a failed call to whether its last attempt
+	 * failed as another server might not fail (a connection error, a
+	 * stall, 5xx, 408, 429, gRPC UNAVAILABLE or DEADLINE_EXCEEDED) and the
+	 * request may be sent again (idempotent, or it cannot have reached
+	 * the server), with time left before the deadline; false otherwise
+	 * (the server's answer, a bad request, cancelled, out of time). The
+	 * etcd client tries another member then. */
+	bool *retryable;
 };
 
 /*
@@ -295,10 +303,23 @@ struct net_etcd_kv {
 	int64_t mod_revision, create_revision, version, lease;
 };
 
-/* A client of the etcd at @endpoint ("http://127.0.0.1:2379"), with the
- * HTTP options @o (NULL: defaults). 0, -EINVAL (a bad URL), -ENOMEM. */
+/*
+ * A client of the etcd cluster whose members' client URLs are @endpoint:
+ * one ("http://127.0.0.1:2379") or several separated by commas (at most
+ * PTC_ETCD_MAX), with the HTTP options @o (NULL: defaults). With several,
+ * a call that fails as another member might not (the member down, frozen,
+ * or without a leader: net_http_call.retryable) goes to the next member
+ * at once, within the call's deadline, every member o->retries + 1 times
+ * at most, with o->backoff_ms between rounds; the member that answered is
+ * where the next calls and watches start. A transaction goes to another
+ * member only when it cannot have reached the first. 0, -EINVAL (a bad
+ * URL, named in @err), -ENOMEM.
+ */
 int net_etcd_new(const char *endpoint, const struct net_http_opts *o, struct net_etcd **out,
 		 struct ptc_error *err);
+/* How many members @e knows, and in *@current (when not NULL; valid until
+ * net_etcd_free) the one its calls now go to first. Any thread. */
+int net_etcd_members(struct net_etcd *e, const char **current);
 void net_etcd_free(struct net_etcd *e);
 void net_etcd_kvs_free(struct net_etcd_kv *kvs, size_t n);
 

@@ -35,29 +35,53 @@
 
 /* ---------------------------------------------------------------- calls */
 
+/* The member calls go to first: "http://host:port". */
+static const char *base(struct net_etcd *e)
+{
+	return e->ep[atomic_load(&e->cur) % e->nep];
+}
+
 int net_etcd_new(const char *endpoint, const struct net_http_opts *o, struct net_etcd **out,
 		 struct ptc_error *err)
 {
-	struct net_etcd *e;
-	size_t n = strlen(endpoint);
-	int rc = net_url_check(endpoint, err);
+	struct net_etcd *e = calloc(1, sizeof(*e));
+	int rc = e && (e->ep = calloc(PTC_ETCD_MAX, sizeof(char *))) ? 0 : -ENOMEM;
 
 	*out = NULL;
-	if (rc)
-		return rc;
-	while (n && endpoint[n - 1] == '/')
-		n--;
-	if (n >= sizeof(e->base))
-		return ptc_error_set(err, -EINVAL, "%s: too long", endpoint);
-	if (!(e = calloc(1, sizeof(*e))))
-		return -ENOMEM;
-	memcpy(e->base, endpoint, n);
+	for (const char *p = endpoint; rc == 0;) { /* "u1" or "u1,u2,..." */
+		size_t n = strcspn(p, ",");
+		if (e->nep == PTC_ETCD_MAX) {
+			rc = ptc_error_set(err, -EINVAL, "%s: more than %d etcd members", endpoint,
+					   PTC_ETCD_MAX);
+		} else if (!(e->ep[e->nep] = strndup(p, n))) {
+			rc = -ENOMEM;
+		} else if ((rc = net_url_check(e->ep[e->nep++], err)) == 0) {
+			char *m = e->ep[e->nep - 1];
+			while (n && m[n - 1] == '/')
+				m[--n] = '\0';
+			if (n >= NET_MAX_URL)
+				rc = ptc_error_set(err, -EINVAL, "%.64s...: too long", m);
+		}
+		if (!p[n])
+			break;
+		p += n + 1;
+	}
 	/* gRPC goes to etcd itself: an HTTP proxy from the environment
 	 * would take the h2c stream for a plain HTTP request */
 	struct net_http_opts ho = o ? *o : (struct net_http_opts){0};
 	ho.direct = true;
-	if ((rc = net_http_new(&ho, &e->http, err))) {
-		free(e);
+	if (rc == 0) {
+		e->retries = ho.retries < 0 ? 5 : ho.retries; /* net_http's default */
+		e->backoff_ms = ho.backoff_ms > 0 ? ho.backoff_ms : 20;
+		e->max_backoff_ms = ho.max_backoff_ms > 0 ? ho.max_backoff_ms : 2000;
+		if (e->nep > 1) /* another member at once, not the same one again */
+			ho.retries = 0;
+		rc = net_http_new(&ho, &e->http, err);
+	}
+	if (rc) {
+		if (rc == -ENOMEM)
+			ptc_error_set(err, rc, "etcd client: out of memory");
+		net_etcd_free(e);
 		return rc;
 	}
 	*out = e;
@@ -69,37 +93,93 @@ void net_etcd_free(struct net_etcd *e)
 	if (!e)
 		return;
 	net_http_free(e->http);
+	for (int i = 0; e->ep && i < e->nep; i++)
+		free(e->ep[i]);
+	free(e->ep);
 	free(e);
 }
 
+void net_etcd_member_failed(struct net_etcd *e, int k)
+{
+	if (e->nep > 1) /* unless a call moved on meanwhile */
+		atomic_compare_exchange_strong(&e->cur, &k, (k + 1) % e->nep);
+}
+
+int net_etcd_members(struct net_etcd *e, const char **current)
+{
+	if (current)
+		*current = base(e);
+	return e->nep;
+}
+
+static int64_t mono_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 /* Calls @method ("/etcdserverpb.KV/Range") with the message @req (freed
- * here); its reply message into *@reply (@n bytes; the caller's). */
+ * here); its reply message into *@reply (@n bytes; the caller's). With
+ * several members: the current one first; after a failure another member
+ * might not meet (net_http_call.retryable), the next at once, and after a
+ * round of every member a backoff, until e->retries more rounds are spent
+ * or the call's deadline comes; the member that answered becomes the
+ * current one, unless another call moved it meanwhile. */
 static int call(struct net_etcd *e, const char *method, struct net_pb_buf *req, bool idempotent,
 		const struct net_http_call *budget, uint8_t **reply, size_t *n,
 		struct ptc_error *err)
 {
 	char url[NET_MAX_URL + 64];
-	int rc = req->err;
+	int rc = req->err, first = atomic_load(&e->cur), tried = 0;
+	bool again = false;
 
 	*reply = NULL;
 	*n = 0;
-	snprintf(url, sizeof(url), "%s%s", e->base, method);
 	if (rc) {
 		net_pb_free(req);
-		return ptc_error_set(err, rc, "%s: out of memory", url);
+		return ptc_error_set(err, rc, "%s%s: out of memory", e->ep[first], method);
 	}
 	struct net_http_call c = budget ? *budget : (struct net_http_call){0};
 	c.idempotent = idempotent;
-	rc =
-	    net_http_post_grpc(e->http, url, req->p, req->n, NET_ETCD_MAX_REPLY, reply, n, &c, err);
+	c.retryable = &again;
+	if (!c.start_ns) /* one deadline for every member */
+		c.start_ns = mono_ns();
+	int64_t delay = e->backoff_ms;
+	for (int t = 0;; t++) {
+		int k = (first + t) % e->nep;
+		snprintf(url, sizeof(url), "%s%s", e->ep[k], method);
+		rc = net_http_post_grpc(e->http, url, req->p, req->n, NET_ETCD_MAX_REPLY, reply, n,
+					&c, err);
+		tried++;
+		if (rc == 0) {
+			if (k != first) /* the next calls start there */
+				atomic_compare_exchange_strong(&e->cur, &first, k);
+			break;
+		}
+		if (e->nep == 1 || !again || t + 1 >= (e->retries + 1) * e->nep)
+			break;
+		if ((t + 1) % e->nep == 0) { /* every member failed once more */
+			struct timespec d = {delay / 1000, (delay % 1000) * 1000000};
+			nanosleep(&d, NULL);
+			delay = delay * 2 > e->max_backoff_ms ? e->max_backoff_ms : delay * 2;
+		}
+	}
 	net_pb_free(req);
+	if (rc && tried > 1) {
+		char last[sizeof(err->text)];
+		snprintf(last, sizeof(last), "%s", err->text);
+		ptc_error_set(err, rc, "no etcd member answered (%d tries of %d members), the last: %s",
+			      tried, e->nep, last);
+	}
 	return rc;
 }
 
 /* A malformed reply of @method: -EIO. */
 static int malformed(struct net_etcd *e, const char *method, struct ptc_error *err)
 {
-	return ptc_error_set(err, -EIO, "%s%s: a malformed reply", e->base, method);
+	return ptc_error_set(err, -EIO, "%s%s: a malformed reply", base(e), method);
 }
 
 /* The varint field @num of the message at @p (@def when absent), or
@@ -167,7 +247,7 @@ int net_etcd_range(struct net_etcd *e, const char *key, bool prefix, struct net_
 	if (rc == -EINVAL)
 		return malformed(e, method, err);
 	if (rc)
-		return ptc_error_set(err, rc, "%s%s: out of memory", e->base, method);
+		return ptc_error_set(err, rc, "%s%s: out of memory", base(e), method);
 	if (revision)
 		*revision = rev;
 	return 0;
@@ -347,7 +427,7 @@ int net_etcd_lease_grant(struct net_etcd *e, int ttl_s, int64_t *id,
 	if (rc)
 		return malformed(e, method, err);
 	if (*id == 0)
-		return ptc_error_set(err, -EIO, "%s%s: no lease in the reply", e->base, method);
+		return ptc_error_set(err, -EIO, "%s%s: no lease in the reply", base(e), method);
 	return 0;
 }
 

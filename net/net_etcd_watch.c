@@ -43,11 +43,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <curl/curl.h>
 
 #include "net/net.h"
 #include "net/net_i.h"
+
+/* A watch etcd has not said it created this long after its request ends
+ * (its member frozen, or without a leader): before mlfs_mirror.c's 5 s. */
+#define NET_ETCD_WATCH_CREATE_S 4
 
 struct net_etcd_watch {
 	CURLM *multi;
@@ -67,6 +72,8 @@ struct net_etcd_watch {
 	long grpc_status; /* the stream's trailer (-1: none yet) */
 	char grpc_message[128];
 	char why[256];
+	struct net_etcd *e; /* the client: its current member (e->cur) */
+	int member;	    /* the member this watch reads from */
 };
 
 /* One WatchResponse: its events to the caller. 0, or the error that ends
@@ -163,17 +170,36 @@ static void *watch_main(void *arg)
 	struct net_etcd_watch *w = arg;
 	int running = 1, rc = 0;
 
+	bool moved = false, late = false;
+	struct timespec t0, now;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	while (running && !atomic_load(&w->stop)) {
 		if (curl_multi_perform(w->multi, &running) != CURLM_OK) {
 			rc = -EIO;
 			break;
 		}
+		/* the client's calls went to another member (this one down,
+		 * frozen or cut off): a silent stream here may be a dead one */
+		if ((moved = atomic_load(&w->e->cur) % w->e->nep != w->member))
+			break;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if ((late = !w->created && now.tv_sec - t0.tv_sec >= NET_ETCD_WATCH_CREATE_S))
+			break;
 		if (running)
 			curl_multi_poll(w->multi, NULL, 0, 1000, NULL);
 	}
 	if (atomic_load(&w->stop)) {
 		rc = -ECANCELED;
 		snprintf(w->why, sizeof(w->why), "etcd watch stopped");
+	} else if (late && !w->end) {
+		rc = -ETIMEDOUT;
+		snprintf(w->why, sizeof(w->why), "etcd watch: not created by %s within %d s",
+			 w->e->ep[w->member], NET_ETCD_WATCH_CREATE_S);
+	} else if (moved && !w->end) {
+		rc = -EAGAIN;
+		snprintf(w->why, sizeof(w->why),
+			 "etcd watch: the client moved from member %s to %s: watching there",
+			 w->e->ep[w->member], w->e->ep[atomic_load(&w->e->cur) % w->e->nep]);
 	} else if (w->end) {
 		rc = w->end;
 	} else {
@@ -197,6 +223,8 @@ static void *watch_main(void *arg)
 			snprintf(w->why, sizeof(w->why), "etcd watch: the stream ended (HTTP %ld)",
 				 status);
 	}
+	if (rc != -ECANCELED && rc != -EAGAIN && rc != -ENOMEM && rc != -EFBIG)
+		net_etcd_member_failed(w->e, w->member); /* the next watch elsewhere */
 	w->fn(w->arg, NULL, 0, rc);
 	return NULL;
 }
@@ -227,7 +255,9 @@ int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_r
 
 	*out = NULL;
 	if (rc == 0) {
-		snprintf(w->url, sizeof(w->url), "%s/etcdserverpb.Watch/Watch", e->base);
+		w->e = e;
+		w->member = atomic_load(&e->cur) % e->nep;
+		snprintf(w->url, sizeof(w->url), "%s/etcdserverpb.Watch/Watch", e->ep[w->member]);
 		w->fn = fn;
 		w->arg = arg;
 		w->grpc_status = -1;
@@ -236,6 +266,10 @@ int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_r
 		w->headers = curl_slist_append(NULL, "Content-Type: application/grpc");
 		if (w->headers)
 			w->headers = curl_slist_append(w->headers, "TE: trailers");
+		/* gRPC metadata: a member without a leader (cut off from the
+		 * others) ends the stream instead of keeping it open silent */
+		if (w->headers)
+			w->headers = curl_slist_append(w->headers, "hasleader: true");
 		if (!w->multi || !w->easy || !w->headers)
 			rc = -ENOMEM;
 	}

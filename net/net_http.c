@@ -696,6 +696,8 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 	int rc = -EIO, att;
 	CURL *h;
 
+	if (call && call->retryable)
+		*call->retryable = false;
 	if ((left_ms = (deadline - now_ns()) / 1000000) <= 0)
 		return fail_url(err, -EIO, url,
 				"timed out before its request, deadline of %g s reached",
@@ -794,6 +796,8 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 	pool_put(c, h, url, h2_ns);
 	if (hdrs != c->hdrs)
 		curl_slist_free_all(hdrs);
+	if (call && call->retryable)
+		*call->retryable = res == NET_RETRY && rc != -ECANCELED && !late;
 	if (rc == -ECANCELED)
 		return fail_url(err, rc, url, "cancelled");
 	if (res == NET_OK) {

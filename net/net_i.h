@@ -8,6 +8,7 @@
 #ifndef MLFS_NET_I_H
 #define MLFS_NET_I_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -97,9 +98,19 @@ bool net_status_retryable(long status);
 #define NET_ETCD_MAX_REPLY ((int64_t)64 << 20)
 
 struct net_etcd {
-	struct net_http *http;
-	char base[NET_MAX_URL]; /* "http://host:port" */
+	struct net_http *http; /* retries 0 with several members: call() retries */
+	char **ep;	       /* the members' "http://host:port", @nep of them */
+	int nep;
+	atomic_int cur;	 /* the member calls go to first, and watches start on */
+	int retries;	 /* rounds over every member after the first (several) */
+	int backoff_ms;	 /* between rounds, doubled up to max_backoff_ms */
+	int max_backoff_ms;
 };
+
+/* The watch on member @k of @e could not be kept (its stream failed, or
+ * was not created in time): calls and watches start at the next member,
+ * unless they moved on already. */
+void net_etcd_member_failed(struct net_etcd *e, int k);
 
 /* ------------------------------------------------------------ net_pb.c */
 

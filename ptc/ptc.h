@@ -192,12 +192,16 @@ struct ptc_node {
 	int devices;
 };
 
+/* The most etcd members a cluster.json's "etcd" may list. */
+#define PTC_ETCD_MAX 16
+
 struct ptc_cluster {
 	int nnodes;
 	struct ptc_node *nodes;
 	char *token_file; /* may be NULL */
 	char *job;	  /* the job's name, may be NULL (one node) */
-	char *etcd;	  /* the control plane's URL, may be NULL (one node) */
+	char *etcd;	  /* the control plane: etcd members' client URLs, comma-separated
+			     (at most PTC_ETCD_MAX); NULL: one node */
 };
 
 int ptc_cluster_parse(const json_t *root, const char *name, struct ptc_cluster **out,

@@ -20,6 +20,86 @@ static const char *const snapshot_keys[] = {"dir",	 "every", "keep", "threads",
 static const char *const dataset_keys[] = {"index",   "seed",	"global_batch",
 					   "shuffle", "epochs", NULL};
 static const char *const cluster_keys[] = {"nodes", "token_file", "job", "etcd", NULL};
+
+/* One etcd member's client URL @u (@n bytes) of cluster.json's "etcd": 0,
+ * or -EINVAL naming it (the @i-th of a list when @list). */
+static int endpoint_ok(const char *u, size_t n, bool list, size_t i, const char *file,
+		       struct ptc_error *err)
+{
+	char where[48] = "";
+
+	if (list)
+		snprintf(where, sizeof(where), "[%zu]", i);
+	bool scheme = (n > 7 && strncmp(u, "http://", 7) == 0) ||
+		      (n > 8 && strncmp(u, "https://", 8) == 0);
+	for (size_t k = 0; k < n && scheme; k++)
+		scheme = (unsigned char)u[k] > 0x20 && (unsigned char)u[k] < 0x7f;
+	if (!scheme)
+		return ptc_errorf(err,
+				  "%s: \"etcd\"%s = \"%.*s\" must be an http:// or https:// URL "
+				  "(an etcd member's client URL)",
+				  file, where, (int)(n > 200 ? 200 : n), u);
+	return 0;
+}
+
+/*
+ * cluster.json's "etcd": one member's client URL, several separated by
+ * commas (as etcdctl's --endpoints), or an array of them; into *@out as
+ * one comma-separated string (malloc'd), which net_etcd_new takes. 0, or
+ * -EINVAL with @err naming the bad part, -ENOMEM.
+ */
+static int etcd_endpoints(const json_t *etcd, char **out, const char *file,
+			  struct ptc_error *err)
+{
+	json_t *list = json_is_array(etcd) ? json_incref((json_t *)etcd) : json_array();
+	size_t i, total = 0;
+	json_t *v;
+	int rc = 0;
+
+	*out = NULL;
+	if (!list)
+		return ptc_error_set(err, -ENOMEM, "%s: out of memory", file);
+	if (json_is_string(etcd)) { /* "u1" or "u1,u2,..." */
+		const char *s = json_string_value(etcd);
+		for (size_t k = 0;;) {
+			size_t n = strcspn(s + k, ",");
+			json_array_append_new(list, json_stringn(s + k, n));
+			if (!s[k + n])
+				break;
+			k += n + 1;
+		}
+	} else if (!json_is_array(etcd)) {
+		rc = ptc_errorf(err, "%s: \"etcd\" must be an etcd member's http:// or https:// "
+				     "URL, several separated by commas, or an array of them",
+				file);
+	}
+	if (rc == 0 && (json_array_size(list) == 0 || json_array_size(list) > PTC_ETCD_MAX))
+		rc = ptc_errorf(err, "%s: \"etcd\" must list 1 to %d members' URLs, not %zu",
+				file, PTC_ETCD_MAX, json_array_size(list));
+	json_array_foreach(list, i, v)
+	{
+		if (rc)
+			break;
+		if (!json_is_string(v))
+			rc = ptc_errorf(err, "%s: \"etcd\"[%zu] must be a string", file, i);
+		else
+			rc = endpoint_ok(json_string_value(v), json_string_length(v),
+					 json_is_array(etcd), i, file, err);
+		total += json_string_length(v) + 1;
+	}
+	if (rc == 0 && total > 4096)
+		rc = ptc_errorf(err, "%s: \"etcd\" is longer than 4096 bytes", file);
+	if (rc == 0 && !(*out = malloc(total)))
+		rc = ptc_error_set(err, -ENOMEM, "%s: out of memory", file);
+	for (size_t at = 0, k = 0; rc == 0 && k < json_array_size(list); k++) {
+		v = json_array_get(list, k);
+		memcpy(*out + at, json_string_value(v), json_string_length(v));
+		at += json_string_length(v);
+		(*out)[at++] = k + 1 < json_array_size(list) ? ',' : '\0';
+	}
+	json_decref(list);
+	return rc;
+}
 static const char *const node_keys[] = {"id", "addr", "devices", NULL};
 
 #define MAX_DEGREE 65536
@@ -386,20 +466,20 @@ int ptc_cluster_parse(const json_t *root, const char *file, struct ptc_cluster *
 		ptc_errorf(err, "%s: \"job\" must be a job name of [A-Za-z0-9_.-]", file);
 		goto err_free;
 	}
-	if (etcd && (!json_is_string(etcd) ||
-		     (strncmp(json_string_value(etcd), "http://", 7) != 0 &&
-		      strncmp(json_string_value(etcd), "https://", 8) != 0) ||
-		     strlen(json_string_value(etcd)) > 1024)) {
-		ptc_errorf(err, "%s: \"etcd\" must be an http:// or https:// URL", file);
+	char *endpoints = NULL;
+	int erc = etcd ? etcd_endpoints(etcd, &endpoints, file, err) : 0;
+	if (erc) {
+		rc = erc;
 		goto err_free;
 	}
 	if (etcd && !job) {
+		free(endpoints);
 		ptc_errorf(err, "%s: \"etcd\" needs a \"job\" (its keys live under /mlfs/<job>/)",
 			   file);
 		goto err_free;
 	}
-	if ((job && !(c->job = strdup(json_string_value(job)))) ||
-	    (etcd && !(c->etcd = strdup(json_string_value(etcd))))) {
+	c->etcd = endpoints;
+	if (job && !(c->job = strdup(json_string_value(job)))) {
 		rc = -ENOMEM;
 		goto err_free;
 	}

@@ -416,6 +416,72 @@ static void test_cluster_ok(void **state)
 	ptc_cluster_free(c);
 }
 
+/* "etcd": one member's URL, several separated by commas, or an array of
+ * them; kept as one comma-separated string (net_etcd_new's). */
+static void test_cluster_etcd_members(void **state)
+{
+	static const struct {
+		const char *text, *want;
+	} ok[] = {
+	    {"'http://e:1'", "http://e:1"},
+	    {"'http://e1:2379,https://e2:2379,http://10.0.0.3:2379'",
+	     "http://e1:2379,https://e2:2379,http://10.0.0.3:2379"},
+	    {"['http://e1:2379', 'http://e2:2379']", "http://e1:2379,http://e2:2379"},
+	    {"['https://e:1']", "https://e:1"},
+	};
+	char text[512];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		struct ptc_cluster *c = NULL;
+		struct ptc_error err = {.text = ""};
+		snprintf(text, sizeof(text),
+			 "{'job': 'j', 'etcd': %s, 'nodes': [{'id': 'n0', 'devices': 1}]}",
+			 ok[i].text);
+		int rc = parse_cluster(text, &c, &err);
+		if (rc)
+			print_error("%s: %s\n", ok[i].text, err.text);
+		assert_int_equal(rc, 0);
+		assert_string_equal(c->etcd, ok[i].want);
+		ptc_cluster_free(c);
+	}
+	CLUSTER_FAILS_EXACT("{'job': 'j', 'etcd': 'e:2379', 'nodes': [{'id': 'n0', 'devices': 1}]}",
+			    "cluster.json: \"etcd\" = \"e:2379\" must be an http:// or https:// "
+			    "URL (an etcd member's client URL)");
+	/* a space after the comma is part of the next URL: named */
+	CLUSTER_FAILS_EXACT("{'job': 'j', 'etcd': 'http://a:1, http://b:1', 'nodes': [{'id': "
+			    "'n0', 'devices': 1}]}",
+			    "cluster.json: \"etcd\" = \" http://b:1\" must be an http:// or "
+			    "https:// URL (an etcd member's client URL)");
+	CLUSTER_FAILS_EXACT("{'job': 'j', 'etcd': 'http://a:1,', 'nodes': [{'id': 'n0', "
+			    "'devices': 1}]}",
+			    "cluster.json: \"etcd\" = \"\" must be an http:// or https:// URL "
+			    "(an etcd member's client URL)");
+	CLUSTER_FAILS_EXACT("{'job': 'j', 'etcd': ['http://a:1', 'ftp://b'], 'nodes': [{'id': "
+			    "'n0', 'devices': 1}]}",
+			    "cluster.json: \"etcd\"[1] = \"ftp://b\" must be an http:// or https:// "
+			    "URL (an etcd member's client URL)");
+	CLUSTER_FAILS_EXACT("{'job': 'j', 'etcd': ['http://a:1', 2], 'nodes': [{'id': 'n0', "
+			    "'devices': 1}]}",
+			    "cluster.json: \"etcd\"[1] must be a string");
+	CLUSTER_FAILS_EXACT("{'job': 'j', 'etcd': [], 'nodes': [{'id': 'n0', 'devices': 1}]}",
+			    "cluster.json: \"etcd\" must list 1 to 16 members' URLs, not 0");
+	CLUSTER_FAILS_EXACT("{'job': 'j', 'etcd': 7, 'nodes': [{'id': 'n0', 'devices': 1}]}",
+			    "cluster.json: \"etcd\" must be an etcd member's http:// or https:// "
+			    "URL, several separated by commas, or an array of them");
+	CLUSTER_FAILS_EXACT("{'etcd': ['http://a:1'], 'nodes': [{'id': 'n0', 'devices': 1}]}",
+			    "cluster.json: \"etcd\" needs a \"job\" (its keys live under "
+			    "/mlfs/<job>/)");
+	/* 17 members */
+	char many[1024] = "{'job': 'j', 'etcd': '";
+	for (int i = 0; i < 17; i++)
+		snprintf(many + strlen(many), sizeof(many) - strlen(many), "%shttp://e%d:1",
+			 i ? "," : "", i);
+	snprintf(many + strlen(many), sizeof(many) - strlen(many),
+		 "', 'nodes': [{'id': 'n0', 'devices': 1}]}");
+	CLUSTER_FAILS_EXACT(many, "cluster.json: \"etcd\" must list 1 to 16 members' URLs, not 17");
+}
+
 static void test_cluster_uniform(void **state)
 {
 	char *const ids[] = {"a", "b", "c"};
@@ -506,6 +572,7 @@ int main(void)
 	    cmocka_unit_test(test_config_design_example), cmocka_unit_test(test_config_minimal),
 	    cmocka_unit_test(test_config_to_json),	  cmocka_unit_test(test_cluster_errors_top),
 	    cmocka_unit_test(test_cluster_errors_node),	  cmocka_unit_test(test_cluster_ok),
+	    cmocka_unit_test(test_cluster_etcd_members),
 	    cmocka_unit_test(test_cluster_uniform),	  cmocka_unit_test(test_cluster_extends),
 	};
 
