@@ -444,6 +444,9 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o)
 	json_object_set_new(job, "etcd", json_string(c->etcd_error[0] ? "unreachable" : "ok"));
 	if (c->etcd_error[0])
 		json_object_set_new(job, "etcd_error", json_string(c->etcd_error));
+	const char *member;
+	net_etcd_members(c->etcd, &member);
+	json_object_set_new(job, "etcd_member", json_string(member));
 	json_object_set_new(job, "nodes", nodes);
 	if (c->manifests_read >= 0)
 		json_object_set_new(job, "job_manifests_read", json_integer(c->manifests_read));

@@ -21,7 +21,16 @@
  * control plane that was most of etcd's CPU per request (BENCHMARKS.md,
  * thirteenth session).
  *
- * Threads: any number at once on one client (net_http's rule).
+ * Members: the client knows every member of the etcd cluster it was given
+ * (cluster.json's "etcd"). Calls go to the current one; a call that fails
+ * as another member might not goes to the next at once (call()), and the
+ * member that answers becomes the current one, where the next calls and
+ * watches go (net_etcd_watch.c ends a watch whose client moved on). A
+ * transaction moves on only when it cannot have reached the member it
+ * was sent to. With one member nothing changes: net_http retries it.
+ *
+ * Threads: any number at once on one client (net_http's rule); the
+ * current member is an atomic.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -57,9 +66,10 @@ int net_etcd_new(const char *endpoint, const struct net_http_opts *o, struct net
 			rc = -ENOMEM;
 		} else if ((rc = net_url_check(e->ep[e->nep++], err)) == 0) {
 			char *m = e->ep[e->nep - 1];
-			while (n && m[n - 1] == '/')
-				m[--n] = '\0';
-			if (n >= NET_MAX_URL)
+			size_t len = n;
+			while (len && m[len - 1] == '/')
+				m[--len] = '\0';
+			if (len >= NET_MAX_URL)
 				rc = ptc_error_set(err, -EINVAL, "%.64s...: too long", m);
 		}
 		if (!p[n])

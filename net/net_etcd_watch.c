@@ -33,6 +33,14 @@
  * that nothing between the two is missed. An idle watch costs etcd
  * nothing.
  *
+ * With several etcd members (net_etcd.c), a watch reads from the member
+ * its client's calls go to when it starts, and ends (-EAGAIN) once they go
+ * to another: a frozen member's stream is silent, not broken, and only the
+ * calls' timeouts tell. It also ends when etcd did not create it within
+ * NET_ETCD_WATCH_CREATE_S, and, asked with the gRPC metadata "hasleader",
+ * when its member loses the cluster's leader. A watch that failed moves
+ * the client on to the next member (net_etcd_member_failed).
+ *
  * Threads: the watch's thread calls @fn; net_etcd_watch_stop from any
  * other thread wakes it (curl_multi_wakeup) and joins it.
  */

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from conftest import MLFS
+from mlfs import testing
 from mlfs.testing import expect_oserror
 from test_cluster import full_of, wait_attempt
 from test_store import MIXED, make_full, write_full
@@ -393,3 +394,57 @@ def test_a_prepared_node_unmounted_exits_cleanly_and_the_attempt_aborts(cluster_
     cl.wait_version(1, nodes=["n0", "n2", "n3"], state="failed")  # the abort said
     assert cl.snapshot(["n0", "n2", "n3"]) == before
     cl.check_layout(BIG, v1, full, step=5, nodes=["n2"])
+
+
+def test_the_job_goes_on_when_an_etcd_member_dies_or_freezes(tmp_path):
+    """etcd as in production, three members, every one listed in cluster.json. The member
+    every node calls first is killed, then (back again) the member they moved to is frozen
+    (SIGSTOP: its port takes connections and answers nothing). Each time the nodes go on
+    through the others: a reconfiguration commits bit-exact, and no node's lease ever
+    expired (every entry keeps the lease it had), so no node was taken for down. Before,
+    cluster.json took one URL, and the nodes lost the control plane with that member."""
+    et = testing.EtcdCluster(tmp_path, 3).start()
+    cl = testing.Cluster(tmp_path, et, 3, 2, "j", mlfs=MLFS)
+    try:
+        cl.mount_all()
+        full = full_of(41)
+        v1 = {"version": 1, "tp": 2, "pp": 1, "dp": 2, "nodes": ["n0", "n1"]}
+        cl.start_job(MIXED, v1, "n0", full, step=4)
+        leases = {nid: cl.keys()[f"nodes/{nid}"].lease for nid in ("n0", "n1", "n2")}
+        assert all(leases.values()), leases
+
+        et.members[0].kill()
+        v2 = {"version": 2, "tp": 2, "pp": 1, "dp": 3, "nodes": ["n0", "n1", "n2"]}
+        p = cl.reconfigure("n2", v2)
+        assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+        cl.wait_version(2, timeout=20)
+        cl.check_layout(MIXED, v2, full, step=4)
+        time.sleep(7)  # past a lease's TTL (6 s): kept alive through the others
+        keys = cl.keys()
+        assert {nid: keys[f"nodes/{nid}"].lease for nid in leases} == leases, cl.describe()
+        for nid, st in cl.statuses().items():  # on to the next member, and there
+            assert st["cluster"]["etcd_member"] == et.members[1].url, (nid, st["cluster"])
+
+        et.members[0].start()  # back: a quorum again without the next one
+        et.freeze(1)  # the member the nodes moved to
+        try:
+            time.sleep(7)  # a lease's TTL with the member frozen
+            v3 = {"version": 3, "tp": 1, "pp": 2, "dp": 1, "nodes": ["n1", "n2"]}
+            p = cl.reconfigure("n0", v3)
+            assert p.returncode == 0, f"{p.stderr}\n{cl.describe()}"
+            sts = cl.wait_version(3, timeout=30)
+            cl.check_layout(MIXED, v3, full, step=4)
+            keys = cl.keys()
+            assert {nid: keys[f"nodes/{nid}"].lease for nid in leases} == leases, \
+                cl.describe()
+            for nid, st in sts.items():
+                assert st["error"] is None and st["cluster"]["etcd"] == "ok", (nid, st)
+                assert all(n["up"] for n in st["cluster"]["nodes"]), (nid, st)
+                assert st["cluster"]["etcd_member"] != et.members[1].url, (nid, st)
+        finally:
+            et.thaw(1)
+    finally:
+        try:
+            cl.teardown()
+        finally:
+            et.stop()

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "net/net.h"
+#include "net/net_i.h"
 
 static pid_t etcd_pid = -1;
 static char etcd_dir[] = "/tmp/mlfs-test-etcd-XXXXXX";
@@ -475,6 +476,122 @@ static void test_etcd_restarted(void **state)
 }
 
 /* A watch whose etcd goes away ends with -EIO (see test_etcd_gone). */
+/* A port that takes connections and never answers (a frozen member: the
+ * kernel completes the handshake, nobody reads); its socket into *@fd. */
+static int frozen_port(int *fd)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(a);
+	*fd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(*fd >= 0);
+	assert_int_equal(bind(*fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(*fd, 64), 0);
+	assert_int_equal(getsockname(*fd, (struct sockaddr *)&a, &len), 0);
+	return ntohs(a.sin_port);
+}
+
+/* Several members: a call goes on to the next member when one is down
+ * (refused) or frozen (nothing received), and stays there; a transaction
+ * goes on only when it cannot have reached the first; a watch that cannot
+ * be kept on a member moves the client to the next, where the next watch
+ * starts. */
+static void test_members_fail_over(void **state)
+{
+	(void)state;
+	char list[256], dead[64], frozen[64];
+	const char *cur;
+	struct net_etcd *M, *T;
+	struct net_etcd_kv kv;
+	int ffd;
+	bool ok = false;
+	struct net_http_opts o = {.retries = 1, .timeout_ms = 300, .deadline_ms = 5000};
+
+	snprintf(dead, sizeof(dead), "http://127.0.0.1:%d", free_port());
+	snprintf(frozen, sizeof(frozen), "http://127.0.0.1:%d", frozen_port(&ffd));
+	snprintf(list, sizeof(list), "%s,%s/,%s", dead, frozen, endpoint);
+	assert_int_equal(net_etcd_new(list, &o, &M, &why), 0);
+	assert_int_equal(net_etcd_members(M, &cur), 3);
+	assert_string_equal(cur, dead);
+	int64_t t0 = now_ms();
+	assert_int_equal(net_etcd_put(M, "/t9/a", "1", 1, 0, NULL, &why), 0);
+	assert_true(now_ms() - t0 >= 300); /* the frozen one's stall */
+	assert_int_equal(net_etcd_members(M, &cur), 3);
+	assert_string_equal(cur, endpoint);
+	t0 = now_ms();
+	assert_int_equal(net_etcd_get(M, "/t9/a", &kv, NULL, &why), 0); /* there at once */
+	assert_true(now_ms() - t0 < 250);
+	assert_memory_equal(kv.value, "1", 1);
+	free(kv.key);
+	free(kv.value);
+
+	/* A transaction: on from a refused member (it never got it), not from
+	 * a frozen one (it may have: the request was sent). */
+	struct net_etcd_op put = {.kind = NET_ETCD_PUT, .key = "/t9/t", .value = "x", .len = 1};
+	snprintf(list, sizeof(list), "%s,%s", dead, endpoint);
+	assert_int_equal(net_etcd_new(list, &o, &T, &why), 0);
+	assert_int_equal(net_etcd_txn(T, NULL, 0, &put, 1, NULL, 0, &ok, NULL, NULL, &why), 0);
+	assert_true(ok);
+	net_etcd_free(T);
+	snprintf(list, sizeof(list), "%s,%s", frozen, endpoint);
+	assert_int_equal(net_etcd_new(list, &o, &T, &why), 0);
+	put.value = "y";
+	int rc = net_etcd_txn(T, NULL, 0, &put, 1, NULL, 0, &ok, NULL, NULL, &why);
+	assert_int_equal(rc, -EIO);
+	assert_non_null(strstr(why.text, frozen));
+	assert_int_equal(net_etcd_get(E, "/t9/t", &kv, NULL, &why), 0);
+	assert_memory_equal(kv.value, "x", 1); /* not carried out elsewhere */
+	free(kv.key);
+	free(kv.value);
+	/* every member down: the error says how many were tried */
+	net_etcd_free(T);
+	snprintf(list, sizeof(list), "%s,%s", dead, dead);
+	assert_int_equal(net_etcd_new(list, &o, &T, &why), 0);
+	assert_int_equal(net_etcd_get(T, "/t9/a", &kv, NULL, &why), -EIO);
+	assert_non_null(strstr(why.text, "no etcd member answered (4 tries of 2 members)"));
+	net_etcd_free(T);
+
+	/* A watch on a refused member ends and moves the client on; the next
+	 * watch starts on the member that answers. */
+	snprintf(list, sizeof(list), "%s,%s", dead, endpoint);
+	assert_int_equal(net_etcd_new(list, &o, &T, &why), 0);
+	struct seen s1 = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	struct seen s2 = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	struct net_etcd_watch *w;
+	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, &s1, &w, &why), 0);
+	for (int i = 0; i < 500 && !s1.ended; i++)
+		usleep(10000);
+	assert_int_equal(s1.ended, -EIO);
+	net_etcd_watch_stop(w);
+	assert_int_equal(net_etcd_members(T, &cur), 2);
+	assert_string_equal(cur, endpoint);
+	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, &s2, &w, &why), 0);
+	for (int i = 0; i < 500 && !s2.created; i++)
+		usleep(10000);
+	assert_true(s2.created > 0);
+	assert_int_equal(net_etcd_put(T, "/t9/w", "2", 1, 0, NULL, &why), 0);
+	assert_true(seen_wait(&s2, "P /t9/w=2@"));
+	/* A call that moves the client on ends a watch on the member it left
+	 * (a frozen member's watch would stay silent). */
+	net_etcd_watch_stop(w);
+	net_etcd_free(T);
+	snprintf(list, sizeof(list), "%s,%s", endpoint, dead);
+	assert_int_equal(net_etcd_new(list, &o, &T, &why), 0);
+	struct seen s3 = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, &s3, &w, &why), 0);
+	for (int i = 0; i < 500 && !s3.created; i++)
+		usleep(10000);
+	assert_true(s3.created > 0);
+	net_etcd_member_failed(T, 0); /* as a failed call would */
+	for (int i = 0; i < 300 && !s3.ended; i++)
+		usleep(10000);
+	assert_int_equal(s3.ended, -EAGAIN);
+	assert_non_null(strstr(net_etcd_watch_error(w), "moved from member"));
+	net_etcd_watch_stop(w);
+	net_etcd_free(T);
+	net_etcd_free(M);
+	close(ffd);
+}
+
 static struct seen gone_seen = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static struct net_etcd_watch *gone_watch;
 
@@ -516,6 +633,7 @@ int main(void)
 	    cmocka_unit_test(test_watch_compacted),
 	    cmocka_unit_test(test_watch_carries_many_large_values),
 	    cmocka_unit_test(test_etcd_restarted),
+	    cmocka_unit_test(test_members_fail_over),
 	    cmocka_unit_test(test_etcd_gone), /* last: stops etcd */
 	};
 	signal(SIGPIPE, SIG_IGN);

@@ -87,6 +87,8 @@ Node (a Daemon): id, addr, pid, port, p(), read(), write(), read_json(), status(
 Etcd (etcd.py): url, data_dir, alive, pid, kv(key) -> KV | None, range(prefix),
   job(job) -> {rel: KV}, lease_ttl(lease), kill(), restart(), stop() (kill and remove
   the data dir: etcd preallocates 128 MB of WAL per member).
+EtcdCluster(tmp, n=3): n members (url: every client URL, comma-separated, the "etcd" of
+  cluster.json), members (each an Etcd), freeze(i), thaw(i); reads through any member.
 
 Also: expect_oserror(codes, fn, *args) (fn fails with one of those errnos; returns the
 OSError), timed(fn, timeout) (fn on a thread, TimeoutError when it hangs),
@@ -95,10 +97,10 @@ busy, for a failed unmount's message). The package never imports pytest; the
 fixtures (etcd, cluster_factory, mount_factory) are tests/e2e/conftest.py's.
 """
 from .cluster import TOKEN, Cluster, Daemon, Node, start
-from .etcd import KV, Etcd
+from .etcd import KV, Etcd, EtcdCluster
 from .util import (ETCD, MLFS, ROOT, ClusterError, expect_oserror, find_mlfs, free_port, holders,
                    timed, wait_for)
 
-__all__ = ["start", "Cluster", "Node", "Daemon", "Etcd", "KV", "TOKEN", "ClusterError",
+__all__ = ["start", "Cluster", "Node", "Daemon", "Etcd", "EtcdCluster", "KV", "TOKEN", "ClusterError",
            "expect_oserror", "timed", "wait_for", "free_port", "find_mlfs", "holders", "MLFS",
            "ROOT", "ETCD"]

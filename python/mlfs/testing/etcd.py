@@ -1,10 +1,11 @@
-"""One etcd member on loopback for a local job, and its keys read through etcd's v3
-JSON gateway (urllib only)."""
+"""One etcd member on loopback for a local job (or a cluster of them: EtcdCluster), and
+its keys read through etcd's v3 JSON gateway (urllib only)."""
 import base64
 import collections
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 import urllib.error
@@ -41,13 +42,17 @@ class Etcd:
                                      is 128 MB preallocated); the log stays
     """
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, name="default"):
         self.tmp = tmp
-        self.data_dir = tmp / "etcd" / "data"
-        self.log_path = tmp / "etcd" / "etcd.log"
+        self.name = name
+        home = tmp / "etcd" if name == "default" else tmp / "etcd" / name
+        self.data_dir = home / "data"
+        self.log_path = home / "etcd.log"
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.client_port, self.peer_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.client_port}"
+        self.peer_url = f"http://127.0.0.1:{self.peer_port}"
+        self.initial_cluster = f"{name}={self.peer_url}"  # EtcdCluster sets every member's
         self.proc = None
 
     @property
@@ -59,15 +64,25 @@ class Etcd:
         return self.proc.pid
 
     def start(self, timeout=20):
+        self.launch()
+        return self.wait(timeout)
+
+    def launch(self):
+        """Runs it without waiting (the members of a cluster answer only once a
+        quorum of them runs)."""
         if not os.access(ETCD, os.X_OK):
             raise ClusterError(f"{ETCD} is missing: run `make deps` (Debian's etcd-server)")
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        args = [ETCD, "--name", "default", "--data-dir", str(self.data_dir),
+        peer = self.peer_url
+        args = [ETCD, "--name", self.name, "--data-dir", str(self.data_dir),
                 "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"default={peer}"]
+                "--initial-cluster", self.initial_cluster]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+        return self
+
+    def wait(self, timeout=20):
+        """Until it answers a read (through the cluster's leader)."""
         deadline = time.monotonic() + timeout
         why = ""
         while time.monotonic() < deadline:
@@ -137,3 +152,88 @@ class Etcd:
         """(remaining TTL, granted TTL) of @lease; (-1, 0) when it does not exist."""
         r = self.post("/v3/lease/timetolive", {"ID": str(lease)})
         return int(r.get("TTL", -1)), int(r.get("grantedTTL", 0))
+
+
+class EtcdCluster:
+    """@n etcd members on loopback (the production shape: 3), every one in
+    @tmp/etcd/m<i>/; what Etcd offers, reads through any member that answers.
+
+    url                              every member's client URL, comma-separated (the
+                                     "etcd" of cluster.json)
+    members                          the Etcd of each: kill(), restart(), pid
+    freeze(i), thaw(i)               SIGSTOP and SIGCONT member i (frozen: its port
+                                     takes connections and answers nothing)
+    """
+
+    def __init__(self, tmp, n=3):
+        self.members = [Etcd(tmp, f"m{i}") for i in range(n)]
+        every = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        for m in self.members:
+            m.initial_cluster = every
+        self.url = ",".join(m.url for m in self.members)
+
+    @property
+    def alive(self):
+        return any(m.alive for m in self.members)
+
+    @property
+    def pid(self):
+        return self.members[0].pid
+
+    def start(self, timeout=30):
+        for m in self.members:
+            m.launch()
+        for m in self.members:
+            m.wait(timeout)
+        return self
+
+    def freeze(self, i):
+        os.kill(self.members[i].pid, signal.SIGSTOP)
+
+    def thaw(self, i):
+        os.kill(self.members[i].pid, signal.SIGCONT)
+
+    def kill(self):
+        for m in self.members:
+            if m.alive:
+                os.kill(m.pid, signal.SIGCONT)  # a frozen one dies too
+            m.kill()
+
+    def stop(self):
+        for m in self.members:
+            if m.alive:
+                os.kill(m.pid, signal.SIGCONT)
+            m.stop()
+
+    def restart(self):
+        self.kill()
+        return self.start()
+
+    def log(self):
+        return "\n".join(f"{m.name}: {m.log()}" for m in self.members)
+
+    def _any(self, fn):
+        why = None
+        for m in self.members:
+            if not m.alive or m.proc.poll() is not None:
+                continue
+            try:
+                return fn(m)
+            except (OSError, urllib.error.URLError, ValueError) as e:
+                why = e
+        raise ClusterError(f"no etcd member answered: {why}")
+
+    def post(self, path, body, timeout=2):
+        return self._any(lambda m: m.post(path, body, timeout))
+
+    def kv(self, key):
+        return self._any(lambda m: m.kv(key))
+
+    def range(self, prefix):
+        return self._any(lambda m: m.range(prefix))
+
+    def job(self, job):
+        return self._any(lambda m: m.job(job))
+
+    def lease_ttl(self, lease):
+        return self._any(lambda m: m.lease_ttl(lease))
