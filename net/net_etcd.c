@@ -180,7 +180,8 @@ static int call(struct net_etcd *e, const char *method, struct net_pb_buf *req, 
 	if (rc && tried > 1) {
 		char last[sizeof(err->text)];
 		snprintf(last, sizeof(last), "%s", err->text);
-		ptc_error_set(err, rc, "no etcd member answered (%d tries of %d members), the last: %s",
+		ptc_error_set(err, rc,
+			      "no etcd member answered (%d tries of %d members), the last: %s",
 			      tried, e->nep, last);
 	}
 	return rc;

@@ -101,9 +101,9 @@ struct net_etcd {
 	struct net_http *http; /* retries 0 with several members: call() retries */
 	char **ep;	       /* the members' "http://host:port", @nep of them */
 	int nep;
-	atomic_int cur;	 /* the member calls go to first, and watches start on */
-	int retries;	 /* rounds over every member after the first (several) */
-	int backoff_ms;	 /* between rounds, doubled up to max_backoff_ms */
+	atomic_int cur; /* the member calls go to first, and watches start on */
+	int retries;	/* rounds over every member after the first (several) */
+	int backoff_ms; /* between rounds, doubled up to max_backoff_ms */
 	int max_backoff_ms;
 };
 

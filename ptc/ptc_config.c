@@ -30,8 +30,8 @@ static int endpoint_ok(const char *u, size_t n, bool list, size_t i, const char 
 
 	if (list)
 		snprintf(where, sizeof(where), "[%zu]", i);
-	bool scheme = (n > 7 && strncmp(u, "http://", 7) == 0) ||
-		      (n > 8 && strncmp(u, "https://", 8) == 0);
+	bool scheme =
+	    (n > 7 && strncmp(u, "http://", 7) == 0) || (n > 8 && strncmp(u, "https://", 8) == 0);
 	for (size_t k = 0; k < n && scheme; k++)
 		scheme = (unsigned char)u[k] > 0x20 && (unsigned char)u[k] < 0x7f;
 	if (!scheme)
@@ -48,8 +48,7 @@ static int endpoint_ok(const char *u, size_t n, bool list, size_t i, const char 
  * one comma-separated string (malloc'd), which net_etcd_new takes. 0, or
  * -EINVAL with @err naming the bad part, -ENOMEM.
  */
-static int etcd_endpoints(const json_t *etcd, char **out, const char *file,
-			  struct ptc_error *err)
+static int etcd_endpoints(const json_t *etcd, char **out, const char *file, struct ptc_error *err)
 {
 	json_t *list = json_is_array(etcd) ? json_incref((json_t *)etcd) : json_array();
 	size_t i, total = 0;
@@ -69,13 +68,14 @@ static int etcd_endpoints(const json_t *etcd, char **out, const char *file,
 			k += n + 1;
 		}
 	} else if (!json_is_array(etcd)) {
-		rc = ptc_errorf(err, "%s: \"etcd\" must be an etcd member's http:// or https:// "
-				     "URL, several separated by commas, or an array of them",
+		rc = ptc_errorf(err,
+				"%s: \"etcd\" must be an etcd member's http:// or https:// "
+				"URL, several separated by commas, or an array of them",
 				file);
 	}
 	if (rc == 0 && (json_array_size(list) == 0 || json_array_size(list) > PTC_ETCD_MAX))
-		rc = ptc_errorf(err, "%s: \"etcd\" must list 1 to %d members' URLs, not %zu",
-				file, PTC_ETCD_MAX, json_array_size(list));
+		rc = ptc_errorf(err, "%s: \"etcd\" must list 1 to %d members' URLs, not %zu", file,
+				PTC_ETCD_MAX, json_array_size(list));
 	json_array_foreach(list, i, v)
 	{
 		if (rc)

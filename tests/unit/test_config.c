@@ -457,10 +457,11 @@ static void test_cluster_etcd_members(void **state)
 			    "'devices': 1}]}",
 			    "cluster.json: \"etcd\" = \"\" must be an http:// or https:// URL "
 			    "(an etcd member's client URL)");
-	CLUSTER_FAILS_EXACT("{'job': 'j', 'etcd': ['http://a:1', 'ftp://b'], 'nodes': [{'id': "
-			    "'n0', 'devices': 1}]}",
-			    "cluster.json: \"etcd\"[1] = \"ftp://b\" must be an http:// or https:// "
-			    "URL (an etcd member's client URL)");
+	CLUSTER_FAILS_EXACT(
+	    "{'job': 'j', 'etcd': ['http://a:1', 'ftp://b'], 'nodes': [{'id': "
+	    "'n0', 'devices': 1}]}",
+	    "cluster.json: \"etcd\"[1] = \"ftp://b\" must be an http:// or https:// "
+	    "URL (an etcd member's client URL)");
 	CLUSTER_FAILS_EXACT("{'job': 'j', 'etcd': ['http://a:1', 2], 'nodes': [{'id': 'n0', "
 			    "'devices': 1}]}",
 			    "cluster.json: \"etcd\"[1] must be a string");
@@ -572,8 +573,8 @@ int main(void)
 	    cmocka_unit_test(test_config_design_example), cmocka_unit_test(test_config_minimal),
 	    cmocka_unit_test(test_config_to_json),	  cmocka_unit_test(test_cluster_errors_top),
 	    cmocka_unit_test(test_cluster_errors_node),	  cmocka_unit_test(test_cluster_ok),
-	    cmocka_unit_test(test_cluster_etcd_members),
-	    cmocka_unit_test(test_cluster_uniform),	  cmocka_unit_test(test_cluster_extends),
+	    cmocka_unit_test(test_cluster_etcd_members),  cmocka_unit_test(test_cluster_uniform),
+	    cmocka_unit_test(test_cluster_extends),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
