@@ -111,6 +111,10 @@ struct net_http_call {
 	 * cannot have reached the server: refused connections, unresolved
 	 * names, HTTP 429. GETs are always retried. */
 	bool idempotent;
+	/* One attempt ends after this long even while bytes arrive (<= 0: only
+	 * opts.timeout_ms of silence ends it); the etcd client's, with several
+	 * members, so that a frozen member costs one timeout, not two. */
+	int attempt_ms;
 	/* Out, when not NULL: set by a failed call to whether its last attempt
 	 * failed as another server might not fail (a connection error, a
 	 * stall, 5xx, 408, 429, gRPC UNAVAILABLE or DEADLINE_EXCEEDED) and the

@@ -84,6 +84,7 @@ int net_etcd_new(const char *endpoint, const struct net_http_opts *o, struct net
 		e->retries = ho.retries < 0 ? 5 : ho.retries; /* net_http's default */
 		e->backoff_ms = ho.backoff_ms > 0 ? ho.backoff_ms : 20;
 		e->max_backoff_ms = ho.max_backoff_ms > 0 ? ho.max_backoff_ms : 2000;
+		e->timeout_ms = ho.timeout_ms > 0 ? ho.timeout_ms : 10000; /* net_http's */
 		if (e->nep > 1) /* another member at once, not the same one again */
 			ho.retries = 0;
 		rc = net_http_new(&ho, &e->http, err);
@@ -154,6 +155,8 @@ static int call(struct net_etcd *e, const char *method, struct net_pb_buf *req, 
 	struct net_http_call c = budget ? *budget : (struct net_http_call){0};
 	c.idempotent = idempotent;
 	c.retryable = &again;
+	if (e->nep > 1 && c.attempt_ms <= 0) /* then the next member */
+		c.attempt_ms = e->timeout_ms;
 	if (!c.start_ns) /* one deadline for every member */
 		c.start_ns = mono_ns();
 	int64_t delay = e->backoff_ms;

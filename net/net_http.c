@@ -113,6 +113,7 @@ struct xfer {
 	struct ptc_error fail;
 	int64_t last_ns;  /* when the attempt began or last received bytes */
 	int64_t stall_ns; /* an attempt that receives nothing this long fails */
+	bool stalled;	  /* this attempt did (a silent server, not a gone one) */
 	int64_t size;	  /* the object's size from a successful reply, or -1 */
 	atomic_int *stop; /* the call's stop flag: ends the attempt in flight too */
 	XXH3_state_t *xs; /* X_RANGE with verify: the body's hash so far */
@@ -484,6 +485,7 @@ static int on_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off
 		return 0;
 	x->fail_rc = ptc_error_set(&x->fail, -EIO, "timed out (nothing received for %g s)",
 				   (double)x->stall_ns / 1e9);
+	x->stalled = true;
 	return 1;
 }
 
@@ -741,12 +743,16 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 		x->size = -1;
 		x->last_ns = now_ns();
 		x->stall_ns = (int64_t)c->o.timeout_ms * 1000000;
+		x->stalled = false;
 		x->stop = stop;
 		if (x->xs)
 			XXH3_64bits_reset(x->xs);
 		errbuf[0] = 0;
 		x->h2_reuse = h2_ns && now_ns() - h2_ns < NET_H2_REUSE_NS;
-		setup(c, h, url, x, hdrs, x->kind == X_RANGE ? range : NULL, errbuf, left_ms);
+		int64_t cap_ms = call && call->attempt_ms > 0 && call->attempt_ms < left_ms
+				     ? call->attempt_ms
+				     : left_ms;
+		setup(c, h, url, x, hdrs, x->kind == X_RANGE ? range : NULL, errbuf, cap_ms);
 		stat_add(&c->requests, 1);
 		CURLcode cres = curl_easy_perform(h);
 		x->h2_version = CURL_HTTP_VERSION_NONE;
@@ -783,7 +789,8 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 			late = true;
 			break;
 		}
-		if (res == NET_RETRY && x->h2_reuse && !h2_ns) {
+		if (res == NET_RETRY && x->h2_reuse && !h2_ns && cres != CURLE_OPERATION_TIMEDOUT &&
+		    !x->stalled) {
 			/* the handle's HTTP/2 connection was gone (a restarted
 			 * etcd): again at once, on a new one */
 			at_once = true;

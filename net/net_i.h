@@ -105,6 +105,7 @@ struct net_etcd {
 	int retries;	/* rounds over every member after the first (several) */
 	int backoff_ms; /* between rounds, doubled up to max_backoff_ms */
 	int max_backoff_ms;
+	int timeout_ms; /* one attempt on a member, at most (several) */
 };
 
 /* The watch on member @k of @e could not be kept (its stream failed, or
