@@ -21,7 +21,8 @@ benchmarks and the end-to-end tests (tests/e2e/conftest.py's fixtures) use it.
 
 start(nnodes, devices=2, job="demo", tmp=None, mlfs=None, etcd=None, extra_args=(),
 node_env=None) runs Debian's etcd-server (`etcd`, `make deps`) on two free loopback
-ports with its data in <tmp>/etcd (for two nodes or more, or when @etcd), writes a
+ports with its data in <tmp>/etcd (for two nodes or more, or when @etcd; etcd=3: three
+members, every one in cluster.json, as a production job has them), writes a
 token file (0600, 32 random hex characters) and <tmp>/cluster.json {"job", "etcd",
 "token_file", "nodes": [{"id": "n<i>", "addr": "127.0.0.1:<free port>", "devices"}]},
 and mounts every node (`mlfs mount <tmp>/n<i> --node n<i> --cluster cluster.json -f`,

@@ -18,7 +18,7 @@ import urllib.error
 import numpy as np
 
 from .. import client
-from .etcd import Etcd
+from .etcd import Etcd, EtcdCluster
 from .layout import coords, expected_layout, rank_tree, snapshot, stage_layers, write_full
 from .util import MLFS, ClusterError, free_port, holders, timed
 
@@ -631,7 +631,8 @@ class Cluster:
 def start(nnodes, devices=2, job="demo", tmp=None, mlfs=None, etcd=None, extra_args=(),
           node_env=None):
     """A job of @nnodes daemons of @devices devices each, every one mounted (and, with
-    etcd, registered), with one etcd when @etcd (by default when @nnodes > 1), in @tmp (a
+    etcd, registered), with one etcd when @etcd (by default when @nnodes > 1; an int
+    n > 1: an etcd cluster of n members, EtcdCluster, all in cluster.json), in @tmp (a
     new temporary directory, removed at the end, when None); yields the Cluster. At the
     end every daemon still running is unmounted and must exit 0 (with no "error" in its
     stderr unless a fault was injected) and etcd is killed; ClusterError otherwise,
@@ -648,7 +649,9 @@ def start(nnodes, devices=2, job="demo", tmp=None, mlfs=None, etcd=None, extra_a
     et = cl = None
     ok = False
     try:
-        if nnodes > 1 if etcd is None else etcd:
+        if type(etcd) is int and etcd > 1:
+            et = EtcdCluster(tmp, etcd).start()
+        elif nnodes > 1 if etcd is None else etcd:
             et = Etcd(tmp).start()
         cl = Cluster(tmp, et, nnodes, devices, job, extra_args, node_env, mlfs)
         cl.mount_all()
