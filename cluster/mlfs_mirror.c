@@ -177,7 +177,9 @@ static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64
 		m->live = false;
 		m->ended = true;
 		snprintf(m->error, sizeof(m->error), "the watch of the job's keys ended: %s",
-			 strerror((int)-revision));
+			 revision == -EAGAIN	  ? "the etcd client moved to another member"
+			 : revision == -ETIMEDOUT ? "its etcd member did not create it in time"
+						  : strerror((int)-revision));
 	} else if (n == 0) {
 		m->created = true;
 	}

@@ -81,10 +81,11 @@ int net_etcd_new(const char *endpoint, const struct net_http_opts *o, struct net
 	struct net_http_opts ho = o ? *o : (struct net_http_opts){0};
 	ho.direct = true;
 	if (rc == 0) {
-		e->retries = ho.retries < 0 ? 5 : ho.retries; /* net_http's default */
-		e->backoff_ms = ho.backoff_ms > 0 ? ho.backoff_ms : 20;
-		e->max_backoff_ms = ho.max_backoff_ms > 0 ? ho.max_backoff_ms : 2000;
-		e->timeout_ms = ho.timeout_ms > 0 ? ho.timeout_ms : 10000; /* net_http's */
+		e->retries = ho.retries < 0 ? NET_DEF_RETRIES : ho.retries;
+		e->backoff_ms = ho.backoff_ms > 0 ? ho.backoff_ms : NET_DEF_BACKOFF;
+		e->max_backoff_ms = ho.max_backoff_ms > 0 ? ho.max_backoff_ms : NET_DEF_MAX_BACKOFF;
+		e->timeout_ms = ho.timeout_ms > 0 ? ho.timeout_ms : NET_DEF_TIMEOUT;
+		e->deadline_ms = ho.deadline_ms > 0 ? ho.deadline_ms : NET_DEF_DEADLINE;
 		if (e->nep > 1) /* another member at once, not the same one again */
 			ho.retries = 0;
 		rc = net_http_new(&ho, &e->http, err);
@@ -160,9 +161,11 @@ static int call(struct net_etcd *e, const char *method, struct net_pb_buf *req, 
 	if (!c.start_ns) /* one deadline for every member */
 		c.start_ns = mono_ns();
 	int64_t delay = e->backoff_ms;
+	int deadline_ms = c.deadline_ms > 0 ? c.deadline_ms : e->deadline_ms;
 	for (int t = 0;; t++) {
 		int k = (first + t) % e->nep;
 		snprintf(url, sizeof(url), "%s%s", e->ep[k], method);
+		again = false;
 		rc = net_http_post_grpc(e->http, url, req->p, req->n, NET_ETCD_MAX_REPLY, reply, n,
 					&c, err);
 		tried++;
@@ -174,17 +177,21 @@ static int call(struct net_etcd *e, const char *method, struct net_pb_buf *req, 
 		if (e->nep == 1 || !again || t + 1 >= (e->retries + 1) * e->nep)
 			break;
 		if ((t + 1) % e->nep == 0) { /* every member failed once more */
+			int64_t left_ms =
+			    (c.start_ns + (int64_t)deadline_ms * 1000000 - mono_ns()) / 1000000;
+			if (left_ms <= delay || (c.stop && atomic_load(c.stop)))
+				break; /* the last member's error says why */
 			struct timespec d = {delay / 1000, (delay % 1000) * 1000000};
 			nanosleep(&d, NULL);
 			delay = delay * 2 > e->max_backoff_ms ? e->max_backoff_ms : delay * 2;
 		}
 	}
 	net_pb_free(req);
-	if (rc && tried > 1) {
+	if (rc && tried > 1 && err) {
 		char last[sizeof(err->text)];
 		snprintf(last, sizeof(last), "%s", err->text);
 		ptc_error_set(err, rc,
-			      "no etcd member answered (%d tries of %d members), the last: %s",
+			      "etcd: the call failed on %d tries of %d members, the last: %s",
 			      tried, e->nep, last);
 	}
 	return rc;

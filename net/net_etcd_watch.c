@@ -80,6 +80,7 @@ struct net_etcd_watch {
 	long grpc_status; /* the stream's trailer (-1: none yet) */
 	char grpc_message[128];
 	char why[256];
+	bool transport;	    /* the stream failed as its member's fault */
 	struct net_etcd *e; /* the client: its current member (e->cur) */
 	int member;	    /* the member this watch reads from */
 };
@@ -172,6 +173,14 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *arg)
 	return size * nmemb;
 }
 
+static int64_t mono_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
 static void *watch_main(void *arg)
 {
 	pthread_setname_np(pthread_self(), "mlfs-watch"); /* for top -H, perf */
@@ -179,8 +188,7 @@ static void *watch_main(void *arg)
 	int running = 1, rc = 0;
 
 	bool moved = false, late = false;
-	struct timespec t0, now;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int64_t until = mono_ms() + NET_ETCD_WATCH_CREATE_S * 1000; /* to be created */
 	while (running && !atomic_load(&w->stop)) {
 		if (curl_multi_perform(w->multi, &running) != CURLM_OK) {
 			rc = -EIO;
@@ -190,11 +198,11 @@ static void *watch_main(void *arg)
 		 * frozen or cut off): a silent stream here may be a dead one */
 		if ((moved = atomic_load(&w->e->cur) % w->e->nep != w->member))
 			break;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if ((late = !w->created && now.tv_sec - t0.tv_sec >= NET_ETCD_WATCH_CREATE_S))
+		int64_t left = w->created ? 1000 : until - mono_ms();
+		if ((late = left <= 0))
 			break;
 		if (running)
-			curl_multi_poll(w->multi, NULL, 0, 1000, NULL);
+			curl_multi_poll(w->multi, NULL, 0, left < 1000 ? (int)left : 1000, NULL);
 	}
 	if (atomic_load(&w->stop)) {
 		rc = -ECANCELED;
@@ -220,6 +228,10 @@ static void *watch_main(void *arg)
 		long status = 0;
 		curl_easy_getinfo(w->easy, CURLINFO_RESPONSE_CODE, &status);
 		rc = -EIO;
+		/* gone, cut, or etcd's UNAVAILABLE (no leader: hasleader) or
+		 * DEADLINE_EXCEEDED */
+		w->transport = code != CURLE_OK || w->grpc_status == 14 || w->grpc_status == 4 ||
+			       w->grpc_status < 0;
 		if (code != CURLE_OK)
 			snprintf(w->why, sizeof(w->why), "etcd watch: %s",
 				 curl_easy_strerror(code));
@@ -231,8 +243,10 @@ static void *watch_main(void *arg)
 			snprintf(w->why, sizeof(w->why), "etcd watch: the stream ended (HTTP %ld)",
 				 status);
 	}
-	if (rc != -ECANCELED && rc != -EAGAIN && rc != -ENOMEM && rc != -EFBIG)
-		net_etcd_member_failed(w->e, w->member); /* the next watch elsewhere */
+	/* the member's fault, not the watch's (canceled after a compaction,
+	 * a message over the limit): the next watch elsewhere */
+	if (late || w->transport)
+		net_etcd_member_failed(w->e, w->member);
 	w->fn(w->arg, NULL, 0, rc);
 	return NULL;
 }

@@ -64,13 +64,8 @@
 #include "net/net.h"
 #include "net/net_i.h"
 
-#define NET_DEF_RETRIES	    5
-#define NET_MAX_RETRIES	    100
-#define NET_DEF_TIMEOUT	    10000
-#define NET_DEF_DEADLINE    60000
-#define NET_DEF_BACKOFF	    20
-#define NET_DEF_MAX_BACKOFF 2000
-#define NET_DEF_IDLE	    64
+#define NET_MAX_RETRIES 100
+#define NET_DEF_IDLE	64
 /* An HTTP/2 connection idle longer is not asked for again (libcurl closes
  * those idle for 118 s: CURLOPT_MAXAGE_CONN) */
 #define NET_H2_REUSE_NS ((int64_t)60 * 1000000000)

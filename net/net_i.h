@@ -97,6 +97,13 @@ bool net_status_retryable(long status);
 /* The longest reply (or watch message) of etcd accepted. */
 #define NET_ETCD_MAX_REPLY ((int64_t)64 << 20)
 
+/* net_http_opts' defaults that net_etcd.c applies too (net.h says them). */
+#define NET_DEF_RETRIES	    5
+#define NET_DEF_TIMEOUT	    10000
+#define NET_DEF_BACKOFF	    20
+#define NET_DEF_MAX_BACKOFF 2000
+#define NET_DEF_DEADLINE    60000
+
 struct net_etcd {
 	struct net_http *http; /* retries 0 with several members: call() retries */
 	char **ep;	       /* the members' "http://host:port", @nep of them */
@@ -105,7 +112,8 @@ struct net_etcd {
 	int retries;	/* rounds over every member after the first (several) */
 	int backoff_ms; /* between rounds, doubled up to max_backoff_ms */
 	int max_backoff_ms;
-	int timeout_ms; /* one attempt on a member, at most (several) */
+	int timeout_ms;	 /* one attempt on a member, at most (several) */
+	int deadline_ms; /* a call's, when it gives none */
 };
 
 /* The watch on member @k of @e could not be kept (its stream failed, or

@@ -32,8 +32,8 @@ static int endpoint_ok(const char *u, size_t n, bool list, size_t i, const char 
 		snprintf(where, sizeof(where), "[%zu]", i);
 	bool scheme =
 	    (n > 7 && strncmp(u, "http://", 7) == 0) || (n > 8 && strncmp(u, "https://", 8) == 0);
-	for (size_t k = 0; k < n && scheme; k++)
-		scheme = (unsigned char)u[k] > 0x20 && (unsigned char)u[k] < 0x7f;
+	for (size_t k = 0; k < n && scheme; k++) /* a comma separates two */
+		scheme = (unsigned char)u[k] > 0x20 && (unsigned char)u[k] < 0x7f && u[k] != ',';
 	if (!scheme)
 		return ptc_errorf(err,
 				  "%s: \"etcd\"%s = \"%.*s\" must be an http:// or https:// URL "

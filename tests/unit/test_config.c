@@ -462,6 +462,11 @@ static void test_cluster_etcd_members(void **state)
 	    "'n0', 'devices': 1}]}",
 	    "cluster.json: \"etcd\"[1] = \"ftp://b\" must be an http:// or https:// "
 	    "URL (an etcd member's client URL)");
+	CLUSTER_FAILS_EXACT(
+	    "{'job': 'j', 'etcd': ['http://a:1,http://b:1'], 'nodes': [{'id': "
+	    "'n0', 'devices': 1}]}",
+	    "cluster.json: \"etcd\"[0] = \"http://a:1,http://b:1\" must be an http:// "
+	    "or https:// URL (an etcd member's client URL)");
 	CLUSTER_FAILS_EXACT("{'job': 'j', 'etcd': ['http://a:1', 2], 'nodes': [{'id': 'n0', "
 			    "'devices': 1}]}",
 			    "cluster.json: \"etcd\"[1] must be a string");

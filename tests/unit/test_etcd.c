@@ -475,7 +475,6 @@ static void test_etcd_restarted(void **state)
 	free(kv.value);
 }
 
-/* A watch whose etcd goes away ends with -EIO (see test_etcd_gone). */
 /* A port that takes connections and never answers (a frozen member: the
  * kernel completes the handshake, nobody reads); its socket into *@fd. */
 static int frozen_port(int *fd)
@@ -519,7 +518,7 @@ static void test_members_fail_over(void **state)
 	assert_string_equal(cur, endpoint);
 	t0 = now_ms();
 	assert_int_equal(net_etcd_get(M, "/t9/a", &kv, NULL, &why), 0); /* there at once */
-	assert_true(now_ms() - t0 < 250);
+	assert_true(now_ms() - t0 < 1500); /* not the frozen one's 300 ms again */
 	assert_memory_equal(kv.value, "1", 1);
 	free(kv.key);
 	free(kv.value);
@@ -547,7 +546,9 @@ static void test_members_fail_over(void **state)
 	snprintf(list, sizeof(list), "%s,%s", dead, dead);
 	assert_int_equal(net_etcd_new(list, &o, &T, &why), 0);
 	assert_int_equal(net_etcd_get(T, "/t9/a", &kv, NULL, &why), -EIO);
-	assert_non_null(strstr(why.text, "no etcd member answered (4 tries of 2 members)"));
+	assert_non_null(
+	    strstr(why.text, "etcd: the call failed on 4 tries of 2 members, the last: "));
+	assert_non_null(strstr(why.text, dead));
 	net_etcd_free(T);
 
 	/* A watch on a refused member ends and moves the client on; the next
@@ -570,6 +571,22 @@ static void test_members_fail_over(void **state)
 	assert_true(s2.created > 0);
 	assert_int_equal(net_etcd_put(T, "/t9/w", "2", 1, 0, NULL, &why), 0);
 	assert_true(seen_wait(&s2, "P /t9/w=2@"));
+	/* A watch its member does not create (frozen) ends within 4 s and
+	 * moves the client on. */
+	net_etcd_watch_stop(w);
+	net_etcd_free(T);
+	snprintf(list, sizeof(list), "%s,%s", frozen, endpoint);
+	assert_int_equal(net_etcd_new(list, &o, &T, &why), 0);
+	struct seen s4 = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	t0 = now_ms();
+	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, &s4, &w, &why), 0);
+	for (int i = 0; i < 700 && !s4.ended; i++)
+		usleep(10000);
+	assert_int_equal(s4.ended, -ETIMEDOUT);
+	assert_true(now_ms() - t0 >= 3900 && now_ms() - t0 < 6000);
+	assert_non_null(strstr(net_etcd_watch_error(w), "not created by"));
+	assert_int_equal(net_etcd_members(T, &cur), 2);
+	assert_string_equal(cur, endpoint);
 	/* A call that moves the client on ends a watch on the member it left
 	 * (a frozen member's watch would stay silent). */
 	net_etcd_watch_stop(w);
@@ -592,6 +609,7 @@ static void test_members_fail_over(void **state)
 	close(ffd);
 }
 
+/* A watch whose etcd goes away ends with -EIO (see test_etcd_gone). */
 static struct seen gone_seen = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static struct net_etcd_watch *gone_watch;
 

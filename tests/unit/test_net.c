@@ -722,8 +722,11 @@ static void test_direct_ignores_proxy_env(void **state)
 	assert_int_equal(net_http_new(&o, &direct, &why), 0);
 	url_of(url, srv.port, "v3/kv/range");
 	snprintf(env, sizeof(env), "http://127.0.0.1:%d", proxy->port);
-	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+	char *saved[sizeof(vars) / sizeof(vars[0])];
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		saved[i] = getenv(vars[i]) ? strdup(getenv(vars[i])) : NULL;
 		unsetenv(vars[i]);
+	}
 	setenv("http_proxy", env, 1);
 	/* read per transfer: the control client's calls below come after */
 	int rc_via = net_http_post_json(via, url, body, 2, 4096, &data, &len, NULL, &why);
@@ -733,6 +736,11 @@ static void test_direct_ignores_proxy_env(void **state)
 	if (rc_direct == 0)
 		free(data);
 	unsetenv("http_proxy");
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		if (saved[i])
+			setenv(vars[i], saved[i], 1);
+		free(saved[i]);
+	}
 	assert_int_equal(rc_via, 0);
 	assert_int_equal(rc_direct, 0);
 	server_stats(srv.port, &req_srv, &failed, &conns);

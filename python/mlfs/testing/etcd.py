@@ -178,7 +178,8 @@ class EtcdCluster:
 
     @property
     def pid(self):
-        return self.members[0].pid
+        """The first live member's."""
+        return next((m.pid for m in self.members if m.alive), self.members[0].pid)
 
     def start(self, timeout=30):
         for m in self.members:
