@@ -124,14 +124,6 @@ int net_etcd_members(struct net_etcd *e, const char **current)
 	return e->nep;
 }
 
-static int64_t mono_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 /* Calls @method ("/etcdserverpb.KV/Range") with the message @req (freed
  * here); its reply message into *@reply (@n bytes; the caller's). With
  * several members: the current one first; after a failure another member
@@ -159,7 +151,7 @@ static int call(struct net_etcd *e, const char *method, struct net_pb_buf *req, 
 	if (e->nep > 1 && c.attempt_ms <= 0) /* then the next member */
 		c.attempt_ms = e->timeout_ms;
 	if (!c.start_ns) /* one deadline for every member */
-		c.start_ns = mono_ns();
+		c.start_ns = net_now_ns();
 	int64_t delay = e->backoff_ms;
 	int deadline_ms = c.deadline_ms > 0 ? c.deadline_ms : e->deadline_ms;
 	for (int t = 0;; t++) {
@@ -178,11 +170,10 @@ static int call(struct net_etcd *e, const char *method, struct net_pb_buf *req, 
 			break;
 		if ((t + 1) % e->nep == 0) { /* every member failed once more */
 			int64_t left_ms =
-			    (c.start_ns + (int64_t)deadline_ms * 1000000 - mono_ns()) / 1000000;
+			    (c.start_ns + (int64_t)deadline_ms * 1000000 - net_now_ns()) / 1000000;
 			if (left_ms <= delay || (c.stop && atomic_load(c.stop)))
 				break; /* the last member's error says why */
-			struct timespec d = {delay / 1000, (delay % 1000) * 1000000};
-			nanosleep(&d, NULL);
+			net_sleep_ms(delay);
 			delay = delay * 2 > e->max_backoff_ms ? e->max_backoff_ms : delay * 2;
 		}
 	}

@@ -51,7 +51,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <curl/curl.h>
 
@@ -173,14 +172,6 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *arg)
 	return size * nmemb;
 }
 
-static int64_t mono_ms(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
 static void *watch_main(void *arg)
 {
 	pthread_setname_np(pthread_self(), "mlfs-watch"); /* for top -H, perf */
@@ -188,7 +179,7 @@ static void *watch_main(void *arg)
 	int running = 1, rc = 0;
 
 	bool moved = false, late = false;
-	int64_t until = mono_ms() + NET_ETCD_WATCH_CREATE_S * 1000; /* to be created */
+	int64_t until = net_now_ns() / 1000000 + NET_ETCD_WATCH_CREATE_S * 1000; /* to be created */
 	while (running && !atomic_load(&w->stop)) {
 		if (curl_multi_perform(w->multi, &running) != CURLM_OK) {
 			rc = -EIO;
@@ -198,7 +189,7 @@ static void *watch_main(void *arg)
 		 * frozen or cut off): a silent stream here may be a dead one */
 		if ((moved = atomic_load(&w->e->cur) % w->e->nep != w->member))
 			break;
-		int64_t left = w->created ? 1000 : until - mono_ms();
+		int64_t left = w->created ? 1000 : until - net_now_ns() / 1000000;
 		if ((late = left <= 0))
 			break;
 		if (running)

@@ -147,7 +147,7 @@ static void stat_add(_Atomic int64_t *c, int64_t n)
 	atomic_fetch_add_explicit(c, n, memory_order_relaxed);
 }
 
-static int64_t now_ns(void)
+int64_t net_now_ns(void)
 {
 	struct timespec t;
 
@@ -155,7 +155,7 @@ static int64_t now_ns(void)
 	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static void sleep_ms(int64_t ms)
+void net_sleep_ms(int64_t ms)
 {
 	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
 
@@ -367,7 +367,7 @@ static size_t on_header(char *line, size_t size, size_t n, void *arg)
 	struct xfer *x = arg;
 	int rc;
 
-	x->last_ns = now_ns();
+	x->last_ns = net_now_ns();
 	if (x->grpc)
 		net_grpc_trailer(line, size * n, &x->grpc_status, x->grpc_msg, sizeof(x->grpc_msg));
 	rc = net_reply_header(&x->rep, line, size * n, &x->fail);
@@ -440,7 +440,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
 	int64_t pos = x->rep.got;
 	int rc = net_reply_body(&x->rep, n, &x->fail);
 
-	x->last_ns = now_ns();
+	x->last_ns = net_now_ns();
 	if (rc == NET_BODY_DROP) {
 		/* An error page: a POST quotes its start (a JSON API says why there). */
 		k = NET_ERR_BODY - x->errbody_len < n ? NET_ERR_BODY - x->errbody_len : n;
@@ -476,7 +476,7 @@ static int on_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off
 		x->fail_rc = ptc_error_set(&x->fail, -ECANCELED, "cancelled");
 		return 1;
 	}
-	if (now_ns() - x->last_ns < x->stall_ns)
+	if (net_now_ns() - x->last_ns < x->stall_ns)
 		return 0;
 	x->fail_rc = ptc_error_set(&x->fail, -EIO, "timed out (nothing received for %g s)",
 				   (double)x->stall_ns / 1e9);
@@ -682,7 +682,7 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 	char errbuf[CURL_ERROR_SIZE], range[48];
 	struct ptc_error msg = {.text = ""}, prev;
 	int deadline_ms = call && call->deadline_ms > 0 ? call->deadline_ms : c->o.deadline_ms;
-	int64_t start = call && call->start_ns ? call->start_ns : now_ns();
+	int64_t start = call && call->start_ns ? call->start_ns : net_now_ns();
 	int64_t deadline = start + (int64_t)deadline_ms * 1000000;
 	int64_t delay = c->o.backoff_ms, left_ms;
 	atomic_int *stop = call ? call->stop : NULL;
@@ -695,7 +695,7 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 
 	if (call && call->retryable)
 		*call->retryable = false;
-	if ((left_ms = (deadline - now_ns()) / 1000000) <= 0)
+	if ((left_ms = (deadline - net_now_ns()) / 1000000) <= 0)
 		return fail_url(err, -EIO, url,
 				"timed out before its request, deadline of %g s reached",
 				deadline_ms / 1e3);
@@ -718,12 +718,12 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 				rc = -ECANCELED;
 				break;
 			}
-			left_ms = (deadline - now_ns()) / 1000000;
+			left_ms = (deadline - net_now_ns()) / 1000000;
 			if (left_ms <= delay) {
 				late = true;
 				break;
 			}
-			sleep_ms(delay);
+			net_sleep_ms(delay);
 			left_ms -= delay;
 			delay = delay * 2 > c->o.max_backoff_ms ? c->o.max_backoff_ms : delay * 2;
 			stat_add(&c->retries, 1);
@@ -736,14 +736,14 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 		x->fail.code = 0;
 		x->errbody_len = 0;
 		x->size = -1;
-		x->last_ns = now_ns();
+		x->last_ns = net_now_ns();
 		x->stall_ns = (int64_t)c->o.timeout_ms * 1000000;
 		x->stalled = false;
 		x->stop = stop;
 		if (x->xs)
 			XXH3_64bits_reset(x->xs);
 		errbuf[0] = 0;
-		x->h2_reuse = h2_ns && now_ns() - h2_ns < NET_H2_REUSE_NS;
+		x->h2_reuse = h2_ns && net_now_ns() - h2_ns < NET_H2_REUSE_NS;
 		int64_t cap_ms = call && call->attempt_ms > 0 && call->attempt_ms < left_ms
 				     ? call->attempt_ms
 				     : left_ms;
@@ -752,7 +752,8 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 		CURLcode cres = curl_easy_perform(h);
 		x->h2_version = CURL_HTTP_VERSION_NONE;
 		curl_easy_getinfo(h, CURLINFO_HTTP_VERSION, &x->h2_version);
-		h2_ns = cres == CURLE_OK && x->h2_version == CURL_HTTP_VERSION_2_0 ? now_ns() : 0;
+		h2_ns =
+		    cres == CURLE_OK && x->h2_version == CURL_HTTP_VERSION_2_0 ? net_now_ns() : 0;
 		if (x->fail_rc == -ECANCELED) {
 			rc = -ECANCELED;
 			break;
@@ -775,7 +776,7 @@ static int run(struct net_http *c, const char *url, struct xfer *x,
 			}
 		}
 		if (res == NET_RETRY && cres == CURLE_OPERATION_TIMEDOUT &&
-		    deadline - now_ns() < 10 * 1000000) {
+		    deadline - net_now_ns() < 10 * 1000000) {
 			/* Cut by the deadline: the reason is the attempts before. */
 			if (att)
 				msg = prev;

@@ -90,6 +90,10 @@ enum net_verdict net_reply_end(const struct net_reply *r, int64_t *size, struct 
 /* Whether a reply of HTTP @status may succeed when asked again: 5xx, 408, 429. */
 bool net_status_retryable(long status);
 
+/* CLOCK_MONOTONIC in ns; a sleep of @ms (resumed after a signal). */
+int64_t net_now_ns(void);
+void net_sleep_ms(int64_t ms);
+
 /* ------------------------------------------------- the etcd client's files */
 
 #include "net/net.h"
