@@ -126,7 +126,7 @@ ifeq ($(SANITIZE),)
 	BUILD=$(BUILD)/asan $(PY) -m pytest -q tests/e2e -k "not test_elastic_training"
 endif
 
-# The soak test alone, longer: make soak SOAK_SECONDS=600 (make test runs it 60 s).
+# The soak test alone, longer: make soak SOAK_SECONDS=600 (make test runs it 30 s, in each pass).
 SOAK_SECONDS ?= 600
 soak: deps
 	$(MAKE) all
