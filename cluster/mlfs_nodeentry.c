@@ -452,9 +452,19 @@ void mlfs_nodeentry_status_add(void *arg, json_t *o)
 		json_object_set_new(job, "job_manifests_read", json_integer(c->manifests_read));
 	json_t *bk = mlfs_backup_describe(mlfs_backup_of(st));
 	json_object_set_new(job, "backup", bk ? bk : json_null());
-	json_t *a = att ? json_deep_copy(att) : json_null();
-	json_object_del(a, "config");
-	json_object_del(a, "job");
+	/* The attempt as parsed, less its config and job/ manifest (of up to
+	 * 1.5 MB): a new object sharing the other members, which no thread
+	 * changes once parsed. A deep copy here cost every read of
+	 * status.json, which mlfs reconfigure polls, the whole manifest,
+	 * under the lock the control thread takes. */
+	json_t *a = att ? json_object() : json_null();
+	const char *key;
+	json_t *val;
+	json_object_foreach(att, key, val)
+	{
+		if (strcmp(key, "config") != 0 && strcmp(key, "job") != 0)
+			json_object_set(a, key, val);
+	}
 	const char *aid = json_string_value(json_object_get(a, "id"));
 	if (aid && c->mine && st->votebox) { /* the votes this coordinator has */
 		json_t *votes = mlfs_votebox_describe(st->votebox, aid);

@@ -763,6 +763,12 @@ def test_participant_killed_during_an_attempt(cluster_factory):
                         for s in cl.statuses(["n0", "n1", "n2"]).values()),
             "the attempt in every node's cluster view", timeout=4)
     assert all(s["version"] == 1 for s in cl.statuses(["n0", "n1", "n2"]).values())
+    # The view of it: without its config and job/ manifest (their text is in etcd), with
+    # its participants, and on the coordinator the votes it has (n3's missing).
+    shown = cl.statuses(["n0"])["n0"]["cluster"]["attempt"]
+    assert "config" not in shown and "job" not in shown, shown
+    assert sorted(shown["participants"]) == ["n0", "n1", "n2", "n3"], shown
+    assert shown["id"] == a["id"] and "n3" not in shown["votes"], shown
 
     cl.kill("n3")  # in the middle of the attempt
     out, err = proc.communicate(timeout=90)
