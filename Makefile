@@ -56,7 +56,7 @@ $(BUILD)/lib%.a:
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test unit demo deps bench fuzz format format-check clean check-deps soak model
+.PHONY: all binaries test unit demo deps bench fuzz format format-check clean check-deps soak model
 
 .DEFAULT_GOAL := all
 all: $(BUILD)/mlfs
@@ -111,9 +111,14 @@ unit: $(UNIT_BIN) $(FUZZ_BIN)
 	set -e; for f in $(FUZZ_BIN); do n=$$(basename $$f); echo "== $$f (short run)"; \
 		$$f -runs=20000 tests/fuzz/corpus/$$n; done
 
+# What make test builds, compiled on every core (the tests themselves run one
+# at a time: unit, then e2e).
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+binaries: all $(BUILD)/tests/sim_control $(UNIT_BIN) $(FUZZ_BIN)
+
 test: deps
 	$(MAKE) check-deps format-check
-	$(MAKE) all $(BUILD)/tests/sim_control
+	$(MAKE) -j$(JOBS) binaries
 	$(MAKE) unit
 	tests/model/check.sh
 	$(PY) -m pytest -q tests/e2e
@@ -122,7 +127,8 @@ ifeq ($(SANITIZE),)
 	@# All but the two PyTorch runs of five layouts each (2 min of CPU in the
 	@# workers, the daemon doing what test_reconf and test_cluster do);
 	@# test_elastic_without_a_human runs in both passes.
-	$(MAKE) BUILD=$(BUILD)/asan SANITIZE=address,undefined all unit $(BUILD)/asan/tests/sim_control
+	$(MAKE) -j$(JOBS) BUILD=$(BUILD)/asan SANITIZE=address,undefined binaries
+	$(MAKE) BUILD=$(BUILD)/asan SANITIZE=address,undefined unit
 	BUILD=$(BUILD)/asan $(PY) -m pytest -q tests/e2e -k "not test_elastic_training"
 endif
 
