@@ -91,6 +91,11 @@ struct mlfs_attempt {
 	int64_t rev;
 	bool from_retained;	   /* @from is st->retained, not the current view */
 	struct mlfs_view *drop[2]; /* views the commit let go, put with the attempt */
+	/* The nodes of @from that cannot serve (mlfs_reconf_down: down, or
+	 * restarted without their partitions), one flag per node of its
+	 * cluster; NULL: none. Their ranks' steps are not the job's. */
+	bool *down;
+	int ndown_flags;
 };
 
 static void attempt_free(struct mlfs_attempt *a)
@@ -103,6 +108,7 @@ static void attempt_free(struct mlfs_attempt *a)
 	mlfs_view_put(a->drop[1]);
 	ptc_plan_free(a->plan);
 	free(a->steps);
+	free(a->down);
 	if (a->plan_bytes >= (1 << 20))
 		malloc_trim(0); /* its pages back: RSS follows memory_used */
 	if (a->plan_bytes)
@@ -238,24 +244,37 @@ static int set_first_config(struct mlfs_store *st, struct ptc_config *c, struct 
 
 /* -------------------------------------------------------------------- plan */
 
+/* Whether rank @r of layout @l is on a node of attempt @a's down flags. */
+static bool rank_down(const struct mlfs_attempt *a, const struct ptc_layout *l, int r)
+{
+	int n = l->ranks[r].node;
+	return a->down && n >= 0 && n < a->ndown_flags && a->down[n];
+}
+
 /* The step every rank of the current layout saved into *@step, or -EINVAL
- * naming a rank that lags. Lock held. */
-static int saved_step(const struct mlfs_store *st, const char *what, int64_t *step,
+ * naming a rank that lags. The ranks of @a's down nodes do not count: the
+ * plan takes their partitions from other copies, which saved the step
+ * (a node restarted without its state, a participant of the config that
+ * drops it, holds step 0 for its own ranks). Lock held. */
+static int saved_step(const struct mlfs_store *st, const struct mlfs_attempt *a, int64_t *step,
 		      struct ptc_error *err)
 {
 	const struct ptc_layout *l = &st->view->layout;
-	int lo = 0, hi = 0;
+	int lo = -1, hi = -1;
 
-	for (int r = 1; r < l->world; r++) {
-		lo = st->steps[r] < st->steps[lo] ? r : lo;
-		hi = st->steps[r] > st->steps[hi] ? r : hi;
+	for (int r = 0; r < l->world; r++) {
+		if (rank_down(a, l, r))
+			continue;
+		lo = lo < 0 || st->steps[r] < st->steps[lo] ? r : lo;
+		hi = hi < 0 || st->steps[r] > st->steps[hi] ? r : hi;
 	}
-	if (st->steps[lo] != st->steps[hi])
+	if (lo >= 0 && st->steps[lo] != st->steps[hi])
 		return ptc_errorf(err,
 				  "%s: ranks have not saved the same step: rank %d lags "
 				  "at step %" PRId64 " while rank %d saved step %" PRId64,
-				  what, lo, st->steps[lo], hi, st->steps[hi]);
-	*step = st->steps[0] < 0 ? 0 : st->steps[0];
+				  a->what, lo, st->steps[lo], hi, st->steps[hi]);
+	/* (every rank down: the plan refuses, naming what has no copy) */
+	*step = lo < 0 || st->steps[lo] < 0 ? 0 : st->steps[lo];
 	return 0;
 }
 
@@ -315,7 +334,7 @@ static int plan_snapshot(struct mlfs_store *st, struct mlfs_attempt *a, int64_t 
 			a->from_retained = true;
 			a->step = st->retained_step;
 		}
-	} else if ((rc = saved_step(st, a->what, &a->step, err)) == 0)
+	} else if ((rc = saved_step(st, a, &a->step, err)) == 0)
 		a->from = mlfs_view_get(st->view);
 out:
 	pthread_mutex_unlock(&st->lock);
@@ -364,6 +383,14 @@ static int reconf_plan(struct mlfs_store *st, struct ptc_config *c, struct mlfs_
 	if (dn && dn->id) {
 		snprintf(a->id, sizeof(a->id), "%s", dn->id);
 		a->rev = dn->rev;
+	}
+	if (dn && dn->ndown) {
+		a->ndown_flags = mlfs_store_cluster(st)->nnodes;
+		if (!(a->down = calloc((size_t)a->ndown_flags, sizeof(bool))))
+			goto err_free_config;
+		for (int i = 0; i < dn->ndown; i++)
+			if (dn->down[i] >= 0 && dn->down[i] < a->ndown_flags)
+				a->down[dn->down[i]] = true;
 	}
 	if ((rc = plan_snapshot(st, a, c->version, dn ? dn->source : 0, err)) ||
 	    (rc = ptc_dataset_change_ok(a->from->config, c, what, err)))
@@ -628,7 +655,7 @@ static int reconf_publish(struct mlfs_store *st, struct mlfs_attempt *a, struct 
 	}
 	if (a->from_retained)
 		step = a->step; /* the retained layout's, fixed */
-	else if ((rc = saved_step(st, a->what, &step, err)))
+	else if ((rc = saved_step(st, a, &step, err)))
 		goto err_unlock;
 	if (step != a->step) {
 		rc = ptc_error_set(err, -EBUSY,
