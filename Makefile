@@ -1,5 +1,5 @@
 # mlfs - tensor filesystem for elastic training.
-# make [all] | test | demo | deps | bench | fuzz | soak | format | clean
+# make [all] | test | demo | deps | bench | fuzz | soak | chaos | format | clean
 # make SANITIZE=address,undefined test
 
 PY      ?= /usr/bin/python3
@@ -56,7 +56,7 @@ $(BUILD)/lib%.a:
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all binaries test unit demo deps bench fuzz format format-check clean check-deps soak model
+.PHONY: all binaries test unit demo deps bench fuzz format format-check clean check-deps soak chaos model
 
 .DEFAULT_GOAL := all
 all: $(BUILD)/mlfs
@@ -137,6 +137,18 @@ SOAK_SECONDS ?= 600
 soak: deps
 	$(MAKE) all
 	MLFS_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest -q -s tests/e2e/test_soak.py
+
+# The randomized adversary of the control plane (tests/chaos/chaos.py: a kill -9,
+# a freeze or etcd's loss at a random moment of every reconfiguration, every
+# invariant checked after each), not part of make test: make chaos
+# CHAOS_SECONDS=600 CHAOS_SEED=2 CHAOS_NODES=4.
+CHAOS_SECONDS ?= 300
+CHAOS_SEED ?= 1
+CHAOS_NODES ?= 5
+chaos: deps
+	$(MAKE) all
+	$(PY) tests/chaos/chaos.py --seconds $(CHAOS_SECONDS) --seed $(CHAOS_SEED) \
+		--nodes $(CHAOS_NODES)
 
 demo: deps
 	$(MAKE) all
