@@ -50,6 +50,7 @@ test_restarted_daemon_reads_the_committed_config covers it.
 """
 import argparse
 import collections
+import copy
 import json
 import os
 import pathlib
@@ -69,7 +70,7 @@ sys.path.insert(0, str(HERE.parent.parent / "python"))
 
 from mlfs import testing  # noqa: E402
 from mlfs.testing import ClusterError  # noqa: E402
-from mlfs.testing.layout import make_full, write_full  # noqa: E402
+from mlfs.testing.layout import MIXED, make_full, write_full  # noqa: E402
 
 LEASE_S = 6          # a node's etcd lease TTL (docs/many-nodes.md)
 CMD_TIMEOUT = 150    # an `mlfs reconfigure` that has not returned by then is hung
@@ -77,29 +78,10 @@ SETTLE_TIMEOUT = 90  # the job settles on one version within this after the faul
 
 
 def schema_of(big_rows):
-    """tests/e2e/test_store.py's MIXED (every kind of slicing and placement), plus a
-    larger float32 tensor per layer."""
-    s = {
-        "model": "chaos",
-        "num_layers": 5,
-        "states": {"model": {}, "optim/exp_avg": {"dtype": "float32"}},
-        "tensors": [
-            {"name": "embedding/weight", "dtype": "bfloat16", "shape": [50, 8],
-             "split": {"dim": 0, "pad_multiple": 4}, "place": "first"},
-            {"name": "pos/weight", "dtype": "float16", "shape": [7, 3]},
-            {"name": "layers/{L}/qkv/weight", "dtype": "bfloat16", "shape": [24, 8],
-             "split": {"dim": 0, "chunks": [12, 6, 6]}},
-            {"name": "layers/{L}/proj/weight", "dtype": "bfloat16", "shape": [8, 10],
-             "split": {"dim": 1}},
-            {"name": "layers/{L}/proj/bias", "dtype": "bfloat16", "shape": [8]},
-            {"name": "layers/{L}/fc1/weight", "dtype": "float32", "shape": [20, 6],
-             "split": {"dim": 0, "chunks": 2}},
-            {"name": "final_norm/weight", "dtype": "float32", "shape": [8], "place": "last"},
-            {"name": "output/weight", "dtype": "bfloat16", "shape": [50, 8],
-             "split": {"dim": 0, "pad_multiple": 4}, "place": "last",
-             "tied": "embedding/weight"},
-        ],
-    }
+    """mlfs.testing.layout's MIXED (every kind of slicing and placement), plus a larger
+    float32 tensor per layer."""
+    s = copy.deepcopy(MIXED)
+    s["model"] = "chaos"
     if big_rows:
         s["tensors"].append({"name": "layers/{L}/big/weight", "dtype": "float32",
                              "shape": [big_rows, 512], "split": {"dim": 0}})

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import run_mlfs
-from mlfs.testing.layout import (NP_DTYPES, coords, expand, expected_layout,  # noqa: F401
+from mlfs.testing.layout import (MIXED, NP_DTYPES, coords, expand, expected_layout,  # noqa: F401
                                  holds, make_full, np_dtype, random_array, rank_tree,
                                  snapshot, stage_layers, state_dtype, tp_slice,
                                  write_full)
@@ -81,30 +81,7 @@ def expect_errno(code, fn, *args, **kw):
     assert e.value.errno == code, f"{fn.__name__}: {e.value!r}, expected {errno.errorcode[code]}"
 
 
-# A schema with every slicing feature: padding, equal and listed chunks, split
-# dim 1, replicated tensors, first/last/all placement, a tied output layer,
-# per-state dtypes and 5 layers (uneven pipeline splits for pp 2 and 4).
-MIXED = {
-    "model": "mixed",
-    "num_layers": 5,
-    "states": {"model": {}, "optim/exp_avg": {"dtype": "float32"}},
-    "tensors": [
-        {"name": "embedding/weight", "dtype": "bfloat16", "shape": [50, 8],
-         "split": {"dim": 0, "pad_multiple": 4}, "place": "first"},
-        {"name": "pos/weight", "dtype": "float16", "shape": [7, 3]},
-        {"name": "layers/{L}/qkv/weight", "dtype": "bfloat16", "shape": [24, 8],
-         "split": {"dim": 0, "chunks": [12, 6, 6]}},
-        {"name": "layers/{L}/proj/weight", "dtype": "bfloat16", "shape": [8, 10],
-         "split": {"dim": 1}},
-        {"name": "layers/{L}/proj/bias", "dtype": "bfloat16", "shape": [8]},
-        {"name": "layers/{L}/fc1/weight", "dtype": "float32", "shape": [20, 6],
-         "split": {"dim": 0, "chunks": 2}},
-        {"name": "final_norm/weight", "dtype": "float32", "shape": [8], "place": "last"},
-        {"name": "output/weight", "dtype": "bfloat16", "shape": [50, 8],
-         "split": {"dim": 0, "pad_multiple": 4}, "place": "last",
-         "tied": "embedding/weight"},
-    ],
-}
+# MIXED (mlfs.testing.layout): every slicing feature, the schema of most tests here.
 
 
 # ------------------------------------------------------------ 1. dtypes
