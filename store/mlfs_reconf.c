@@ -91,11 +91,11 @@ struct mlfs_attempt {
 	int64_t rev;
 	bool from_retained;	   /* @from is st->retained, not the current view */
 	struct mlfs_view *drop[2]; /* views the commit let go, put with the attempt */
-	/* The nodes of @from that cannot serve (mlfs_reconf_down: down, or
-	 * restarted without their partitions), one flag per node of its
-	 * cluster; NULL: none. Their ranks' steps are not the job's. */
-	bool *down;
-	int ndown_flags;
+	/* The nodes of @from that cannot serve (mlfs_reconf_down's: down, or
+	 * restarted without their partitions): their ranks' steps are not
+	 * the job's. */
+	int *down;
+	int ndown;
 };
 
 static void attempt_free(struct mlfs_attempt *a)
@@ -244,11 +244,13 @@ static int set_first_config(struct mlfs_store *st, struct ptc_config *c, struct 
 
 /* -------------------------------------------------------------------- plan */
 
-/* Whether rank @r of layout @l is on a node of attempt @a's down flags. */
+/* Whether rank @r of layout @l is on one of attempt @a's down nodes. */
 static bool rank_down(const struct mlfs_attempt *a, const struct ptc_layout *l, int r)
 {
-	int n = l->ranks[r].node;
-	return a->down && n >= 0 && n < a->ndown_flags && a->down[n];
+	for (int i = 0; i < a->ndown; i++)
+		if (a->down[i] == l->ranks[r].node)
+			return true;
+	return false;
 }
 
 /* The step every rank of the current layout saved into *@step, or -EINVAL
@@ -385,12 +387,10 @@ static int reconf_plan(struct mlfs_store *st, struct ptc_config *c, struct mlfs_
 		a->rev = dn->rev;
 	}
 	if (dn && dn->ndown) {
-		a->ndown_flags = mlfs_store_cluster(st)->nnodes;
-		if (!(a->down = calloc((size_t)a->ndown_flags, sizeof(bool))))
+		if (!(a->down = malloc((size_t)dn->ndown * sizeof(int))))
 			goto err_free_config;
-		for (int i = 0; i < dn->ndown; i++)
-			if (dn->down[i] >= 0 && dn->down[i] < a->ndown_flags)
-				a->down[dn->down[i]] = true;
+		memcpy(a->down, dn->down, (size_t)dn->ndown * sizeof(int));
+		a->ndown = dn->ndown;
 	}
 	if ((rc = plan_snapshot(st, a, c->version, dn ? dn->source : 0, err)) ||
 	    (rc = ptc_dataset_change_ok(a->from->config, c, what, err)))

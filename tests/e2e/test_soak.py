@@ -1,6 +1,7 @@
 """Soak: readers, writers, imports and reconfigurations together on one mount for a
-bounded time (MLFS_SOAK_SECONDS, default 30, in each of `make test`'s two passes; `make soak` runs it for 10 minutes),
-every read checked against what could have been current.
+bounded time (MLFS_SOAK_SECONDS, default 30, in each of `make test`'s two passes;
+`make soak` runs it for 10 minutes), every read checked against what could have been
+current.
 
 Every element of every tensor encodes its global row and a version:
 `row * 65536 + version` (int32). A writer saves every "model" partition of the

@@ -40,6 +40,7 @@ MIXED = {
     ],
 }
 
+
 def np_dtype(name):
     return np.dtype(NP_DTYPES[name])
 
