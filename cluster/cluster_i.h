@@ -59,7 +59,10 @@ struct mlfs_mirror {
 	char prefix[300];
 	void (*changed)(void *arg); /* a change (or the watch's end) */
 	void *arg;
-	struct net_etcd_watch *watch; /* the control thread's */
+	/* mlfs_mirror_lazy: puts of @lazy_key alone call @lazy, not @changed */
+	char lazy_key[320];
+	void (*lazy)(void *arg, const char *value, size_t len);
+	struct net_etcd_watch *watch; /* the rounds' (round_lock) */
 	pthread_mutex_t lock;	      /* the fields below; a leaf */
 	struct net_etcd_kv *kvs;      /* sorted by key */
 	size_t n, cap;
@@ -72,27 +75,34 @@ struct mlfs_mirror {
 	 * be applied after the read (@pend, @npend); whether etcd created
 	 * the watch, or its stream ended (@cond signals either). */
 	bool syncing, created, ended;
+	bool tell; /* events came that @changed hears of when they settle */
 	struct net_etcd_event *pend;
 	size_t npend, pcap;
 	pthread_cond_t cond;
 };
 
 /* Sets up @m for the keys under @prefix (not read yet: mlfs_mirror_sync);
- * @changed is called on the watch's thread after every change and when
+ * @changed is called on the watch's thread after every batch of changes
+ * (outside libcurl's callbacks: it may block and make requests) and when
  * the watch ends. 0 or -EINVAL (a prefix too long). */
 int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *prefix,
 		     void (*changed)(void *arg), void *arg);
+/* Puts of the key @suffix (under @m's prefix) are applied without calling
+ * @changed: @lazy gets each one's value, on the watch's thread, inside
+ * libcurl's callback (it must only note it). Before the first sync. */
+void mlfs_mirror_lazy(struct mlfs_mirror *m, const char *suffix,
+		      void (*lazy)(void *arg, const char *value, size_t len));
 /* Whether @m is read and followed now. Any thread. */
 bool mlfs_mirror_live(struct mlfs_mirror *m);
 /* Stops the watch and frees the keys. */
 void mlfs_mirror_release(struct mlfs_mirror *m);
 /* Stops the watch and forgets the keys: not live until the next sync.
- * Control thread only. */
+ * The rounds only (round_lock). */
 void mlfs_mirror_stop(struct mlfs_mirror *m);
 /* When the mirror is not live (first use, or its watch ended), starts a
  * watch from now, waits until etcd created it, then reads every key and
  * applies the events that came meanwhile and are newer than that read: 0,
- * or etcd's error with @err. Control thread only. */
+ * or etcd's error with @err. The rounds only (round_lock). */
 int mlfs_mirror_sync(struct mlfs_mirror *m, struct ptc_error *err);
 /* A copy of the keys and their revision, in one block (the caller's:
  * free(*@kvs), not net_etcd_kvs_free); -EIO with @err (when not NULL)
@@ -204,7 +214,8 @@ json_t *mlfs_votebox_describe(struct mlfs_votebox *b, const char *aid);
 
 /*
  * One job's control plane on this node (mlfs_cluster_start). Threads: the
- * control thread (cluster_main: every round), I/O workers (st->propose,
+ * rounds' (round_lock held: the control thread's, cluster_main, or the
+ * job mirror's watch thread's, keys_changed), I/O workers (st->propose,
  * st->steps_saved after a step write), the backup thread (st->steps_saved
  * after a backup), any thread reading status.json (st->status_add).
  * Lock order: c->lock and st->lock are never held together; the backup's
@@ -264,15 +275,25 @@ struct mlfs_cluster {
 	struct mlfs_mirror mirror;
 	struct mlfs_mirror peers;
 	/* The control thread sleeps on @cond until @wake: a change of the
-	 * job's keys, of the store's reconfiguration state (reconf_changed),
+	 * job's keys the watch's thread did not round on itself (keys_changed:
+	 * a round was in progress), of the store's reconfiguration state (reconf_changed),
 	 * of the lease, a vote in the box (mlfs_votebox.c), or stop. */
 	pthread_mutex_t wake_lock;
 	pthread_cond_t cond;
 	pthread_cond_t keepalive_cond; /* the keep-alive thread's (stop) */
 	bool wake;		       /* wake_lock */
-	int64_t rounds;		       /* the control thread's, for figures */
-	bool publish_failed;	       /* the control thread's: its entry put failed */
-	int64_t publish_at_ms; /* the control thread's: no entry put before (after a commit) */
+	/* wake_lock: when the control thread's next round is due without a
+	 * wake-up (the end of the last round, by any thread, plus nap_ms),
+	 * and until when it sleeps now (0: it does not) */
+	int64_t due_ms, sleep_until_ms;
+	/* Held across every round: the control thread's, and those the job
+	 * mirror's watch thread runs itself (keys_changed). The fields
+	 * marked "the control thread's" belong to whoever holds it. */
+	pthread_mutex_t round_lock;
+	atomic_bool inline_rounds; /* the watch's thread may run rounds */
+	int64_t rounds;		   /* the control thread's, for figures */
+	bool publish_failed;	   /* the control thread's: its entry put failed */
+	int64_t publish_at_ms;	   /* the control thread's: no entry put before (after a commit) */
 	/* the control thread's: the version this node swapped to and acked to
 	 * its coordinator; its entry's put waits for etcd's "released" to reach
 	 * it (or for publish_at_ms). 0: none. */
@@ -330,6 +351,10 @@ struct mlfs_cluster {
 	char prep_coord[256]; /* lock: the coordinator of attempt prep_aid (its swap ack's) */
 	json_t *swap_wait;
 	int64_t swap_since_ms; /* lock: when swap_wait was set */
+	int64_t swap_version;  /* lock: the commit swap_wait waits for */
+	/* The newest "released" a put of the key brought (mlfs_mirror_lazy):
+	 * a node does not wake for it; its next round releases. */
+	_Atomic int64_t released_seen;
 	/* lock: the version whose commit this node made as coordinator: it
 	 * follows the entries until every participant swapped and announces
 	 * it ("released"; mlfs_decide's rule 8). 0: none. */

@@ -397,6 +397,7 @@ static void act_commit(struct mlfs_cluster *c, int64_t version)
 	json_decref(c->swap_wait);
 	c->swap_wait = c->prep_parts;
 	c->swap_since_ms = mlfs_cluster_now_ms();
+	c->swap_version = version;
 	c->prep_parts = NULL;
 	memcpy(aid, c->prep_aid, sizeof(aid));
 	memcpy(co, c->prep_coord, sizeof(co));

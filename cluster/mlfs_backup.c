@@ -312,14 +312,16 @@ void mlfs_backup_kick(struct mlfs_backup *b)
 		return;
 	struct mlfs_view *v = mlfs_store_view(b->st);
 	int64_t version = v ? v->config->version : 0;
+	bool replicas = v && v->config->replicas > 0;
 	bool lost = atomic_load(&b->st->lost);
 	mlfs_view_put(v);
 	pthread_mutex_lock(&b->lock);
 	/* Only when it may change something: a node backed up (its steps
-	 * move), a new layout, or the node lost or no longer lost. A thread
-	 * woken at every round of the control thread for nothing cost every
-	 * node a context switch per round. */
-	if (b->of >= 0 || version != b->version || lost != b->kicked_lost) {
+	 * move), a new layout with backups, or the node lost or no longer
+	 * lost under one. A thread woken at every round of the control thread
+	 * for nothing cost every node a context switch per round; one woken at
+	 * every commit of a job without backups, one per reconfiguration. */
+	if (b->of >= 0 || (replicas && (version != b->version || lost != b->kicked_lost))) {
 		b->kicked = true;
 		b->kicked_lost = lost;
 		pthread_cond_signal(&b->cond);

@@ -54,10 +54,14 @@
  *
  * The node where config.json is written is the coordinator (propose, on an
  * I/O worker). Every node follows the job's keys in memory (mlfs_mirror.c:
- * a watch, then one read; an idle job costs etcd only the keep-alives) and
- * runs one control thread that wakes when they change, when its store's
- * reconfiguration state changes or its lease expired (and at least every
- * second while an attempt is in progress, for deadlines). Each round is a
+ * a watch, then one read; an idle job costs etcd only the keep-alives).
+ * A change of them runs a round on the watch's thread itself, when no
+ * other round runs (keys_changed); the control thread runs the others:
+ * when its store's reconfiguration state changes, a vote arrives, its
+ * lease expired, and when a round is due (every second while an attempt
+ * is in progress, for deadlines; rounds are serialized by round_lock).
+ * The announcement of a release ("released") wakes no node: each
+ * releases at its next round, within a second (released_put). Each round is a
  * snapshot handed to mlfs_decide (mlfs_decide.c, a pure function whose
  * rules are written there and modelled in tests/model/protocol.pml) and
  * its actions carried out (mlfs_attempt.c): install the schema and the
@@ -101,8 +105,8 @@
  *
  * Data: struct mlfs_cluster (cluster_i.h), one per daemon, says which lock
  * or thread owns each field. Threads: the control thread (cluster_main);
- * the keep-alive thread; the mirrors' watch threads (they only apply
- * events and wake the control thread); I/O workers run propose
+ * the keep-alive thread; the mirrors' watch threads (they apply events;
+ * the job's runs rounds, the entries' wakes the control thread); I/O workers run propose
  * (config.json and schema.json writes) and publish the node's entry after
  * a step write (steps_saved), as the backup thread does after a backup;
  * status.json readers run status_add. Lock order: c->lock and st->lock
@@ -153,6 +157,13 @@ static void job_changed(void *arg)
 		mlfs_cluster_wake(c);
 }
 
+/* Whether the release of the commit this node waits for (c->lock held) was
+ * announced: its next round releases; no need to read the entries. */
+static bool announced(struct mlfs_cluster *c)
+{
+	return c->swap_wait && atomic_load(&c->released_seen) >= c->swap_version;
+}
+
 /* Whether this node follows the nodes' entries now: it coordinates an
  * attempt, or is building one (who is down: rule 7; the watch is live
  * before the attempt exists, not started while every vote comes in), it
@@ -171,8 +182,9 @@ static bool need_peers(struct mlfs_cluster *c)
 	 * own swap sets swap_wait: the entries stay followed between) */
 	bool need = backups || c->mine != NULL || c->proposing || c->announce ||
 		    mlfs_controller_leading(c->ctl) ||
-		    (c->swap_wait && mlfs_cluster_now_ms() - c->swap_since_ms >=
-					 mlfs_release_wait_ms(mlfs_store_cluster(c->st)->nnodes));
+		    (c->swap_wait && !announced(c) &&
+		     mlfs_cluster_now_ms() - c->swap_since_ms >=
+			 mlfs_release_wait_ms(mlfs_store_cluster(c->st)->nnodes));
 	pthread_mutex_unlock(&c->lock);
 	return need;
 }
@@ -301,7 +313,9 @@ static void round_once(struct mlfs_cluster *c)
  * then no more than 1,000 retries a second in the job); while a
  * retained layout waits for its announcement, until it has waited 2 s
  * (mlfs_release_wait_ms; then it follows the entries itself: need_peers)
- * and every second after; until its entry put after a commit is due
+ * and every second after, or a second once the release was announced (a
+ * round of its own for it would meet every other node's, and the job's
+ * resumed work, at once); until its entry put after a commit is due
  * (mlfs_publish_delay_ms); otherwise only a change wakes it (a long nap,
  * as a safety net). */
 static int nap_ms(struct mlfs_cluster *c)
@@ -309,13 +323,14 @@ static int nap_ms(struct mlfs_cluster *c)
 	pthread_mutex_lock(&c->lock);
 	bool etcd = c->etcd_error[0] != '\0', att = c->attempt != NULL;
 	int64_t swap = c->swap_wait ? mlfs_cluster_now_ms() - c->swap_since_ms : -1;
+	bool released = announced(c);
 	pthread_mutex_unlock(&c->lock);
 	if (etcd || (need_peers(c) && !mlfs_mirror_live(&c->peers)))
 		return 200;
 	int wait = mlfs_release_wait_ms(mlfs_store_cluster(c->st)->nnodes);
-	int ms = swap >= 0 && swap < wait ? (int)(wait - swap) + 10
-		 : att || swap >= 0	  ? 1000
-					  : 30000;
+	int ms = swap >= 0 && swap < wait && !released ? (int)(wait - swap) + 10
+		 : att || swap >= 0		       ? 1000
+						       : 30000;
 	if (c->publish_failed) { /* the job has not seen what this node did */
 		int ttl_s, every_ms;
 		mlfs_lease_schedule(mlfs_store_cluster(c->st)->nnodes, &ttl_s, &every_ms);
@@ -327,24 +342,50 @@ static int nap_ms(struct mlfs_cluster *c)
 	return ms;
 }
 
+/* A round ended now, on any thread (round_lock just released), and the
+ * control thread's next one is due @ms later: a control thread asleep
+ * past then wakes to sleep less. */
+static void round_done(struct mlfs_cluster *c, int ms)
+{
+	int64_t due = mlfs_cluster_now_ms() + ms;
+
+	pthread_mutex_lock(&c->wake_lock);
+	c->due_ms = due;
+	if (c->sleep_until_ms && due < c->sleep_until_ms)
+		pthread_cond_signal(&c->cond);
+	pthread_mutex_unlock(&c->wake_lock);
+}
+
 static void *cluster_main(void *arg)
 {
 	pthread_setname_np(pthread_self(), "mlfs-control"); /* for top -H, perf */
 	struct mlfs_cluster *c = arg;
 
 	while (!atomic_load(&c->stop)) {
+		pthread_mutex_lock(&c->round_lock);
 		round_once(c);
 		int ms = nap_ms(c);
-		struct timespec t;
-		clock_gettime(CLOCK_REALTIME, &t);
-		t.tv_sec += ms / 1000;
-		t.tv_nsec += (long)(ms % 1000) * 1000000L;
-		if (t.tv_nsec >= 1000000000L)
-			t.tv_sec++, t.tv_nsec -= 1000000000L;
+		pthread_mutex_unlock(&c->round_lock);
+		round_done(c, ms);
 		pthread_mutex_lock(&c->wake_lock);
-		while (!c->wake && !atomic_load(&c->stop))
-			if (pthread_cond_timedwait(&c->cond, &c->wake_lock, &t))
+		for (;;) {
+			int64_t now = mlfs_cluster_now_ms();
+			if (c->wake || atomic_load(&c->stop) || now >= c->due_ms)
 				break;
+			/* at most a second: a round on the watch's thread may
+			 * have started an attempt, whose deadlines need one a
+			 * second, and an announced release makes a round due
+			 * (released_put), without waking this thread */
+			int64_t until = c->due_ms < now + 1000 ? c->due_ms : now + 1000;
+			c->sleep_until_ms = until;
+			struct timespec t;
+			clock_gettime(CLOCK_REALTIME, &t);
+			int64_t ns = t.tv_nsec + (until - now) * 1000000L;
+			t.tv_sec += ns / 1000000000L;
+			t.tv_nsec = ns % 1000000000L;
+			pthread_cond_timedwait(&c->cond, &c->wake_lock, &t);
+		}
+		c->sleep_until_ms = 0;
 		c->wake = false;
 		pthread_mutex_unlock(&c->wake_lock);
 	}
@@ -366,10 +407,49 @@ static void status_add(void *arg, json_t *o)
 }
 
 /* The job's mirror's hook: a key of the job changed (each may need a
- * decision: every node's rounds run on them), or the watch ended. */
+ * decision: every node's rounds run on them), or the watch ended. On the
+ * watch's thread, outside libcurl's callbacks (mlfs_mirror.c): when no
+ * other round runs, the round runs here, at once; handing it to the
+ * control thread cost every node a wake-up and a context switch per
+ * change, three per reconfiguration (BENCHMARKS.md). Else (a round in
+ * progress, the watch ended: its restart stops this very thread, the
+ * cluster stopping) the control thread runs the next one. */
 static void keys_changed(void *arg)
 {
-	mlfs_cluster_wake(arg);
+	struct mlfs_cluster *c = arg;
+
+	if (mlfs_mirror_live(&c->mirror) && pthread_mutex_trylock(&c->round_lock) == 0) {
+		if (atomic_load(&c->inline_rounds)) {
+			round_once(c);
+			int ms = nap_ms(c);
+			pthread_mutex_unlock(&c->round_lock);
+			round_done(c, ms);
+			return;
+		}
+		pthread_mutex_unlock(&c->round_lock);
+	}
+	mlfs_cluster_wake(c);
+}
+
+/* The job's mirror's hook for a put of "released" (mlfs_mirror_lazy), in
+ * the watch's callback: noted, and this node's next round made due now,
+ * which the control thread runs within a second (cluster_main), not at
+ * once: the announcement reaches every node together, as the job resumes
+ * its work, and what it frees can wait that long. */
+static void released_put(void *arg, const char *value, size_t len)
+{
+	struct mlfs_cluster *c = arg;
+	char v[32];
+
+	snprintf(v, sizeof(v), "%.*s", (int)(len < sizeof(v) ? len : sizeof(v) - 1), value);
+	int64_t r = strtoll(v, NULL, 10);
+	if (r > atomic_load(&c->released_seen))
+		atomic_store(&c->released_seen, r);
+	int64_t now = mlfs_cluster_now_ms();
+	pthread_mutex_lock(&c->wake_lock);
+	if (c->due_ms > now)
+		c->due_ms = now;
+	pthread_mutex_unlock(&c->wake_lock);
 }
 
 /* The votebox's hook: a participant's vote arrived that leaves something
@@ -403,6 +483,7 @@ static void peers_changed(void *arg)
 /* Ends the control and keep-alive threads that run. */
 static void stop_threads(struct mlfs_cluster *c)
 {
+	atomic_store(&c->inline_rounds, false);
 	atomic_store(&c->stop, 1);
 	pthread_mutex_lock(&c->wake_lock);
 	pthread_cond_signal(&c->cond);
@@ -412,6 +493,9 @@ static void stop_threads(struct mlfs_cluster *c)
 		pthread_join(c->thread, NULL);
 	if (c->keepalive_running)
 		pthread_join(c->keepalive_thread, NULL);
+	/* a round the job's watch runs itself ends before this returns */
+	pthread_mutex_lock(&c->round_lock);
+	pthread_mutex_unlock(&c->round_lock);
 	c->running = c->keepalive_running = false;
 }
 
@@ -421,6 +505,7 @@ static void cluster_free(struct mlfs_cluster *c)
 	pthread_cond_destroy(&c->keepalive_cond);
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->wake_lock);
+	pthread_mutex_destroy(&c->round_lock);
 	pthread_mutex_destroy(&c->publock);
 	pthread_mutex_destroy(&c->parsed_lock);
 	pthread_mutex_destroy(&c->seen_lock);
@@ -461,6 +546,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 	pthread_mutex_init(&c->parsed_lock, NULL);
 	pthread_mutex_init(&c->seen_lock, NULL);
 	pthread_mutex_init(&c->wake_lock, NULL);
+	pthread_mutex_init(&c->round_lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
 	pthread_cond_init(&c->keepalive_cond, NULL);
 	c->st = st;
@@ -479,6 +565,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 		ptc_error_set(err, rc, "cluster.json: the job's name is too long");
 		goto err_etcd;
 	}
+	mlfs_mirror_lazy(&c->mirror, "released", released_put);
 	if ((rc = mlfs_controller_start(c, &c->ctl))) {
 		ptc_error_set(err, rc, "cannot start the elastic controller's thread");
 		goto err_mirror;
@@ -492,7 +579,9 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 		ptc_error_set(err, rc, "etcd at %s: %s", mlfs_store_cluster(st)->etcd, e.text);
 		goto err_mirror;
 	}
+	pthread_mutex_lock(&c->round_lock);
 	round_once(c);
+	pthread_mutex_unlock(&c->round_lock);
 	st->cluster_arg = c;
 	st->multinode = true;
 	st->propose = mlfs_propose;
@@ -516,6 +605,7 @@ int mlfs_cluster_start(struct mlfs_store *st, struct mlfs_cluster **out, struct 
 		goto err_threads;
 	}
 	c->running = true;
+	atomic_store(&c->inline_rounds, true);
 	*out = c;
 	return 0;
 

@@ -17,15 +17,19 @@
  * sync loop, every 100 ms, delaying every event until then. That cost a
  * coordinator up to 100 ms on every reconfiguration: its watch of the
  * votes, when they were in etcd, started as the votes came in.) A change, or the watch's end, is
- * told to the owner (@changed), which wakes its control thread or not. When the watch's stream ends
+ * told to the owner (@changed): the changes of a batch once it is applied, outside libcurl's
+ * callbacks (the watch's settled hook), so that the owner may act on them on this thread (the
+ * job's mirror runs a round there); puts of a lazy key (mlfs_mirror_lazy: "released") are
+ * applied and their value given to @lazy, without @changed. When the watch's stream ends
  * (etcd restarted or gone, a compaction) the mirror is no longer live: the next mlfs_mirror_sync
  * reads the keys again and starts a new watch; until then the control thread treats etcd as
  * unreachable and decides nothing. A node has two (mlfs_cluster.c): the job's keys, always; the
  * nodes' entries, while it needs them, started when needed and stopped (mlfs_mirror_stop) after.
  *
- * Threads: the watch's thread applies events; the control thread syncs
- * and copies. m->lock guards the keys, the revision and the state; it is
- * a leaf, never held across I/O.
+ * Threads: the watch's thread applies events and tells them; the rounds
+ * (round_lock) sync and stop; any thread copies. m->lock guards the keys,
+ * the revision and the state; it is a leaf, never held across I/O or a
+ * call of the owner's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -193,8 +197,30 @@ static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64
 		snprintf(m->error, sizeof(m->error), "the job's keys: out of memory");
 	}
 	m->events += n;
-	bool tell = !m->syncing && (n || revision < 0);
+	/* a batch's changes are told when it settled (on_settled); the end
+	 * of the watch (outside libcurl's callbacks) at once */
+	bool lazy_only = true;
+	for (size_t i = 0; i < n; i++)
+		lazy_only &= !ev[i].deleted && m->lazy && strcmp(ev[i].kv.key, m->lazy_key) == 0;
+	if (!m->syncing && n && !lazy_only)
+		m->tell = true;
+	bool ended = !m->syncing && n == 0 && revision < 0;
 	pthread_cond_broadcast(&m->cond);
+	pthread_mutex_unlock(&m->lock);
+	for (size_t i = 0; i < n && m->lazy; i++)
+		if (!ev[i].deleted && strcmp(ev[i].kv.key, m->lazy_key) == 0)
+			m->lazy(m->arg, ev[i].kv.value, ev[i].kv.len);
+	if (m->changed && ended)
+		m->changed(m->arg);
+}
+
+static void on_settled(void *arg)
+{
+	struct mlfs_mirror *m = arg;
+
+	pthread_mutex_lock(&m->lock);
+	bool tell = m->tell;
+	m->tell = false;
 	pthread_mutex_unlock(&m->lock);
 	if (m->changed && tell)
 		m->changed(m->arg);
@@ -213,6 +239,13 @@ int mlfs_mirror_init(struct mlfs_mirror *m, struct net_etcd *etcd, const char *p
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_cond_init(&m->cond, NULL);
 	return 0;
+}
+
+void mlfs_mirror_lazy(struct mlfs_mirror *m, const char *suffix,
+		      void (*lazy)(void *arg, const char *value, size_t len))
+{
+	snprintf(m->lazy_key, sizeof(m->lazy_key), "%s%s", m->prefix, suffix);
+	m->lazy = lazy;
 }
 
 void mlfs_mirror_release(struct mlfs_mirror *m)
@@ -273,10 +306,10 @@ int mlfs_mirror_sync(struct mlfs_mirror *m, struct ptc_error *err)
 	m->watch = NULL;
 	pthread_mutex_lock(&m->lock);
 	m->syncing = true;
-	m->created = m->ended = false;
+	m->created = m->ended = m->tell = false;
 	pend_free(m);
 	pthread_mutex_unlock(&m->lock);
-	rc = net_etcd_watch_start(m->etcd, m->prefix, 0, on_watch, m, &m->watch, err);
+	rc = net_etcd_watch_start(m->etcd, m->prefix, 0, on_watch, on_settled, m, &m->watch, err);
 	pthread_mutex_lock(&m->lock);
 	if (rc == 0)
 		rc = wait_created(m, err);

@@ -411,18 +411,27 @@ struct net_etcd_event {
  */
 typedef void (*net_etcd_watch_fn)(void *arg, const struct net_etcd_event *ev, size_t n,
 				  int64_t revision);
+/*
+ * What a watch calls, on its own thread, after the events of the bytes it
+ * read at once went to its net_etcd_watch_fn: outside libcurl's
+ * callbacks (where that function runs), so it may block and make other
+ * transfers; no event is read until it returns. It must not call
+ * net_etcd_watch_stop.
+ */
+typedef void (*net_etcd_watch_settled_fn)(void *arg);
 struct net_etcd_watch;
 
 /*
  * Watches the keys starting with @prefix, from @start_revision on (0: from
  * now; the revision after a range's is what makes range + watch miss
  * nothing), on a connection and thread of its own: no request is made
- * while nothing changes. 0 and *@out, or -ENOMEM / a pthread error with
- * @err. Any thread.
+ * while nothing changes. @fn gets the events, @settled (NULL: none) the
+ * end of each batch of them, both with @arg. 0 and *@out, or -ENOMEM / a
+ * pthread error with @err. Any thread.
  */
 int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_revision,
-			 net_etcd_watch_fn fn, void *arg, struct net_etcd_watch **out,
-			 struct ptc_error *err);
+			 net_etcd_watch_fn fn, net_etcd_watch_settled_fn settled, void *arg,
+			 struct net_etcd_watch **out, struct ptc_error *err);
 /* Stops the watch (its last call to fn, -ECANCELED unless the stream had
  * ended already, is made before this returns) and frees it; NULL: fine.
  * Not from the watch's own function. */

@@ -41,7 +41,13 @@
  * when its member loses the cluster's leader. A watch that failed moves
  * the client on to the next member (net_etcd_member_failed).
  *
- * Threads: the watch's thread calls @fn; net_etcd_watch_stop from any
+ * After each curl_multi_perform that delivered events, the caller's
+ * @settled (when it gave one) runs on the same thread outside libcurl's
+ * callbacks: there a caller may act on the events itself (a round of
+ * mlfs's control plane, with transfers of its own) instead of handing
+ * them to another thread.
+ *
+ * Threads: the watch's thread calls @fn and @settled; net_etcd_watch_stop from any
  * other thread wakes it (curl_multi_wakeup) and joins it.
  */
 #include <errno.h>
@@ -69,6 +75,8 @@ struct net_etcd_watch {
 	uint8_t *body; /* the create request, framed (body_len bytes) */
 	size_t body_len;
 	net_etcd_watch_fn fn;
+	net_etcd_watch_settled_fn settled;
+	bool delivered; /* events went to fn since settled was last called */
 	void *arg;
 	pthread_t thread;
 	atomic_int stop;
@@ -106,6 +114,7 @@ static int take_message(struct net_etcd_watch *w, const uint8_t *p, size_t len)
 	w->created = w->created || m.created;
 	if (m.n || w->created)
 		w->fn(w->arg, m.ev, m.n, m.revision);
+	w->delivered = w->delivered || m.n > 0;
 	net_pb_watch_free(&m);
 	return 0;
 }
@@ -185,6 +194,10 @@ static void *watch_main(void *arg)
 			rc = -EIO;
 			break;
 		}
+		if (w->delivered && w->settled && !w->end) {
+			w->delivered = false;
+			w->settled(w->arg);
+		}
 		/* the client's calls went to another member (this one down,
 		 * frozen or cut off): a silent stream here may be a dead one */
 		if ((moved = atomic_load(&w->e->cur) % w->e->nep != w->member))
@@ -260,8 +273,8 @@ static int create_request(struct net_etcd_watch *w, const char *prefix, int64_t 
 }
 
 int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_revision,
-			 net_etcd_watch_fn fn, void *arg, struct net_etcd_watch **out,
-			 struct ptc_error *err)
+			 net_etcd_watch_fn fn, net_etcd_watch_settled_fn settled, void *arg,
+			 struct net_etcd_watch **out, struct ptc_error *err)
 {
 	struct net_etcd_watch *w = calloc(1, sizeof(*w));
 	int rc = w ? create_request(w, prefix, start_revision) : -ENOMEM;
@@ -272,6 +285,7 @@ int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_r
 		w->member = atomic_load(&e->cur) % e->nep;
 		snprintf(w->url, sizeof(w->url), "%s/etcdserverpb.Watch/Watch", e->ep[w->member]);
 		w->fn = fn;
+		w->settled = settled;
 		w->arg = arg;
 		w->grpc_status = -1;
 		w->multi = curl_multi_init();

@@ -212,7 +212,7 @@ def median(xs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nodes", default="4,16,32,64")
+    ap.add_argument("--nodes", default="4,16,32,64", help="sizes measured one at a time ('' for none)")
     ap.add_argument("--idle-seconds", type=float, default=10)
     ap.add_argument("--runs", type=int, default=5,
                     help="reconfigurations per size (the first and the median are reported)")
@@ -226,7 +226,7 @@ def main():
     if a.paired and a.paired_runs < 2:
         ap.error(f"--paired-runs {a.paired_runs}: at least two (one each way)")
     rows = []
-    for n in [int(x) for x in a.nodes.split(",")]:
+    for n in [int(x) for x in a.nodes.split(",") if x]:  # "" for none
         rows.append(one(n, a.idle_seconds, a.runs))
         r = rows[-1]
         base = rows[0]

@@ -216,7 +216,8 @@ void sync_slice(void)
 		g->live = true;
 		pthread_mutex_unlock(&g->lock);
 		c_add(C_WATCH, 1);
-		if (net_etcd_watch_start(main_etcd, S.prefix, 0, on_watch, g, &g->watch, &err)) {
+		if (net_etcd_watch_start(main_etcd, S.prefix, 0, on_watch, NULL, g, &g->watch,
+					 &err)) {
 			fprintf(stderr, "sim_control: stream %d: watch: %s\n", g->idx, err.text);
 			pthread_mutex_lock(&g->lock);
 			g->live = false; /* the node's next round syncs it */
@@ -267,8 +268,8 @@ static void *start_watchdog(void *arg)
 				net_etcd_watch_stop(g->watch);
 				g->watch = NULL;
 				c_add(C_WATCH, 1);
-				if (net_etcd_watch_start(e, S.prefix, from, on_watch, g, &g->watch,
-							 &err)) {
+				if (net_etcd_watch_start(e, S.prefix, from, on_watch, NULL, g,
+							 &g->watch, &err)) {
 					pthread_mutex_lock(&g->lock);
 					g->ended = true;
 					pthread_mutex_unlock(&g->lock);

@@ -212,7 +212,7 @@ int group_sync(struct worker *w, struct group *g)
 	pend_free(&g->pend);
 	pthread_mutex_unlock(&g->lock);
 	c_add(C_WATCH, 1);
-	rc = net_etcd_watch_start(w->etcd, S.prefix, 0, on_watch, g, &g->watch, &err);
+	rc = net_etcd_watch_start(w->etcd, S.prefix, 0, on_watch, NULL, g, &g->watch, &err);
 	pthread_mutex_lock(&g->lock);
 	if (rc == 0)
 		rc = wait_created(&g->cond, &g->lock, &g->created, &g->dead, &err);
@@ -366,7 +366,7 @@ static int peers_sync(struct worker *w, struct node *nd, struct ptc_error *err)
 	pend_free(&p->pend);
 	pthread_mutex_unlock(&p->lock);
 	c_add(C_WATCH, 1);
-	int rc = net_etcd_watch_start(w->etcd, S.nprefix, 0, on_peers, p, &p->watch, err);
+	int rc = net_etcd_watch_start(w->etcd, S.nprefix, 0, on_peers, NULL, p, &p->watch, err);
 	pthread_mutex_lock(&p->lock);
 	if (rc == 0)
 		rc = wait_created(&p->cond, &p->lock, &p->created, &p->dead, err);

@@ -336,7 +336,7 @@ static void test_watch(void **state)
 	assert_int_equal(net_etcd_range(E, "/t5/", true, &kvs, &n, &rev, NULL, &why), 0);
 	net_etcd_kvs_free(kvs, n);
 	assert_int_equal(net_etcd_put(E, "/t5/b", "2", 1, 0, NULL, &why), 0);
-	assert_int_equal(net_etcd_watch_start(E, "/t5/", rev + 1, on_watch, &s, &w, &why), 0);
+	assert_int_equal(net_etcd_watch_start(E, "/t5/", rev + 1, on_watch, NULL, &s, &w, &why), 0);
 	assert_true(seen_wait(&s, "P /t5/b=2@"));
 	assert_null(strstr(s.log, "/t5/a")); /* before the start revision */
 	/* Puts and deletes under the prefix, in order; other keys not. */
@@ -368,6 +368,79 @@ static void test_watch(void **state)
 	assert_int_equal(s.calls, calls); /* nothing after the last call */
 }
 
+/* A watch with a settled hook: called after the events it read went to
+ * the watch's function, once per batch, never for the creation or the
+ * end; outside libcurl's callbacks, so that it can make a request of its
+ * own (mlfs's control plane runs a round there). */
+struct settled {
+	struct seen s;
+	int settled, requests_ok;
+	size_t logged; /* the log's length at the last settled call */
+};
+
+static void on_settled(void *arg)
+{
+	struct settled *t = arg;
+	struct net_etcd_kv *kvs;
+	struct ptc_error e;
+	size_t n;
+
+	pthread_mutex_lock(&t->s.lock);
+	t->settled++;
+	t->logged = strlen(t->s.log);
+	pthread_mutex_unlock(&t->s.lock);
+	if (net_etcd_range(E, "/t10/", true, &kvs, &n, NULL, NULL, &e) == 0) {
+		net_etcd_kvs_free(kvs, n);
+		pthread_mutex_lock(&t->s.lock);
+		t->requests_ok++;
+		pthread_mutex_unlock(&t->s.lock);
+	}
+}
+
+static void test_watch_settled(void **state)
+{
+	(void)state;
+	struct settled t = {.s = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+	struct net_etcd_watch *w;
+
+	assert_int_equal(net_etcd_watch_start(E, "/t10/", 0, on_watch, on_settled, &t, &w, &why),
+			 0);
+	for (int i = 0; i < 500 && !t.s.created; i++)
+		usleep(10000);
+	assert_true(t.s.created > 0);
+	pthread_mutex_lock(&t.s.lock);
+	assert_int_equal(t.settled, 0); /* the creation is no event */
+	pthread_mutex_unlock(&t.s.lock);
+	assert_int_equal(net_etcd_put(E, "/t10/a", "1", 1, 0, NULL, &why), 0);
+	assert_true(seen_wait(&t.s, "P /t10/a=1@"));
+	for (int i = 0; i < 500 && t.requests_ok < 1; i++)
+		usleep(10000);
+	pthread_mutex_lock(&t.s.lock);
+	assert_int_equal(t.settled, 1);
+	assert_int_equal(t.requests_ok, 1);	     /* its own request, from the watch's thread */
+	assert_int_equal(t.logged, strlen(t.s.log)); /* after the event, not before */
+	pthread_mutex_unlock(&t.s.lock);
+	/* Three events of one transaction: one message, one settled call. */
+	struct net_etcd_op ops[] = {{.kind = NET_ETCD_PUT, .key = "/t10/b", .value = "2", .len = 1},
+				    {.kind = NET_ETCD_PUT, .key = "/t10/c", .value = "3", .len = 1},
+				    {.kind = NET_ETCD_DELETE, .key = "/t10/a"}};
+	bool ok = false;
+	assert_int_equal(net_etcd_txn(E, NULL, 0, ops, 3, NULL, 0, &ok, NULL, NULL, &why), 0);
+	assert_true(ok);
+	assert_true(seen_wait(&t.s, "D /t10/a@"));
+	for (int i = 0; i < 500 && t.requests_ok < 2; i++)
+		usleep(10000);
+	pthread_mutex_lock(&t.s.lock);
+	assert_int_equal(t.settled, 2);
+	assert_non_null(strstr(t.s.log, "P /t10/b=2@"));
+	assert_non_null(strstr(t.s.log, "P /t10/c=3@"));
+	assert_int_equal(t.logged, strlen(t.s.log));
+	pthread_mutex_unlock(&t.s.lock);
+	net_etcd_watch_stop(w);
+	assert_int_equal(t.s.ended, -ECANCELED);
+	assert_int_equal(t.settled, 2); /* not for the end */
+}
+
 /* A watch that carries more than HTTP/2's windows over its life: 40
  * values of 1 MiB, every one reported (a job/ manifest in each attempt,
  * which grows as the job writes files, is such a stream). */
@@ -381,7 +454,7 @@ static void test_watch_carries_many_large_values(void **state)
 
 	assert_non_null(v);
 	memset(v, 'y', big);
-	assert_int_equal(net_etcd_watch_start(E, "/t9/", 0, on_watch, &s, &w, &why), 0);
+	assert_int_equal(net_etcd_watch_start(E, "/t9/", 0, on_watch, NULL, &s, &w, &why), 0);
 	int64_t created = 0;
 	for (int i = 0; i < 200 && !created; i++) {
 		usleep(10000);
@@ -433,7 +506,7 @@ static void test_watch_compacted(void **state)
 	    net_http_post_json(http, url, body, strlen(body), 4096, &reply, &len, NULL, &why), 0);
 	free(reply);
 	net_http_free(http);
-	assert_int_equal(net_etcd_watch_start(E, "/t8/", first, on_watch, &s, &w, &why), 0);
+	assert_int_equal(net_etcd_watch_start(E, "/t8/", first, on_watch, NULL, &s, &w, &why), 0);
 	for (int i = 0; i < 500 && !s.ended; i++)
 		usleep(10000);
 	assert_int_equal(s.ended, -ESTALE);
@@ -558,14 +631,14 @@ static void test_members_fail_over(void **state)
 	struct seen s1 = {.lock = PTHREAD_MUTEX_INITIALIZER};
 	struct seen s2 = {.lock = PTHREAD_MUTEX_INITIALIZER};
 	struct net_etcd_watch *w;
-	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, &s1, &w, &why), 0);
+	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, NULL, &s1, &w, &why), 0);
 	for (int i = 0; i < 500 && !s1.ended; i++)
 		usleep(10000);
 	assert_int_equal(s1.ended, -EIO);
 	net_etcd_watch_stop(w);
 	assert_int_equal(net_etcd_members(T, &cur), 2);
 	assert_string_equal(cur, endpoint);
-	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, &s2, &w, &why), 0);
+	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, NULL, &s2, &w, &why), 0);
 	for (int i = 0; i < 500 && !s2.created; i++)
 		usleep(10000);
 	assert_true(s2.created > 0);
@@ -579,7 +652,7 @@ static void test_members_fail_over(void **state)
 	assert_int_equal(net_etcd_new(list, &o, &T, &why), 0);
 	struct seen s4 = {.lock = PTHREAD_MUTEX_INITIALIZER};
 	t0 = now_ms();
-	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, &s4, &w, &why), 0);
+	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, NULL, &s4, &w, &why), 0);
 	for (int i = 0; i < 700 && !s4.ended; i++)
 		usleep(10000);
 	assert_int_equal(s4.ended, -ETIMEDOUT);
@@ -594,7 +667,7 @@ static void test_members_fail_over(void **state)
 	snprintf(list, sizeof(list), "%s,%s", endpoint, dead);
 	assert_int_equal(net_etcd_new(list, &o, &T, &why), 0);
 	struct seen s3 = {.lock = PTHREAD_MUTEX_INITIALIZER};
-	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, &s3, &w, &why), 0);
+	assert_int_equal(net_etcd_watch_start(T, "/t9/", 0, on_watch, NULL, &s3, &w, &why), 0);
 	for (int i = 0; i < 500 && !s3.created; i++)
 		usleep(10000);
 	assert_true(s3.created > 0);
@@ -621,7 +694,7 @@ static void test_etcd_gone(void **state)
 	assert_int_equal(net_etcd_new("ftp://x", NULL, &bad, &why), -EINVAL);
 	assert_int_equal(why.code, -EINVAL);
 	assert_int_equal(
-	    net_etcd_watch_start(E, "/t7/", 0, on_watch, &gone_seen, &gone_watch, &why), 0);
+	    net_etcd_watch_start(E, "/t7/", 0, on_watch, NULL, &gone_seen, &gone_watch, &why), 0);
 	for (int i = 0; i < 500 && !gone_seen.created; i++)
 		usleep(10000);
 	assert_true(gone_seen.created > 0);
@@ -648,6 +721,7 @@ int main(void)
 	    cmocka_unit_test(test_txn),
 	    cmocka_unit_test(test_leases),
 	    cmocka_unit_test(test_watch),
+	    cmocka_unit_test(test_watch_settled),
 	    cmocka_unit_test(test_watch_compacted),
 	    cmocka_unit_test(test_watch_carries_many_large_values),
 	    cmocka_unit_test(test_etcd_restarted),
