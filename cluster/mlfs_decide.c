@@ -37,8 +37,10 @@
  *     survivors' copies of the previous layout in place). A node that
  *     reads the entries and sees it announces it (etcd's "released" key,
  *     the version); the others release on the announcement, without
- *     reading every entry (the coordinator of the commit announces; any
- *     node still waiting after 2 s reads the entries itself).
+ *     reading every entry, at their next round (the announcement wakes
+ *     none: mlfs_cluster.c's released_put; the coordinator of the commit
+ *     announces; any node still waiting 2 s after its swap, with no
+ *     announcement, reads the entries itself).
  *  9. The coordinator plans an attempt from the current layout, unless
  *     nodes are down and it has no copy of some partition while the
  *     retained layout (rule 8 kept it: a node died before its swap) has a

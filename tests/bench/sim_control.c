@@ -92,7 +92,10 @@
  *     acks, sees every participant serve the new version, puts /mlfs/<job>/released
  *     = "2" (ANNOUNCE_RELEASED, mlfs_attempt.c's act_announce) and drops
  *     its retained layout; every other node drops its own on that event,
- *     reading no entry; a node still waiting 2 s after its swap follows
+ *     reading no entry (the daemon at its next round instead, within a
+ *     second: the event wakes no daemon, mlfs_cluster.c's released_put; so
+ *     "commit_to_last_release_s" is when the daemons could release, the
+ *     event's arrival); a node still waiting 2 s after its swap follows
  *     the entries itself (and, seeing every swap before the announcement,
  *     announces too);
  *   - the coordinator (n0): mlfs_propose.c's propose_config (one read of

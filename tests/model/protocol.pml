@@ -30,7 +30,9 @@
  *                                daemon's others release on the "released"
  *                                key put by the node that checked it (the
  *                                coordinator of the commit), the same fact
- *                                a moment later. A death after every swap
+ *                                later (at their next round, within a
+ *                                second; a round may come any time in the
+ *                                model). A death after every swap
  *                                is outside rule 8 either way: a node that
  *                                read the entries itself saw a death only
  *                                when its lease expired, 5 s later.
