@@ -271,12 +271,15 @@ struct mlfs_cluster {
 	/* The job's keys, followed by a watch (mlfs_mirror.c); the nodes'
 	 * entries, followed only while this node needs them
 	 * (need_peers in mlfs_cluster.c: it coordinates, announces a release,
-	 * keeps backups). Control thread (sync, stop); copies: any thread. */
+	 * keeps backups). The rounds (round_lock: sync, stop; never the job's
+	 * from its own watch's thread, whose inline round runs only while it
+	 * is live); copies: any thread. */
 	struct mlfs_mirror mirror;
 	struct mlfs_mirror peers;
 	/* The control thread sleeps on @cond until @wake: a change of the
 	 * job's keys the watch's thread did not round on itself (keys_changed:
-	 * a round was in progress), of the store's reconfiguration state (reconf_changed),
+	 * a round in progress, the watch ended, the cluster stopping), of the
+	 * store's reconfiguration state (reconf_changed),
 	 * of the lease, a vote in the box (mlfs_votebox.c), or stop. */
 	pthread_mutex_t wake_lock;
 	pthread_cond_t cond;

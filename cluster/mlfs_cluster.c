@@ -61,7 +61,12 @@
  * lease expired, and when a round is due (every second while an attempt
  * is in progress, for deadlines; rounds are serialized by round_lock).
  * The announcement of a release ("released") wakes no node: each
- * releases at its next round, within a second (released_put). Each round is a
+ * releases at its next round, within about a second (released_put); a
+ * node that saw it never falls back to reading the entries. A round on
+ * the watch's thread holds the job's mirror where it was until it ends
+ * (a restore or a job-wide import reads for long): other readers of the
+ * mirror (the controller, propose) then see older keys, which etcd's
+ * transactions compare anyway. Each round is a
  * snapshot handed to mlfs_decide (mlfs_decide.c, a pure function whose
  * rules are written there and modelled in tests/model/protocol.pml) and
  * its actions carried out (mlfs_attempt.c): install the schema and the
@@ -342,9 +347,10 @@ static int nap_ms(struct mlfs_cluster *c)
 	return ms;
 }
 
-/* A round ended now, on any thread (round_lock just released), and the
- * control thread's next one is due @ms later: a control thread asleep
- * past then wakes to sleep less. */
+/* A round ended now, on any thread (round_lock held: the due time of the
+ * last round to end wins, never an older one's), and the control thread's
+ * next one is due @ms later: a control thread asleep past then wakes to
+ * sleep less. Lock order: round_lock, then wake_lock. */
 static void round_done(struct mlfs_cluster *c, int ms)
 {
 	int64_t due = mlfs_cluster_now_ms() + ms;
@@ -364,18 +370,18 @@ static void *cluster_main(void *arg)
 	while (!atomic_load(&c->stop)) {
 		pthread_mutex_lock(&c->round_lock);
 		round_once(c);
-		int ms = nap_ms(c);
+		round_done(c, nap_ms(c));
 		pthread_mutex_unlock(&c->round_lock);
-		round_done(c, ms);
 		pthread_mutex_lock(&c->wake_lock);
 		for (;;) {
 			int64_t now = mlfs_cluster_now_ms();
 			if (c->wake || atomic_load(&c->stop) || now >= c->due_ms)
 				break;
-			/* at most a second: a round on the watch's thread may
-			 * have started an attempt, whose deadlines need one a
-			 * second, and an announced release makes a round due
-			 * (released_put), without waking this thread */
+			/* at most a second: an announced release makes a round
+			 * due (released_put) without waking this thread, and a
+			 * round on the watch's thread that starts an attempt
+			 * (due a second later, for its deadline) then needs no
+			 * wake-up of this one either (round_done) */
 			int64_t until = c->due_ms < now + 1000 ? c->due_ms : now + 1000;
 			c->sleep_until_ms = until;
 			struct timespec t;
@@ -421,9 +427,8 @@ static void keys_changed(void *arg)
 	if (mlfs_mirror_live(&c->mirror) && pthread_mutex_trylock(&c->round_lock) == 0) {
 		if (atomic_load(&c->inline_rounds)) {
 			round_once(c);
-			int ms = nap_ms(c);
+			round_done(c, nap_ms(c));
 			pthread_mutex_unlock(&c->round_lock);
-			round_done(c, ms);
 			return;
 		}
 		pthread_mutex_unlock(&c->round_lock);
@@ -432,19 +437,17 @@ static void keys_changed(void *arg)
 }
 
 /* The job's mirror's hook for a put of "released" (mlfs_mirror_lazy), in
- * the watch's callback: noted, and this node's next round made due now,
- * which the control thread runs within a second (cluster_main), not at
- * once: the announcement reaches every node together, as the job resumes
- * its work, and what it frees can wait that long. */
+ * the watch's callback: its version noted (mlfs_released_parse: the
+ * announcement is JSON when it put entries), and this node's next round made due
+ * now, which the control thread runs within a second (cluster_main), not
+ * at once: the announcement reaches every node together, as the job
+ * resumes its work, and what it frees can wait that long. */
 static void released_put(void *arg, const char *value, size_t len)
 {
 	struct mlfs_cluster *c = arg;
-	char v[32];
 
-	snprintf(v, sizeof(v), "%.*s", (int)(len < sizeof(v) ? len : sizeof(v) - 1), value);
-	int64_t r = strtoll(v, NULL, 10);
-	if (r > atomic_load(&c->released_seen))
-		atomic_store(&c->released_seen, r);
+	/* etcd's order: the newest */
+	atomic_store(&c->released_seen, mlfs_released_parse(value, len, NULL, NULL));
 	int64_t now = mlfs_cluster_now_ms();
 	pthread_mutex_lock(&c->wake_lock);
 	if (c->due_ms > now)

@@ -26,7 +26,8 @@
  * fix: a new id, and every node imports again.
  *
  * Threads: mlfs_jobimport_start on an I/O worker (.mlfs-ctl), without
- * locks while it waits; mlfs_jobimport_act on the control thread.
+ * locks while it waits; mlfs_jobimport_act in a round (round_lock:
+ * the control thread's, or the job watch's).
  */
 #include <errno.h>
 #include <inttypes.h>

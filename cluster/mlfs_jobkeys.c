@@ -166,34 +166,43 @@ static int64_t config_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *k
 	return v;
 }
 
-/* The "released" key @kv into @k: "<version>", or {"version", "entries":
- * [ids]} when the announcement's transaction put those nodes' entries
- * (mlfs_attempt.c's act_announce). */
+int64_t mlfs_released_parse(const char *value, size_t len, const char *me, bool *mine)
+{
+	int64_t version = 0;
+
+	if (mine)
+		*mine = false;
+	if (len == 0 || value[0] != '{') {
+		char v[32];
+		snprintf(v, sizeof(v), "%.*s", (int)(len < sizeof(v) ? len : sizeof(v) - 1), value);
+		return strtoll(v, NULL, 10);
+	}
+	json_t *j = json_loadb(value, len, 0, NULL), *id;
+	size_t i;
+	version = json_integer_value(json_object_get(j, "version"));
+	json_array_foreach(json_object_get(j, "entries"), i, id)
+	{
+		if (mine && me && json_is_string(id) && strcmp(json_string_value(id), me) == 0)
+			*mine = true;
+	}
+	json_decref(j);
+	return version;
+}
+
+/* The "released" key @kv into @k (mlfs_released_parse), parsed once per
+ * revision. */
 static void released_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *kv,
 			    struct mlfs_jobkeys *k)
 {
 	k->released_rev = kv->mod_revision;
-	if (kv->len == 0 || kv->value[0] != '{') {
-		k->released = strtoll(kv->value, NULL, 10);
-		return;
-	}
-	pthread_mutex_lock(&c->parsed_lock); /* parsed once per revision */
+	pthread_mutex_lock(&c->parsed_lock);
 	bool hit = c->parsed_rel_rev == kv->mod_revision;
 	k->released = c->parsed_rel_version;
 	k->released_mine = c->parsed_rel_mine;
 	pthread_mutex_unlock(&c->parsed_lock);
 	if (hit)
 		return;
-	json_t *j = json_loadb(kv->value, kv->len, 0, NULL), *id;
-	size_t i;
-	k->released = json_integer_value(json_object_get(j, "version"));
-	k->released_mine = false;
-	json_array_foreach(json_object_get(j, "entries"), i, id)
-	{
-		if (json_is_string(id) && strcmp(json_string_value(id), c->me) == 0)
-			k->released_mine = true;
-	}
-	json_decref(j);
+	k->released = mlfs_released_parse(kv->value, kv->len, c->me, &k->released_mine);
 	pthread_mutex_lock(&c->parsed_lock);
 	c->parsed_rel_rev = kv->mod_revision;
 	c->parsed_rel_version = k->released;
@@ -201,8 +210,6 @@ static void released_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *kv
 	pthread_mutex_unlock(&c->parsed_lock);
 }
 
-/* Sorts the job's keys @kvs (@n of them, taken over) of a read at
- * @revision into @k. */
 static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int64_t revision,
 		  struct mlfs_jobkeys *k)
 {

@@ -8,7 +8,7 @@
  * swapped in, unchanged since: mlfs_jobsync_note_digest, and
  * st->job_gen) is not asked for its manifest. See cluster_i.h.
  *
- * Threads: the control thread. Under the store lock it only lists job/
+ * Threads: the rounds' (round_lock; mlfs_cluster.c). Under the store lock it only lists job/
  * (the hashes are those cached when each file was written) and, for a
  * staged file this node already holds alike, shares that file's buffer:
  * no byte is copied or hashed under it. A fetched file is hashed once,

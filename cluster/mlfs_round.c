@@ -5,7 +5,8 @@
  * the coordinator's box (mlfs_votebox.c) or in the entries, and this
  * node's store. mlfs_attempt.c decides on it and acts.
  *
- * Threads: the control thread. It reads the store and @c under their
+ * Threads: the rounds' (round_lock: the control thread's, or the job
+ * watch's: mlfs_cluster.c's keys_changed). It reads the store and @c under their
  * locks, one at a time, and holds none when it returns.
  */
 #include <errno.h>

@@ -23,8 +23,9 @@
  * exists); the N - 1 before wake nothing (a round each, at 32 nodes, was
  * 60 rounds per reconfiguration that decided nothing). Its deadline and
  * a participant's death wake it otherwise (the 1 s nap, the entries).
- * Threads: peer server threads (put), the control thread (copy, clear,
- * listen), propose (expect). Its lock is a leaf but for the wake-up hook,
+ * Threads: peer server threads (put), the rounds (copy, clear; round_lock
+ * in mlfs_cluster.c), the start and stop of the cluster (listen), propose
+ * (expect). Its lock is a leaf but for the wake-up hook,
  * which takes only the control thread's wake lock.
  */
 #include <ctype.h>

@@ -407,7 +407,7 @@ struct net_etcd_event {
  * @revision a negative errno when the stream ended (-ECANCELED: stopped;
  * -ESTALE: etcd canceled it, e.g. compacted; -EIO: etcd unreachable or
  * gone, -EFBIG, -ENOMEM): no call follows that one. It must not call
- * net_etcd_watch_stop.
+ * net_etcd_watch_stop on its own watch.
  */
 typedef void (*net_etcd_watch_fn)(void *arg, const struct net_etcd_event *ev, size_t n,
 				  int64_t revision);
@@ -415,8 +415,8 @@ typedef void (*net_etcd_watch_fn)(void *arg, const struct net_etcd_event *ev, si
  * What a watch calls, on its own thread, after the events of the bytes it
  * read at once went to its net_etcd_watch_fn: outside libcurl's
  * callbacks (where that function runs), so it may block and make other
- * transfers; no event is read until it returns. It must not call
- * net_etcd_watch_stop.
+ * transfers, even stop another watch; no event is read until it
+ * returns. It must not call net_etcd_watch_stop on its own watch.
  */
 typedef void (*net_etcd_watch_settled_fn)(void *arg);
 struct net_etcd_watch;
@@ -434,7 +434,7 @@ int net_etcd_watch_start(struct net_etcd *e, const char *prefix, int64_t start_r
 			 struct net_etcd_watch **out, struct ptc_error *err);
 /* Stops the watch (its last call to fn, -ECANCELED unless the stream had
  * ended already, is made before this returns) and frees it; NULL: fine.
- * Not from the watch's own function. */
+ * Not from the watch's own thread (its function or settled hook). */
 void net_etcd_watch_stop(struct net_etcd_watch *w);
 /* Why the stream ended, once fn was told (a text of the watch's). */
 const char *net_etcd_watch_error(const struct net_etcd_watch *w);

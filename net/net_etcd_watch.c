@@ -50,6 +50,7 @@
  * Threads: the watch's thread calls @fn and @settled; net_etcd_watch_stop from any
  * other thread wakes it (curl_multi_wakeup) and joins it.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -346,6 +347,8 @@ void net_etcd_watch_stop(struct net_etcd_watch *w)
 {
 	if (!w)
 		return;
+	/* from its own thread it would join itself, then free what runs */
+	assert(!pthread_equal(w->thread, pthread_self()));
 	atomic_store(&w->stop, 1);
 	curl_multi_wakeup(w->multi);
 	pthread_join(w->thread, NULL);

@@ -860,6 +860,33 @@ static void test_entry_puts_after_a_commit_are_spread(void **state)
 
 /* The entry a swap ack carried is the node's in etcd once the announcement
  * names the node, for that version, and the node put nothing since. */
+/* The "released" key's two forms, as a node's watch hands them over (the
+ * value not NUL-terminated): the version in both (a node that read 0 from
+ * the JSON form saw no announcement, and fell back to reading every entry
+ * 2 s after its swap), and whether the entries name the node. */
+static void test_released_key_parsed(void **state)
+{
+	(void)state;
+	bool mine = true;
+	const char *json = "{\"version\":12,\"entries\":[\"n1\",\"n3\"]}xx";
+	size_t jlen = strlen(json) - 2;
+
+	assert_int_equal(mlfs_released_parse("7", 1, "n3", &mine), 7);
+	assert_false(mine);
+	assert_int_equal(mlfs_released_parse("1234", 2, NULL, NULL), 12); /* only @len bytes */
+	assert_int_equal(mlfs_released_parse(json, jlen, "n3", &mine), 12);
+	assert_true(mine);
+	assert_int_equal(mlfs_released_parse(json, jlen, "n2", &mine), 12);
+	assert_false(mine);
+	assert_int_equal(mlfs_released_parse(json, jlen, NULL, NULL), 12);
+	assert_int_equal(mlfs_released_parse("{\"version\":", 11, "n1", &mine), 0);
+	assert_false(mine);
+	assert_int_equal(mlfs_released_parse("", 0, "n1", &mine), 0);
+	char big[64];
+	memset(big, '9', sizeof(big));
+	assert_true(mlfs_released_parse(big, sizeof(big), NULL, NULL) > 0); /* cut, not overrun */
+}
+
 static void test_entry_adopted_from_the_announcement(void **state)
 {
 	(void)state;
@@ -897,6 +924,7 @@ int main(void)
 	    cmocka_unit_test(test_lease_schedule_keeps_etcd_at_1000_keepalives),
 	    cmocka_unit_test(test_entry_puts_after_a_commit_are_spread),
 	    cmocka_unit_test(test_entry_adopted_from_the_announcement),
+	    cmocka_unit_test(test_released_key_parsed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
