@@ -14,7 +14,6 @@ its bytes agreeing) holding one version; a full tensor must hold every global
 row in order. Readers use the three read patterns of docs/single-node.md: numpy.load,
 the one-open memory map and plain reads.
 """
-import errno
 import json
 import multiprocessing as mp
 import os
