@@ -210,18 +210,18 @@ int mlfs_release_wait_ms(int nnodes);
  * The coordinator's announcement (rule 8) comes up to N ms later. Pure.
  */
 int mlfs_publish_delay_ms(int nnodes, int node);
-/* Whether the entry a node's swap ack to @acked_to carried, when its key
- * was at revision @base, is its entry in etcd once the announcement of
- * @released names the node (@mine): the same version, and no put of the
- * node's own since (its key still at @base as the node last put it,
- * @published_rev). Then the announcement's transaction put it (it
- * compared the key with @base); else the node puts its own. Pure. */
 /* The version the value (@len bytes, not NUL-terminated) of the "released"
  * key announces: "<version>", or {"version", "entries": [ids]} when the
  * announcement put those nodes' entries (mlfs_attempt.c's act_announce);
  * *@mine (when @mine is not NULL) says whether the entries name @me. 0
  * when the value says no version. Pure (mlfs_jobkeys.c). */
 int64_t mlfs_released_parse(const char *value, size_t len, const char *me, bool *mine);
+/* Whether the entry a node's swap ack to @acked_to carried, when its key
+ * was at revision @base, is its entry in etcd once the announcement of
+ * @released names the node (@mine): the same version, and no put of the
+ * node's own since (its key still at @base as the node last put it,
+ * @published_rev). Then the announcement's transaction put it (it
+ * compared the key with @base); else the node puts its own. Pure. */
 bool mlfs_entry_adopted(int64_t acked_to, int64_t base, int64_t released, bool mine,
 			int64_t published_rev);
 

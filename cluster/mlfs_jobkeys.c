@@ -168,8 +168,6 @@ static int64_t config_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *k
 
 int64_t mlfs_released_parse(const char *value, size_t len, const char *me, bool *mine)
 {
-	int64_t version = 0;
-
 	if (mine)
 		*mine = false;
 	if (len == 0 || value[0] != '{') {
@@ -179,7 +177,7 @@ int64_t mlfs_released_parse(const char *value, size_t len, const char *me, bool 
 	}
 	json_t *j = json_loadb(value, len, 0, NULL), *id;
 	size_t i;
-	version = json_integer_value(json_object_get(j, "version"));
+	int64_t version = json_integer_value(json_object_get(j, "version"));
 	json_array_foreach(json_object_get(j, "entries"), i, id)
 	{
 		if (mine && me && json_is_string(id) && strcmp(json_string_value(id), me) == 0)
@@ -210,6 +208,8 @@ static void released_parsed(struct mlfs_cluster *c, const struct net_etcd_kv *kv
 	pthread_mutex_unlock(&c->parsed_lock);
 }
 
+/* Sorts the job's keys @kvs (@n of them, taken over) of a read at
+ * @revision into @k. */
 static void parse(struct mlfs_cluster *c, struct net_etcd_kv *kvs, size_t n, int64_t revision,
 		  struct mlfs_jobkeys *k)
 {

@@ -171,6 +171,12 @@ static int apply_new(struct mlfs_mirror *m, const struct net_etcd_event *ev, siz
 	return rc;
 }
 
+/* Whether @ev is a put of @m's lazy key (mlfs_mirror_lazy). */
+static bool lazy_put(const struct mlfs_mirror *m, const struct net_etcd_event *ev)
+{
+	return m->lazy && !ev->deleted && strcmp(ev->kv.key, m->lazy_key) == 0;
+}
+
 static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64_t revision)
 {
 	struct mlfs_mirror *m = arg;
@@ -201,14 +207,14 @@ static void on_watch(void *arg, const struct net_etcd_event *ev, size_t n, int64
 	 * of the watch (outside libcurl's callbacks) at once */
 	bool lazy_only = true;
 	for (size_t i = 0; i < n; i++)
-		lazy_only &= !ev[i].deleted && m->lazy && strcmp(ev[i].kv.key, m->lazy_key) == 0;
+		lazy_only &= lazy_put(m, &ev[i]);
 	if (!m->syncing && n && !lazy_only)
 		m->tell = true;
 	bool ended = !m->syncing && n == 0 && revision < 0;
 	pthread_cond_broadcast(&m->cond);
 	pthread_mutex_unlock(&m->lock);
-	for (size_t i = 0; i < n && m->lazy; i++)
-		if (!ev[i].deleted && strcmp(ev[i].kv.key, m->lazy_key) == 0)
+	for (size_t i = 0; i < n; i++)
+		if (lazy_put(m, &ev[i]))
 			m->lazy(m->arg, ev[i].kv.value, ev[i].kv.len);
 	if (m->changed && ended)
 		m->changed(m->arg);

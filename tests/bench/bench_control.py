@@ -58,14 +58,6 @@ def cpu_seconds(pids):
     return total / TICK
 
 
-def etcd_requests(url):
-    """etcd's count of handled requests (gRPC: the daemons' calls, and those the JSON
-    gateway makes for the tests' harness)."""
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
-    return sum(float(m.group(1)) for m in
-               re.finditer(r'^grpc_server_handled_total\{[^}]*\} ([0-9.e+]+)$', text, re.M))
-
-
 def wal_fsyncs(url):
     """etcd's WAL fsyncs so far: (count, seconds). Each write etcd acknowledges waits
     for one; on a shared disk under load they are what a write's latency is made of."""
@@ -100,17 +92,17 @@ def one(n, idle_s, runs=5):
         n0, v1 = install(cl, n)
         time.sleep(2)  # the last entries published
         pids = [node.pid for node in cl.nodes]
-        r0, d0, e0 = etcd_requests(cl.etcd_url), cpu_seconds(pids), cpu_seconds([cl.etcd.pid])
+        r0, d0, e0 = cl.etcd.calls(), cpu_seconds(pids), cpu_seconds([cl.etcd.pid])
         t0 = time.monotonic()
         time.sleep(idle_s)
         dt = time.monotonic() - t0
-        r1, d1, e1 = etcd_requests(cl.etcd_url), cpu_seconds(pids), cpu_seconds([cl.etcd.pid])
+        r1, d1, e1 = cl.etcd.calls(), cpu_seconds(pids), cpu_seconds([cl.etcd.pid])
         # One reconfiguration: the job onto half of the nodes (every node takes part).
         v2 = config(cl, n, 2)
         path = os.path.join(cl.tmp, "v2.json")
         with open(path, "w") as f:
             json.dump(v2, f)
-        r2 = etcd_requests(cl.etcd_url)
+        r2 = cl.etcd.calls()
         c2 = cpu_seconds(pids) + cpu_seconds([cl.etcd.pid])
         # CPU and etcd's WAL fsyncs during the commands alone
         spent = {"daemons": 0.0, "etcd": 0.0, "fsyncs": 0.0, "fsync_s": 0.0}
@@ -133,7 +125,7 @@ def one(n, idle_s, runs=5):
             raise SystemExit(f"N={n}: mlfs reconfigure: {p.stderr}")
         cl.wait_version(2, timeout=120)
         c3 = cpu_seconds(pids) + cpu_seconds([cl.etcd.pid])
-        r3 = etcd_requests(cl.etcd_url)
+        r3 = cl.etcd.calls()
         # runs - 1 more (four by default), back and forth between all nodes and half
         # of them: the median says what the first run's noise hides on a shared
         # machine.

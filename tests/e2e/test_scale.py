@@ -12,7 +12,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "bench"))
-from bench_control import cpu_seconds, etcd_requests  # noqa: E402
+from bench_control import cpu_seconds  # noqa: E402
 
 # Issue 17's goal (0.05 of a core at 32 idle daemons) is the plain build's; under
 # AddressSanitizer (make test's second pass, BUILD=build/asan) every keep-alive's
@@ -34,9 +34,9 @@ def test_32_idle_daemons_cost_only_keepalives(cluster_factory):
     cl.start_job(TINY, v1, "n0")
     time.sleep(2)  # the last entries published
     pids = [x.pid for x in cl.nodes] + [cl.etcd.proc.pid]
-    r0, c0, t0 = etcd_requests(cl.etcd.url), cpu_seconds(pids), time.monotonic()
+    r0, c0, t0 = cl.etcd.calls(), cpu_seconds(pids), time.monotonic()
     time.sleep(10)
-    r1, c1, dt = etcd_requests(cl.etcd.url), cpu_seconds(pids), time.monotonic() - t0
+    r1, c1, dt = cl.etcd.calls(), cpu_seconds(pids), time.monotonic() - t0
     per_s, cores = (r1 - r0) / dt, (c1 - c0) / dt
     print(f"{n} idle daemons and etcd: {cores:.4f} cores, {per_s:.1f} etcd requests/s")
     # One keep-alive per node every 2 s (each answered as one request), and

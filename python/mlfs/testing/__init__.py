@@ -86,7 +86,8 @@ Node (a Daemon): id, addr, pid, port, p(), read(), write(), read_json(), status(
   string: that header value after "Bearer ").
 
 Etcd (etcd.py): url, data_dir, alive, pid, kv(key) -> KV | None, range(prefix),
-  job(job) -> {rel: KV}, lease_ttl(lease), kill(), restart(), stop() (kill and remove
+  job(job) -> {rel: KV}, lease_ttl(lease), calls(method=None) (gRPC calls handled so
+  far, of one method or all), kill(), restart(), stop() (kill and remove
   the data dir: etcd preallocates 128 MB of WAL per member).
 EtcdCluster(tmp, n=3): n members (url: every client URL, comma-separated, the "etcd" of
   cluster.json), members (each an Etcd), freeze(i), thaw(i); reads through any member.

@@ -4,6 +4,7 @@ import base64
 import collections
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -122,6 +123,15 @@ class Etcd:
                                      method="POST")
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
+
+    def calls(self, method=None):
+        """How many gRPC calls this member handled so far (its /metrics'
+        grpc_server_handled_total): of @method ("Range", "Txn", ...) alone, or of every
+        method (the daemons' calls, and those the JSON gateway makes for these reads)."""
+        text = urllib.request.urlopen(f"{self.url}/metrics", timeout=5).read().decode()
+        only = f'[^}}]*grpc_method="{method}"' if method else ""
+        return sum(float(m.group(1)) for m in re.finditer(
+            r'^grpc_server_handled_total\{' + only + r'[^}]*\} ([0-9.e+]+)$', text, re.M))
 
     @staticmethod
     def _kv(j):
